@@ -1,0 +1,48 @@
+"""The programming model: actors, endpoints and meshes of hosts, procs and actors."""
+
+from ._actor import Actor as Actor
+from ._actor import EndpointDef as EndpointDef
+from ._actor import endpoint as endpoint
+from ._context import Context as Context
+from ._context import context as context
+from ._context import current_rank as current_rank
+from ._context import current_size as current_size
+from ._endpoint import EndpointRef as EndpointRef
+from ._future import Future as Future
+from ._meshes import ActorMesh as ActorMesh
+from ._meshes import HostMesh as HostMesh
+from ._meshes import ProcMesh as ProcMesh
+from ._meshes import this_host as this_host
+from ._meshes import this_proc as this_proc
+from ._shape import Extent as Extent
+from ._shape import Point as Point
+from ._values import ValueMesh as ValueMesh
+
+__all__ = (
+    "Actor",
+    "ActorMesh",
+    "Context",
+    "EndpointDef",
+    "EndpointRef",
+    "Extent",
+    "Future",
+    "HostMesh",
+    "Point",
+    "ProcMesh",
+    "ValueMesh",
+    "context",
+    "current_rank",
+    "current_size",
+    "endpoint",
+    "this_host",
+    "this_proc",
+)
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type) or callable(_obj):
+        try:
+            _obj.__module__ = __name__
+        except (AttributeError, TypeError):
+            pass
+del _name, _obj

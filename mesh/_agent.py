@@ -1,0 +1,242 @@
+"""The host agent: spawns procs on one host, watches them, stops them, reports to owners.
+
+Run as ``python -m mesh._agent``. It forks its fork server before anything else (so the server
+stays single-threaded), then serves requests on its inbox. Proc exits are known the moment the
+fork server reaps them. When the agent's owner goes away, every proc it started is stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import selectors
+import shutil
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+
+# Imported before the fork server is forked, so procs start with them loaded.
+from . import _proc_main  # noqa: F401
+from ._forkserver import ForkServerClient, start_forkserver
+from ._messages import (
+    ProcExited,
+    ProcSpec,
+    ShutdownAgent,
+    SpawnFailed,
+    SpawnProcs,
+    StopProc,
+    StopProcs,
+)
+
+DEFAULT_GRACE_S = 5.0
+
+
+@dataclass
+class _Proc:
+    spec: ProcSpec
+    owner: str
+    address: str
+    pid: int | None = None
+    stop_requested: bool = False
+    kill_at: float | None = None
+    owned_by_proc: set[str] = field(default_factory=set)
+
+
+class HostAgent:
+    """Serves one host: spawn, watch, stop, report."""
+
+    def __init__(self, forkserver: ForkServerClient, address: str, rundir: str,
+                 owner_pid: int | None) -> None:
+        from transport import Inbox, Outbox, get_logger, new_context
+
+        self._forkserver = forkserver
+        self._rundir = rundir
+        self._zmq = new_context()
+        self._inbox = Inbox(self._zmq, address)
+        self._outbox = Outbox(self._zmq)
+        self._hostname = socket.gethostname()
+        self._procs: dict[str, _Proc] = {}
+        self._by_pid: dict[int, str] = {}
+        self._owner_fd = os.pidfd_open(owner_pid) if owner_pid else None
+        self._shutting_down = False
+        self._log = get_logger("mesh.agent", address=address)
+
+    def serve(self) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self._inbox.fileno(), selectors.EVENT_READ, "inbox")
+        selector.register(self._forkserver.socket, selectors.EVENT_READ, "forkserver")
+        if self._owner_fd is not None:
+            selector.register(self._owner_fd, selectors.EVENT_READ, "owner")
+        self._log.info("agent_started", pid=os.getpid())
+        while not (self._shutting_down and not self._procs):
+            self._drain_inbox()
+            for key, _ in selector.select(self._next_timeout()):
+                if key.data == "forkserver":
+                    self._drain_forkserver()
+                elif key.data == "owner":
+                    self._log.warning("owner_gone", reason="the client process exited")
+                    selector.unregister(self._owner_fd)
+                    self._shutdown(grace_s=0.0)
+            self._enforce_deadlines()
+        self._close()
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def _drain_inbox(self) -> None:
+        while (envelope := self._inbox.receive_nowait()) is not None:
+            header = envelope.header
+            if type(header) is SpawnProcs:
+                self._spawn(header)
+            elif type(header) is StopProcs:
+                self._stop(header.proc_ids, header.grace_s)
+            elif type(header) is ShutdownAgent:
+                self._shutdown(header.grace_s)
+            else:
+                self._log.warning("message_ignored", kind=type(header).__name__)
+
+    def _spawn(self, request: SpawnProcs) -> None:
+        for spec in request.procs:
+            if self._shutting_down:
+                self._send(request.owner, SpawnFailed(spec.proc_id, self._hostname,
+                                                      "the host agent is shutting down"))
+                continue
+            address = f"ipc://{self._rundir}/{spec.proc_id}"
+            proc = _Proc(spec, request.owner, address)
+            self._procs[spec.proc_id] = proc
+            for other in self._procs.values():
+                if other.address == request.owner:
+                    other.owned_by_proc.add(spec.proc_id)
+            config = {
+                "proc_id": spec.proc_id, "mesh_name": spec.mesh_name, "labels": spec.labels,
+                "sizes": spec.sizes, "rank": spec.rank, "address": address,
+                "owner": request.owner, "agent": self._inbox.address, "rundir": self._rundir,
+                "env": dict(request.env), "sys_path": request.sys_path, "cwd": request.cwd,
+            }
+            point = dict(zip(spec.labels, _coords(spec.sizes, spec.rank)))
+            self._forkserver.spawn(spec.proc_id, f"{spec.mesh_name} {point}", config)
+
+    def _stop(self, proc_ids: tuple[str, ...], grace_s: float) -> None:
+        now = time.monotonic()
+        for proc_id in proc_ids:
+            proc = self._procs.get(proc_id)
+            if proc is None or proc.stop_requested:
+                continue
+            proc.stop_requested = True
+            proc.kill_at = now + grace_s
+            if grace_s > 0:
+                self._send(proc.address, StopProc())
+            else:
+                self._kill(proc)
+
+    def _shutdown(self, grace_s: float) -> None:
+        self._shutting_down = True
+        self._stop(tuple(self._procs), grace_s)
+
+    # -- fork server reports -------------------------------------------------------------------
+
+    def _drain_forkserver(self) -> None:
+        while True:
+            report = self._forkserver.receive()
+            if report is None:
+                self._log.error("forkserver_gone")
+                raise SystemExit(1)
+            if not report:
+                return
+            if report[0] == "spawned":
+                self._on_spawned(report[1], report[2])
+            elif report[0] == "exited":
+                self._on_exited(report[1], report[2])
+            elif report[0] == "spawn_failed":
+                proc = self._procs.pop(report[1], None)
+                if proc is not None:
+                    self._send(proc.owner, SpawnFailed(report[1], self._hostname, report[2]))
+
+    def _on_spawned(self, proc_id: str, pid: int) -> None:
+        proc = self._procs[proc_id]
+        proc.pid = pid
+        self._by_pid[pid] = proc_id
+        self._log.info("proc_spawned", proc=proc_id, pid=pid)
+        if proc.stop_requested and proc.kill_at is not None and proc.kill_at <= time.monotonic():
+            self._kill(proc)
+
+    def _on_exited(self, pid: int, status: int) -> None:
+        proc_id = self._by_pid.pop(pid, None)
+        proc = self._procs.pop(proc_id, None) if proc_id else None
+        if proc is None:
+            return
+        code = os.waitstatus_to_exitcode(status)
+        signame = signal.Signals(-code).name if code < 0 else None
+        self._log.info("proc_exited", proc=proc_id, pid=pid, exit_code=code, signal=signame,
+                       requested=proc.stop_requested)
+        self._send(proc.owner, ProcExited(proc.spec.proc_id, pid, self._hostname,
+                                          None if code < 0 else code, signame,
+                                          proc.stop_requested))
+        self._stop(tuple(proc.owned_by_proc), 0.0)  # a mesh never outlives its owner
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _kill(self, proc: _Proc) -> None:
+        if proc.pid is not None:
+            self._forkserver.signal(proc.pid, signal.SIGKILL)
+            proc.kill_at = None
+
+    def _enforce_deadlines(self) -> None:
+        now = time.monotonic()
+        for proc in list(self._procs.values()):
+            if proc.kill_at is not None and proc.kill_at <= now:
+                self._kill(proc)
+
+    def _next_timeout(self) -> float | None:
+        deadlines = [p.kill_at for p in self._procs.values() if p.kill_at is not None]
+        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+
+    def _send(self, address: str, header: object) -> None:
+        from transport import TransportError, encode
+
+        try:
+            self._outbox.send(address, encode(header))
+        except TransportError as exc:
+            self._log.warning("send_failed", to=address, reason=str(exc))
+
+    def _close(self) -> None:
+        self._log.info("agent_stopped")
+        self._outbox.close(linger_ms=1000)
+        self._inbox.close()
+        self._zmq.term()
+
+
+def _coords(sizes: tuple[int, ...], rank: int) -> list[int]:
+    coords = []
+    for size in reversed(sizes):
+        rank, index = divmod(rank, size)
+        coords.append(index)
+    return list(reversed(coords))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m mesh._agent")
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--rundir", required=True)
+    parser.add_argument("--owner-pid", type=int, default=None)
+    parser.add_argument("--remove-rundir", action="store_true")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    forkserver = start_forkserver()
+    agent = HostAgent(forkserver, args.address, args.rundir, args.owner_pid)
+    try:
+        agent.serve()
+    finally:
+        with contextlib.suppress(OSError):
+            forkserver.socket.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(forkserver.pid, 0)
+        if args.remove_rundir:
+            shutil.rmtree(args.rundir, ignore_errors=True)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

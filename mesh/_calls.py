@@ -1,0 +1,95 @@
+"""Replies still expected: one `PendingCall` per call id, feeding a result sink per adverb."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ._future import Future
+from ._shape import Extent
+from ._values import ValueMesh
+
+if TYPE_CHECKING:
+    from ._peers import ProcPeer
+
+
+class ResultSink(Protocol):
+    """Where the values (or errors) of one call's recipients go, indexed by rank in the call."""
+
+    def deliver(self, rank: int, value: Any) -> None: ...
+    def fail(self, rank: int, error: BaseException) -> None: ...
+
+
+class PendingCall:
+    """The recipients of one call that have not answered, keyed by the rank each was sent."""
+
+    __slots__ = ("call_id", "peers", "sink")
+
+    def __init__(self, call_id: int, sink: ResultSink, peers: dict[int, ProcPeer]) -> None:
+        self.call_id = call_id
+        self.sink = sink
+        self.peers = peers
+
+
+class OneSink:
+    """`call_one` and `choose`: a single recipient."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: Future[Any]) -> None:
+        self.future = future
+
+    def deliver(self, rank: int, value: Any) -> None:
+        self.future.set_result(value)
+
+    def fail(self, rank: int, error: BaseException) -> None:
+        self.future.set_exception(error)
+
+
+class GatherSink:
+    """`call`: a ValueMesh once every recipient answered; the first error fails it at once."""
+
+    __slots__ = ("extent", "future", "missing", "values")
+
+    def __init__(self, future: Future[ValueMesh[Any]], extent: Extent,
+                 expected: int | None = None) -> None:
+        self.future = future
+        self.extent = extent
+        self.values: list[Any] = [None] * extent.nelements
+        self.missing = extent.nelements if expected is None else expected
+
+    def deliver(self, rank: int, value: Any) -> None:
+        self.values[rank] = value
+        self.missing -= 1
+        if self.missing == 0:
+            self.future.set_result(ValueMesh(self.extent, self.values))
+
+    def fail(self, rank: int, error: BaseException) -> None:
+        self.future.set_exception(error)
+
+
+class StreamSink:
+    """`stream`: the k-th future holds the k-th answer to arrive."""
+
+    __slots__ = ("arrived", "futures")
+
+    def __init__(self, futures: list[Future[Any]]) -> None:
+        self.futures = futures
+        self.arrived = 0
+
+    def deliver(self, rank: int, value: Any) -> None:
+        self.futures[self.arrived].set_result(value)
+        self.arrived += 1
+
+    def fail(self, rank: int, error: BaseException) -> None:
+        self.futures[self.arrived].set_exception(error)
+        self.arrived += 1
+
+    def __iter__(self) -> Iterator[Future[Any]]:
+        return iter(self.futures)
+
+
+def pick_one(count: int) -> int:
+    """The recipient of `choose`: uniformly random."""
+    return random.randrange(count)

@@ -1,0 +1,56 @@
+"""Who is running: the actor, rank and mesh of the message being handled right now."""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import socket
+from dataclasses import dataclass
+
+from ._shape import Extent, Point
+
+
+@dataclass(frozen=True)
+class Context:
+    """The running context. In the client, `actor_id` is None and `rank` is the empty point."""
+
+    actor_id: str | None
+    mesh_name: str | None
+    rank: Point
+    proc_id: str
+    host: str
+    pid: int
+
+
+_EMPTY_POINT = Point((), Extent((), ()))
+_current: contextvars.ContextVar[Context] = contextvars.ContextVar("meshvisor_context")
+
+
+def client_context() -> Context:
+    return Context(None, None, _EMPTY_POINT, "client", socket.gethostname(), os.getpid())
+
+
+def context() -> Context:
+    """The context of the running actor message (or of the client outside actors)."""
+    try:
+        return _current.get()
+    except LookupError:
+        return client_context()
+
+
+def current_rank() -> Point:
+    """This actor's point in the mesh the current message was sent to."""
+    return context().rank
+
+
+def current_size() -> dict[str, int]:
+    """The sizes of the mesh the current message was sent to."""
+    return dict(context().rank.extent)
+
+
+def enter_context(value: Context) -> contextvars.Token[Context]:
+    return _current.set(value)
+
+
+def exit_context(token: contextvars.Token[Context]) -> None:
+    _current.reset(token)

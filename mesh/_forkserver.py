@@ -1,0 +1,210 @@
+"""The fork server: a single-threaded, pre-imported process that forks procs quickly.
+
+The host agent forks it before creating any zmq context or thread, so each proc starts as a
+copy of an interpreter that has already imported meshvisor (a few milliseconds instead of a
+full interpreter start). The fork server is the procs' parent: it reaps them the moment they
+exit and relays their stdout/stderr line by line with a ``[mesh rank]`` prefix.
+
+Protocol over a SOCK_SEQPACKET pair, one pickled tuple per packet:
+  agent → server  ("spawn", proc_id, prefix, config) | ("signal", pid, signum)
+  server → agent  ("spawned", proc_id, pid) | ("spawn_failed", proc_id, reason)
+                  | ("exited", pid, status)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pickle
+import selectors
+import signal
+import socket
+import sys
+import traceback
+from typing import Any, NoReturn
+
+_PR_SET_PDEATHSIG = 1
+_MAX_PACKET = 1 << 20
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent exits (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class ForkServerClient:
+    """The agent's end of the fork server."""
+
+    def __init__(self, sock: socket.socket, pid: int) -> None:
+        self.socket = sock
+        self.pid = pid
+
+    def spawn(self, proc_id: str, prefix: str, config: dict[str, Any]) -> None:
+        self._send(("spawn", proc_id, prefix, config))
+
+    def signal(self, pid: int, signum: int) -> None:
+        self._send(("signal", pid, signum))
+
+    def receive(self) -> tuple[Any, ...] | None:
+        """One report, or None if the fork server is gone."""
+        try:
+            data = self.socket.recv(_MAX_PACKET)
+        except BlockingIOError:
+            return ()
+        return pickle.loads(data) if data else None
+
+    def _send(self, request: tuple[Any, ...]) -> None:
+        self.socket.send(pickle.dumps(request))
+
+
+def start_forkserver() -> ForkServerClient:
+    """Fork the fork server from the current (single-threaded) process."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        _serve(theirs)
+    theirs.close()
+    ours.setblocking(False)
+    return ForkServerClient(ours, pid)
+
+
+class _Relay:
+    """Copies one child pipe to our stdout or stderr, prefixing every line."""
+
+    def __init__(self, fd: int, target: int, prefix: bytes) -> None:
+        self.fd, self.target, self.prefix, self.partial = fd, target, prefix, b""
+
+    def pump(self) -> bool:
+        """Copy what is available; False at end of file."""
+        try:
+            data = os.read(self.fd, 65536)
+        except (BlockingIOError, InterruptedError):
+            return True
+        if not data:
+            self._emit(self.partial + b"\n" if self.partial else b"")
+            return False
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        self._emit(b"".join(self.prefix + line + b"\n" for line in lines))
+        return True
+
+    def _emit(self, data: bytes) -> None:
+        if data and not data.startswith(self.prefix):
+            data = self.prefix + data
+        with contextlib.suppress(OSError):
+            while data:
+                data = data[os.write(self.target, data):]
+
+
+def _serve(control: socket.socket) -> NoReturn:
+    die_with_parent()
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    os.set_blocking(wake_read, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.set_wakeup_fd(wake_write)
+    selector = selectors.DefaultSelector()
+    selector.register(control, selectors.EVENT_READ, "control")
+    selector.register(wake_read, selectors.EVENT_READ, "wake")
+    children: set[int] = set()
+    try:
+        while True:
+            for key, _ in selector.select():
+                if key.data == "control":
+                    if not _handle_request(control, selector, children, wake_read):
+                        raise SystemExit
+                elif key.data == "wake":
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(wake_read, 4096)
+                    _reap(control, children)
+                elif not key.data.pump():
+                    selector.unregister(key.fd)
+                    os.close(key.fd)
+    except BaseException:
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    os._exit(0)
+
+
+def _handle_request(control: socket.socket, selector: selectors.BaseSelector,
+                    children: set[int], wake_read: int) -> bool:
+    data = control.recv(_MAX_PACKET)
+    if not data:
+        return False
+    request = pickle.loads(data)
+    if request[0] == "signal":
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(request[1], request[2])
+        return True
+    _, proc_id, prefix, config = request
+    try:
+        pid, relays = _fork_proc(config, prefix, control, selector, wake_read)
+    except OSError as exc:
+        control.send(pickle.dumps(("spawn_failed", proc_id, f"fork failed: {exc}")))
+        return True
+    children.add(pid)
+    for relay in relays:
+        selector.register(relay.fd, selectors.EVENT_READ, relay)
+    control.send(pickle.dumps(("spawned", proc_id, pid)))
+    return True
+
+
+def _fork_proc(config: dict[str, Any], prefix: str, control: socket.socket,
+               selector: selectors.BaseSelector, wake_read: int) -> tuple[int, list[_Relay]]:
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        inherited = [control.fileno(), wake_read, out_read, err_read]
+        inherited += [key.fd for key in selector.get_map().values()]
+        _become_proc(config, out_write, err_write, inherited)
+    os.close(out_write)
+    os.close(err_write)
+    tag = f"[{prefix}] ".encode()
+    return pid, [_Relay(out_read, 1, tag), _Relay(err_read, 2, tag)]
+
+
+def _become_proc(config: dict[str, Any], out_fd: int, err_fd: int, inherited: list[int]) -> NoReturn:
+    code = 1
+    try:
+        die_with_parent()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for fd in set(inherited):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        os.close(out_fd)
+        os.close(err_fd)
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        from ._proc_main import run_proc
+
+        code = run_proc(config)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _reap(control: socket.socket, children: set[int]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        control.send(pickle.dumps(("exited", pid, status)))

@@ -1,0 +1,133 @@
+"""`Future`: the result of a call, awaited with ``get()`` in threads or ``await`` in async code."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import anyio
+import sniffio
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+T = TypeVar("T")
+_PENDING = object()
+
+
+class Future(Generic[T]):
+    """A value that arrives later. ``get(timeout)`` blocks; ``await`` suspends the task.
+
+    A timeout raises `TimeoutError` and leaves the call running: ``get`` may be called again.
+    """
+
+    __slots__ = ("_callbacks", "_callbacks_lock", "_description", "_error", "_ready",
+                 "_runtime", "_value")
+
+    def __init__(self, runtime: Runtime | None = None, description: str = "the call") -> None:
+        self._runtime = runtime
+        self._description = description
+        self._value: Any = _PENDING
+        self._error: BaseException | None = None
+        self._ready = threading.Lock()
+        self._ready.acquire()
+        self._callbacks: list[Callable[[Future[T]], None]] = []
+        self._callbacks_lock = threading.Lock()
+
+    def done(self) -> bool:
+        return self._value is not _PENDING or self._error is not None
+
+    def get(self, timeout: float | None = None) -> T:
+        """Wait for the value (at most `timeout` seconds) and return it, or raise its error."""
+        if not self.done():
+            runtime = self._runtime
+            if runtime is not None and runtime.on_loop_thread():
+                runtime.pump_until(self, timeout)
+            elif self._ready.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+                self._ready.release()
+            if not self.done():
+                raise TimeoutError(f"{self._description} did not finish within {timeout} s; "
+                                   "it is still running, call get() again to keep waiting.")
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[no-any-return]
+
+    def exception(self) -> BaseException | None:
+        """The error this future failed with, or None (only valid once done)."""
+        return self._error
+
+    def __await__(self) -> Generator[Any, None, T]:
+        if not self.done():
+            yield from self._wait_async().__await__()
+        return self.get(0)
+
+    async def _wait_async(self) -> None:
+        event = anyio.Event()
+        waiter_thread = threading.get_ident()
+        wake = _threadsafe_waker(event)
+
+        def on_done(_: Future[T]) -> None:
+            if threading.get_ident() == waiter_thread:
+                event.set()
+            else:
+                wake()
+
+        self.add_done_callback(on_done)
+        await event.wait()
+
+    def add_done_callback(self, callback: Callable[[Future[T]], None]) -> None:
+        """Call `callback(self)` once done (at once if already done), on the resolving thread."""
+        with self._callbacks_lock:
+            if not self.done():
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def set_result(self, value: T) -> None:
+        self._finish(value, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._finish(_PENDING, error)
+
+    def _finish(self, value: Any, error: BaseException | None) -> None:
+        with self._callbacks_lock:
+            if self.done():
+                return
+            self._value, self._error = value, error
+            callbacks, self._callbacks = self._callbacks, []
+        self._ready.release()
+        for callback in callbacks:
+            callback(self)
+
+    def __repr__(self) -> str:
+        state = "pending" if not self.done() else ("failed" if self._error else "done")
+        return f"<Future {self._description} {state}>"
+
+
+def _threadsafe_waker(event: anyio.Event) -> Callable[[], None]:
+    """A function that sets `event` from any thread, for the running asyncio or trio loop."""
+    library = sniffio.current_async_library()
+    if library == "trio":
+        import trio
+
+        token = trio.lowlevel.current_trio_token()
+        return lambda: _ignore_closed(lambda: token.run_sync_soon(event.set))
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    return lambda: _ignore_closed(lambda: loop.call_soon_threadsafe(event.set))
+
+
+def _ignore_closed(action: Callable[[], object]) -> None:
+    try:
+        action()
+    except RuntimeError:  # the waiting loop has already closed; nobody is left to wake
+        pass
+
+
+def resolved(value: T) -> Future[T]:
+    """A future that is already done with `value`."""
+    future: Future[T] = Future()
+    future.set_result(value)
+    return future

@@ -1,0 +1,305 @@
+"""`ActorHost`: the actors living in this process, each with a FIFO mailbox.
+
+Sync endpoints run inline on the event loop when the actor is idle (the fast path); async
+endpoints, and anything arriving while a handler is waiting on a nested call, run in a task.
+One actor handles one message at a time, in arrival order.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from supervision import SupervisionEvent
+from transport import Envelope, Payload, SerializationError, dumps, get_logger
+
+from ._actor import EndpointDef, endpoints_of
+from ._context import Context, enter_context, exit_context
+from ._messages import ActorFailed, CallActor, Failure, Reply, SpawnActor, StopActor
+from ._shape import Extent, Point
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+
+class HostedActor:
+    __slots__ = ("actor_id", "busy", "endpoints", "event", "instance", "mailbox", "mesh_name",
+                 "owner", "point", "state")
+
+    def __init__(self, header: SpawnActor, point: Point) -> None:
+        self.actor_id = header.actor_id
+        self.mesh_name = header.mesh_name
+        self.owner = header.owner
+        self.point = point
+        self.instance: Any = None
+        self.endpoints: dict[str, EndpointDef[Any]] = {}
+        self.mailbox: deque[Envelope] = deque()
+        self.busy = False
+        self.state = "starting"
+        self.event: SupervisionEvent | None = None
+
+
+class ActorHost:
+    """Builds, runs and stops the actors of one process."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._actors: dict[str, HostedActor] = {}
+        self._extents: dict[tuple[tuple[str, ...], tuple[int, ...]], Extent] = {}
+        self._log = get_logger("mesh.actor")
+
+    def deliver(self, envelope: Envelope, *, nested: bool) -> None:
+        """Queue a message for its actor and run it now if that is safe."""
+        header = envelope.header
+        if type(header) is SpawnActor:
+            actor = HostedActor(header, self._point(header.labels, header.sizes, header.rank))
+            self._actors[header.actor_id] = actor
+        else:
+            actor = self._actors.get(header.actor_id)  # type: ignore[assignment]
+            if actor is None:
+                self._reject_unknown(header)
+                return
+        actor.mailbox.append(envelope)
+        if actor.busy:
+            return
+        if nested or self._needs_task(actor, actor.mailbox[0]):
+            actor.busy = True
+            self._runtime.start_task(self._drain_async, actor)
+        else:
+            self._drain_inline(actor)
+
+    def stop_all(self) -> None:
+        for actor in self._actors.values():
+            if actor.state in ("starting", "running"):
+                actor.state, actor.instance = "stopped", None
+                self._log.info("actor_stopped", actor_id=actor.actor_id)
+
+    # -- running handlers -------------------------------------------------------------------
+
+    def _needs_task(self, actor: HostedActor, envelope: Envelope) -> bool:
+        header = envelope.header
+        if type(header) is not CallActor or actor.state != "running":
+            return False
+        found = actor.endpoints.get(header.endpoint)
+        return found is not None and found.is_async
+
+    def _drain_inline(self, actor: HostedActor) -> None:
+        actor.busy = True
+        try:
+            while actor.mailbox:
+                if self._needs_task(actor, actor.mailbox[0]):
+                    self._runtime.start_task(self._drain_async, actor)
+                    return
+                self._handle(actor, actor.mailbox.popleft())
+        except BaseException:
+            actor.busy = False
+            raise
+        actor.busy = False
+
+    async def _drain_async(self, actor: HostedActor) -> None:
+        try:
+            while actor.mailbox:
+                envelope = actor.mailbox.popleft()
+                if self._needs_task(actor, envelope):
+                    await self._call_async(actor, envelope)
+                else:
+                    self._handle(actor, envelope)
+                await anyio.lowlevel.checkpoint()
+        finally:
+            actor.busy = False
+
+    def _handle(self, actor: HostedActor, envelope: Envelope) -> None:
+        header = envelope.header
+        if type(header) is CallActor:
+            self._call_sync(actor, envelope)
+        elif type(header) is SpawnActor:
+            self._construct(actor, envelope)
+        elif type(header) is StopActor:
+            self._stop(actor, header)
+
+    def _construct(self, actor: HostedActor, envelope: Envelope) -> None:
+        token = enter_context(self._context(actor, actor.point))
+        try:
+            cls, args, kwargs = envelope.payload.load()  # type: ignore[union-attr]
+            actor.endpoints = endpoints_of(cls)
+            actor.instance = cls(*args, **kwargs)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except BaseException as exc:
+            self._fail(actor, exc, f"the constructor of {actor.mesh_name!r} raised")
+            return
+        finally:
+            exit_context(token)
+        actor.state = "running"
+        self._log.info("actor_ready", actor_id=actor.actor_id, mesh=actor.mesh_name,
+                       rank=dict(actor.point))
+
+    def _call_sync(self, actor: HostedActor, envelope: Envelope) -> None:
+        header: CallActor = envelope.header
+        if not self._can_run(actor, header):
+            return
+        function = self._prepare(actor, envelope)
+        if function is None:
+            return
+        token = enter_context(self._context(actor, self._point_of(header)))
+        try:
+            result = function()
+        except anyio.get_cancelled_exc_class():
+            raise
+        except BaseException as exc:
+            self._endpoint_raised(actor, header, exc)
+            return
+        finally:
+            exit_context(token)
+        self._reply(header, result)
+
+    async def _call_async(self, actor: HostedActor, envelope: Envelope) -> None:
+        header: CallActor = envelope.header
+        if not self._can_run(actor, header):
+            return
+        function = self._prepare(actor, envelope)
+        if function is None:
+            return
+        token = enter_context(self._context(actor, self._point_of(header)))
+        try:
+            result = await function()
+        except anyio.get_cancelled_exc_class():
+            raise
+        except BaseException as exc:
+            self._endpoint_raised(actor, header, exc)
+            return
+        finally:
+            exit_context(token)
+        self._reply(header, result)
+
+    def _can_run(self, actor: HostedActor, header: CallActor) -> bool:
+        if actor.state == "running":
+            return True
+        if header.reply_to is not None:
+            kind = "stopped" if actor.state == "stopped" else "failed"
+            event = actor.event or self._event(actor, "stopped", "it was stopped by its owner")
+            self._send_failure(header.reply_to, header.call_id, header.rank, kind, event)
+        return False
+
+    def _prepare(self, actor: HostedActor, envelope: Envelope) -> Any:
+        """A no-argument callable for the endpoint, or None after reporting why there is none."""
+        header: CallActor = envelope.header
+        found = actor.endpoints.get(header.endpoint)
+        try:
+            if found is None:
+                raise AttributeError(f"actor {actor.mesh_name!r} has no endpoint "
+                                     f"{header.endpoint!r}")
+            args, kwargs = envelope.payload.load()  # type: ignore[union-attr]
+        except Exception as exc:
+            self._endpoint_raised(actor, header, exc, fatal=False)
+            return None
+        method = found.function.__get__(actor.instance)
+        return lambda: method(*args, **kwargs)
+
+    def _endpoint_raised(self, actor: HostedActor, header: CallActor, exc: BaseException,
+                         fatal: bool | None = None) -> None:
+        """An exception fails only the call; a broadcast's or a BaseException fails the actor."""
+        if fatal is None:
+            fatal = header.reply_to is None or not isinstance(exc, Exception)
+        if not fatal and header.reply_to is not None:
+            self._send_exception(actor, header, exc)
+            return
+        where = "a broadcast to" if header.reply_to is None else "a call to"
+        event = self._fail(actor, exc, f"{where} endpoint {header.endpoint!r} raised")
+        if header.reply_to is not None:
+            self._send_failure(header.reply_to, header.call_id, header.rank, "failed", event)
+
+    def _stop(self, actor: HostedActor, header: StopActor) -> None:
+        if actor.state in ("starting", "running"):
+            actor.state, actor.instance = "stopped", None
+            self._log.info("actor_stopped", actor_id=actor.actor_id, mesh=actor.mesh_name)
+        if header.reply_to is not None:
+            self._runtime.send_message(header.reply_to, Reply(header.call_id, header.rank),
+                                       Payload.dump(None))
+
+    def _fail(self, actor: HostedActor, exc: BaseException, what: str) -> SupervisionEvent:
+        actor.state, actor.instance = "failed", None
+        text = "".join(traceback.format_exception(exc))
+        event = self._event(actor, "exception", f"{what} {type(exc).__name__}: {exc}", text)
+        actor.event = event
+        self._log.warning("actor_failed", **event.to_dict())
+        self._runtime.send_message(actor.owner, ActorFailed(actor.actor_id, actor.point.rank),
+                                   Payload.dump(event))
+        return event
+
+    # -- replies -----------------------------------------------------------------------------
+
+    def _reply(self, header: CallActor, result: Any) -> None:
+        if header.reply_to is None:
+            return
+        try:
+            payload = Payload.dump(result)
+        except SerializationError as exc:
+            actor = self._actors[header.actor_id]
+            self._send_exception(actor, header, exc)
+            return
+        self._runtime.send_message(header.reply_to, Reply(header.call_id, header.rank), payload)
+
+    def _send_exception(self, actor: HostedActor, header: CallActor, exc: BaseException) -> None:
+        point = self._point_of(header)
+        fields = {
+            "exception_type": type(exc).__qualname__,
+            "message": str(exc),
+            "remote_traceback": "".join(traceback.format_exception(exc)),
+            "mesh_name": actor.mesh_name,
+            "rank": dict(point),
+            "actor_id": actor.actor_id,
+            "endpoint": header.endpoint,
+            "host": self._runtime.hostname,
+            "pid": self._runtime.pid,
+        }
+        try:
+            body, buffers = dumps(exc)
+            original = None if buffers else body
+        except SerializationError:
+            original = None
+        self._send_failure(header.reply_to, header.call_id, header.rank, "exception",
+                           (fields, original))
+
+    def _send_failure(self, reply_to: str | None, call_id: int, rank: int, kind: str,
+                      detail: Any) -> None:
+        if reply_to is not None:
+            self._runtime.send_message(reply_to, Failure(call_id, rank, kind), Payload.dump(detail))
+
+    def _reject_unknown(self, header: Any) -> None:
+        reply_to = getattr(header, "reply_to", None)
+        if reply_to is None:
+            self._log.warning("message_for_unknown_actor", actor_id=header.actor_id)
+            return
+        event = SupervisionEvent(
+            "stopped", header.actor_id, proc_id=self._runtime.proc_id,
+            host=self._runtime.hostname, pid=self._runtime.pid,
+            message=f"no actor {header.actor_id!r} lives on this proc (never spawned, or gone)")
+        self._send_failure(reply_to, header.call_id, header.rank, "stopped", event)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _point_of(self, header: CallActor) -> Point:
+        return self._point(header.labels, header.sizes, header.rank)
+
+    def _point(self, labels: tuple[str, ...], sizes: tuple[int, ...], rank: int) -> Point:
+        extent = self._extents.get((labels, sizes))
+        if extent is None:
+            extent = self._extents[(labels, sizes)] = Extent(labels, sizes)
+        return extent.point(rank)
+
+    def _context(self, actor: HostedActor, point: Point) -> Context:
+        runtime = self._runtime
+        return Context(actor.actor_id, actor.mesh_name, point, runtime.proc_id, runtime.hostname,
+                       runtime.pid)
+
+    def _event(self, actor: HostedActor, kind: Any, message: str,
+               text: str | None = None) -> SupervisionEvent:
+        runtime = self._runtime
+        return SupervisionEvent(kind, actor.mesh_name, rank=dict(actor.point),
+                                actor_id=actor.actor_id, proc_id=runtime.proc_id,
+                                host=runtime.hostname, pid=runtime.pid, message=message,
+                                traceback=text)

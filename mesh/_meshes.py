@@ -1,0 +1,353 @@
+"""Mesh handles: `HostMesh` → `ProcMesh` → `ActorMesh`, all sliceable like arrays."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+from supervision import SupervisionError, SupervisionEvent
+from transport import Payload
+
+from ._actor import check_actor_class, resolve_endpoint
+from ._calls import GatherSink, ResultSink
+from ._endpoint import EndpointRef
+from ._future import Future, resolved
+from ._messages import CallActor, ProcSpec, SpawnActor, SpawnProcs, StopActor, StopProcs
+from ._peers import ProcPeer
+from ._runtime import Runtime
+from ._session import current_session
+from ._shape import Extent, Region
+
+A = TypeVar("A")
+M = TypeVar("M", bound="MeshBase")
+DEFAULT_STOP_GRACE_S = 5.0
+
+
+class MeshBase:
+    """What every mesh shares: an extent and array-like slicing."""
+
+    _region: Region
+
+    def _with_region(self: M, region: Region) -> M:
+        raise NotImplementedError
+
+    @property
+    def extent(self) -> Extent:
+        return self._region.extent
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return dict(self._region.extent)
+
+    def size(self, dim: str | Iterable[str] | None = None) -> int:
+        """Number of points along `dim` (a label or several), or in the whole mesh."""
+        if dim is None:
+            return len(self._region)
+        labels = [dim] if isinstance(dim, str) else list(dim)
+        total = 1
+        for label in labels:
+            if label not in self.extent.labels:
+                raise ValueError(f"mesh has no dimension {label!r}; its dimensions are "
+                                 f"{list(self.extent.labels)}")
+            total *= self.extent[label]
+        return total
+
+    def __len__(self) -> int:
+        return len(self._region)
+
+    def slice(self: M, **selection: int | slice) -> M:
+        """A sub-mesh: an int drops that dimension, a slice keeps it."""
+        return self._with_region(self._region.slice(**selection))
+
+    def flatten(self: M, name: str) -> M:
+        """The same points along a single dimension called `name`."""
+        return self._with_region(self._region.flatten(name))
+
+    def rename(self: M, **names: str) -> M:
+        """The same mesh with dimensions renamed, ``old=new``."""
+        return self._with_region(self._region.rename(**names))
+
+
+class HostMesh(MeshBase):
+    """Hosts, each served by a host agent; spawns procs on them."""
+
+    def __init__(self, agents: tuple[str, ...], region: Region) -> None:
+        self._agents = agents
+        self._region = region
+
+    def _with_region(self, region: Region) -> HostMesh:
+        return HostMesh(self._agents, region)
+
+    def spawn_procs(self, per_host: Mapping[str, int] | None = None, *,
+                    env: Mapping[str, str] | None = None, name: str = "procs") -> ProcMesh:
+        """One new OS process per point of ``hosts × per_host``; returns at once."""
+        per_host = dict(per_host or {})
+        overlap = set(per_host) & set(self.extent.labels)
+        if overlap:
+            raise ValueError(f"per_host dimensions {sorted(overlap)} clash with the host mesh's "
+                             f"dimensions {list(self.extent.labels)}")
+        extent = Extent(self.extent.labels + tuple(per_host), self.extent.sizes +
+                        tuple(per_host.values()))
+        if env is not None and not all(isinstance(k, str) and isinstance(v, str)
+                                       for k, v in env.items()):
+            raise TypeError("env must map str to str")
+        runtime = current_session().runtime
+        uid = secrets.token_hex(3)
+        peers: list[ProcPeer] = []
+        per_agent: dict[str, list[ProcSpec]] = {}
+        per = extent.nelements // len(self._region)
+        for rank, point in enumerate(extent.points()):
+            agent = self._agents[self._region.ranks[rank // per]]
+            spec = ProcSpec(f"{name}-{uid}-{rank}", name, extent.labels, extent.sizes, rank)
+            peers.append(runtime.add_peer(ProcPeer(spec.proc_id, name, point, agent)))
+            per_agent.setdefault(agent, []).append(spec)
+        for agent, specs in per_agent.items():
+            runtime.send_message(agent, SpawnProcs(
+                runtime.address, tuple(specs), tuple((env or {}).items()), tuple(sys.path),
+                os.getcwd()))
+        return ProcMesh(runtime, name, Region.full(extent), tuple(peers))
+
+    def shutdown(self) -> Future[None]:
+        """Stop the host agents of this mesh, and with them every proc they run."""
+        session = current_session()
+        if session.is_client:
+            session.shutdown_local_agent()
+        return resolved(None)
+
+    def __repr__(self) -> str:
+        return f"<HostMesh {self.sizes}>"
+
+
+class _Stoppable:
+    """`async with` / `with` support: leaving the block stops the mesh."""
+
+    def stop(self) -> Future[None]:
+        raise NotImplementedError
+
+    def __enter__(self: A) -> A:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop().get()
+
+    async def __aenter__(self: A) -> A:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.stop()
+
+
+class ProcMesh(MeshBase, _Stoppable):
+    """OS processes, one per point; actors are spawned onto them."""
+
+    def __init__(self, runtime: Runtime, name: str, region: Region,
+                 peers: tuple[ProcPeer, ...]) -> None:
+        self._runtime = runtime
+        self.name = name
+        self._region = region
+        self._peers = peers
+
+    def _with_region(self, region: Region) -> ProcMesh:
+        return ProcMesh(self._runtime, self.name, region, self._peers)
+
+    def spawn(self, name: str, actor_class: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
+        """One `actor_class(*args, **kwargs)` per proc; returns at once, calls wait for it."""
+        check_actor_class(actor_class)
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"an actor mesh needs a non-empty name, got {name!r}")
+        payload = Payload.dump((actor_class, args, kwargs))
+        actor_id = f"{name}-{secrets.token_hex(4)}"
+        extent = self.extent
+        peers = tuple(self._peers[base] for base in self._region.ranks)
+        messages = [(peer, SpawnActor(actor_id, self._runtime.address, name, extent.labels,
+                                      extent.sizes, rank)) for rank, peer in enumerate(peers)]
+        self._runtime.send_to_procs(messages, payload, None)
+        return ActorMesh(self._runtime, _ActorMeshState(name, actor_id, actor_class, peers),
+                         Region.full(extent))
+
+    def stop(self, grace_s: float = DEFAULT_STOP_GRACE_S) -> Future[None]:
+        """Stop these procs (gracefully, then SIGKILL after `grace_s`); stopping is no failure."""
+        peers = [self._peers[base] for base in self._region.ranks]
+        by_agent: dict[str, list[str]] = {}
+        for peer in peers:
+            if peer.agent is None:
+                raise ValueError("this_proc() cannot be stopped through its mesh; it is this "
+                                 "process (or the client) itself.")
+            if peer.alive:
+                peer.state = "stopping"
+                peer.event = SupervisionEvent("stopped", peer.mesh_name, rank=dict(peer.point),
+                                              proc_id=peer.proc_id,
+                                              message="it was stopped by its owner")
+                by_agent.setdefault(peer.agent, []).append(peer.proc_id)
+        for agent, proc_ids in by_agent.items():
+            self._runtime.send_message(agent, StopProcs(tuple(proc_ids), grace_s))
+        return _all_done([peer.gone for peer in peers], self._runtime, f"stop of {self.name}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        _wait_ready(self._peers)
+        return _rebuild_proc_mesh, (self.name, self._region, _peer_infos(self._peers))
+
+    def __repr__(self) -> str:
+        return f"<ProcMesh {self.name!r} {self.sizes}>"
+
+
+class _ActorMeshState:
+    """What all slices of one actor mesh share."""
+
+    __slots__ = ("actor_class", "actor_id", "endpoints", "name", "peers", "stopped")
+
+    def __init__(self, name: str, actor_id: str, actor_class: type,
+                 peers: tuple[ProcPeer, ...]) -> None:
+        self.name = name
+        self.actor_id = actor_id
+        self.actor_class = actor_class
+        self.peers = peers
+        self.stopped = False
+        self.endpoints: dict[str, str] = {}
+
+
+class ActorMesh(MeshBase, _Stoppable, Generic[A]):
+    """One actor per proc of a proc mesh. Endpoints appear as attributes: ``mesh.step.call()``."""
+
+    def __init__(self, runtime: Runtime, state: _ActorMeshState, region: Region) -> None:
+        self._runtime = runtime
+        self._state = state
+        self._region = region
+
+    @property
+    def name(self) -> str:
+        return self._state.name
+
+    def _with_region(self, region: Region) -> ActorMesh[A]:
+        return ActorMesh(self._runtime, self._state, region)
+
+    def __getattr__(self, name: str) -> EndpointRef[Any]:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        state = self._state
+        if name not in state.endpoints:
+            state.endpoints[name] = resolve_endpoint(state.actor_class, name).name
+        return EndpointRef(self, name)
+
+    def _invoke(self, endpoint: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                indices: Iterable[int], sink: ResultSink | None) -> None:
+        state = self._state
+        if state.stopped:
+            raise SupervisionError(SupervisionEvent(
+                "stopped", state.name, message="it was stopped by its owner"),
+                f"cannot call {state.name}.{endpoint}: ")
+        payload = Payload.dump((args, kwargs))
+        runtime = self._runtime
+        call_id = runtime.new_call_id()
+        reply_to = runtime.address if sink is not None else None
+        labels, sizes, ranks = self.extent.labels, self.extent.sizes, self._region.ranks
+        messages = [(state.peers[ranks[i]], CallActor(call_id, reply_to, state.actor_id,
+                                                      endpoint, labels, sizes, i))
+                    for i in indices]
+        runtime.send_to_procs(messages, payload, sink, call_id)
+
+    def stop(self) -> Future[None]:
+        """Stop these actors after the messages already sent to them; later calls fail."""
+        state, runtime = self._state, self._runtime
+        future: Future[Any] = Future(runtime, f"stop of {state.name}")
+        call_id = runtime.new_call_id()
+        peers = [state.peers[base] for base in self._region.ranks]
+        messages = [(peer, StopActor(call_id, runtime.address, state.actor_id, rank))
+                    for rank, peer in enumerate(peers) if peer.alive]
+        if len(self._region) == len(state.peers):
+            state.stopped = True
+        if not messages:
+            return resolved(None)
+        sink = GatherSink(future, Extent(("actors",), (len(peers),)), expected=len(messages))
+        runtime.send_to_procs(messages, None, sink, call_id)
+        done: Future[None] = Future(runtime, f"stop of {state.name}")
+        future.add_done_callback(lambda f: done.set_result(None))
+        return done
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        state = self._state
+        _wait_ready(state.peers)
+        return _rebuild_actor_mesh, (state.name, state.actor_id, state.actor_class,
+                                     self._region, _peer_infos(state.peers))
+
+    def __repr__(self) -> str:
+        return f"<ActorMesh {self.name!r} {self.sizes}>"
+
+
+def _all_done(futures: list[Future[None]], runtime: Runtime, what: str) -> Future[None]:
+    done: Future[None] = Future(runtime, what)
+    remaining = [len(futures)]
+    if not futures:
+        done.set_result(None)
+
+    def one_done(_: Future[None]) -> None:
+        remaining[0] -= 1
+        if remaining[0] == 0:
+            done.set_result(None)
+
+    for future in futures:
+        future.add_done_callback(one_done)
+    return done
+
+
+def _wait_ready(peers: Iterable[ProcPeer], timeout: float = 60.0) -> None:
+    for peer in peers:
+        if peer.alive and peer.address is None:
+            try:
+                peer.ready.get(timeout)
+            except SupervisionError:
+                pass
+
+
+def _peer_infos(peers: Iterable[ProcPeer]) -> tuple[tuple[Any, ...], ...]:
+    return tuple((p.proc_id, p.mesh_name, p.point, p.agent, p.address) for p in peers)
+
+
+def _adopt_peers(runtime: Runtime, infos: tuple[tuple[Any, ...], ...]) -> tuple[ProcPeer, ...]:
+    peers = []
+    for proc_id, mesh_name, point, agent, address in infos:
+        peer = runtime.peers.get(proc_id)
+        if peer is None:
+            peer = runtime.add_peer(ProcPeer(proc_id, mesh_name, point, agent, address))
+        peers.append(peer)
+    return tuple(peers)
+
+
+def _rebuild_proc_mesh(name: str, region: Region, infos: tuple[tuple[Any, ...], ...]) -> ProcMesh:
+    runtime = current_session().runtime
+    return ProcMesh(runtime, name, region, _adopt_peers(runtime, infos))
+
+
+def _rebuild_actor_mesh(name: str, actor_id: str, actor_class: type, region: Region,
+                        infos: tuple[tuple[Any, ...], ...]) -> ActorMesh[Any]:
+    runtime = current_session().runtime
+    state = _ActorMeshState(name, actor_id, actor_class, _adopt_peers(runtime, infos))
+    return ActorMesh(runtime, state, region)
+
+
+def this_host() -> HostMesh:
+    """The host this code runs on; in the client, a local agent is started on first use."""
+    agent = current_session().agent_address()
+    return HostMesh((agent,), Region.full(Extent((), ())))
+
+
+def this_proc() -> ProcMesh:
+    """The process this code runs in, as a mesh of one proc (spawn actors next to you)."""
+    session = current_session()
+    runtime = session.runtime
+    if session.proc is None:
+        point = Extent((), ()).point(0)
+        name = "client"
+    else:
+        name, labels, sizes, rank = session.proc
+        point = Extent(labels, sizes).point(rank)
+    peer = runtime.peers.get(runtime.proc_id)
+    if peer is None:
+        peer = runtime.add_peer(ProcPeer(runtime.proc_id, name, point, None, runtime.address))
+    return ProcMesh(runtime, name, Region.full(Extent((), ())), (peer,))

@@ -1,0 +1,150 @@
+"""The closed set of messages meshvisor processes exchange. Payloads travel beside them.
+
+Owner → agent: SpawnProcs, StopProcs, ShutdownAgent.   Agent → owner: ProcExited, SpawnFailed.
+Proc → owner: ProcReady, ActorFailed.   Caller → proc: SpawnActor, CallActor, StopActor, StopProc.
+Proc → caller: Reply (payload: the value) and Failure (payload: the error).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transport import message_type
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class ProcSpec:
+    """What an agent needs to start one proc (a point of a proc mesh)."""
+
+    proc_id: str
+    mesh_name: str
+    labels: tuple[str, ...]
+    sizes: tuple[int, ...]
+    rank: int
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class SpawnProcs:
+    owner: str
+    procs: tuple[ProcSpec, ...]
+    env: tuple[tuple[str, str], ...]
+    sys_path: tuple[str, ...]
+    cwd: str
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class StopProcs:
+    proc_ids: tuple[str, ...]
+    grace_s: float
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class ShutdownAgent:
+    grace_s: float
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class ProcReady:
+    proc_id: str
+    address: str
+    pid: int
+    host: str
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class ProcExited:
+    proc_id: str
+    pid: int
+    host: str
+    exit_code: int | None
+    signal: str | None
+    requested: bool
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class SpawnFailed:
+    proc_id: str
+    host: str
+    reason: str
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class SpawnActor:
+    """Build one actor of mesh `actor_id` on the receiving proc. Payload: (cls, args, kwargs)."""
+
+    actor_id: str
+    owner: str
+    mesh_name: str
+    labels: tuple[str, ...]
+    sizes: tuple[int, ...]
+    rank: int
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class CallActor:
+    """Run `endpoint` on actor `actor_id`. Payload: (args, kwargs). `reply_to` None: no reply.
+
+    `labels`, `sizes` and `rank` give the recipient's point in the mesh the call was sent to.
+    """
+
+    call_id: int
+    reply_to: str | None
+    actor_id: str
+    endpoint: str
+    labels: tuple[str, ...]
+    sizes: tuple[int, ...]
+    rank: int
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class StopActor:
+    """Stop actor `actor_id` after the messages already queued for it; ack to `reply_to`."""
+
+    call_id: int
+    reply_to: str | None
+    actor_id: str
+    rank: int
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class StopProc:
+    pass
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class Reply:
+    call_id: int
+    rank: int
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A call did not produce a value. `kind` is "exception" (the actor lives on) or the reason
+    the actor cannot serve it ("failed", "stopped", "unknown"). Payload: the error object."""
+
+    call_id: int
+    rank: int
+    kind: str
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class ActorFailed:
+    """Proc → owner: an actor failed (constructor raised, broadcast raised, BaseException).
+    Payload: the SupervisionEvent."""
+
+    actor_id: str
+    rank: int

@@ -1,0 +1,51 @@
+"""`ProcPeer`: a proc as one process sees it: where it listens and whether it is alive."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from supervision import SupervisionError, SupervisionEvent
+
+from ._future import Future
+from ._shape import Point
+
+
+class ProcPeer:
+    """State of one remote (or local) proc. Messages wait here until its address is known."""
+
+    __slots__ = ("address", "agent", "calls", "event", "gone", "host", "mesh_name", "pid",
+                 "point", "proc_id", "queued", "ready", "state")
+
+    def __init__(self, proc_id: str, mesh_name: str, point: Point, agent: str | None,
+                 address: str | None = None) -> None:
+        self.proc_id = proc_id
+        self.mesh_name = mesh_name
+        self.point = point
+        self.agent = agent
+        self.address = address
+        self.pid: int | None = None
+        self.host: str | None = None
+        self.state = "ready" if address else "starting"
+        self.event: SupervisionEvent | None = None
+        self.queued: list[list[Any]] = []
+        self.calls: set[int] = set()
+        self.ready: Future[None] = Future(description=f"the start of proc {proc_id}")
+        self.gone: Future[None] = Future(description=f"the end of proc {proc_id}")
+        if address:
+            self.ready.set_result(None)
+
+    @property
+    def alive(self) -> bool:
+        return self.state in ("starting", "ready")
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("failed", "stopped")
+
+    def error(self) -> SupervisionError:
+        """The error for a call that cannot reach this proc any more."""
+        assert self.event is not None
+        return SupervisionError(self.event)
+
+    def __repr__(self) -> str:
+        return f"<ProcPeer {self.proc_id} {self.state} {self.address}>"

@@ -1,0 +1,364 @@
+"""`Runtime`: one per process. Owns the inbox, the outbox, the event loop and pending calls.
+
+In the client the event loop runs on a daemon thread, so user code on the main thread stays
+free; in a proc it runs on the main thread. A `Future.get()` made on the loop thread itself (a
+sync endpoint calling another actor) pumps the inbox instead of blocking it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from supervision import ActorError, SupervisionError, SupervisionEvent
+from transport import (
+    Envelope,
+    Inbox,
+    Outbox,
+    Payload,
+    TransportError,
+    encode,
+    get_logger,
+    loads,
+    new_context,
+)
+
+from ._calls import PendingCall, ResultSink
+from ._future import Future
+from ._host import ActorHost
+from ._messages import (
+    ActorFailed,
+    CallActor,
+    Failure,
+    ProcExited,
+    ProcReady,
+    Reply,
+    SpawnActor,
+    SpawnFailed,
+    StopActor,
+    StopProc,
+)
+from ._peers import ProcPeer
+
+_RECEIVE_BATCH = 256
+
+
+class Runtime:
+    """The messaging core of one process (the client or a proc)."""
+
+    def __init__(self, address: str, *, proc_id: str, agent: str | None = None) -> None:
+        self.proc_id = proc_id
+        self.agent = agent
+        self.hostname = socket.gethostname()
+        self.pid = os.getpid()
+        self._zmq = new_context()
+        self.inbox = Inbox(self._zmq, address)
+        self.outbox = Outbox(self._zmq)
+        self.address = self.inbox.address
+        self.host = ActorHost(self)
+        self.peers: dict[str, ProcPeer] = {}
+        self.calls: dict[int, PendingCall] = {}
+        self.event_handlers: list[Callable[[SupervisionEvent], None]] = []
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._loop_thread: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: anyio.Event | None = None
+        self._task_group: Any = None
+        self._started = threading.Event()
+        self._stopping = False
+        self._finished = threading.Event()
+        self._nested = 0
+        self._log = get_logger("mesh.runtime", proc=proc_id)
+        self._handlers: dict[type, Callable[[Envelope], None]] = {
+            Reply: self._on_reply,
+            Failure: self._on_failure,
+            ProcReady: self._on_proc_ready,
+            ProcExited: self._on_proc_exited,
+            SpawnFailed: self._on_spawn_failed,
+            ActorFailed: self._on_actor_failed,
+            StopProc: self._on_stop_proc,
+        }
+
+    # -- the event loop ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Run the event loop on this thread until `stop_loop` (or a StopProc message)."""
+        try:
+            anyio.run(self._main)
+        finally:
+            self._finished.set()
+
+    def start_in_thread(self) -> None:
+        threading.Thread(target=self.run, name="meshvisor-runtime", daemon=True).start()
+        self._started.wait()
+
+    async def _main(self) -> None:
+        self._loop_thread = threading.get_ident()
+        self._loop = asyncio.get_running_loop()
+        self._wakeup = anyio.Event()
+        async with anyio.create_task_group() as task_group:
+            self._task_group = task_group
+            self._loop.add_reader(self.inbox.fileno(), self._on_readable)
+            self._started.set()
+            self._on_readable()  # anything that arrived before the reader was installed
+            await self._wakeup.wait()
+            self._loop.remove_reader(self.inbox.fileno())
+            task_group.cancel_scope.cancel()
+
+    def _on_readable(self) -> None:
+        """Called by the event loop whenever the inbox may have messages: dispatch them."""
+        if self._nested:
+            return  # a pumping Future.get() further up this thread's stack is receiving
+        if not self._drain(_RECEIVE_BATCH) and not self._stopping:
+            self._loop.call_soon(self._on_readable)  # let other tasks run, then continue
+        if self._stopping:
+            self._wakeup.set()
+
+    def _drain(self, limit: int) -> bool:
+        """Dispatch up to `limit` waiting messages; True when the inbox is empty."""
+        for _ in range(limit):
+            envelope = self.inbox.receive_nowait()
+            if envelope is None:
+                return True
+            self._dispatch(envelope)
+        return False
+
+    def _dispatch(self, envelope: Envelope) -> None:
+        kind = type(envelope.header)
+        try:
+            if kind is CallActor or kind is SpawnActor or kind is StopActor:
+                self.host.deliver(envelope, nested=self._nested > 0)
+                return
+            handler = self._handlers.get(kind)
+            if handler is None:
+                self._log.warning("message_ignored", kind=kind.__name__,
+                                  reason="this process does not handle it")
+                return
+            handler(envelope)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception:
+            self._log.exception("message_handling_failed", kind=kind.__name__)
+
+    def on_loop_thread(self) -> bool:
+        return threading.get_ident() == self._loop_thread
+
+    def start_task(self, function: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Start a task on the event loop (loop thread only)."""
+        self._task_group.start_soon(function, *args)
+
+    def pump_until(self, future: Future[Any], timeout: float | None) -> None:
+        """Receive and dispatch on this (loop) thread until `future` is done or time is up."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._nested += 1
+        try:
+            while not future.done():
+                envelope = self.inbox.receive_nowait()
+                if envelope is not None:
+                    self._dispatch(envelope)
+                    continue
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                self.inbox.poll(None if remaining is None else max(1, int(remaining * 1000)))
+            self._drain(1 << 30)  # leave nothing behind the edge-triggered descriptor
+        finally:
+            self._nested -= 1
+
+    def stop_loop(self) -> None:
+        """Ask the event loop to finish (from any thread) and wait for it."""
+        if self._loop_thread is None or self._finished.is_set():
+            return
+        if self.on_loop_thread():
+            self._stopping = True
+            self._wakeup.set()
+            return
+        self.send_message(self.address, StopProc())
+        self._finished.wait(5)
+
+    def close(self) -> None:
+        self.outbox.close(linger_ms=500)
+        self.inbox.close()
+        self._zmq.term()
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def send_message(self, address: str, header: Any, payload: Payload | None = None) -> None:
+        """Send one message; an unreachable address is logged, never raised to a handler."""
+        try:
+            self.outbox.send(address, encode(header, payload))
+        except TransportError as exc:
+            self._log.warning("send_failed", to=address, kind=type(header).__name__,
+                              reason=str(exc))
+
+    def new_call_id(self) -> int:
+        return next(self._ids)
+
+    def send_to_procs(self, messages: list[tuple[ProcPeer, Any]], payload: Payload | None,
+                      sink: ResultSink | None, call_id: int = 0) -> None:
+        """Send one header per peer (same payload). With a `sink`, each header's `rank` keys
+        its reply."""
+        failed: list[tuple[int, BaseException]] = []
+        with self._lock:
+            if sink is not None:
+                peers = {header.rank: peer for peer, header in messages}
+                self.calls[call_id] = PendingCall(call_id, sink, peers)
+            for peer, header in messages:
+                frames = encode(header, payload)
+                if not peer.alive:
+                    failed.append((header.rank, peer.error()))
+                    continue
+                if sink is not None:
+                    peer.calls.add(call_id)
+                if peer.address is None:
+                    peer.queued.append(frames)
+                else:
+                    self.outbox.send(peer.address, frames)
+        for index, error in failed:
+            self._settle(call_id, index, error=error)
+
+    # -- replies ---------------------------------------------------------------------------------
+
+    def _on_reply(self, envelope: Envelope) -> None:
+        header: Reply = envelope.header
+        try:
+            value = envelope.payload.load()  # type: ignore[union-attr]
+        except Exception as exc:
+            self._settle(header.call_id, header.rank, error=ActorError(
+                f"the result of call {header.call_id} could not be unpickled here: {exc!r}"))
+            return
+        self._settle(header.call_id, header.rank, value=value)
+
+    def _on_failure(self, envelope: Envelope) -> None:
+        header: Failure = envelope.header
+        detail = envelope.payload.load()  # type: ignore[union-attr]
+        if header.kind == "exception":
+            error: BaseException = _actor_error(*detail)
+        else:
+            error = SupervisionError(detail)
+        self._settle(header.call_id, header.rank, error=error)
+
+    def _settle(self, call_id: int, rank: int, *, value: Any = None,
+                error: BaseException | None = None) -> None:
+        with self._lock:
+            pending = self.calls.get(call_id)
+            if pending is None:
+                return
+            peer = pending.peers.pop(rank, None)
+            if peer is None:
+                return
+            if not any(other is peer for other in pending.peers.values()):
+                peer.calls.discard(call_id)
+            if not pending.peers:
+                del self.calls[call_id]
+        if error is None:
+            pending.sink.deliver(rank, value)
+        else:
+            pending.sink.fail(rank, error)
+
+    # -- procs -----------------------------------------------------------------------------------
+
+    def add_peer(self, peer: ProcPeer) -> ProcPeer:
+        with self._lock:
+            self.peers[peer.proc_id] = peer
+        return peer
+
+    def _on_proc_ready(self, envelope: Envelope) -> None:
+        header: ProcReady = envelope.header
+        with self._lock:
+            peer = self.peers.get(header.proc_id)
+            if peer is None or peer.state != "starting":
+                return
+            peer.address, peer.pid, peer.host, peer.state = \
+                header.address, header.pid, header.host, "ready"
+            queued, peer.queued = peer.queued, []
+            for frames in queued:
+                self.outbox.send(header.address, frames)
+        peer.ready.set_result(None)
+        self._log.info("proc_ready", proc=header.proc_id, pid=header.pid, address=header.address)
+
+    def _on_proc_exited(self, envelope: Envelope) -> None:
+        header: ProcExited = envelope.header
+        peer = self.peers.get(header.proc_id)
+        if peer is None:
+            return
+        if header.requested or peer.state == "stopping":
+            kind, message = "stopped", "it was stopped by its owner"
+        elif header.signal is not None:
+            kind, message = "signal", ""
+        else:
+            kind, message = "exit", ""
+        event = SupervisionEvent(
+            kind, peer.mesh_name, rank=dict(peer.point), proc_id=peer.proc_id,
+            host=header.host, pid=header.pid, exit_code=header.exit_code, signal=header.signal,
+            message=message)
+        self.mark_peer_gone(peer, event, "stopped" if kind == "stopped" else "failed")
+
+    def _on_spawn_failed(self, envelope: Envelope) -> None:
+        header: SpawnFailed = envelope.header
+        peer = self.peers.get(header.proc_id)
+        if peer is not None:
+            event = SupervisionEvent("spawn_failed", peer.mesh_name, rank=dict(peer.point),
+                                     proc_id=peer.proc_id, host=header.host,
+                                     message=header.reason)
+            self.mark_peer_gone(peer, event, "failed")
+
+    def mark_peer_gone(self, peer: ProcPeer, event: SupervisionEvent, state: str) -> None:
+        """Record that `peer` is gone and fail every call still waiting on it."""
+        with self._lock:
+            if peer.finished:
+                return
+            peer.state, peer.event, peer.queued = state, event, []
+            waiting = [(call_id, self.calls[call_id]) for call_id in peer.calls
+                       if call_id in self.calls]
+            peer.calls = set()
+        if peer.address:
+            self.outbox.forget(peer.address)
+        error = SupervisionError(event)
+        peer.ready.set_exception(error)
+        peer.gone.set_result(None)
+        for call_id, pending in waiting:
+            for rank, target in list(pending.peers.items()):
+                if target is peer:
+                    self._settle(call_id, rank, error=error)
+        if state == "failed":
+            self.report_event(event)
+        else:
+            self._log.info("proc_stopped", proc=peer.proc_id, pid=event.pid)
+
+    def _on_actor_failed(self, envelope: Envelope) -> None:
+        self.report_event(envelope.payload.load())  # type: ignore[union-attr]
+
+    def report_event(self, event: SupervisionEvent) -> None:
+        """A failure of something this process owns: log it once and hand it to supervision."""
+        self._log.warning("supervision_event", **event.to_dict())
+        for handler in list(self.event_handlers):
+            handler(event)
+
+    def _on_stop_proc(self, envelope: Envelope) -> None:
+        self.host.stop_all()
+        self._stopping = True
+        self._wakeup.set()
+
+
+def _actor_error(fields: dict[str, Any], original: bytes | None) -> ActorError:
+    exception: BaseException | None = None
+    if original is not None:
+        try:
+            exception = loads(original)
+        except Exception:
+            exception = None
+    message = (f"endpoint {fields['endpoint']!r} of mesh {fields['mesh_name']!r} at rank "
+               f"{fields['rank']} (pid {fields['pid']} on {fields['host']}) raised "
+               f"{fields['exception_type']}: {fields['message']}")
+    fields = {k: v for k, v in fields.items() if k != "message"}
+    return ActorError.wrap(message, exception=exception, **fields)

@@ -1,0 +1,133 @@
+"""`Session`: this process's place in the tree: its runtime, its run directory and its agent.
+
+The client gets a session on first use (``this_host()``, ``this_proc()``): a private run
+directory, a runtime on a background thread and, on demand, a local host agent. A proc gets its
+session from its agent's configuration.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from transport import get_logger, private_runtime_dir
+
+from ._messages import ShutdownAgent
+from ._runtime import Runtime
+
+_session: Session | None = None
+_session_lock = threading.Lock()
+AGENT_SHUTDOWN_GRACE_S = 5.0
+
+
+class Session:
+    """The runtime of this process plus what it needs to reach (or start) its host agent."""
+
+    def __init__(self, runtime: Runtime, *, rundir: str, agent: str | None = None,
+                 proc: tuple[str, tuple[str, ...], tuple[int, ...], int] | None = None) -> None:
+        self.runtime = runtime
+        self.rundir = rundir
+        self.proc = proc
+        self._agent = agent
+        self._agent_process: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self._log = get_logger("mesh.session")
+
+    @property
+    def is_client(self) -> bool:
+        return self.proc is None
+
+    def agent_address(self) -> str:
+        """The local host agent's address, starting one first if this is the client."""
+        with self._lock:
+            if self._agent is None or (self._agent_process and self._agent_process.poll()
+                                       is not None):
+                self._agent = self._start_local_agent()
+            return self._agent
+
+    def _start_local_agent(self) -> str:
+        address = f"ipc://{self.rundir}/agent-{len(os.listdir(self.rundir))}"
+        command = [sys.executable, "-m", "mesh._agent", "--address", address,
+                   "--rundir", self.rundir, "--owner-pid", str(os.getpid())]
+        self._agent_process = subprocess.Popen(command, start_new_session=True,
+                                               env=_agent_env())
+        self._log.info("agent_launched", address=address, pid=self._agent_process.pid)
+        return address
+
+    def shutdown_local_agent(self, grace_s: float = AGENT_SHUTDOWN_GRACE_S) -> None:
+        """Stop the local agent (and so every proc it runs); wait for it to exit."""
+        with self._lock:
+            process, address = self._agent_process, self._agent
+            self._agent_process = None
+            if process is not None:
+                self._agent = None
+        if process is None or address is None:
+            return
+        self.runtime.send_message(address, ShutdownAgent(grace_s))
+        try:
+            process.wait(grace_s + 2)
+        except subprocess.TimeoutExpired:
+            self._log.warning("agent_killed", pid=process.pid, reason="did not stop in time")
+            process.kill()
+            process.wait()
+
+    def close(self) -> None:
+        """Tear everything down: agent, event loop, sockets and, in the client, the run dir."""
+        if self.is_client:
+            self.shutdown_local_agent()
+            self.runtime.stop_loop()
+        self.runtime.close()
+        if self.is_client:
+            shutil.rmtree(self.rundir, ignore_errors=True)
+
+
+def _agent_env() -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [p for p in sys.path if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def install_session(session: Session) -> None:
+    global _session
+    _session = session
+
+
+def current_session() -> Session:
+    """This process's session, created on first use in the client."""
+    global _session
+    if _session is not None:
+        return _session
+    with _session_lock:
+        if _session is None:
+            rundir = private_runtime_dir()
+            runtime = Runtime(f"ipc://{rundir}/client", proc_id="client")
+            runtime.start_in_thread()
+            _session = Session(runtime, rundir=rundir)
+            atexit.register(_close_client_session)
+    return _session
+
+
+def current_runtime() -> Runtime:
+    return current_session().runtime
+
+
+def _close_client_session() -> None:
+    global _session
+    session, _session = _session, None
+    if session is not None and session.is_client:
+        session.close()
+
+
+def shutdown_session() -> None:
+    """Close the client session now (tests use this; atexit does it otherwise)."""
+    _close_client_session()
+
+
+def session_if_started() -> Any:
+    return _session

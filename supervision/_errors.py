@@ -1,0 +1,102 @@
+"""Errors that reach user code.
+
+Exception tree::
+
+    Exception
+    ├── RuntimeError
+    │   └── SupervisionError      something failed (crashed, hung, stopped); `.event` says what
+    └── ActorError                an endpoint raised; the actor survives. Also an instance of the
+                                  original exception's type where that type can be subclassed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ._events import SupervisionEvent
+
+
+class SupervisionError(RuntimeError):
+    """A supervised mesh failed or was stopped; `event` holds the `SupervisionEvent`."""
+
+    def __init__(self, event: SupervisionEvent, context: str = "") -> None:
+        self.event = event
+        self.context = context
+        super().__init__(f"{context}{event}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.event, self.context)
+
+    def report(self) -> str:
+        return self.event.report()
+
+
+class ActorError(Exception):
+    """An endpoint raised `exception` on one actor; the actor itself is still alive."""
+
+    exception: BaseException | None
+    exception_type: str
+    remote_traceback: str
+    mesh_name: str
+    rank: Mapping[str, int] | None
+    actor_id: str | None
+    endpoint: str | None
+    host: str | None
+    pid: int | None
+
+    def __init__(self, message: str, *, exception: BaseException | None = None,
+                 exception_type: str = "Exception", remote_traceback: str = "",
+                 mesh_name: str = "", rank: Mapping[str, int] | None = None,
+                 actor_id: str | None = None, endpoint: str | None = None,
+                 host: str | None = None, pid: int | None = None) -> None:
+        BaseException.__init__(self, message)
+        self.exception = exception
+        self.exception_type = exception_type
+        self.remote_traceback = remote_traceback
+        self.mesh_name = mesh_name
+        self.rank = rank
+        self.actor_id = actor_id
+        self.endpoint = endpoint
+        self.host = host
+        self.pid = pid
+
+    @classmethod
+    def wrap(cls, message: str, **fields: Any) -> ActorError:
+        """An ActorError that is also an instance of the original exception's type if possible."""
+        original = fields.get("exception")
+        target = _combined_type(type(original)) if original is not None else cls
+        error = target.__new__(target, message)
+        ActorError.__init__(error, message, **fields)
+        return error
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        fields = {k: getattr(self, k) for k in ActorError.__annotations__}
+        return _rebuild_actor_error, (str(self), fields)
+
+
+def _rebuild_actor_error(message: str, fields: dict[str, Any]) -> ActorError:
+    return ActorError.wrap(message, **fields)
+
+
+_combined: dict[type, type[ActorError]] = {}
+
+
+def _combined_type(original: type[BaseException]) -> type[ActorError]:
+    """ActorError mixed with `original`, cached; plain ActorError when they cannot mix."""
+    if issubclass(original, ActorError) or not issubclass(original, Exception):
+        return ActorError
+    cached = _combined.get(original)
+    if cached is None:
+        try:
+            cached = type(f"ActorError[{original.__name__}]", (ActorError, original),
+                          {"__module__": "supervision", "__init__": ActorError.__init__,
+                           "__str__": ActorError.__str__, "__reduce__": ActorError.__reduce__})
+            cached.__new__(cached, "probe")  # some C types refuse to be built this way
+        except TypeError:
+            cached = ActorError
+        _combined[original] = cached
+    return cached

@@ -1,0 +1,97 @@
+"""`SupervisionEvent`: the immutable record of one failure travelling up the supervision tree."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+EventKind = Literal["exception", "exit", "signal", "hung", "unreachable", "spawn_failed",
+                    "escalated", "stopped"]
+EVENT_KINDS: tuple[str, ...] = ("exception", "exit", "signal", "hung", "unreachable",
+                                "spawn_failed", "escalated", "stopped")
+
+
+@dataclass(frozen=True)
+class SupervisionEvent:
+    """What failed, where and why. `cause` is the child's event when this one is an escalation."""
+
+    kind: EventKind
+    mesh_name: str
+    rank: Mapping[str, int] | None = None
+    actor_id: str | None = None
+    proc_id: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    message: str = ""
+    traceback: str | None = None
+    time: float = field(default_factory=time.time)
+    cause: SupervisionEvent | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in EVENT_KINDS:
+            raise ValueError(f"unknown supervision event kind {self.kind!r}; "
+                             f"expected one of {', '.join(EVENT_KINDS)}")
+
+    def __str__(self) -> str:
+        return f"{self._subject()} {self._reason()}"
+
+    def _subject(self) -> str:
+        rank = dict(self.rank) if self.rank is not None else None
+        where = f'rank {rank} of mesh "{self.mesh_name}"' if rank is not None else \
+            f'mesh "{self.mesh_name}"'
+        if self.pid is not None:
+            where = f"process {self.pid} running {where}"
+        if self.host:
+            where += f" on host {self.host}"
+        return where[0].upper() + where[1:] if not where.startswith("process") else \
+            "Process" + where[len("process"):]
+
+    def _reason(self) -> str:
+        detail = f": {self.message}" if self.message else ""
+        if self.kind == "signal":
+            return f"was killed by {self.signal}{detail}."
+        if self.kind == "exit":
+            return f"exited with code {self.exit_code} without being asked to stop{detail}."
+        if self.kind == "hung":
+            return f"stopped answering heartbeats and is considered hung{detail}."
+        if self.kind == "unreachable":
+            return f"became unreachable{detail}."
+        if self.kind == "spawn_failed":
+            return f"could not be spawned{detail}."
+        if self.kind == "escalated":
+            return f"failed because a child failure was not handled{detail}."
+        if self.kind == "stopped":
+            return f"was stopped{detail}."
+        return f"failed with an exception{detail}."
+
+    def root_cause(self) -> SupervisionEvent:
+        """The deepest event of the escalation chain."""
+        event = self
+        while event.cause is not None:
+            event = event.cause
+        return event
+
+    def report(self) -> str:
+        """A readable account: the root cause first, then the path up the tree."""
+        chain = [self]
+        while chain[-1].cause is not None:
+            chain.append(chain[-1].cause)  # type: ignore[arg-type]
+        lines = ["Supervision report", "==================", f"Root cause: {chain[-1]}"]
+        root = chain[-1]
+        if root.traceback:
+            lines += ["", "Remote traceback:", root.traceback.rstrip()]
+        if len(chain) > 1:
+            lines += ["", "Propagated up the tree:"]
+            lines += [f"  {i}. {event}" for i, event in enumerate(reversed(chain[:-1]), 1)]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain fields, for structured logs and JSON reports."""
+        data = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "cause"}
+        data["rank"] = dict(self.rank) if self.rank is not None else None
+        data["cause"] = self.cause.to_dict() if self.cause is not None else None
+        return data

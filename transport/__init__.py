@@ -1,0 +1,56 @@
+"""Messages between meshvisor processes: zmq sockets, framing, serialization.
+
+`transport` knows nothing of meshes or actors: it moves typed headers and serialized payloads
+between addresses, FIFO per sender→receiver pair.
+"""
+
+from ._errors import MalformedMessage as MalformedMessage
+from ._errors import MessageTooLarge as MessageTooLarge
+from ._errors import SerializationError as SerializationError
+from ._errors import TransportError as TransportError
+from ._frames import DEFAULT_MAX_MESSAGE_BYTES as DEFAULT_MAX_MESSAGE_BYTES
+from ._frames import Envelope as Envelope
+from ._frames import Payload as Payload
+from ._frames import decode as decode
+from ._frames import encode as encode
+from ._frames import message_type as message_type
+from ._log import get_logger as get_logger
+from ._log import reset_logging as reset_logging
+from ._serialize import dumps as dumps
+from ._serialize import loads as loads
+from ._sockets import Inbox as Inbox
+from ._sockets import Outbox as Outbox
+from ._sockets import new_context as new_context
+from ._sockets import private_runtime_dir as private_runtime_dir
+from ._sockets import tcp_address as tcp_address
+
+__all__ = (
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "Envelope",
+    "Inbox",
+    "MalformedMessage",
+    "MessageTooLarge",
+    "Outbox",
+    "Payload",
+    "SerializationError",
+    "TransportError",
+    "decode",
+    "dumps",
+    "encode",
+    "get_logger",
+    "loads",
+    "message_type",
+    "new_context",
+    "private_runtime_dir",
+    "reset_logging",
+    "tcp_address",
+)
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type) or callable(_obj):
+        try:
+            _obj.__module__ = __name__
+        except (AttributeError, TypeError):
+            pass
+del _name, _obj

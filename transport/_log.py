@@ -1,0 +1,56 @@
+"""Structured logging for every meshvisor process, quiet unless asked.
+
+``MESHVISOR_LOG_LEVEL`` (debug, info, warning, error; default warning) and
+``MESHVISOR_LOG_FORMAT`` (console or json) are read once per process. meshvisor never touches
+the application's own structlog or logging configuration.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+import structlog
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+           "error": logging.ERROR, "critical": logging.CRITICAL}
+
+
+def _make_logger() -> Any:
+    level_name = os.environ.get("MESHVISOR_LOG_LEVEL", "warning").lower()
+    level = _LEVELS.get(level_name, logging.WARNING)
+    renderer: Any
+    if os.environ.get("MESHVISOR_LOG_FORMAT", "console").lower() == "json":
+        renderer = structlog.processors.JSONRenderer()
+    else:
+        renderer = structlog.dev.ConsoleRenderer(
+            colors=False, exception_formatter=structlog.dev.plain_traceback)
+    return structlog.wrap_logger(
+        structlog.PrintLogger(sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            renderer,
+        ],
+        cache_logger_on_first_use=True,
+    )
+
+
+_root: Any = None
+
+
+def get_logger(component: str, **bound: Any) -> Any:
+    """Return a structlog logger bound to `component` (and the current pid)."""
+    global _root
+    if _root is None:
+        _root = _make_logger()
+    return _root.bind(component=component, pid=os.getpid(), **bound)
+
+
+def reset_logging() -> None:
+    """Forget the cached configuration (for forked children and tests that change the env)."""
+    global _root
+    _root = None

@@ -1,0 +1,103 @@
+"""Values to bytes and back: cloudpickle bodies with pickle protocol-5 out-of-band buffers.
+
+Large contiguous buffers (bytes, bytearray, memoryview, numpy arrays, CPU torch tensors) are not
+copied into the pickle stream; they travel as separate zero-copy frames.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import cloudpickle
+
+from ._errors import SerializationError
+
+#: Buffers smaller than this are cheaper to copy into the pickle stream than to send alone.
+OUT_OF_BAND_MIN_BYTES = 2048
+
+
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle plus out-of-band reductions for bytes-like values and CPU tensors."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind is bytes and len(obj) >= OUT_OF_BAND_MIN_BYTES:
+            return _rebuild_bytes, (pickle.PickleBuffer(obj),)
+        if kind is memoryview and obj.nbytes >= OUT_OF_BAND_MIN_BYTES and obj.contiguous:
+            return _rebuild_bytes, (pickle.PickleBuffer(obj.cast("B")),)
+        torch = sys.modules.get("torch")
+        if torch is not None and kind in (torch.Tensor, torch.nn.Parameter):
+            reduced = _reduce_tensor(torch, obj)
+            if reduced is not None:
+                return reduced
+        return super().reducer_override(obj)
+
+
+def dumps(value: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """Serialize `value` into a pickle body and its out-of-band buffers."""
+    buffers: list[pickle.PickleBuffer] = []
+    stream = io.BytesIO()
+    try:
+        _Pickler(stream, protocol=5, buffer_callback=buffers.append).dump(value)
+    except Exception as exc:
+        raise SerializationError(
+            f"cannot serialize {_describe(value)}: {exc}. Arguments and results must be "
+            "picklable by cloudpickle (no open files, sockets, locks or generators)."
+        ) from exc
+    return stream.getvalue(), buffers
+
+
+def loads(body: bytes | memoryview, buffers: Sequence[Any] = ()) -> Any:
+    """Rebuild a value from the output of `dumps`."""
+    return pickle.loads(body, buffers=buffers)
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} value {text[:80]}{'...' if len(text) > 80 else ''}"
+
+
+def _rebuild_bytes(buffer: Any) -> bytes:
+    return bytes(buffer)
+
+
+def _reduce_tensor(torch: Any, tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:
+    """Reduce a dense CPU tensor to a raw out-of-band buffer; None means use torch's own."""
+    if tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.is_quantized:
+        return None
+    if tensor.requires_grad and tensor.grad_fn is not None:
+        return None  # torch's own reducer refuses non-leaf tensors with a clear message
+    if tensor.nbytes < OUT_OF_BAND_MIN_BYTES:
+        return None
+    try:
+        import numpy  # noqa: F401  (tensor.numpy() needs it)
+    except ImportError:
+        return None
+    flat = tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    raw = flat.view(torch.uint8).numpy()
+    is_param = type(tensor) is torch.nn.Parameter
+    args = (pickle.PickleBuffer(raw), str(flat.dtype), tuple(tensor.shape), tensor.requires_grad)
+    return (_rebuild_parameter if is_param else _rebuild_tensor), args
+
+
+def _rebuild_tensor(buffer: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool) -> Any:
+    import torch
+
+    view = memoryview(buffer)
+    if view.readonly:
+        view = memoryview(bytearray(view))
+    raw = torch.frombuffer(view, dtype=torch.uint8)
+    tensor = raw.view(getattr(torch, dtype.removeprefix("torch."))).reshape(shape)
+    return tensor.requires_grad_(requires_grad)
+
+
+def _rebuild_parameter(
+    buffer: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool
+) -> Any:
+    import torch
+
+    return torch.nn.Parameter(_rebuild_tensor(buffer, dtype, shape, False), requires_grad)

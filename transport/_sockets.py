@@ -1,0 +1,142 @@
+"""Sockets: one bound inbox per process and an outbox that reaches any address.
+
+Every process receives on a single PULL socket (its inbox) and sends through one PUSH socket
+per destination, which gives FIFO order per sender→receiver pair. Addresses are zmq endpoint
+strings: ``ipc://<private dir>/<name>`` on one host, ``tcp://HOST:PORT`` across hosts.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+
+from ._errors import MalformedMessage, TransportError
+from ._frames import DEFAULT_MAX_MESSAGE_BYTES, Envelope, decode
+from ._log import get_logger
+
+#: How often a PUSH socket retries connecting to an address nobody has bound yet.
+RECONNECT_INTERVAL_MS = 5
+
+
+def new_context() -> zmq.Context[Any]:
+    """A fresh zmq context for this process (never share one across fork)."""
+    return zmq.Context(io_threads=1)
+
+
+def private_runtime_dir(prefix: str = "meshvisor-") -> str:
+    """Create a directory only this user can enter, for ipc socket files."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if not base or not os.access(base, os.W_OK):
+        base = None
+    path = tempfile.mkdtemp(prefix=prefix, dir=base)
+    os.chmod(path, 0o700)
+    return path
+
+
+def tcp_address(host: str = "127.0.0.1", port: int = 0) -> str:
+    """A tcp address; port 0 lets the inbox pick a free port when it binds."""
+    return f"tcp://{host}:{port if port else '*'}"
+
+
+class Inbox:
+    """Where one process receives messages: a PULL socket bound at one address."""
+
+    def __init__(self, context: zmq.Context[Any], address: str, *,
+                 max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+        self._socket = context.socket(zmq.PULL)
+        self._socket.setsockopt(zmq.RCVHWM, 0)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._max_bytes = max_bytes
+        self._log = get_logger("transport.inbox")
+        try:
+            self._socket.bind(address)
+        except zmq.ZMQError as exc:
+            self._socket.close()
+            raise TransportError(f"cannot listen on {address}: {exc}") from exc
+        self.address: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._ipc_path = address[len("ipc://"):] if address.startswith("ipc://") else None
+
+    def fileno(self) -> int:
+        """A file descriptor that becomes readable when messages may be waiting (edge-style)."""
+        return int(self._socket.getsockopt(zmq.FD))
+
+    def poll(self, timeout_ms: int | None) -> bool:
+        """Wait up to `timeout_ms` (None: forever) for a message; True if one is waiting."""
+        return bool(self._socket.poll(timeout_ms, zmq.POLLIN))
+
+    def receive_nowait(self) -> Envelope | None:
+        """The next valid message, or None when none is waiting. Invalid ones are logged."""
+        while True:
+            try:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return None
+            except zmq.ZMQError as exc:
+                raise TransportError(f"receiving on {self.address} failed: {exc}") from exc
+            try:
+                return decode(frames, max_bytes=self._max_bytes)
+            except MalformedMessage as exc:
+                self._log.warning("message_dropped", address=self.address, reason=str(exc),
+                                  frames=len(frames))
+
+    def close(self) -> None:
+        self._socket.close(linger=0)
+        if self._ipc_path:
+            try:
+                os.unlink(self._ipc_path)
+            except FileNotFoundError:
+                pass
+
+
+class Outbox:
+    """Sends frames to any address, FIFO per destination; safe to use from several threads."""
+
+    def __init__(self, context: zmq.Context[Any]) -> None:
+        self._context = context
+        self._sockets: dict[str, zmq.Socket[Any]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def send(self, address: str, frames: Sequence[Any]) -> None:
+        """Queue `frames` for `address`; never blocks on a slow or absent receiver."""
+        with self._lock:
+            if self._closed:
+                raise TransportError("cannot send: this process's transport is closed.")
+            socket = self._sockets.get(address) or self._connect(address)
+            try:
+                socket.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                raise TransportError(f"cannot send to {address}: {exc}") from exc
+
+    def _connect(self, address: str) -> zmq.Socket[Any]:
+        socket = self._context.socket(zmq.PUSH)
+        socket.setsockopt(zmq.SNDHWM, 0)
+        socket.setsockopt(zmq.LINGER, 2000)
+        socket.setsockopt(zmq.RECONNECT_IVL, RECONNECT_INTERVAL_MS)
+        try:
+            socket.connect(address)
+        except zmq.ZMQError as exc:
+            socket.close(linger=0)
+            raise TransportError(f"cannot connect to {address}: {exc}") from exc
+        self._sockets[address] = socket
+        return socket
+
+    def forget(self, address: str) -> None:
+        """Drop the connection to a peer known to be gone, with anything still queued for it."""
+        with self._lock:
+            socket = self._sockets.pop(address, None)
+        if socket is not None:
+            socket.close(linger=0)
+
+    def close(self, linger_ms: int = 2000) -> None:
+        """Close every connection, waiting up to `linger_ms` for queued messages to leave."""
+        with self._lock:
+            self._closed = True
+            sockets, self._sockets = list(self._sockets.values()), {}
+        for socket in sockets:
+            socket.close(linger=linger_ms)
