@@ -12,6 +12,7 @@ from ._values import ValueMesh
 
 if TYPE_CHECKING:
     from ._peers import ProcPeer
+    from ._replies import ReplyInbox
 
 
 class ResultSink(Protocol):
@@ -24,12 +25,14 @@ class ResultSink(Protocol):
 class PendingCall:
     """The recipients of one call that have not answered, keyed by the rank each was sent."""
 
-    __slots__ = ("call_id", "peers", "sink")
+    __slots__ = ("call_id", "home", "peers", "sink")
 
-    def __init__(self, call_id: int, sink: ResultSink, peers: dict[int, ProcPeer]) -> None:
+    def __init__(self, call_id: int, sink: ResultSink, peers: dict[int, ProcPeer],
+                 home: ReplyInbox | None) -> None:
         self.call_id = call_id
         self.sink = sink
         self.peers = peers
+        self.home = home
 
 
 class OneSink:

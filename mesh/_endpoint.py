@@ -27,8 +27,10 @@ class EndpointRef(Generic[R]):
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
         """Call every actor; the future holds a ValueMesh once all have answered."""
         mesh = self._mesh
-        future: Future[ValueMesh[R]] = Future(mesh._runtime, self._describe("call"))
-        mesh._invoke(self.name, args, kwargs, range(len(mesh)), GatherSink(future, mesh.extent))
+        home = mesh._runtime.replies.for_current_thread()
+        future: Future[ValueMesh[R]] = Future(mesh._runtime, self._describe("call"), home)
+        mesh._invoke(self.name, args, kwargs, range(len(mesh)), GatherSink(future, mesh.extent),
+                     home)
         return future
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
@@ -38,30 +40,33 @@ class EndpointRef(Generic[R]):
             raise ValueError(f"call_one() needs a mesh of exactly one actor, but mesh "
                              f"{mesh.name!r} has {len(mesh)} ({dict(mesh.sizes)}); slice it "
                              "down to one actor first or use call().")
-        future: Future[R] = Future(mesh._runtime, self._describe("call_one"))
-        mesh._invoke(self.name, args, kwargs, (0,), OneSink(future))
+        home = mesh._runtime.replies.for_current_thread()
+        future: Future[R] = Future(mesh._runtime, self._describe("call_one"), home)
+        mesh._invoke(self.name, args, kwargs, (0,), OneSink(future), home)
         return future
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call one actor picked at random."""
         mesh = self._mesh
-        future: Future[R] = Future(mesh._runtime, self._describe("choose"))
-        mesh._invoke(self.name, args, kwargs, (pick_one(len(mesh)),), OneSink(future))
+        home = mesh._runtime.replies.for_current_thread()
+        future: Future[R] = Future(mesh._runtime, self._describe("choose"), home)
+        mesh._invoke(self.name, args, kwargs, (pick_one(len(mesh)),), OneSink(future), home)
         return future
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
         """Call every actor; yields one future per answer, in arrival order."""
         mesh = self._mesh
-        futures: list[Future[R]] = [Future(mesh._runtime, self._describe("stream"))
+        home = mesh._runtime.replies.for_current_thread()
+        futures: list[Future[R]] = [Future(mesh._runtime, self._describe("stream"), home)
                                     for _ in range(len(mesh))]
         sink = StreamSink(futures)
-        mesh._invoke(self.name, args, kwargs, range(len(mesh)), sink)
+        mesh._invoke(self.name, args, kwargs, range(len(mesh)), sink, home)
         return iter(futures)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every actor without waiting; an exception fails the actor (no one to tell)."""
         mesh = self._mesh
-        mesh._invoke(self.name, args, kwargs, range(len(mesh)), None)
+        mesh._invoke(self.name, args, kwargs, range(len(mesh)), None, None)
 
     def _describe(self, adverb: str) -> str:
         return f"{adverb}() of {self._mesh.name}.{self.name}"

@@ -7,13 +7,16 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
+import anyio.to_thread
 import sniffio
 
 if TYPE_CHECKING:
+    from ._replies import ReplyInbox
     from ._runtime import Runtime
 
 T = TypeVar("T")
 _PENDING = object()
+_callbacks_lock = threading.Lock()  # held only for a few list operations
 
 
 class Future(Generic[T]):
@@ -22,18 +25,19 @@ class Future(Generic[T]):
     A timeout raises `TimeoutError` and leaves the call running: ``get`` may be called again.
     """
 
-    __slots__ = ("_callbacks", "_callbacks_lock", "_description", "_error", "_ready",
-                 "_runtime", "_value")
+    __slots__ = ("_callbacks", "_description", "_error", "_home", "_ready", "_runtime",
+                 "_value")
 
-    def __init__(self, runtime: Runtime | None = None, description: str = "the call") -> None:
+    def __init__(self, runtime: Runtime | None = None, description: str = "the call",
+                 home: ReplyInbox | None = None) -> None:
         self._runtime = runtime
+        self._home = home
         self._description = description
         self._value: Any = _PENDING
         self._error: BaseException | None = None
         self._ready = threading.Lock()
         self._ready.acquire()
         self._callbacks: list[Callable[[Future[T]], None]] = []
-        self._callbacks_lock = threading.Lock()
 
     def done(self) -> bool:
         return self._value is not _PENDING or self._error is not None
@@ -44,14 +48,21 @@ class Future(Generic[T]):
             runtime = self._runtime
             if runtime is not None and runtime.on_loop_thread():
                 runtime.pump_until(self, timeout)
-            elif self._ready.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
-                self._ready.release()
+            elif self._home is not None:
+                self._home.pump_until(self, timeout)
+            else:
+                self.wait_briefly(timeout)
             if not self.done():
                 raise TimeoutError(f"{self._description} did not finish within {timeout} s; "
                                    "it is still running, call get() again to keep waiting.")
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[no-any-return]
+
+    def wait_briefly(self, timeout: float | None) -> None:
+        """Block until done or `timeout`, without receiving anything."""
+        if self._ready.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+            self._ready.release()
 
     def exception(self) -> BaseException | None:
         """The error this future failed with, or None (only valid once done)."""
@@ -63,6 +74,11 @@ class Future(Generic[T]):
         return self.get(0)
 
     async def _wait_async(self) -> None:
+        home = self._home
+        if home is not None:  # made in sync code: someone must pump its thread's inbox
+            while not self.done():
+                await anyio.to_thread.run_sync(home.pump_until, self, 0.1)
+            return
         event = anyio.Event()
         waiter_thread = threading.get_ident()
         wake = _threadsafe_waker(event)
@@ -78,7 +94,7 @@ class Future(Generic[T]):
 
     def add_done_callback(self, callback: Callable[[Future[T]], None]) -> None:
         """Call `callback(self)` once done (at once if already done), on the resolving thread."""
-        with self._callbacks_lock:
+        with _callbacks_lock:
             if not self.done():
                 self._callbacks.append(callback)
                 return
@@ -91,7 +107,7 @@ class Future(Generic[T]):
         self._finish(_PENDING, error)
 
     def _finish(self, value: Any, error: BaseException | None) -> None:
-        with self._callbacks_lock:
+        with _callbacks_lock:
             if self.done():
                 return
             self._value, self._error = value, error

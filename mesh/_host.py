@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
 
 class HostedActor:
-    __slots__ = ("actor_id", "busy", "endpoints", "event", "instance", "mailbox", "mesh_name",
-                 "owner", "point", "state")
+    __slots__ = ("actor_id", "busy", "contexts", "endpoints", "event", "instance", "mailbox",
+                 "mesh_name", "owner", "point", "state")
 
     def __init__(self, header: SpawnActor, point: Point) -> None:
         self.actor_id = header.actor_id
@@ -40,6 +40,7 @@ class HostedActor:
         self.busy = False
         self.state = "starting"
         self.event: SupervisionEvent | None = None
+        self.contexts: dict[tuple[tuple[str, ...], tuple[int, ...], int], Context] = {}
 
 
 class ActorHost:
@@ -48,7 +49,7 @@ class ActorHost:
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
         self._actors: dict[str, HostedActor] = {}
-        self._extents: dict[tuple[tuple[str, ...], tuple[int, ...]], Extent] = {}
+        self._points: dict[tuple[tuple[str, ...], tuple[int, ...], int], Point] = {}
         self._log = get_logger("mesh.actor")
 
     def deliver(self, envelope: Envelope, *, nested: bool) -> None:
@@ -144,7 +145,7 @@ class ActorHost:
         function = self._prepare(actor, envelope)
         if function is None:
             return
-        token = enter_context(self._context(actor, self._point_of(header)))
+        token = enter_context(self._call_context(actor, header))
         try:
             result = function()
         except anyio.get_cancelled_exc_class():
@@ -163,7 +164,7 @@ class ActorHost:
         function = self._prepare(actor, envelope)
         if function is None:
             return
-        token = enter_context(self._context(actor, self._point_of(header)))
+        token = enter_context(self._call_context(actor, header))
         try:
             result = await function()
         except anyio.get_cancelled_exc_class():
@@ -286,10 +287,18 @@ class ActorHost:
         return self._point(header.labels, header.sizes, header.rank)
 
     def _point(self, labels: tuple[str, ...], sizes: tuple[int, ...], rank: int) -> Point:
-        extent = self._extents.get((labels, sizes))
-        if extent is None:
-            extent = self._extents[(labels, sizes)] = Extent(labels, sizes)
-        return extent.point(rank)
+        key = (labels, sizes, rank)
+        point = self._points.get(key)
+        if point is None:
+            point = self._points[key] = Extent(labels, sizes).point(rank)
+        return point
+
+    def _call_context(self, actor: HostedActor, header: CallActor) -> Context:
+        key = (header.labels, header.sizes, header.rank)
+        found = actor.contexts.get(key)
+        if found is None:
+            found = actor.contexts[key] = self._context(actor, self._point_of(header))
+        return found
 
     def _context(self, actor: HostedActor, point: Point) -> Context:
         runtime = self._runtime

@@ -18,6 +18,7 @@ from ._endpoint import EndpointRef
 from ._future import Future, resolved
 from ._messages import CallActor, ProcSpec, SpawnActor, SpawnProcs, StopActor, StopProcs
 from ._peers import ProcPeer
+from ._replies import ReplyInbox
 from ._runtime import Runtime
 from ._session import current_session
 from ._shape import Extent, Region
@@ -236,7 +237,8 @@ class ActorMesh(MeshBase, _Stoppable, Generic[A]):
         return EndpointRef(self, name)
 
     def _invoke(self, endpoint: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-                indices: Iterable[int], sink: ResultSink | None) -> None:
+                indices: Iterable[int], sink: ResultSink | None,
+                home: ReplyInbox | None) -> None:
         state = self._state
         if state.stopped:
             raise SupervisionError(SupervisionEvent(
@@ -245,12 +247,12 @@ class ActorMesh(MeshBase, _Stoppable, Generic[A]):
         payload = Payload.dump((args, kwargs))
         runtime = self._runtime
         call_id = runtime.new_call_id()
-        reply_to = runtime.address if sink is not None else None
+        reply_to = None if sink is None else (runtime.address if home is None else home.address)
         labels, sizes, ranks = self.extent.labels, self.extent.sizes, self._region.ranks
         messages = [(state.peers[ranks[i]], CallActor(call_id, reply_to, state.actor_id,
                                                       endpoint, labels, sizes, i))
                     for i in indices]
-        runtime.send_to_procs(messages, payload, sink, call_id)
+        runtime.send_to_procs(messages, payload, sink, call_id, home)
 
     def stop(self) -> Future[None]:
         """Stop these actors after the messages already sent to them; later calls fail."""

@@ -148,3 +148,9 @@ class ActorFailed:
 
     actor_id: str
     rank: int
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """To a reply inbox: a call of its thread was settled elsewhere; look at it again."""

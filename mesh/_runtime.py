@@ -47,6 +47,7 @@ from ._messages import (
     StopProc,
 )
 from ._peers import ProcPeer
+from ._replies import ReplyInbox, ReplyRoutes
 
 _RECEIVE_BATCH = 256
 
@@ -59,10 +60,12 @@ class Runtime:
         self.agent = agent
         self.hostname = socket.gethostname()
         self.pid = os.getpid()
-        self._zmq = new_context()
-        self.inbox = Inbox(self._zmq, address)
-        self.outbox = Outbox(self._zmq)
+        self.zmq_context = new_context()
+        self.inbox = Inbox(self.zmq_context, address)
+        self.outbox = Outbox(self.zmq_context)
         self.address = self.inbox.address
+        self.inbox_dir = os.path.dirname(address[6:]) if address.startswith("ipc://") else None
+        self.replies = ReplyRoutes(self)
         self.host = ActorHost(self)
         self.peers: dict[str, ProcPeer] = {}
         self.calls: dict[int, PendingCall] = {}
@@ -79,8 +82,8 @@ class Runtime:
         self._nested = 0
         self._log = get_logger("mesh.runtime", proc=proc_id)
         self._handlers: dict[type, Callable[[Envelope], None]] = {
-            Reply: self._on_reply,
-            Failure: self._on_failure,
+            Reply: self.on_reply,
+            Failure: self.on_failure,
             ProcReady: self._on_proc_ready,
             ProcExited: self._on_proc_exited,
             SpawnFailed: self._on_spawn_failed,
@@ -149,6 +152,12 @@ class Runtime:
         except Exception:
             self._log.exception("message_handling_failed", kind=kind.__name__)
 
+    def dispatch_elsewhere(self, envelope: Envelope) -> None:
+        """Hand a message received off the loop thread to the loop thread."""
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon_threadsafe(self._dispatch, envelope)
+
     def on_loop_thread(self) -> bool:
         return threading.get_ident() == self._loop_thread
 
@@ -186,9 +195,10 @@ class Runtime:
         self._finished.wait(5)
 
     def close(self) -> None:
+        self.replies.close()
         self.outbox.close(linger_ms=500)
         self.inbox.close()
-        self._zmq.term()
+        self.zmq_context.term()
 
     # -- sending -------------------------------------------------------------------------------
 
@@ -204,14 +214,15 @@ class Runtime:
         return next(self._ids)
 
     def send_to_procs(self, messages: list[tuple[ProcPeer, Any]], payload: Payload | None,
-                      sink: ResultSink | None, call_id: int = 0) -> None:
+                      sink: ResultSink | None, call_id: int = 0,
+                      home: ReplyInbox | None = None) -> None:
         """Send one header per peer (same payload). With a `sink`, each header's `rank` keys
         its reply."""
         failed: list[tuple[int, BaseException]] = []
         with self._lock:
             if sink is not None:
                 peers = {header.rank: peer for peer, header in messages}
-                self.calls[call_id] = PendingCall(call_id, sink, peers)
+                self.calls[call_id] = PendingCall(call_id, sink, peers, home)
             for peer, header in messages:
                 frames = encode(header, payload)
                 if not peer.alive:
@@ -228,7 +239,7 @@ class Runtime:
 
     # -- replies ---------------------------------------------------------------------------------
 
-    def _on_reply(self, envelope: Envelope) -> None:
+    def on_reply(self, envelope: Envelope) -> None:
         header: Reply = envelope.header
         try:
             value = envelope.payload.load()  # type: ignore[union-attr]
@@ -238,7 +249,7 @@ class Runtime:
             return
         self._settle(header.call_id, header.rank, value=value)
 
-    def _on_failure(self, envelope: Envelope) -> None:
+    def on_failure(self, envelope: Envelope) -> None:
         header: Failure = envelope.header
         detail = envelope.payload.load()  # type: ignore[union-attr]
         if header.kind == "exception":
@@ -330,6 +341,8 @@ class Runtime:
             for rank, target in list(pending.peers.items()):
                 if target is peer:
                     self._settle(call_id, rank, error=error)
+            if pending.home is not None:
+                pending.home.wake()
         if state == "failed":
             self.report_event(event)
         else:

@@ -2,9 +2,11 @@
 
 Wire layout of one message (a zmq multipart message)::
 
-    frame 0   b"MV" + version byte + pickle of the header (a registered message type)
-    frame 1   optional: the payload's pickle body (cloudpickle, protocol 5)
-    frame 2.. optional: the payload's out-of-band buffers, one frame each
+    frame 0   b"MV" + version byte + header length (u32 little-endian) + pickled header
+              (a registered message type) + the payload's pickle body (may be empty)
+    frame 1.. the payload's out-of-band buffers, one zero-copy frame each
+
+Small messages are therefore a single frame, the cheapest thing zmq can move.
 
 Headers are decoded eagerly and must be of a registered message type; payloads are decoded
 lazily by whoever handles the message, so a payload that cannot be unpickled is reported to its
@@ -14,8 +16,11 @@ across hosts is authenticated.)
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 import os
 import pickle
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -23,7 +28,9 @@ from typing import Any, TypeVar
 from . import _serialize
 from ._errors import MalformedMessage, MessageTooLarge
 
-MAGIC = b"MV\x01"
+MAGIC = b"MV\x02"
+_LENGTH = struct.Struct("<I")
+_PREFIX = len(MAGIC) + _LENGTH.size
 DEFAULT_MAX_MESSAGE_BYTES = int(os.environ.get("MESHVISOR_MAX_MESSAGE_BYTES", 1 << 30))
 
 _T = TypeVar("_T", bound=type)
@@ -31,7 +38,15 @@ _registered: set[type] = set()
 
 
 def message_type(cls: _T) -> _T:
-    """Register `cls` as a header type that receivers may decode."""
+    """Register `cls` (a slotted frozen dataclass) as a header type receivers may decode."""
+    names = tuple(f.name for f in dataclasses.fields(cls))
+    if not names:
+        cls.__reduce__ = lambda self: (cls, ())  # type: ignore[method-assign]
+    elif len(names) == 1:
+        cls.__reduce__ = lambda self: (cls, (getattr(self, names[0]),))  # type: ignore
+    else:
+        values = operator.attrgetter(*names)
+        cls.__reduce__ = lambda self: (cls, values(self))  # type: ignore[method-assign]
     _registered.add(cls)
     return cls
 
@@ -67,18 +82,17 @@ class Envelope:
 def encode(header: Any, payload: Payload | None = None, *,
            max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[Any]:
     """Frames for `header` and `payload`; raises MessageTooLarge past `max_bytes`."""
-    frames: list[Any] = [MAGIC + pickle.dumps(header, protocol=5)]
-    if payload is not None:
-        size = payload.nbytes
-        if size > max_bytes:
-            raise MessageTooLarge(
-                f"a {type(header).__name__} message of {size} bytes exceeds the limit of "
-                f"{max_bytes} bytes; send large data in pieces or raise the limit with "
-                "MESHVISOR_MAX_MESSAGE_BYTES."
-            )
-        frames.append(payload.body)
-        frames.extend(payload.buffers)
-    return frames
+    head = pickle.dumps(header, protocol=5)
+    if payload is None:
+        return [MAGIC + _LENGTH.pack(len(head)) + head]
+    size = payload.nbytes
+    if size > max_bytes:
+        raise MessageTooLarge(
+            f"a {type(header).__name__} message of {size} bytes exceeds the limit of "
+            f"{max_bytes} bytes; send large data in pieces or raise the limit with "
+            "MESHVISOR_MAX_MESSAGE_BYTES."
+        )
+    return [MAGIC + _LENGTH.pack(len(head)) + head + payload.body, *payload.buffers]
 
 
 def decode(frames: Sequence[Any], *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
@@ -89,16 +103,21 @@ def decode(frames: Sequence[Any], *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES)
     size = sum(v.nbytes for v in views)
     if size > max_bytes:
         raise MessageTooLarge(f"received a message of {size} bytes, over the limit of {max_bytes}")
-    head = views[0]
-    if head[: len(MAGIC)] != MAGIC:
+    first = views[0]
+    if first[: len(MAGIC)] != MAGIC or first.nbytes < _PREFIX:
         raise MalformedMessage(
-            f"received a frame without the meshvisor header (starts with {bytes(head[:8])!r})"
+            f"received a frame without the meshvisor header (starts with {bytes(first[:8])!r})"
         )
+    (length,) = _LENGTH.unpack_from(first, len(MAGIC))
+    if _PREFIX + length > first.nbytes:
+        raise MalformedMessage(f"truncated message: the header claims {length} bytes but the "
+                               f"frame holds {first.nbytes - _PREFIX}")
     try:
-        header = pickle.loads(head[len(MAGIC):])
+        header = pickle.loads(first[_PREFIX:_PREFIX + length])
     except Exception as exc:
-        raise MalformedMessage(f"cannot decode a message header: {exc}") from exc
+        raise MalformedMessage(f"cannot decode a message header: {exc!r}") from exc
     if type(header) not in _registered:
         raise MalformedMessage(f"received a header of unknown type {type(header).__name__}")
-    payload = Payload(views[1], views[2:]) if len(views) > 1 else None
+    body = first[_PREFIX + length:]
+    payload = Payload(body, views[1:]) if body.nbytes or len(views) > 1 else None
     return Envelope(header, payload)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import pickle
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,18 +38,48 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         return super().reducer_override(obj)
 
 
+class _ReusablePickler(threading.local):
+    """One pickler per thread, reused: building a cloudpickle Pickler costs more than a small
+    message's whole pickling."""
+
+    def __init__(self) -> None:
+        self.stream = io.BytesIO()
+        self.buffers: list[pickle.PickleBuffer] = []
+        self.pickler = _Pickler(self.stream, protocol=5, buffer_callback=self.buffers.append)
+        self.busy = False
+
+
+_reusable = _ReusablePickler()
+
+
 def dumps(value: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
     """Serialize `value` into a pickle body and its out-of-band buffers."""
-    buffers: list[pickle.PickleBuffer] = []
-    stream = io.BytesIO()
+    state = _reusable
+    if state.busy:  # pickling re-entered this thread (a __reduce__ that sends): use a fresh one
+        buffers: list[pickle.PickleBuffer] = []
+        stream = io.BytesIO()
+        _dump(_Pickler(stream, protocol=5, buffer_callback=buffers.append), value)
+        return stream.getvalue(), buffers
+    state.busy = True
     try:
-        _Pickler(stream, protocol=5, buffer_callback=buffers.append).dump(value)
+        _dump(state.pickler, value)
+        return state.stream.getvalue(), state.buffers[:]
+    finally:
+        state.stream.seek(0)
+        state.stream.truncate()
+        state.buffers.clear()
+        state.pickler.clear_memo()
+        state.busy = False
+
+
+def _dump(pickler: _Pickler, value: Any) -> None:
+    try:
+        pickler.dump(value)
     except Exception as exc:
         raise SerializationError(
             f"cannot serialize {_describe(value)}: {exc}. Arguments and results must be "
             "picklable by cloudpickle (no open files, sockets, locks or generators)."
         ) from exc
-    return stream.getvalue(), buffers
 
 
 def loads(body: bytes | memoryview, buffers: Sequence[Any] = ()) -> Any:

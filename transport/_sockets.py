@@ -73,7 +73,9 @@ class Inbox:
         """The next valid message, or None when none is waiting. Invalid ones are logged."""
         while True:
             try:
-                frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = [self._socket.recv(zmq.NOBLOCK, copy=False)]
+                while frames[-1].more:  # the parts of one message arrive together
+                    frames.append(self._socket.recv(zmq.NOBLOCK, copy=False))
             except zmq.Again:
                 return None
             except zmq.ZMQError as exc:
@@ -109,7 +111,11 @@ class Outbox:
                 raise TransportError("cannot send: this process's transport is closed.")
             socket = self._sockets.get(address) or self._connect(address)
             try:
-                socket.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+                if len(frames) == 1:
+                    socket.send(frames[0], zmq.NOBLOCK)  # copying a small frame is cheapest
+                else:
+                    socket.send(frames[0], zmq.NOBLOCK | zmq.SNDMORE)
+                    socket.send_multipart(frames[1:], zmq.NOBLOCK, copy=False)
             except zmq.ZMQError as exc:
                 raise TransportError(f"cannot send to {address}: {exc}") from exc
 

@@ -1,0 +1,117 @@
+"""Reply inboxes: each thread that makes calls receives its own replies, without a hand-off.
+
+A thread blocked in ``Future.get()`` pumps its own reply inbox, so a reply goes from the socket
+to the waiting thread directly (no wake-up of the event loop thread, no second thread switch).
+Calls made from async code, or from the event loop thread, reply to the runtime's main inbox.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import sniffio
+
+from transport import Inbox
+
+from ._messages import Failure, Reply, Wake
+
+if TYPE_CHECKING:
+    from ._future import Future
+    from ._runtime import Runtime
+
+#: How long a thread waits on a future before checking again whether it can pump its inbox.
+_RETRY_S = 0.01
+
+
+class ReplyInbox:
+    """The reply inbox of one calling thread. Whoever holds `lock` may receive on it."""
+
+    def __init__(self, runtime: Runtime, address: str) -> None:
+        self.runtime = runtime
+        self.inbox = Inbox(runtime.zmq_context, address)
+        self.address = self.inbox.address
+        self.lock = threading.Lock()
+
+    def pump_until(self, future: Future[Any], timeout: float | None) -> None:
+        """Receive replies until `future` is done or `timeout` passes."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not future.done():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return
+            if not self.lock.acquire(timeout=_RETRY_S):
+                future.wait_briefly(_RETRY_S if remaining is None else min(_RETRY_S, remaining))
+                continue
+            try:
+                self._receive_until(future, remaining)
+            finally:
+                self.lock.release()
+
+    def _receive_until(self, future: Future[Any], remaining: float | None) -> None:
+        deadline = None if remaining is None else time.monotonic() + remaining
+        runtime = self.runtime
+        while not future.done():
+            envelope = self.inbox.receive_nowait()
+            if envelope is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return
+                self.inbox.poll(None if left is None else max(1, int(left * 1000)))
+                continue
+            kind = type(envelope.header)
+            if kind is Reply:
+                runtime.on_reply(envelope)
+            elif kind is Failure:
+                runtime.on_failure(envelope)
+            elif kind is not Wake:
+                runtime.dispatch_elsewhere(envelope)
+
+    def wake(self) -> None:
+        """Make a thread blocked on this inbox look at its future again."""
+        self.runtime.send_message(self.address, Wake())
+
+    def close(self) -> None:
+        with self.lock:
+            self.inbox.close()
+
+
+class ReplyRoutes:
+    """Which inbox the replies of a call made on the current thread should go to."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._local = threading.local()
+        self._all: list[ReplyInbox] = []
+        self._names = itertools.count()
+        self._lock = threading.Lock()
+
+    def for_current_thread(self) -> ReplyInbox | None:
+        """This thread's reply inbox, or None when replies should go to the main inbox."""
+        runtime = self._runtime
+        if runtime.on_loop_thread() or runtime.inbox_dir is None or _in_async_code():
+            return None
+        found: ReplyInbox | None = getattr(self._local, "inbox", None)
+        if found is None:
+            with self._lock:
+                address = f"ipc://{runtime.inbox_dir}/{runtime.proc_id}-r{next(self._names)}"
+                found = ReplyInbox(runtime, address)
+                self._all.append(found)
+            self._local.inbox = found
+        return found
+
+    def close(self) -> None:
+        with self._lock:
+            inboxes, self._all = self._all, []
+        for inbox in inboxes:
+            inbox.close()
+
+
+def _in_async_code() -> bool:
+    try:
+        sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return False
+    return True

@@ -1,0 +1,311 @@
+"""Reusable actor classes for the test suite.
+
+They live in an importable module (``tests/`` is on ``sys.path`` through the rootdir conftest,
+and procs inherit the client's ``sys.path``), so cloudpickle sends them by reference.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any
+
+import anyio
+
+from mesh import Actor, context, current_rank, current_size, endpoint, this_host
+
+# -- exception types -------------------------------------------------------------------------
+
+
+class CustomError(Exception):
+    """A plain user exception type."""
+
+
+class TwoArgError(Exception):
+    """An exception whose constructor takes two arguments (the classic pickling trap)."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(f"code {code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+class FinalError(Exception):
+    """A user exception that carries an unpicklable attribute."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+# -- gates: let a test decide when a waiting endpoint may finish -------------------------------
+#
+# Module globals are per process, so a `Gate` actor spawned on the same procs as a `Waiter`
+# can release it. No sleeps, no polling: pure message passing.
+
+_gates: dict[str, anyio.Event] = {}
+
+
+def _gate(name: str) -> anyio.Event:
+    event = _gates.get(name)
+    if event is None:
+        event = _gates[name] = anyio.Event()
+    return event
+
+
+class Gate(Actor):
+    @endpoint
+    def open(self, name: str) -> None:
+        _gate(name).set()
+
+    @endpoint
+    def reset(self, name: str) -> None:
+        _gates.pop(name, None)
+
+
+class Waiter(Actor):
+    @endpoint
+    async def wait(self, name: str, value: Any = None) -> Any:
+        await _gate(name).wait()
+        return value
+
+    @endpoint
+    async def wait_if_rank(self, name: str, rank: int, value: Any = None) -> Any:
+        """Wait on the gate only on `rank` (in the called mesh); others answer at once."""
+        if current_rank().rank == rank:
+            await _gate(name).wait()
+        return (current_rank().rank, value)
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+# -- basic actors ----------------------------------------------------------------------------
+
+
+class Echo(Actor):
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
+
+    @endpoint
+    def echo(self, value: Any) -> Any:
+        return value
+
+    @endpoint
+    def echo_kw(self, *args: Any, **kwargs: Any) -> Any:
+        return self.prefix, args, kwargs
+
+    @endpoint
+    async def aecho(self, value: Any) -> Any:
+        await anyio.lowlevel.checkpoint()
+        return value
+
+    @endpoint
+    def getenv(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def sys_path(self) -> list[str]:
+        return list(sys.path)
+
+    def helper(self) -> str:
+        """A plain method, not an endpoint."""
+        return "not callable remotely"
+
+
+class Counter(Actor):
+    def __init__(self, start: int = 0) -> None:
+        self.value = start
+
+    @endpoint
+    def incr(self, by: int = 1) -> int:
+        self.value += by
+        return self.value
+
+    @endpoint
+    async def aincr(self, by: int = 1) -> int:
+        await anyio.lowlevel.checkpoint()
+        self.value += by
+        return self.value
+
+    @endpoint
+    def get(self) -> int:
+        return self.value
+
+    @endpoint
+    def fail_after_incr(self) -> int:
+        self.value += 100
+        raise CustomError(f"failed with value {self.value}")
+
+
+class Raiser(Actor):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @endpoint
+    def raise_value_error(self, message: str) -> None:
+        self.calls += 1
+        raise ValueError(message)
+
+    @endpoint
+    async def araise_key_error(self, key: str) -> None:
+        self.calls += 1
+        await anyio.lowlevel.checkpoint()
+        raise KeyError(key)
+
+    @endpoint
+    def raise_custom(self, message: str) -> None:
+        self.calls += 1
+        raise CustomError(message)
+
+    @endpoint
+    def raise_two_arg(self, code: int, detail: str) -> None:
+        self.calls += 1
+        raise TwoArgError(code, detail)
+
+    @endpoint
+    def raise_unpicklable(self, message: str) -> None:
+        self.calls += 1
+        raise FinalError(message)
+
+    @endpoint
+    def raise_on_rank(self, rank: int) -> int:
+        self.calls += 1
+        if current_rank().rank == rank:
+            raise ValueError(f"rank {rank} refuses")
+        return current_rank().rank
+
+    @endpoint
+    def count(self) -> int:
+        return self.calls
+
+
+class Unpicklable(Actor):
+    @endpoint
+    def make_lock(self) -> Any:
+        return threading.Lock()
+
+    @endpoint
+    def ok(self) -> str:
+        return "still alive"
+
+
+class Printer(Actor):
+    @endpoint
+    def say(self, out: str, err: str) -> None:
+        print(out)
+        print(err, file=sys.stderr)
+
+    @endpoint
+    def partial(self, text: str) -> None:
+        sys.stdout.write(text)  # no newline: flushed when the proc exits
+
+
+class WhoAmI(Actor):
+    def __init__(self) -> None:
+        self.init_rank = dict(current_rank())
+        self.init_size = current_size()
+
+    @endpoint
+    def whoami(self) -> dict[str, Any]:
+        ctx = context()
+        return {
+            "rank": dict(current_rank()),
+            "flat": current_rank().rank,
+            "size": current_size(),
+            "mesh_name": ctx.mesh_name,
+            "actor_id": ctx.actor_id,
+            "pid": ctx.pid,
+            "os_pid": os.getpid(),
+            "proc_id": ctx.proc_id,
+            "host": ctx.host,
+        }
+
+    @endpoint
+    async def awhoami(self) -> dict[str, Any]:
+        await anyio.lowlevel.checkpoint()
+        return {"rank": dict(current_rank()), "size": current_size()}
+
+    @endpoint
+    def init_info(self) -> dict[str, Any]:
+        return {"rank": self.init_rank, "size": self.init_size}
+
+
+# -- actors that use meshes ------------------------------------------------------------------
+
+
+class Parent(Actor):
+    """Spawns its own child proc mesh and calls it."""
+
+    def __init__(self) -> None:
+        self.children: Any = None
+        self.procs: Any = None
+
+    @endpoint
+    def spawn_children(self, n: int) -> list[Any]:
+        self.procs = this_host().spawn_procs(per_host={"kids": n}, name="kids")
+        self.children = self.procs.spawn("children", WhoAmI)
+        return [(dict(p), v["os_pid"]) for p, v in self.children.whoami.call().get(timeout=30)]
+
+    @endpoint
+    async def acall_children(self) -> list[int]:
+        values = await self.children.whoami.call()
+        return [v["flat"] for v in values.values()]
+
+    @endpoint
+    def call_children(self) -> list[int]:
+        return [v["flat"] for v in self.children.whoami.call().get(timeout=30).values()]
+
+    @endpoint
+    def stop_children(self) -> None:
+        self.procs.stop().get(timeout=30)
+
+
+class Caller(Actor):
+    """Takes a mesh handle as an argument and calls it."""
+
+    def __init__(self, target: Any = None) -> None:
+        self.target = target
+
+    @endpoint
+    def call_echo(self, target: Any, value: Any) -> list[Any]:
+        return list(target.echo.call(value).get(timeout=30).values())
+
+    @endpoint
+    async def acall_echo(self, target: Any, value: Any) -> list[Any]:
+        result = await target.echo.call(value)
+        return list(result.values())
+
+    @endpoint
+    def call_stored(self, value: Any) -> list[Any]:
+        return list(self.target.echo.call(value).get(timeout=30).values())
+
+    @endpoint
+    def call_incr(self, target: Any) -> int:
+        return target.incr.call_one().get(timeout=30)
+
+    @endpoint
+    def call_raiser(self, target: Any, message: str) -> str:
+        try:
+            target.raise_value_error.call_one(message).get(timeout=30)
+        except ValueError as exc:
+            return f"caught {type(exc).__name__}: {exc}"
+        return "no error"
+
+    @endpoint
+    def call_with_timeout(self, target: Any, timeout: float) -> str:
+        try:
+            target.ping.call_one().get(timeout=timeout)
+        except Exception as exc:
+            return type(exc).__name__
+        return "pong"

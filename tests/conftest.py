@@ -1,0 +1,122 @@
+"""Shared fixtures: real procs that are always stopped, and a leak check at session end.
+
+Every meshvisor run directory this test session creates goes under one private base directory
+(``XDG_RUNTIME_DIR`` is pointed there before anything imports a session), so the leak check can
+tell our agents, fork servers, procs and run directories apart from those of any other
+meshvisor program running on the same machine at the same time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Must happen before the first mesh session exists (fixtures and tests create it lazily).
+RUN_BASE = tempfile.mkdtemp(prefix="mvt-")
+os.chmod(RUN_BASE, 0o700)
+os.environ["XDG_RUNTIME_DIR"] = RUN_BASE
+os.environ.pop("MESHVISOR_LOG_LEVEL", None)  # the suite checks that logs are quiet by default
+
+STOP_TIMEOUT_S = 30.0
+
+
+def meshvisor_processes(marker: str = RUN_BASE) -> list[tuple[int, str]]:
+    """(pid, cmdline) of live processes running ``mesh._agent`` whose command line names
+    `marker` (the agent, its fork server and its procs all share the agent's command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            raw = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        cmdline = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+        if "mesh._agent" in cmdline and marker in cmdline:
+            found.append((int(entry.name), cmdline))
+    return found
+
+
+def meshvisor_run_dirs() -> list[str]:
+    return sorted(str(p) for p in Path(RUN_BASE).glob("meshvisor-*"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaks_at_session_end() -> Iterator[None]:
+    """After the whole session: close the client session, then nothing of ours may be left."""
+    yield
+    import mesh._session
+
+    mesh._session.shutdown_session()
+    owned = [(pid, cmd) for pid, cmd in meshvisor_processes("mesh._agent")
+             if f"--owner-pid {os.getpid()}" in cmd]
+    leftovers = sorted(set(meshvisor_processes()) | set(owned))
+    dirs = meshvisor_run_dirs()
+    for pid, _ in leftovers:  # do not leave them behind for the next run either
+        with contextlib.suppress(OSError):
+            os.kill(pid, 9)
+    if not leftovers and not dirs:
+        shutil.rmtree(RUN_BASE, ignore_errors=True)
+    assert not leftovers, f"meshvisor processes left behind after the test session: {leftovers}"
+    assert not dirs, f"meshvisor run directories left behind after the test session: {dirs}"
+
+
+# -- procs ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def make_procs() -> Iterator[Callable[..., Any]]:
+    """A factory of proc meshes; every mesh it made is stopped after the test, pass or fail."""
+    from mesh import this_host
+
+    made: list[Any] = []
+
+    def make(per_host: dict[str, int] | None = None, **kwargs: Any) -> Any:
+        procs = this_host().spawn_procs(per_host=per_host or {"gpus": 2}, **kwargs)
+        made.append(procs)
+        return procs
+
+    yield make
+    errors = []
+    for procs in reversed(made):
+        try:
+            procs.stop().get(timeout=STOP_TIMEOUT_S)
+        except Exception as exc:  # report every mesh that failed to stop, not just the first
+            errors.append(f"{procs!r}: {exc!r}")
+    assert not errors, f"proc meshes did not stop: {errors}"
+
+
+@pytest.fixture
+def procs(make_procs: Callable[..., Any]) -> Any:
+    """A fresh mesh of two procs, ``{"gpus": 2}``, stopped after the test."""
+    return make_procs({"gpus": 2})
+
+
+@pytest.fixture
+def fresh_agent() -> Iterator[None]:
+    """Restart the local host agent inside this test (and again afterwards).
+
+    The agent relays proc output to the file descriptors it inherited when it was started, so a
+    test that captures fd 1/2 (``capfd``) needs an agent launched while the capture is active.
+    """
+    from mesh import this_host
+
+    _stop_local_agent()
+    this_host()  # the new agent inherits the capturing file descriptors
+    yield
+    _stop_local_agent()
+
+
+def _stop_local_agent() -> None:
+    import mesh._session
+
+    session = mesh._session.session_if_started()
+    if session is not None:
+        session.shutdown_local_agent()
