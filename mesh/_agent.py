@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from . import _proc_main  # noqa: F401
 from ._forkserver import ForkServerClient, start_forkserver
 from ._messages import (
+    Heartbeat,
     ProcExited,
     ProcSpec,
     ShutdownAgent,
@@ -29,9 +30,16 @@ from ._messages import (
     SpawnProcs,
     StopProc,
     StopProcs,
+    WatchProcs,
 )
 
 DEFAULT_GRACE_S = 5.0
+
+
+#: Exit reports kept for watchers that ask about a proc after it is gone.
+_EXITED_MEMORY = 10_000
+#: Extra time a new proc gets for its first heartbeat (imports, user __init__ of the runtime).
+_STARTUP_GRACE_S = 10.0
 
 
 @dataclass
@@ -39,10 +47,14 @@ class _Proc:
     spec: ProcSpec
     owner: str
     address: str
+    heartbeat_timeout_s: float
     pid: int | None = None
     stop_requested: bool = False
+    hung: bool = False
     kill_at: float | None = None
+    heartbeat_due: float = 0.0
     owned_by_proc: set[str] = field(default_factory=set)
+    watchers: set[str] = field(default_factory=set)
 
 
 class HostAgent:
@@ -60,6 +72,7 @@ class HostAgent:
         self._hostname = socket.gethostname()
         self._procs: dict[str, _Proc] = {}
         self._by_pid: dict[int, str] = {}
+        self._exited: dict[str, ProcExited] = {}
         self._owner_fd = os.pidfd_open(owner_pid) if owner_pid else None
         self._shutting_down = False
         self._log = get_logger("mesh.agent", address=address)
@@ -92,6 +105,10 @@ class HostAgent:
                 self._spawn(header)
             elif type(header) is StopProcs:
                 self._stop(header.proc_ids, header.grace_s)
+            elif type(header) is Heartbeat:
+                self._on_heartbeat(header.proc_id)
+            elif type(header) is WatchProcs:
+                self._watch(header)
             elif type(header) is ShutdownAgent:
                 self._shutdown(header.grace_s)
             else:
@@ -104,7 +121,8 @@ class HostAgent:
                                                       "the host agent is shutting down"))
                 continue
             address = f"ipc://{self._rundir}/{spec.proc_id}"
-            proc = _Proc(spec, request.owner, address)
+            proc = _Proc(spec, request.owner, address, request.heartbeat_timeout_s)
+            proc.heartbeat_due = time.monotonic() + _STARTUP_GRACE_S + request.heartbeat_timeout_s
             self._procs[spec.proc_id] = proc
             for other in self._procs.values():
                 if other.address == request.owner:
@@ -114,6 +132,7 @@ class HostAgent:
                 "sizes": spec.sizes, "rank": spec.rank, "address": address,
                 "owner": request.owner, "agent": self._inbox.address, "rundir": self._rundir,
                 "env": dict(request.env), "sys_path": request.sys_path, "cwd": request.cwd,
+                "heartbeat_interval_s": request.heartbeat_interval_s,
             }
             point = dict(zip(spec.labels, _coords(spec.sizes, spec.rank)))
             self._forkserver.spawn(spec.proc_id, f"{spec.mesh_name} {point}", config)
@@ -130,6 +149,19 @@ class HostAgent:
                 self._send(proc.address, StopProc())
             else:
                 self._kill(proc)
+
+    def _on_heartbeat(self, proc_id: str) -> None:
+        proc = self._procs.get(proc_id)
+        if proc is not None:
+            proc.heartbeat_due = time.monotonic() + proc.heartbeat_timeout_s
+
+    def _watch(self, request: WatchProcs) -> None:
+        for proc_id in request.proc_ids:
+            proc = self._procs.get(proc_id)
+            if proc is not None:
+                proc.watchers.add(request.watcher)
+            elif proc_id in self._exited:
+                self._send(request.watcher, self._exited[proc_id])
 
     def _shutdown(self, grace_s: float) -> None:
         self._shutting_down = True
@@ -171,10 +203,17 @@ class HostAgent:
         signame = signal.Signals(-code).name if code < 0 else None
         self._log.info("proc_exited", proc=proc_id, pid=pid, exit_code=code, signal=signame,
                        requested=proc.stop_requested)
-        self._send(proc.owner, ProcExited(proc.spec.proc_id, pid, self._hostname,
-                                          None if code < 0 else code, signame,
-                                          proc.stop_requested))
+        report = ProcExited(proc.spec.proc_id, pid, self._hostname, None if code < 0 else code,
+                            signame, proc.stop_requested and not proc.hung, proc.hung)
+        for address in {proc.owner, *proc.watchers}:
+            self._send(address, report)
+        self._remember(report)
         self._stop(tuple(proc.owned_by_proc), 0.0)  # a mesh never outlives its owner
+
+    def _remember(self, report: ProcExited) -> None:
+        self._exited[report.proc_id] = report
+        if len(self._exited) > _EXITED_MEMORY:
+            del self._exited[next(iter(self._exited))]
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -188,10 +227,16 @@ class HostAgent:
         for proc in list(self._procs.values()):
             if proc.kill_at is not None and proc.kill_at <= now:
                 self._kill(proc)
+            elif proc.pid is not None and not proc.stop_requested and proc.heartbeat_due <= now:
+                self._log.warning("proc_hung", proc=proc.spec.proc_id, pid=proc.pid,
+                                  timeout_s=proc.heartbeat_timeout_s)
+                proc.hung = proc.stop_requested = True
+                self._kill(proc)
 
-    def _next_timeout(self) -> float | None:
-        deadlines = [p.kill_at for p in self._procs.values() if p.kill_at is not None]
-        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+    def _next_timeout(self) -> float:
+        deadlines = [p.kill_at if p.kill_at is not None else p.heartbeat_due
+                     for p in self._procs.values() if p.pid is not None or p.kill_at is not None]
+        return max(0.0, min(deadlines, default=time.monotonic() + 1.0) - time.monotonic())
 
     def _send(self, address: str, header: object) -> None:
         from transport import TransportError, encode

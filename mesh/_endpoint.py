@@ -28,7 +28,8 @@ class EndpointRef(Generic[R]):
         """Call every actor; the future holds a ValueMesh once all have answered."""
         mesh = self._mesh
         home = mesh._runtime.replies.for_current_thread()
-        future: Future[ValueMesh[R]] = Future(mesh._runtime, self._describe("call"), home)
+        future: Future[ValueMesh[R]] = Future(mesh._runtime, self._describe("call"), home,
+                                              mesh._covers)
         mesh._invoke(self.name, args, kwargs, range(len(mesh)), GatherSink(future, mesh.extent),
                      home)
         return future
@@ -41,7 +42,7 @@ class EndpointRef(Generic[R]):
                              f"{mesh.name!r} has {len(mesh)} ({dict(mesh.sizes)}); slice it "
                              "down to one actor first or use call().")
         home = mesh._runtime.replies.for_current_thread()
-        future: Future[R] = Future(mesh._runtime, self._describe("call_one"), home)
+        future: Future[R] = Future(mesh._runtime, self._describe("call_one"), home, mesh._covers)
         mesh._invoke(self.name, args, kwargs, (0,), OneSink(future), home)
         return future
 
@@ -49,7 +50,7 @@ class EndpointRef(Generic[R]):
         """Call one actor picked at random."""
         mesh = self._mesh
         home = mesh._runtime.replies.for_current_thread()
-        future: Future[R] = Future(mesh._runtime, self._describe("choose"), home)
+        future: Future[R] = Future(mesh._runtime, self._describe("choose"), home, mesh._covers)
         mesh._invoke(self.name, args, kwargs, (pick_one(len(mesh)),), OneSink(future), home)
         return future
 
@@ -57,8 +58,8 @@ class EndpointRef(Generic[R]):
         """Call every actor; yields one future per answer, in arrival order."""
         mesh = self._mesh
         home = mesh._runtime.replies.for_current_thread()
-        futures: list[Future[R]] = [Future(mesh._runtime, self._describe("stream"), home)
-                                    for _ in range(len(mesh))]
+        futures: list[Future[R]] = [Future(mesh._runtime, self._describe("stream"), home,
+                                           mesh._covers) for _ in range(len(mesh))]
         sink = StreamSink(futures)
         mesh._invoke(self.name, args, kwargs, range(len(mesh)), sink, home)
         return iter(futures)

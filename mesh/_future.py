@@ -14,7 +14,12 @@ if TYPE_CHECKING:
     from ._replies import ReplyInbox
     from ._runtime import Runtime
 
+from supervision import SupervisionEvent
+
+from ._failfast import FAIL_FAST
+
 T = TypeVar("T")
+_MAIN_THREAD = threading.main_thread().ident
 _PENDING = object()
 _callbacks_lock = threading.Lock()  # held only for a few list operations
 
@@ -25,13 +30,15 @@ class Future(Generic[T]):
     A timeout raises `TimeoutError` and leaves the call running: ``get`` may be called again.
     """
 
-    __slots__ = ("_callbacks", "_description", "_error", "_home", "_ready", "_runtime",
-                 "_value")
+    __slots__ = ("_callbacks", "_covers", "_description", "_error", "_home", "_ready",
+                 "_runtime", "_value")
 
     def __init__(self, runtime: Runtime | None = None, description: str = "the call",
-                 home: ReplyInbox | None = None) -> None:
+                 home: ReplyInbox | None = None,
+                 covers: Callable[[SupervisionEvent], bool] | None = None) -> None:
         self._runtime = runtime
         self._home = home
+        self._covers = covers
         self._description = description
         self._value: Any = _PENDING
         self._error: BaseException | None = None
@@ -45,19 +52,37 @@ class Future(Generic[T]):
     def get(self, timeout: float | None = None) -> T:
         """Wait for the value (at most `timeout` seconds) and return it, or raise its error."""
         if not self.done():
-            runtime = self._runtime
-            if runtime is not None and runtime.on_loop_thread():
-                runtime.pump_until(self, timeout)
-            elif self._home is not None:
-                self._home.pump_until(self, timeout)
+            if threading.get_ident() == _MAIN_THREAD:
+                self._wait_in_main_thread(timeout)
             else:
-                self.wait_briefly(timeout)
-            if not self.done():
-                raise TimeoutError(f"{self._description} did not finish within {timeout} s; "
-                                   "it is still running, call get() again to keep waiting.")
+                self._wait(timeout)
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[no-any-return]
+
+    def _wait(self, timeout: float | None) -> None:
+        runtime = self._runtime
+        if runtime is not None and runtime.on_loop_thread():
+            runtime.pump_until(self, timeout)
+        elif self._home is not None:
+            self._home.pump_until(self, timeout)
+        else:
+            self.wait_briefly(timeout)
+        if not self.done():
+            raise TimeoutError(f"{self._description} did not finish within {timeout} s; "
+                               "it is still running, call get() again to keep waiting.")
+
+    def _wait_in_main_thread(self, timeout: float | None) -> None:
+        """Wait, telling fail-fast that failures this call will raise need no interruption."""
+        FAIL_FAST.enter_wait(self)
+        try:
+            self._wait(timeout)
+        finally:
+            FAIL_FAST.exit_wait(self, self._error)
+
+    def covers(self, event: SupervisionEvent) -> bool:
+        """Whether `event` fails the call behind this future (so get() will raise it)."""
+        return self._covers is not None and self._covers(event)
 
     def wait_briefly(self, timeout: float | None) -> None:
         """Block until done or `timeout`, without receiving anything."""

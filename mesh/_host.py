@@ -7,13 +7,15 @@ One actor handles one message at a time, in arrival order.
 
 from __future__ import annotations
 
+import inspect
 import traceback
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from supervision import SupervisionEvent
+from supervision import SupervisionEvent, escalated, is_handled
 from transport import Envelope, Payload, SerializationError, dumps, get_logger
 
 from ._actor import EndpointDef, endpoints_of
@@ -23,6 +25,14 @@ from ._shape import Extent, Point
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
+
+
+@dataclass(frozen=True)
+class _Supervise:
+    """Mailbox item (never on the wire): let the actor decide about a child's failure."""
+
+    event: SupervisionEvent
+    event_owner: str
 
 
 class HostedActor:
@@ -58,6 +68,8 @@ class ActorHost:
         if type(header) is SpawnActor:
             actor = HostedActor(header, self._point(header.labels, header.sizes, header.rank))
             self._actors[header.actor_id] = actor
+        elif type(header) is _Supervise:
+            actor = self._actors[header.event_owner]  # type: ignore[attr-defined]
         else:
             actor = self._actors.get(header.actor_id)  # type: ignore[assignment]
             if actor is None:
@@ -72,17 +84,32 @@ class ActorHost:
         else:
             self._drain_inline(actor)
 
+    def supervise(self, actor_id: str, event: SupervisionEvent) -> bool:
+        """Let actor `actor_id` decide about the failure of a mesh it owns; False if that
+        actor does not live here (any more)."""
+        actor = self._actors.get(actor_id)
+        if actor is None or actor.state not in ("starting", "running"):
+            return False
+        self.deliver(Envelope(_Supervise(event, actor_id), None), nested=self._runtime.nested)
+        return True
+
     def stop_all(self) -> None:
         for actor in self._actors.values():
             if actor.state in ("starting", "running"):
                 actor.state, actor.instance = "stopped", None
                 self._log.info("actor_stopped", actor_id=actor.actor_id)
+                self._runtime.stop_owned_by(actor.actor_id)
 
     # -- running handlers -------------------------------------------------------------------
 
     def _needs_task(self, actor: HostedActor, envelope: Envelope) -> bool:
         header = envelope.header
-        if type(header) is not CallActor or actor.state != "running":
+        if actor.state != "running":
+            return False
+        if type(header) is _Supervise:
+            return inspect.iscoroutinefunction(getattr(type(actor.instance), "__supervise__",
+                                                       None))
+        if type(header) is not CallActor:
             return False
         found = actor.endpoints.get(header.endpoint)
         return found is not None and found.is_async
@@ -104,7 +131,9 @@ class ActorHost:
         try:
             while actor.mailbox:
                 envelope = actor.mailbox.popleft()
-                if self._needs_task(actor, envelope):
+                if type(envelope.header) is _Supervise and self._needs_task(actor, envelope):
+                    await self._supervise_async(actor, envelope.header.event)
+                elif self._needs_task(actor, envelope):
                     await self._call_async(actor, envelope)
                 else:
                     self._handle(actor, envelope)
@@ -120,6 +149,52 @@ class ActorHost:
             self._construct(actor, envelope)
         elif type(header) is StopActor:
             self._stop(actor, header)
+        elif type(header) is _Supervise:
+            self._supervise_sync(actor, header.event)
+
+    # -- supervision of what an actor owns ---------------------------------------------------
+
+    def _supervise_sync(self, actor: HostedActor, event: SupervisionEvent) -> None:
+        if actor.state != "running":
+            return
+        handler = getattr(actor.instance, "__supervise__", None)
+        token = enter_context(self._context(actor, actor.point))
+        try:
+            decision = handler(event) if handler is not None else False
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:
+            self._escalate(actor, event, exc)
+            return
+        finally:
+            exit_context(token)
+        self._decided(actor, event, decision)
+
+    async def _supervise_async(self, actor: HostedActor, event: SupervisionEvent) -> None:
+        if actor.state != "running":
+            return
+        token = enter_context(self._context(actor, actor.point))
+        try:
+            decision = await actor.instance.__supervise__(event)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:
+            self._escalate(actor, event, exc)
+            return
+        finally:
+            exit_context(token)
+        self._decided(actor, event, decision)
+
+    def _decided(self, actor: HostedActor, event: SupervisionEvent, decision: object) -> None:
+        if is_handled(decision):
+            self._log.info("failure_handled", actor_id=actor.actor_id, child=str(event))
+        else:
+            self._escalate(actor, event, None)
+
+    def _escalate(self, actor: HostedActor, child: SupervisionEvent,
+                  error: BaseException | None) -> None:
+        own = self._event(actor, "escalated", "")
+        self._fail_with(actor, escalated(child, own, error))
 
     def _construct(self, actor: HostedActor, envelope: Envelope) -> None:
         token = enter_context(self._context(actor, actor.point))
@@ -217,19 +292,29 @@ class ActorHost:
         if actor.state in ("starting", "running"):
             actor.state, actor.instance = "stopped", None
             self._log.info("actor_stopped", actor_id=actor.actor_id, mesh=actor.mesh_name)
+            self._runtime.stop_owned_by(actor.actor_id)
         if header.reply_to is not None:
             self._runtime.send_message(header.reply_to, Reply(header.call_id, header.rank),
                                        Payload.dump(None))
 
     def _fail(self, actor: HostedActor, exc: BaseException, what: str) -> SupervisionEvent:
-        actor.state, actor.instance = "failed", None
         text = "".join(traceback.format_exception(exc))
         event = self._event(actor, "exception", f"{what} {type(exc).__name__}: {exc}", text)
-        actor.event = event
+        self._fail_with(actor, event)
+        return event
+
+    def _fail_with(self, actor: HostedActor, event: SupervisionEvent) -> None:
+        """The actor is dead: what it owns is stopped first, then its owner is told."""
+        actor.state, actor.instance, actor.event = "failed", None, event
         self._log.warning("actor_failed", **event.to_dict())
+        self._runtime.stop_owned_by(actor.actor_id)
         self._runtime.send_message(actor.owner, ActorFailed(actor.actor_id, actor.point.rank),
                                    Payload.dump(event))
-        return event
+        for envelope in actor.mailbox:
+            header = envelope.header
+            if type(header) is CallActor and header.reply_to is not None:
+                self._send_failure(header.reply_to, header.call_id, header.rank, "failed", event)
+        actor.mailbox.clear()
 
     # -- replies -----------------------------------------------------------------------------
 
@@ -308,7 +393,7 @@ class ActorHost:
     def _event(self, actor: HostedActor, kind: Any, message: str,
                text: str | None = None) -> SupervisionEvent:
         runtime = self._runtime
-        return SupervisionEvent(kind, actor.mesh_name, rank=dict(actor.point),
+        return SupervisionEvent(kind, actor.mesh_name, rank=actor.point,
                                 actor_id=actor.actor_id, proc_id=runtime.proc_id,
                                 host=runtime.hostname, pid=runtime.pid, message=message,
                                 traceback=text)

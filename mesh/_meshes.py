@@ -16,16 +16,28 @@ from ._actor import check_actor_class, resolve_endpoint
 from ._calls import GatherSink, ResultSink
 from ._endpoint import EndpointRef
 from ._future import Future, resolved
-from ._messages import CallActor, ProcSpec, SpawnActor, SpawnProcs, StopActor, StopProcs
+from ._context import context
+from ._messages import (
+    CallActor,
+    ProcSpec,
+    SpawnActor,
+    SpawnProcs,
+    StopActor,
+    StopProcs,
+    WatchProcs,
+)
 from ._peers import ProcPeer
 from ._replies import ReplyInbox
 from ._runtime import Runtime
 from ._session import current_session
 from ._shape import Extent, Region
+from ._supervisor import FailureHandler
 
 A = TypeVar("A")
 M = TypeVar("M", bound="MeshBase")
 DEFAULT_STOP_GRACE_S = 5.0
+HEARTBEAT_INTERVAL_S = float(os.environ.get("MESHVISOR_HEARTBEAT_INTERVAL_S", 0.25))
+HEARTBEAT_TIMEOUT_S = float(os.environ.get("MESHVISOR_HEARTBEAT_TIMEOUT_S", 2.0))
 
 
 class MeshBase:
@@ -84,8 +96,19 @@ class HostMesh(MeshBase):
         return HostMesh(self._agents, region)
 
     def spawn_procs(self, per_host: Mapping[str, int] | None = None, *,
-                    env: Mapping[str, str] | None = None, name: str = "procs") -> ProcMesh:
-        """One new OS process per point of ``hosts × per_host``; returns at once."""
+                    env: Mapping[str, str] | None = None, name: str = "procs",
+                    heartbeat_interval_s: float | None = None,
+                    heartbeat_timeout_s: float | None = None) -> ProcMesh:
+        """One new OS process per point of ``hosts × per_host``; returns at once.
+
+        A proc that sends no heartbeat for `heartbeat_timeout_s` (paused, or stuck holding the
+        GIL) is killed and reported as hung.
+        """
+        interval = heartbeat_interval_s or HEARTBEAT_INTERVAL_S
+        timeout = heartbeat_timeout_s or HEARTBEAT_TIMEOUT_S
+        if timeout <= interval:
+            raise ValueError(f"heartbeat_timeout_s ({timeout}) must be longer than "
+                             f"heartbeat_interval_s ({interval})")
         per_host = dict(per_host or {})
         overlap = set(per_host) & set(self.extent.labels)
         if overlap:
@@ -98,18 +121,21 @@ class HostMesh(MeshBase):
             raise TypeError("env must map str to str")
         runtime = current_session().runtime
         uid = secrets.token_hex(3)
+        owner_actor = context().actor_id
         peers: list[ProcPeer] = []
         per_agent: dict[str, list[ProcSpec]] = {}
         per = extent.nelements // len(self._region)
         for rank, point in enumerate(extent.points()):
             agent = self._agents[self._region.ranks[rank // per]]
             spec = ProcSpec(f"{name}-{uid}-{rank}", name, extent.labels, extent.sizes, rank)
-            peers.append(runtime.add_peer(ProcPeer(spec.proc_id, name, point, agent)))
+            peers.append(runtime.add_peer(ProcPeer(spec.proc_id, name, point, agent,
+                                                   mesh_key=f"{name}-{uid}", owned=True,
+                                                   owner_actor=owner_actor)))
             per_agent.setdefault(agent, []).append(spec)
         for agent, specs in per_agent.items():
             runtime.send_message(agent, SpawnProcs(
                 runtime.address, tuple(specs), tuple((env or {}).items()), tuple(sys.path),
-                os.getcwd()))
+                os.getcwd(), interval, timeout))
         return ProcMesh(runtime, name, Region.full(extent), tuple(peers))
 
     def shutdown(self) -> Future[None]:
@@ -168,9 +194,14 @@ class ProcMesh(MeshBase, _Stoppable):
         peers = tuple(self._peers[base] for base in self._region.ranks)
         messages = [(peer, SpawnActor(actor_id, self._runtime.address, name, extent.labels,
                                       extent.sizes, rank)) for rank, peer in enumerate(peers)]
+        self._runtime.supervisor.actor_mesh_owners[actor_id] = context().actor_id
         self._runtime.send_to_procs(messages, payload, None)
         return ActorMesh(self._runtime, _ActorMeshState(name, actor_id, actor_class, peers),
                          Region.full(extent))
+
+    def on_failure(self, handler: FailureHandler) -> None:
+        """Call `handler(event)` when a proc of this mesh fails; truthy return = handled."""
+        self._runtime.supervisor.handlers[self._peers[0].mesh_key] = handler
 
     def stop(self, grace_s: float = DEFAULT_STOP_GRACE_S) -> Future[None]:
         """Stop these procs (gracefully, then SIGKILL after `grace_s`); stopping is no failure."""
@@ -254,6 +285,17 @@ class ActorMesh(MeshBase, _Stoppable, Generic[A]):
                     for i in indices]
         runtime.send_to_procs(messages, payload, sink, call_id, home)
 
+    def on_failure(self, handler: FailureHandler) -> None:
+        """Call `handler(event)` when an actor of this mesh fails; truthy return = handled."""
+        self._runtime.supervisor.handlers[self._state.actor_id] = handler
+
+    def _covers(self, event: SupervisionEvent) -> bool:
+        """Whether `event` concerns an actor or proc that a call on this mesh reaches."""
+        state = self._state
+        if event.actor_id == state.actor_id:
+            return True
+        return any(state.peers[r].proc_id == event.proc_id for r in self._region.ranks)
+
     def stop(self) -> Future[None]:
         """Stop these actors after the messages already sent to them; later calls fail."""
         state, runtime = self._state, self._runtime
@@ -312,12 +354,18 @@ def _peer_infos(peers: Iterable[ProcPeer]) -> tuple[tuple[Any, ...], ...]:
 
 
 def _adopt_peers(runtime: Runtime, infos: tuple[tuple[Any, ...], ...]) -> tuple[ProcPeer, ...]:
+    """Peers for a mesh handle received from elsewhere; their agents will tell us if they die."""
     peers = []
+    watch: dict[str, list[str]] = {}
     for proc_id, mesh_name, point, agent, address in infos:
         peer = runtime.peers.get(proc_id)
         if peer is None:
             peer = runtime.add_peer(ProcPeer(proc_id, mesh_name, point, agent, address))
+            if agent is not None:
+                watch.setdefault(agent, []).append(proc_id)
         peers.append(peer)
+    for agent, proc_ids in watch.items():
+        runtime.send_message(agent, WatchProcs(tuple(proc_ids), runtime.address))
     return tuple(peers)
 
 

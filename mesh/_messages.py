@@ -1,6 +1,7 @@
 """The closed set of messages meshvisor processes exchange. Payloads travel beside them.
 
-Owner → agent: SpawnProcs, StopProcs, ShutdownAgent.   Agent → owner: ProcExited, SpawnFailed.
+Owner → agent: SpawnProcs, StopProcs, ShutdownAgent, WatchProcs.
+Agent → owner (and watchers): ProcExited, SpawnFailed.   Proc → agent: Heartbeat.
 Proc → owner: ProcReady, ActorFailed.   Caller → proc: SpawnActor, CallActor, StopActor, StopProc.
 Proc → caller: Reply (payload: the value) and Failure (payload: the error).
 """
@@ -32,6 +33,8 @@ class SpawnProcs:
     env: tuple[tuple[str, str], ...]
     sys_path: tuple[str, ...]
     cwd: str
+    heartbeat_interval_s: float
+    heartbeat_timeout_s: float
 
 
 @message_type
@@ -59,12 +62,15 @@ class ProcReady:
 @message_type
 @dataclass(frozen=True, slots=True)
 class ProcExited:
+    """Agent → owner and watchers. `hung`: the agent killed it for missing heartbeats."""
+
     proc_id: str
     pid: int
     host: str
     exit_code: int | None
     signal: str | None
     requested: bool
+    hung: bool = False
 
 
 @message_type
@@ -154,3 +160,21 @@ class ActorFailed:
 @dataclass(frozen=True, slots=True)
 class Wake:
     """To a reply inbox: a call of its thread was settled elsewhere; look at it again."""
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Proc → its agent, every heartbeat interval, from a thread that needs the GIL."""
+
+    proc_id: str
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class WatchProcs:
+    """To an agent: also tell `watcher` when any of these procs exits (callers that do not own
+    them). Procs already gone are reported at once."""
+
+    proc_ids: tuple[str, ...]
+    watcher: str

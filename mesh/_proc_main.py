@@ -6,11 +6,32 @@ import os
 import sys
 from typing import Any
 
-from transport import get_logger, reset_logging
+import threading
 
-from ._messages import ProcReady
+from transport import TransportError, encode, get_logger, reset_logging
+
+from ._messages import Heartbeat, ProcReady
 from ._runtime import Runtime
 from ._session import Session, install_session
+
+
+def start_heartbeats(runtime: Runtime, agent: str, proc_id: str, interval_s: float) -> None:
+    """Tell the agent every `interval_s` that this process can still run Python code.
+
+    A plain thread: it stops when the process is paused (SIGSTOP) or when something holds the
+    GIL, which is exactly when the agent should declare the proc hung. A sync endpoint that
+    sleeps or waits on I/O releases the GIL and is not mistaken for a hang.
+    """
+    beat = encode(Heartbeat(proc_id))
+
+    def loop() -> None:
+        while not runtime.closed.wait(interval_s):
+            try:
+                runtime.outbox.send(agent, beat)
+            except TransportError:
+                return
+
+    threading.Thread(target=loop, name="meshvisor-heartbeat", daemon=True).start()
 
 
 def run_proc(config: dict[str, Any]) -> int:
@@ -28,6 +49,7 @@ def run_proc(config: dict[str, Any]) -> int:
     runtime.send_message(config["owner"], ProcReady(config["proc_id"], runtime.address,
                                                     os.getpid(), runtime.hostname))
     log.info("proc_started", mesh=config["mesh_name"], rank=config["rank"])
+    start_heartbeats(runtime, config["agent"], config["proc_id"], config["heartbeat_interval_s"])
     try:
         runtime.run()
     finally:

@@ -45,9 +45,11 @@ from ._messages import (
     SpawnFailed,
     StopActor,
     StopProc,
+    StopProcs,
 )
 from ._peers import ProcPeer
 from ._replies import ReplyInbox, ReplyRoutes
+from ._supervisor import Supervisor
 
 _RECEIVE_BATCH = 256
 
@@ -55,7 +57,8 @@ _RECEIVE_BATCH = 256
 class Runtime:
     """The messaging core of one process (the client or a proc)."""
 
-    def __init__(self, address: str, *, proc_id: str, agent: str | None = None) -> None:
+    def __init__(self, address: str, *, proc_id: str, agent: str | None = None,
+                 is_root: bool = False) -> None:
         self.proc_id = proc_id
         self.agent = agent
         self.hostname = socket.gethostname()
@@ -69,7 +72,8 @@ class Runtime:
         self.host = ActorHost(self)
         self.peers: dict[str, ProcPeer] = {}
         self.calls: dict[int, PendingCall] = {}
-        self.event_handlers: list[Callable[[SupervisionEvent], None]] = []
+        self.supervisor = Supervisor(self, is_root=is_root)
+        self._stopping_agents: set[str] = set()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._loop_thread: int | None = None
@@ -79,6 +83,7 @@ class Runtime:
         self._started = threading.Event()
         self._stopping = False
         self._finished = threading.Event()
+        self.closed = threading.Event()
         self._nested = 0
         self._log = get_logger("mesh.runtime", proc=proc_id)
         self._handlers: dict[type, Callable[[Envelope], None]] = {
@@ -158,6 +163,11 @@ class Runtime:
         if loop is not None:
             loop.call_soon_threadsafe(self._dispatch, envelope)
 
+    @property
+    def nested(self) -> bool:
+        """True while a Future.get() on the loop thread is pumping the inbox."""
+        return self._nested > 0
+
     def on_loop_thread(self) -> bool:
         return threading.get_ident() == self._loop_thread
 
@@ -195,6 +205,7 @@ class Runtime:
         self._finished.wait(5)
 
     def close(self) -> None:
+        self.closed.set()
         self.replies.close()
         self.outbox.close(linger_ms=500)
         self.inbox.close()
@@ -304,21 +315,23 @@ class Runtime:
             return
         if header.requested or peer.state == "stopping":
             kind, message = "stopped", "it was stopped by its owner"
+        elif header.hung:
+            kind, message = "hung", f"it was killed by the host agent ({header.signal})"
         elif header.signal is not None:
             kind, message = "signal", ""
         else:
             kind, message = "exit", ""
         event = SupervisionEvent(
-            kind, peer.mesh_name, rank=dict(peer.point), proc_id=peer.proc_id,
-            host=header.host, pid=header.pid, exit_code=header.exit_code, signal=header.signal,
-            message=message)
+            kind, peer.mesh_name, rank=peer.point, proc_id=peer.proc_id,
+            host=header.host, pid=header.pid, exit_code=header.exit_code,
+            signal=None if header.hung else header.signal, message=message)
         self.mark_peer_gone(peer, event, "stopped" if kind == "stopped" else "failed")
 
     def _on_spawn_failed(self, envelope: Envelope) -> None:
         header: SpawnFailed = envelope.header
         peer = self.peers.get(header.proc_id)
         if peer is not None:
-            event = SupervisionEvent("spawn_failed", peer.mesh_name, rank=dict(peer.point),
+            event = SupervisionEvent("spawn_failed", peer.mesh_name, rank=peer.point,
                                      proc_id=peer.proc_id, host=header.host,
                                      message=header.reason)
             self.mark_peer_gone(peer, event, "failed")
@@ -343,19 +356,56 @@ class Runtime:
                     self._settle(call_id, rank, error=error)
             if pending.home is not None:
                 pending.home.wake()
-        if state == "failed":
-            self.report_event(event)
-        else:
+        if state == "failed" and peer.owned:
+            self.supervisor.handle(event, peer.owner_actor, (peer.mesh_key,))
+        elif state == "stopped":
             self._log.info("proc_stopped", proc=peer.proc_id, pid=event.pid)
 
     def _on_actor_failed(self, envelope: Envelope) -> None:
-        self.report_event(envelope.payload.load())  # type: ignore[union-attr]
+        header: ActorFailed = envelope.header
+        event: SupervisionEvent = envelope.payload.load()  # type: ignore[union-attr]
+        peer = self.peers.get(event.proc_id or "")
+        keys = (header.actor_id,) + ((peer.mesh_key,) if peer is not None else ())
+        self.supervisor.handle(event, self.supervisor.actor_mesh_owners.get(header.actor_id),
+                               keys)
 
-    def report_event(self, event: SupervisionEvent) -> None:
-        """A failure of something this process owns: log it once and hand it to supervision."""
-        self._log.warning("supervision_event", **event.to_dict())
-        for handler in list(self.event_handlers):
-            handler(event)
+    def watch_agent_process(self, address: str, pid: int) -> None:
+        """Report every proc of a local agent as unreachable if that agent process dies."""
+        fd = os.pidfd_open(pid)
+
+        def on_exit() -> None:
+            assert self._loop is not None
+            self._loop.remove_reader(fd)
+            os.close(fd)
+            if address in self._stopping_agents:
+                return
+            self._log.error("agent_lost", agent=address, pid=pid)
+            for peer in [p for p in self.peers.values() if p.agent == address and p.alive]:
+                self.mark_peer_gone(peer, SupervisionEvent(
+                    "unreachable", peer.mesh_name, rank=peer.point, proc_id=peer.proc_id,
+                    pid=peer.pid, host=peer.host,
+                    message=f"its host agent (pid {pid}) died"), "failed")
+
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._loop.add_reader, fd, on_exit)
+
+    def agent_stopping(self, address: str) -> None:
+        """The agent at `address` is being shut down on purpose: its exit is no failure."""
+        self._stopping_agents.add(address)
+
+    def stop_owned_by(self, actor_id: str, grace_s: float = 5.0) -> None:
+        """Stop every proc that actor `actor_id` spawned (a mesh never outlives its owner)."""
+        by_agent: dict[str, list[str]] = {}
+        with self._lock:
+            for peer in self.peers.values():
+                if peer.owner_actor == actor_id and peer.alive and peer.agent is not None:
+                    peer.state = "stopping"
+                    peer.event = SupervisionEvent(
+                        "stopped", peer.mesh_name, rank=peer.point, proc_id=peer.proc_id,
+                        message="its owner stopped or failed")
+                    by_agent.setdefault(peer.agent, []).append(peer.proc_id)
+        for agent, proc_ids in by_agent.items():
+            self.send_message(agent, StopProcs(tuple(proc_ids), grace_s))
 
     def _on_stop_proc(self, envelope: Envelope) -> None:
         self.host.stop_all()

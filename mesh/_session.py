@@ -18,6 +18,7 @@ from typing import Any
 from transport import get_logger, private_runtime_dir
 
 from ._messages import ShutdownAgent
+from ._failfast import FAIL_FAST
 from ._runtime import Runtime
 
 _session: Session | None = None
@@ -57,6 +58,7 @@ class Session:
         self._agent_process = subprocess.Popen(command, start_new_session=True,
                                                env=_agent_env())
         self._log.info("agent_launched", address=address, pid=self._agent_process.pid)
+        self.runtime.watch_agent_process(address, self._agent_process.pid)
         return address
 
     def shutdown_local_agent(self, grace_s: float = AGENT_SHUTDOWN_GRACE_S) -> None:
@@ -68,6 +70,7 @@ class Session:
                 self._agent = None
         if process is None or address is None:
             return
+        self.runtime.agent_stopping(address)
         self.runtime.send_message(address, ShutdownAgent(grace_s))
         try:
             process.wait(grace_s + 2)
@@ -106,8 +109,9 @@ def current_session() -> Session:
     with _session_lock:
         if _session is None:
             rundir = private_runtime_dir()
-            runtime = Runtime(f"ipc://{rundir}/client", proc_id="client")
+            runtime = Runtime(f"ipc://{rundir}/client", proc_id="client", is_root=True)
             runtime.start_in_thread()
+            FAIL_FAST.install()
             _session = Session(runtime, rundir=rundir)
             atexit.register(_close_client_session)
     return _session

@@ -4,10 +4,30 @@ from ._errors import ActorError as ActorError
 from ._errors import SupervisionError as SupervisionError
 from ._events import EVENT_KINDS as EVENT_KINDS
 from ._events import EventKind as EventKind
+from ._escalation import escalated as escalated
+from ._escalation import is_handled as is_handled
 from ._events import SupervisionEvent as SupervisionEvent
+from ._hooks import UnhandledFailureHook as UnhandledFailureHook
+from ._hooks import set_unhandled_failure_hook as set_unhandled_failure_hook
+from ._hooks import unhandled_failure_hook as unhandled_failure_hook
 
-__all__ = ("EVENT_KINDS", "ActorError", "EventKind", "SupervisionError", "SupervisionEvent")
+__all__ = (
+    "EVENT_KINDS",
+    "ActorError",
+    "EventKind",
+    "SupervisionError",
+    "SupervisionEvent",
+    "UnhandledFailureHook",
+    "escalated",
+    "is_handled",
+    "set_unhandled_failure_hook",
+    "unhandled_failure_hook",
+)
 
 ActorError.__module__ = __name__
 SupervisionError.__module__ = __name__
 SupervisionEvent.__module__ = __name__
+escalated.__module__ = __name__
+is_handled.__module__ = __name__
+set_unhandled_failure_hook.__module__ = __name__
+unhandled_failure_hook.__module__ = __name__

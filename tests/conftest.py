@@ -27,6 +27,14 @@ os.environ.pop("MESHVISOR_LOG_LEVEL", None)  # the suite checks that logs are qu
 STOP_TIMEOUT_S = 30.0
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # pyproject turns warnings into errors. When a hypothesis test fails, hypothesis' pytest
+    # plugin touches mypy_extensions.TypedDict while building the report; the resulting
+    # DeprecationWarning would turn one failing test into an INTERNALERROR of the whole run.
+    config.addinivalue_line(
+        "filterwarnings", "ignore:mypy_extensions.TypedDict is deprecated:DeprecationWarning")
+
+
 def meshvisor_processes(marker: str = RUN_BASE) -> list[tuple[int, str]]:
     """(pid, cmdline) of live processes running ``mesh._agent`` whose command line names
     `marker` (the agent, its fork server and its procs all share the agent's command line)."""

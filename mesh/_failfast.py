@@ -1,0 +1,107 @@
+"""Fail-fast at the root: an unhandled failure is raised in the client's main thread.
+
+If the main thread is blocked in ``Future.get()`` on a call that the failure also fails, that
+call raises it. Otherwise a real-time signal interrupts the main thread wherever it is (a sleep,
+a busy loop, a blocking wait), like KeyboardInterrupt but with the right type, so
+``try/except SupervisionError`` around any block catches it. Uncaught, it ends the program with
+status 1 after printing the supervision report; atexit handlers run and stop every owned proc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import sys
+import threading
+from collections import deque
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from supervision import SupervisionError, SupervisionEvent
+
+if TYPE_CHECKING:
+    from ._future import Future
+
+#: The signal used to interrupt the main thread (a real-time one nobody else uses by default).
+FAIL_FAST_SIGNAL = signal.SIGRTMIN + 7
+
+
+class FailFast:
+    """Delivers unhandled supervision events to the client's main thread, each exactly once."""
+
+    def __init__(self) -> None:
+        self._undelivered: deque[SupervisionEvent] = deque()
+        self._lock = threading.Lock()
+        self._main = threading.main_thread()
+        self._waiting: list[Future[Any]] = []  # futures the main thread is blocked on
+        self._installed = False
+
+    def install(self) -> None:
+        """Take over the signal and the excepthook (main thread only; idempotent)."""
+        if self._installed or threading.current_thread() is not self._main:
+            return
+        if signal.getsignal(FAIL_FAST_SIGNAL) in (signal.SIG_DFL, None):
+            signal.signal(FAIL_FAST_SIGNAL, self._on_signal)
+        previous = sys.excepthook
+        sys.excepthook = lambda *info: _print_report(previous, *info)
+        self._installed = True
+
+    def raise_in_main(self, event: SupervisionEvent) -> None:
+        """Queue `event` and interrupt the main thread (from any thread)."""
+        with self._lock:
+            self._undelivered.append(event)
+        if signal.getsignal(FAIL_FAST_SIGNAL) == self._on_signal:
+            signal.pthread_kill(self._main.ident, FAIL_FAST_SIGNAL)  # type: ignore[arg-type]
+        else:  # no handler of ours: raise at the main thread's next bytecode instead
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(self._main.ident or 0), ctypes.py_object(_PendingFailure))
+
+    def enter_wait(self, future: Future[Any]) -> None:
+        self._waiting.append(future)
+
+    def exit_wait(self, future: Future[Any], error: BaseException | None) -> None:
+        """The main thread stopped waiting on `future`; deliver what is still owed."""
+        self._waiting.remove(future)
+        if isinstance(error, SupervisionError):
+            self._mark_delivered(error.event)
+        if self._undelivered and not self._waiting:
+            self._deliver()
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._deliver()
+
+    def _deliver(self) -> None:
+        with self._lock:
+            for event in list(self._undelivered):
+                if any(future.covers(event) for future in self._waiting):
+                    continue  # the call being waited on will raise it
+                self._undelivered.remove(event)
+                raise SupervisionError(event)
+
+    def _mark_delivered(self, event: SupervisionEvent) -> None:
+        with self._lock:
+            if event in self._undelivered:
+                self._undelivered.remove(event)
+
+    def take_pending(self) -> SupervisionEvent | None:
+        with self._lock:
+            return self._undelivered.popleft() if self._undelivered else None
+
+
+class _PendingFailure(SupervisionError):
+    """Raised asynchronously when the signal handler could not be installed."""
+
+    def __init__(self) -> None:
+        event = FAIL_FAST.take_pending() or SupervisionEvent(
+            "escalated", "unknown", message="an unhandled failure was reported")
+        super().__init__(event)
+
+
+def _print_report(previous: Any, kind: type[BaseException], value: BaseException,
+                  tb: TracebackType | None) -> None:
+    previous(kind, value, tb)
+    if isinstance(value, SupervisionError):
+        print("\n" + value.event.report(), file=sys.stderr)
+
+
+FAIL_FAST = FailFast()

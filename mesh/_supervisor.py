@@ -1,0 +1,65 @@
+"""`Supervisor`: sends each failure of something this process owns to whoever must decide.
+
+Order of decision: a handler registered on the failed mesh (``mesh.on_failure``); else the
+owning actor's ``__supervise__``; at the client, the global unhandled-failure hook; else
+fail-fast (a `SupervisionError` in the client's main thread).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from supervision import SupervisionEvent, is_handled, unhandled_failure_hook
+from transport import get_logger
+
+from ._failfast import FAIL_FAST
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+FailureHandler = Callable[[SupervisionEvent], object]
+
+
+class Supervisor:
+    """Routes the supervision events that reach one process."""
+
+    def __init__(self, runtime: Runtime, *, is_root: bool) -> None:
+        self._runtime = runtime
+        self._is_root = is_root
+        self.handlers: dict[str, FailureHandler] = {}
+        self.actor_mesh_owners: dict[str, str | None] = {}
+        self._seen: set[tuple[str | None, str | None, str]] = set()
+        self._log = get_logger("supervision", proc=runtime.proc_id)
+
+    def handle(self, event: SupervisionEvent, owner_actor: str | None,
+               keys: tuple[str, ...]) -> None:
+        """Decide what `event` (a failure of something owned here) leads to. Loop thread."""
+        identity = (event.actor_id, event.proc_id, event.kind)
+        if identity in self._seen:
+            return
+        self._seen.add(identity)
+        self._log.warning("supervision_event", **event.to_dict())
+        for key in keys:
+            handler = self.handlers.get(key)
+            if handler is not None and self._run_handler(handler, event):
+                return
+        if owner_actor is not None and self._runtime.host.supervise(owner_actor, event):
+            return
+        if self._is_root:
+            hook = unhandled_failure_hook()
+            if hook is not None and self._run_handler(hook, event):
+                return
+            FAIL_FAST.raise_in_main(event)
+        else:
+            self._log.error("unowned_failure", reason="no actor of this proc owns the mesh",
+                            **event.to_dict())
+
+    def _run_handler(self, handler: FailureHandler, event: SupervisionEvent) -> bool:
+        try:
+            return is_handled(handler(event))
+        except Exception:
+            self._log.error("failure_handler_raised", handler=repr(handler),
+                            error=traceback.format_exc(), **event.to_dict())
+            return False
