@@ -368,9 +368,8 @@ def print_table(rows: list[Row], elapsed: float) -> None:
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     rule = "  ".join("-" * w for w in widths)
     for i, line in enumerate(table):
-        cells = [line[0].ljust(widths[0])] + [c.rjust(w) if j in (1,) else c.ljust(w)
-                                              for j, (c, w) in enumerate(zip(line[1:],
-                                                                             widths[1:]), 1)]
+        cells = [cell.rjust(width) if column == 1 else cell.ljust(width)  # numbers align right
+                 for column, (cell, width) in enumerate(zip(line, widths, strict=True))]
         print("  ".join(cells).rstrip())
         if i == 0:
             print(rule)

@@ -25,10 +25,12 @@ def start_heartbeats(runtime: Runtime, agent: str, proc_id: str, interval_s: flo
     beat = encode(Heartbeat(proc_id))
 
     def loop() -> None:
-        while not runtime.closed.wait(interval_s):
+        while True:
             try:
                 runtime.outbox.send(agent, beat)
             except TransportError:
+                return
+            if runtime.closed.wait(interval_s):
                 return
 
     threading.Thread(target=loop, name="meshvisor-heartbeat", daemon=True).start()

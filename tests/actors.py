@@ -186,8 +186,26 @@ class Raiser(Actor):
         return current_rank().rank
 
     @endpoint
+    def raise_base(self) -> None:
+        raise FatalSignal("not an Exception")
+
+    @endpoint
     def count(self) -> int:
         return self.calls
+
+
+class FatalSignal(BaseException):
+    """A BaseException that is not an Exception: it fails the actor."""
+
+
+class BrokenInit(Actor):
+    def __init__(self, fail_on_rank: int | None = None) -> None:
+        if fail_on_rank is None or current_rank().rank == fail_on_rank:
+            raise RuntimeError("constructor refuses to start")
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
 
 
 class Unpicklable(Actor):
