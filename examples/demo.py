@@ -124,24 +124,24 @@ def main() -> None:
     section("SIGKILL one proc: a SupervisionError at once, the other ranks keep working")
     victim = workers.slice(gpus=2)
     pid = victim.pid.call_one().get()
+    t0 = time.monotonic()
     try:
         napping = victim.nap.call_one(30.0)  # would take 30 s; the crash ends it early
         os.kill(pid, signal.SIGKILL)
-        t0 = time.monotonic()
         napping.get(timeout=10)
     except SupervisionError as err:
         waited = (time.monotonic() - t0) * 1000
         print(f"  killed pid {pid}; nap() failed after {waited:.0f} ms with SupervisionError:")
         print(f"    {err}")
         print(f"    event: kind={err.event.kind!r} signal={err.event.signal!r} "
-              f"rank={err.event.rank}")
+              f"rank={dict(err.event.rank or {})}")
     for g in (0, 1, 3):
         print(f"  gpus={g} still works: work(1.0) -> "
               f"{workers.slice(gpus=g).work.call_one(1.0).get()}")
     try:
         workers.work.call(1.0).get()
     except SupervisionError as err:
-        print(f"  a call to the whole mesh names the dead rank: {err.event.rank}")
+        print(f"  a call to the whole mesh names the dead rank: {dict(err.event.rank or {})}")
 
     section("stop")
     workers.stop().get()

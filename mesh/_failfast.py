@@ -9,6 +9,7 @@ status 1 after printing the supervision report; atexit handlers run and stop eve
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import signal
 import sys
@@ -35,6 +36,7 @@ class FailFast:
         self._main = threading.main_thread()
         self._waiting: list[Future[Any]] = []  # futures the main thread is blocked on
         self._installed = False
+        self._signal_scheduled = False
 
     def install(self) -> None:
         """Take over the signal and the excepthook (main thread only; idempotent)."""
@@ -47,9 +49,21 @@ class FailFast:
         self._installed = True
 
     def raise_in_main(self, event: SupervisionEvent) -> None:
-        """Queue `event` and interrupt the main thread (from any thread)."""
+        """Queue `event` and interrupt the main thread once the current event loop iteration
+        is over, so that the failures of one incident are delivered together."""
         with self._lock:
             self._undelivered.append(event)
+            if self._signal_scheduled:
+                return
+            self._signal_scheduled = True
+        try:
+            asyncio.get_running_loop().call_soon(self._interrupt_main)
+        except RuntimeError:
+            self._interrupt_main()
+
+    def _interrupt_main(self) -> None:
+        with self._lock:
+            self._signal_scheduled = False
         if signal.getsignal(FAIL_FAST_SIGNAL) == self._on_signal:
             signal.pthread_kill(self._main.ident, FAIL_FAST_SIGNAL)  # type: ignore[arg-type]
         else:  # no handler of ours: raise at the main thread's next bytecode instead
@@ -62,26 +76,29 @@ class FailFast:
     def exit_wait(self, future: Future[Any], error: BaseException | None) -> None:
         """The main thread stopped waiting on `future`; deliver what is still owed."""
         self._waiting.remove(future)
-        if isinstance(error, SupervisionError):
-            self._mark_delivered(error.event)
-        if self._undelivered and not self._waiting:
+        if isinstance(error, SupervisionError):  # get() raises it: what is owed goes along
+            with self._lock:
+                owed = [e for e in self._undelivered if e != error.event]
+                self._undelivered.clear()
+            error.related_events = tuple(owed)
+        elif self._undelivered and not self._waiting:
             self._deliver()
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._deliver()
 
     def _deliver(self) -> None:
+        """Raise the oldest owed event; failures queued with it (one agent loss fails many
+        ranks at once) travel along as `related_events`, so one except clause catches all."""
         with self._lock:
-            for event in list(self._undelivered):
-                if any(future.covers(event) for future in self._waiting):
-                    continue  # the call being waited on will raise it
-                self._undelivered.remove(event)
-                raise SupervisionError(event)
-
-    def _mark_delivered(self, event: SupervisionEvent) -> None:
-        with self._lock:
-            if event in self._undelivered:
-                self._undelivered.remove(event)
+            if all(any(f.covers(e) for f in self._waiting) for e in self._undelivered):
+                return  # the call being waited on will raise them
+            owed = sorted(self._undelivered,
+                          key=lambda e: any(f.covers(e) for f in self._waiting))
+            self._undelivered.clear()
+        error = SupervisionError(owed[0])
+        error.related_events = tuple(owed[1:])
+        raise error
 
     def take_pending(self) -> SupervisionEvent | None:
         with self._lock:

@@ -23,6 +23,8 @@ class SupervisionError(RuntimeError):
     def __init__(self, event: SupervisionEvent, context: str = "") -> None:
         self.event = event
         self.context = context
+        #: Other failures raised together with this one (e.g. every rank of a lost host).
+        self.related_events: tuple[SupervisionEvent, ...] = ()
         super().__init__(f"{context}{event}")
 
     def __reduce__(self) -> tuple[Any, ...]:

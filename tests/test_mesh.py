@@ -193,7 +193,6 @@ def test_timeout_leaves_the_call_running(procs: ProcMesh) -> None:
 def test_await_futures_from_async_code(procs: ProcMesh, backend: str) -> None:
     echo = procs.spawn("echo", actors.Echo)
     counter = procs.spawn("counter", actors.Counter)
-    made_in_sync_code = echo.echo.call("sync")
 
     async def main() -> Any:
         single = await echo.slice(gpus=1).aecho.call_one("one")
@@ -209,14 +208,26 @@ def test_await_futures_from_async_code(procs: ProcMesh, backend: str) -> None:
         with pytest.raises(ValueError):
             await procs.spawn("raiser", actors.Raiser).slice(gpus=0).raise_value_error.call_one(
                 "async boom")
-        earlier = await made_in_sync_code
-        return single, mesh.values(), sorted(results.values()), earlier.values()
+        streamed = [await future for future in echo.echo.stream("s")]
+        return single, mesh.values(), sorted(results.values()), streamed
 
-    single, values, increments, earlier = anyio.run(main, backend=backend)
+    single, values, increments, streamed = anyio.run(main, backend=backend)
     assert single == "one"
     assert values == ("all", "all")
     assert increments == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
-    assert earlier == ("sync", "sync")
+    assert streamed == ["s", "s"]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_await_a_future_made_in_sync_code(procs: ProcMesh, backend: str) -> None:
+    echo = procs.spawn("echo", actors.Echo)
+    made_in_sync_code = echo.echo.call("sync")
+    one = echo.slice(gpus=0).echo.call_one("one")
+
+    async def main() -> Any:
+        return (await made_in_sync_code).values(), await one
+
+    assert anyio.run(main, backend=backend) == (("sync", "sync"), "one")
 
 
 # -- actor errors -------------------------------------------------------------------------------
