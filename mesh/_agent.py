@@ -75,6 +75,7 @@ class HostAgent:
         self._exited: dict[str, ProcExited] = {}
         self._owner_fd = os.pidfd_open(owner_pid) if owner_pid else None
         self._shutting_down = False
+        self.owner_died = False
         self._log = get_logger("mesh.agent", address=address)
 
     def serve(self) -> None:
@@ -84,16 +85,21 @@ class HostAgent:
         if self._owner_fd is not None:
             selector.register(self._owner_fd, selectors.EVENT_READ, "owner")
         self._log.info("agent_started", pid=os.getpid())
-        while not (self._shutting_down and not self._procs):
+        while True:
             self._drain_inbox()
+            if self._shutting_down and not self._procs:
+                break
             for key, _ in selector.select(self._next_timeout()):
                 if key.data == "forkserver":
                     self._drain_forkserver()
                 elif key.data == "owner":
                     self._log.warning("owner_gone", reason="the client process exited")
                     selector.unregister(self._owner_fd)
+                    self.owner_died = True
                     self._shutdown(grace_s=0.0)
             self._enforce_deadlines()
+            if self._shutting_down and not self._procs:
+                break
         self._close()
 
     # -- requests ------------------------------------------------------------------------------
@@ -203,6 +209,7 @@ class HostAgent:
         signame = signal.Signals(-code).name if code < 0 else None
         self._log.info("proc_exited", proc=proc_id, pid=pid, exit_code=code, signal=signame,
                        requested=proc.stop_requested)
+        self._outbox.forget(proc.address)
         report = ProcExited(proc.spec.proc_id, pid, self._hostname, None if code < 0 else code,
                             signame, proc.stop_requested and not proc.hung, proc.hung)
         for address in {proc.owner, *proc.watchers}:
@@ -266,7 +273,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--address", required=True)
     parser.add_argument("--rundir", required=True)
     parser.add_argument("--owner-pid", type=int, default=None)
-    parser.add_argument("--remove-rundir", action="store_true")
+    parser.add_argument("--remove-rundir", action="store_true",
+                        help="remove the run directory if the owner dies without cleaning up")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     forkserver = start_forkserver()
@@ -278,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
             forkserver.socket.close()
         with contextlib.suppress(ChildProcessError):
             os.waitpid(forkserver.pid, 0)
-        if args.remove_rundir:
+        if args.remove_rundir and agent.owner_died:  # nobody else is left to clean up
             shutil.rmtree(args.rundir, ignore_errors=True)
     sys.exit(0)
 

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 #: The signal used to interrupt the main thread (a real-time one nobody else uses by default).
 FAIL_FAST_SIGNAL = signal.SIGRTMIN + 7
+#: Events already raised in the main thread, so that a late duplicate is not raised again.
+_DELIVERED_MEMORY = 1024
 
 
 class FailFast:
@@ -37,6 +39,7 @@ class FailFast:
         self._waiting: list[Future[Any]] = []  # futures the main thread is blocked on
         self._installed = False
         self._signal_scheduled = False
+        self._delivered: deque[SupervisionEvent] = deque(maxlen=_DELIVERED_MEMORY)
 
     def install(self) -> None:
         """Take over the signal and the excepthook (main thread only; idempotent)."""
@@ -52,6 +55,8 @@ class FailFast:
         """Queue `event` and interrupt the main thread once the current event loop iteration
         is over, so that the failures of one incident are delivered together."""
         with self._lock:
+            if event in self._delivered:
+                return  # a call already raised it to the main thread
             self._undelivered.append(event)
             if self._signal_scheduled:
                 return
@@ -80,6 +85,7 @@ class FailFast:
             with self._lock:
                 owed = [e for e in self._undelivered if e != error.event]
                 self._undelivered.clear()
+                self._delivered.extend([error.event, *owed])
             error.related_events = tuple(owed)
         elif self._undelivered and not self._waiting:
             self._deliver()
@@ -96,6 +102,7 @@ class FailFast:
             owed = sorted(self._undelivered,
                           key=lambda e: any(f.covers(e) for f in self._waiting))
             self._undelivered.clear()
+            self._delivered.extend(owed)
         error = SupervisionError(owed[0])
         error.related_events = tuple(owed[1:])
         raise error

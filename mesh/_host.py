@@ -62,8 +62,12 @@ class ActorHost:
         self._points: dict[tuple[tuple[str, ...], tuple[int, ...], int], Point] = {}
         self._log = get_logger("mesh.actor")
 
-    def deliver(self, envelope: Envelope, *, nested: bool) -> None:
-        """Queue a message for its actor and run it now if that is safe."""
+    def deliver(self, envelope: Envelope, *, nested: bool = False) -> None:
+        """Queue a message for its actor and run it now if that is safe.
+
+        Sync handlers of an idle actor run inline, even when another actor's sync handler is
+        waiting further up the stack (`nested`): a busy actor is never re-entered.
+        """
         header = envelope.header
         if type(header) is SpawnActor:
             actor = HostedActor(header, self._point(header.labels, header.sizes, header.rank))
@@ -78,10 +82,10 @@ class ActorHost:
         actor.mailbox.append(envelope)
         if actor.busy:
             return
-        if nested or self._needs_task(actor, actor.mailbox[0]):
+        if self._needs_task(actor, actor.mailbox[0]):
             actor.busy = True
             self._runtime.start_task(self._drain_async, actor)
-        else:
+        else:  # also while a sync handler of another actor here waits on this one (nested)
             self._drain_inline(actor)
 
     def supervise(self, actor_id: str, event: SupervisionEvent) -> bool:
@@ -256,7 +260,7 @@ class ActorHost:
             return True
         if header.reply_to is not None:
             kind = "stopped" if actor.state == "stopped" else "failed"
-            event = actor.event or self._event(actor, "stopped", "it was stopped by its owner")
+            event = actor.event or self._event(actor, "stopped", "by its owner")
             self._send_failure(header.reply_to, header.call_id, header.rank, kind, event)
         return False
 
@@ -336,7 +340,8 @@ class ActorHost:
             "message": str(exc),
             "remote_traceback": "".join(traceback.format_exception(exc)),
             "mesh_name": actor.mesh_name,
-            "rank": dict(point),
+            "rank": dict(actor.point),
+            "call_rank": dict(point),
             "actor_id": actor.actor_id,
             "endpoint": header.endpoint,
             "host": self._runtime.hostname,
@@ -363,7 +368,7 @@ class ActorHost:
         event = SupervisionEvent(
             "stopped", header.actor_id, proc_id=self._runtime.proc_id,
             host=self._runtime.hostname, pid=self._runtime.pid,
-            message=f"no actor {header.actor_id!r} lives on this proc (never spawned, or gone)")
+            message=f"earlier (no actor {header.actor_id!r} lives on this proc any more)")
         self._send_failure(reply_to, header.call_id, header.rank, "stopped", event)
 
     # -- helpers -----------------------------------------------------------------------------

@@ -215,7 +215,7 @@ class ProcMesh(MeshBase, _Stoppable):
                 peer.state = "stopping"
                 peer.event = SupervisionEvent("stopped", peer.mesh_name, rank=dict(peer.point),
                                               proc_id=peer.proc_id,
-                                              message="it was stopped by its owner")
+                                              message="by its owner")
                 by_agent.setdefault(peer.agent, []).append(peer.proc_id)
         for agent, proc_ids in by_agent.items():
             self._runtime.send_message(agent, StopProcs(tuple(proc_ids), grace_s))
@@ -273,7 +273,7 @@ class ActorMesh(MeshBase, _Stoppable, Generic[A]):
         state = self._state
         if state.stopped:
             raise SupervisionError(SupervisionEvent(
-                "stopped", state.name, message="it was stopped by its owner"),
+                "stopped", state.name, message="by its owner"),
                 f"cannot call {state.name}.{endpoint}: ")
         payload = Payload.dump((args, kwargs))
         runtime = self._runtime

@@ -128,8 +128,6 @@ class Runtime:
             return  # a pumping Future.get() further up this thread's stack is receiving
         if not self._drain(_RECEIVE_BATCH) and not self._stopping:
             self._loop.call_soon(self._on_readable)  # let other tasks run, then continue
-        if self._stopping:
-            self._wakeup.set()
 
     def _drain(self, limit: int) -> bool:
         """Dispatch up to `limit` waiting messages; True when the inbox is empty."""
@@ -198,11 +196,19 @@ class Runtime:
         if self._loop_thread is None or self._finished.is_set():
             return
         if self.on_loop_thread():
-            self._stopping = True
-            self._wakeup.set()
+            self._request_stop()
             return
-        self.send_message(self.address, StopProc())
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(self._request_stop)
+        except RuntimeError:  # the loop has already closed
+            return
         self._finished.wait(5)
+
+    def _request_stop(self) -> None:
+        self._stopping = True
+        assert self._wakeup is not None
+        self._wakeup.set()
 
     def close(self) -> None:
         self.closed.set()
@@ -314,7 +320,7 @@ class Runtime:
         if peer is None:
             return
         if header.requested or peer.state == "stopping":
-            kind, message = "stopped", "it was stopped by its owner"
+            kind, message = "stopped", "by its owner"
         elif header.hung:
             kind, message = "hung", f"it was killed by the host agent ({header.signal})"
         elif header.signal is not None:
@@ -402,15 +408,14 @@ class Runtime:
                     peer.state = "stopping"
                     peer.event = SupervisionEvent(
                         "stopped", peer.mesh_name, rank=peer.point, proc_id=peer.proc_id,
-                        message="its owner stopped or failed")
+                        message="because its owner stopped or failed")
                     by_agent.setdefault(peer.agent, []).append(peer.proc_id)
         for agent, proc_ids in by_agent.items():
             self.send_message(agent, StopProcs(tuple(proc_ids), grace_s))
 
     def _on_stop_proc(self, envelope: Envelope) -> None:
         self.host.stop_all()
-        self._stopping = True
-        self._wakeup.set()
+        self._request_stop()
 
 
 def _actor_error(fields: dict[str, Any], original: bytes | None) -> ActorError:
@@ -423,5 +428,5 @@ def _actor_error(fields: dict[str, Any], original: bytes | None) -> ActorError:
     message = (f"endpoint {fields['endpoint']!r} of mesh {fields['mesh_name']!r} at rank "
                f"{fields['rank']} (pid {fields['pid']} on {fields['host']}) raised "
                f"{fields['exception_type']}: {fields['message']}")
-    fields = {k: v for k, v in fields.items() if k != "message"}
+    fields = {k: v for k, v in fields.items() if k not in ("message", "call_rank")}
     return ActorError.wrap(message, exception=exception, **fields)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -52,9 +53,9 @@ class Session:
             return self._agent
 
     def _start_local_agent(self) -> str:
-        address = f"ipc://{self.rundir}/agent-{len(os.listdir(self.rundir))}"
+        address = f"ipc://{self.rundir}/agent-{secrets.token_hex(3)}"
         command = [sys.executable, "-m", "mesh._agent", "--address", address,
-                   "--rundir", self.rundir, "--owner-pid", str(os.getpid())]
+                   "--rundir", self.rundir, "--owner-pid", str(os.getpid()), "--remove-rundir"]
         self._agent_process = subprocess.Popen(command, start_new_session=True,
                                                env=_agent_env())
         self._log.info("agent_launched", address=address, pid=self._agent_process.pid)
@@ -93,6 +94,7 @@ def _agent_env() -> dict[str, str]:
     env = dict(os.environ)
     paths = [p for p in sys.path if p]
     env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["PYTHONSAFEPATH"] = "1"  # import what the client imports, not whatever is in the cwd
     return env
 
 

@@ -40,15 +40,14 @@ class SupervisionEvent:
         return f"{self._subject()} {self._reason()}"
 
     def _subject(self) -> str:
-        rank = dict(self.rank) if self.rank is not None else None
-        where = f'rank {rank} of mesh "{self.mesh_name}"' if rank is not None else \
-            f'mesh "{self.mesh_name}"'
+        where = f'mesh "{self.mesh_name}"'
+        if self.rank is not None:
+            where = f"rank {dict(self.rank)} of {where}"
         if self.pid is not None:
             where = f"process {self.pid} running {where}"
         if self.host:
             where += f" on host {self.host}"
-        return where[0].upper() + where[1:] if not where.startswith("process") else \
-            "Process" + where[len("process"):]
+        return where[0].upper() + where[1:]
 
     def _reason(self) -> str:
         detail = f": {self.message}" if self.message else ""
@@ -65,7 +64,7 @@ class SupervisionEvent:
         if self.kind == "escalated":
             return f"failed because a child failure was not handled{detail}."
         if self.kind == "stopped":
-            return f"was stopped{detail}."
+            return f"was stopped {self.message}." if self.message else "was stopped."
         return f"failed with an exception{detail}."
 
     def root_cause(self) -> SupervisionEvent:

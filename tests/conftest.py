@@ -18,11 +18,18 @@ from typing import Any
 
 import pytest
 
+import transport
+
 # Must happen before the first mesh session exists (fixtures and tests create it lazily).
 RUN_BASE = tempfile.mkdtemp(prefix="mvt-")
 os.chmod(RUN_BASE, 0o700)
 os.environ["XDG_RUNTIME_DIR"] = RUN_BASE
 os.environ.pop("MESHVISOR_LOG_LEVEL", None)  # the suite checks that logs are quiet by default
+
+# meshvisor's structlog logger writes to the `sys.stderr` object it finds on first use. Create it
+# now, while pytest's session-wide capture is in place, so that it never binds to the stream of a
+# per-test capture fixture (capsys/capfd) that is closed when that test ends.
+transport.get_logger("tests")
 
 STOP_TIMEOUT_S = 30.0
 
@@ -108,17 +115,22 @@ def procs(make_procs: Callable[..., Any]) -> Any:
 
 
 @pytest.fixture
-def fresh_agent() -> Iterator[None]:
-    """Restart the local host agent inside this test (and again afterwards).
+def agent_capfd(capfd: pytest.CaptureFixture[str]) -> Iterator[Callable[[], Any]]:
+    """A function that restarts the local host agent under `capfd` and returns `capfd`.
 
-    The agent relays proc output to the file descriptors it inherited when it was started, so a
-    test that captures fd 1/2 (``capfd``) needs an agent launched while the capture is active.
+    The agent relays proc output to the file descriptors it inherited when it started, and
+    pytest gives `capfd` fresh files in each test phase, so a test that checks proc output must
+    call this in its body. The agent is restarted again afterwards, so that later tests' proc
+    output goes to pytest's normal capture.
     """
     from mesh import this_host
 
-    _stop_local_agent()
-    this_host()  # the new agent inherits the capturing file descriptors
-    yield
+    def start() -> pytest.CaptureFixture[str]:
+        _stop_local_agent()
+        this_host()  # the new agent inherits the capturing file descriptors
+        return capfd
+
+    yield start
     _stop_local_agent()
 
 

@@ -441,7 +441,8 @@ def test_procs_get_the_client_sys_path(procs: ProcMesh) -> None:
 
 
 def test_proc_output_is_prefixed_with_mesh_and_point(
-        fresh_agent: None, make_procs: Any, capfd: pytest.CaptureFixture[str]) -> None:
+        agent_capfd: Callable[[], pytest.CaptureFixture[str]], make_procs: Any) -> None:
+    capfd = agent_capfd()
     procs = make_procs({"gpus": 2})
     printer = procs.spawn("printer", actors.Printer)
     printer.say.call("hello stdout", "hello stderr").get(timeout=T)
