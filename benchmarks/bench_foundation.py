@@ -94,8 +94,9 @@ class RawEcho:
         import zmq
 
         inbound, outbound = f"ipc://{scratch}/raw-in", f"ipc://{scratch}/raw-out"
-        self.child = subprocess.Popen([sys.executable, __file__, "--_echo-server", inbound,
-                                       outbound])
+        self.child = subprocess.Popen(
+            [sys.executable, __file__, "--_echo-server", inbound, outbound]
+        )
         self.context = zmq.Context()
         self.push = self.context.socket(zmq.PUSH)
         self.push.setsockopt(zmq.SNDHWM, 0)
@@ -142,18 +143,26 @@ def measure_raw(rows: list[Row], raw: RawEcho) -> dict[str, float]:
         raw.round_trip()
     rate = statistics.median(raw.pipelined() for _ in range(5))
     floors["pipelined"] = rate
-    rows.append(Row(f"raw pyzmq pipelined echo ({PIPELINE} in flight)", rate, "msg/s",
-                    note="median of 5"))
+    rows.append(
+        Row(f"raw pyzmq pipelined echo ({PIPELINE} in flight)", rate, "msg/s", note="median of 5")
+    )
     big = bytearray(64 * MB)
     raw.one_way(big)
     rate = statistics.median(raw.one_way(big) for _ in range(7))
     floors["64mb"] = rate
-    rows.append(Row("raw pyzmq 64 MB one-way", rate, "GB/s",
-                    note="64 MB frame out, 1-byte ack back; median of 7"))
+    rows.append(
+        Row(
+            "raw pyzmq 64 MB one-way",
+            rate,
+            "GB/s",
+            note="64 MB frame out, 1-byte ack back; median of 7",
+        )
+    )
     return floors
 
 
 # -- meshvisor ---------------------------------------------------------------------------------
+
 
 class Bench(Actor):
     """The benchmark actor (defined in a script, so it travels pickled by value)."""
@@ -200,24 +209,44 @@ def spawn_probe() -> None:
 
 def measure_spawn(rows: list[Row]) -> None:
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, __file__, "--_spawn-probe"], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, __file__, "--_spawn-probe"], capture_output=True, text=True, timeout=60
+    )
     elapsed = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"spawn probe failed ({done.returncode}): {done.stderr[-2000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    rows.append(judge(Row("spawn 8 procs + actor, until call() returns: cold", result["cold"],
-                          "s", note="fresh client; includes starting the host agent"),
-                      result["cold"] <= 0.5, "<= 0.5 s"))
+    rows.append(
+        judge(
+            Row(
+                "spawn 8 procs + actor, until call() returns: cold",
+                result["cold"],
+                "s",
+                note="fresh client; includes starting the host agent",
+            ),
+            result["cold"] <= 0.5,
+            "<= 0.5 s",
+        )
+    )
     warm = statistics.median(result["warm"])
-    rows.append(judge(Row("spawn 8 procs + actor, until call() returns: warm", warm, "s",
-                          note=f"agent already running; median of {len(result['warm'])}; "
-                          f"probe process took {elapsed:.1f} s in all"),
-                      warm <= 0.5, "<= 0.5 s"))
+    rows.append(
+        judge(
+            Row(
+                "spawn 8 procs + actor, until call() returns: warm",
+                warm,
+                "s",
+                note=f"agent already running; median of {len(result['warm'])}; "
+                f"probe process took {elapsed:.1f} s in all",
+            ),
+            warm <= 0.5,
+            "<= 0.5 s",
+        )
+    )
 
 
-def measure_mesh(rows: list[Row], floors: dict[str, float], with_torch: bool,
-                 raw: RawEcho | None) -> None:
+def measure_mesh(
+    rows: list[Row], floors: dict[str, float], with_torch: bool, raw: RawEcho | None
+) -> None:
     host = this_host()
     one_proc = host.spawn_procs(per_host={"procs": 1}, name="one")
     eight_procs = host.spawn_procs(per_host={"procs": 8}, name="eight")
@@ -232,8 +261,15 @@ def measure_mesh(rows: list[Row], floors: dict[str, float], with_torch: bool,
         if with_torch:
             run_row(rows, "torch tensor transfer", lambda: mesh_tensors(rows, one, floors))
         else:
-            rows.append(Row("torch tensor transfer", None, "", status="skipped",
-                            note="torch is not installed"))
+            rows.append(
+                Row(
+                    "torch tensor transfer",
+                    None,
+                    "",
+                    status="skipped",
+                    note="torch is not installed",
+                )
+            )
     finally:
         for mesh in (one, eight):
             try:
@@ -257,21 +293,36 @@ def mesh_rtt(rows: list[Row], one: Any, floors: dict[str, float], raw: RawEcho |
     for _ in range(9):
         mesh_batches.append(per_op_median(round_trip, batches=1, per_batch=500, warmup=0))
         if raw is not None:
-            raw_batches.append(per_op_median(raw.round_trip, batches=1, per_batch=1000,
-                                             warmup=0))
+            raw_batches.append(per_op_median(raw.round_trip, batches=1, per_batch=1000, warmup=0))
     rtt = statistics.median(mesh_batches)
     ratio = None
     if raw_batches:
         floors["rtt"] = statistics.median(raw_batches)
         ratio = statistics.median(m / r for m, r in zip(mesh_batches, raw_batches, strict=True))
-        rows.insert(0, Row("raw pyzmq ipc echo round trip (floor)", floors["rtt"] * 1e6, "us",
-                           note="PUSH/PULL pair each way, 64-byte frame; median of 9x1000, "
-                                "interleaved with the call_one batches"))
-    rows.append(judge(Row("meshvisor call_one round trip (sync)", rtt * 1e6, "us",
-                          vs_floor=fmt_ratio(ratio),
-                          note="ping(0) -> 0, blocking get(); median of 9x500; vs floor is "
-                               "the median of per-batch ratios"),
-                      ratio is not None and ratio <= 2.0, "<= 2x floor"))
+        rows.insert(
+            0,
+            Row(
+                "raw pyzmq ipc echo round trip (floor)",
+                floors["rtt"] * 1e6,
+                "us",
+                note="PUSH/PULL pair each way, 64-byte frame; median of 9x1000, "
+                "interleaved with the call_one batches",
+            ),
+        )
+    rows.append(
+        judge(
+            Row(
+                "meshvisor call_one round trip (sync)",
+                rtt * 1e6,
+                "us",
+                vs_floor=fmt_ratio(ratio),
+                note="ping(0) -> 0, blocking get(); median of 9x500; vs floor is "
+                "the median of per-batch ratios",
+            ),
+            ratio is not None and ratio <= 2.0,
+            "<= 2x floor",
+        )
+    )
 
 
 def mesh_pipelined(rows: list[Row], one: Any, floors: dict[str, float]) -> None:
@@ -287,10 +338,19 @@ def mesh_pipelined(rows: list[Row], one: Any, floors: dict[str, float]) -> None:
     burst()
     rate = statistics.median(burst() for _ in range(5))
     floor = floors.get("pipelined")
-    rows.append(judge(Row(f"meshvisor pipelined call_one ({PIPELINE} in flight)", rate,
-                          "calls/s", vs_floor=fmt_ratio(rate / floor if floor else None),
-                          note="issue all, then get() all; median of 5"),
-                      rate >= 40_000, ">= 40,000/s"))
+    rows.append(
+        judge(
+            Row(
+                f"meshvisor pipelined call_one ({PIPELINE} in flight)",
+                rate,
+                "calls/s",
+                vs_floor=fmt_ratio(rate / floor if floor else None),
+                note="issue all, then get() all; median of 5",
+            ),
+            rate >= 40_000,
+            ">= 40,000/s",
+        )
+    )
 
 
 def mesh_call8(rows: list[Row], eight: Any, floors: dict[str, float]) -> None:
@@ -301,10 +361,19 @@ def mesh_call8(rows: list[Row], eight: Any, floors: dict[str, float]) -> None:
 
     latency = per_op_median(call8, batches=5, per_batch=100, warmup=50)
     ratio = latency / floors["rtt"] if "rtt" in floors else None
-    rows.append(judge(Row("meshvisor call() to 8 actors", latency * 1e3, "ms",
-                          vs_floor=fmt_ratio(ratio),
-                          note=f"8 procs on {os.cpu_count()} cores; median of 5x100"),
-                      latency <= 1e-3, "<= 1 ms"))
+    rows.append(
+        judge(
+            Row(
+                "meshvisor call() to 8 actors",
+                latency * 1e3,
+                "ms",
+                vs_floor=fmt_ratio(ratio),
+                note=f"8 procs on {os.cpu_count()} cores; median of 5x100",
+            ),
+            latency <= 1e-3,
+            "<= 1 ms",
+        )
+    )
 
 
 def mesh_tensors(rows: list[Row], one: Any, floors: dict[str, float]) -> None:
@@ -321,14 +390,21 @@ def mesh_tensors(rows: list[Row], one: Any, floors: dict[str, float]) -> None:
         def send(tensor: Any = tensor, nbytes: Any = nbytes) -> None:
             nbytes.call_one(tensor).get(timeout=60)
 
-        per = per_op_median(send, batches=reps if size_mb > 1 else 5,
-                            per_batch=1 if size_mb > 1 else reps // 5, warmup=1)
+        per = per_op_median(
+            send,
+            batches=reps if size_mb > 1 else 5,
+            per_batch=1 if size_mb > 1 else reps // 5,
+            warmup=1,
+        )
         rate = tensor.nbytes / per / 1e9
         floor = floors.get("64mb") if size_mb == 64 else None
-        row = Row(f"torch {size_mb} MB tensor, client -> actor", rate, "GB/s",
-                  vs_floor=fmt_ratio(rate / floor if floor else None),
-                  note="one direction: endpoint returns the byte count; "
-                       f"median of {reps}")
+        row = Row(
+            f"torch {size_mb} MB tensor, client -> actor",
+            rate,
+            "GB/s",
+            vs_floor=fmt_ratio(rate / floor if floor else None),
+            note=f"one direction: endpoint returns the byte count; median of {reps}",
+        )
         rows.append(judge(row, rate >= 1.0, ">= 1 GB/s") if size_mb == 64 else row)
 
     tensor = torch.ones(64 * MB // 4, dtype=torch.float32)
@@ -338,9 +414,14 @@ def mesh_tensors(rows: list[Row], one: Any, floors: dict[str, float]) -> None:
         echo.call_one(tensor).get(timeout=60)
 
     per = per_op_median(round_trip, batches=5, per_batch=1, warmup=1)
-    rows.append(Row("torch 64 MB tensor echo (both directions)", 2 * tensor.nbytes / per / 1e9,
-                    "GB/s", note="endpoint returns the tensor; counts 2x64 MB per call; "
-                                 "median of 5"))
+    rows.append(
+        Row(
+            "torch 64 MB tensor echo (both directions)",
+            2 * tensor.nbytes / per / 1e9,
+            "GB/s",
+            note="endpoint returns the tensor; counts 2x64 MB per call; median of 5",
+        )
+    )
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -388,13 +469,16 @@ def fmt_value(row: Row) -> str:
 
 def print_table(rows: list[Row], elapsed: float) -> None:
     header = ("measurement", "value", "unit", "target", "vs floor", "status")
-    table = [header] + [(r.name, fmt_value(r), r.unit, r.target, r.vs_floor, r.status)
-                        for r in rows]
+    table = [header] + [
+        (r.name, fmt_value(r), r.unit, r.target, r.vs_floor, r.status) for r in rows
+    ]
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     rule = "  ".join("-" * w for w in widths)
     for i, line in enumerate(table):
-        cells = [cell.rjust(width) if column == 1 else cell.ljust(width)  # numbers align right
-                 for column, (cell, width) in enumerate(zip(line, widths, strict=True))]
+        cells = [
+            cell.rjust(width) if column == 1 else cell.ljust(width)  # numbers align right
+            for column, (cell, width) in enumerate(zip(line, widths, strict=True))
+        ]
         print("  ".join(cells).rstrip())
         if i == 0:
             print(rule)
@@ -421,8 +505,10 @@ def environment() -> dict[str, Any]:
         info["torch"] = torch.__version__
     except ImportError:
         info["torch"] = None
-    info["summary"] = (f"python {info['python']}, pyzmq {info['pyzmq']} (libzmq "
-                       f"{info['libzmq']}), torch {info['torch']}, {info['cpus']} cpus")
+    info["summary"] = (
+        f"python {info['python']}, pyzmq {info['pyzmq']} (libzmq "
+        f"{info['libzmq']}), torch {info['torch']}, {info['cpus']} cpus"
+    )
     return info
 
 
@@ -466,8 +552,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         info = environment()
         info.pop("summary")
-        print(json.dumps({"environment": info, "elapsed_s": round(elapsed, 2),
-                          "rows": [asdict(r) for r in rows]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "environment": info,
+                    "elapsed_s": round(elapsed, 2),
+                    "rows": [asdict(r) for r in rows],
+                },
+                indent=2,
+            )
+        )
     else:
         print_table(rows, elapsed)
     return 1 if any(r.status == "ERROR" for r in rows) else 0

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 
 from mesh import Actor, endpoint, this_host
 from supervision import SupervisionError
@@ -75,8 +74,10 @@ def _trial(fault: str) -> tuple[float, float]:
         time.sleep(max(0.0, fault_at - time.time()))
         fault_at = time.time()
         target = _local_agent_pid() if fault == "agent" else pid
-        os.kill(target, {"sigkill": signal.SIGKILL, "sigstop": signal.SIGSTOP,
-                         "agent": signal.SIGKILL}[fault])
+        os.kill(
+            target,
+            {"sigkill": signal.SIGKILL, "sigstop": signal.SIGSTOP, "agent": signal.SIGKILL}[fault],
+        )
     try:
         in_flight.get(timeout=60)
         raise AssertionError(f"the in-flight call survived a {fault} fault")
@@ -97,7 +98,10 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 FAULTS: dict[str, tuple[int, float]] = {  # kind: (trials, p99 target in ms)
-    "sigkill": (20, 50.0), "exit": (20, 50.0), "init": (20, 50.0), "agent": (5, 50.0),
+    "sigkill": (20, 50.0),
+    "exit": (20, 50.0),
+    "init": (20, 50.0),
+    "agent": (5, 50.0),
     "sigstop": (3, 3000.0),
 }
 
@@ -113,23 +117,34 @@ def main(argv: list[str] | None = None) -> int:
         results = [_trial(fault) for _ in range(n)]
         caller = [r[0] for r in results]
         owner = [r[1] for r in results]
-        rows.append({"fault": fault, "trials": n, "caller_p50_ms": statistics.median(caller),
-                     "caller_p99_ms": _percentile(caller, 0.99),
-                     "owner_p50_ms": statistics.median(owner),
-                     "owner_p99_ms": _percentile(owner, 0.99), "target_p99_ms": target})
+        rows.append(
+            {
+                "fault": fault,
+                "trials": n,
+                "caller_p50_ms": statistics.median(caller),
+                "caller_p99_ms": _percentile(caller, 0.99),
+                "owner_p50_ms": statistics.median(owner),
+                "owner_p99_ms": _percentile(owner, 0.99),
+                "target_p99_ms": target,
+            }
+        )
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    header = f"{'fault':10} {'n':>3} {'caller p50':>11} {'caller p99':>11} {'owner p50':>10} " \
-             f"{'owner p99':>10} {'target p99':>11}  verdict"
+    header = (
+        f"{'fault':10} {'n':>3} {'caller p50':>11} {'caller p99':>11} {'owner p50':>10} "
+        f"{'owner p99':>10} {'target p99':>11}  verdict"
+    )
     print(header)
     print("-" * len(header))
     for row in rows:
         ok = max(row["caller_p99_ms"], row["owner_p99_ms"]) <= row["target_p99_ms"]
-        print(f"{row['fault']:10} {row['trials']:>3} {row['caller_p50_ms']:>9.1f}ms "
-              f"{row['caller_p99_ms']:>9.1f}ms {row['owner_p50_ms']:>8.1f}ms "
-              f"{row['owner_p99_ms']:>8.1f}ms {row['target_p99_ms']:>9.0f}ms  "
-              f"{'PASS' if ok else 'MISS'}")
+        print(
+            f"{row['fault']:10} {row['trials']:>3} {row['caller_p50_ms']:>9.1f}ms "
+            f"{row['caller_p99_ms']:>9.1f}ms {row['owner_p50_ms']:>8.1f}ms "
+            f"{row['owner_p99_ms']:>8.1f}ms {row['target_p99_ms']:>9.0f}ms  "
+            f"{'PASS' if ok else 'MISS'}"
+        )
     return 0
 
 

@@ -102,8 +102,9 @@ def main() -> None:
     print(f"    whoami points -> {[v['point'] for v in pairs.whoami.call().get().values()]}")
     grid = procs.spawn("grid", Worker, scale=1.0).flatten("x").slice(x=slice(None, None, 2))
     renamed = grid.rename(x="replica")
-    print(f"  flatten/slice/rename: extent={renamed.extent} size('replica')="
-          f"{renamed.size('replica')}")
+    print(
+        f"  flatten/slice/rename: extent={renamed.extent} size('replica')={renamed.size('replica')}"
+    )
     print(f"    whoami points -> {[v['point'] for v in renamed.whoami.call().get().values()]}")
     renamed.stop().get()
 
@@ -111,15 +112,19 @@ def main() -> None:
     try:
         workers.slice(gpus=1).check.call_one(-4.0).get()
     except ValueError as err:  # an ActorError is also an instance of the original type
-        print(f"  caught {type(err).__name__}; isinstance ActorError: "
-              f"{isinstance(err, ActorError)}, ValueError: {isinstance(err, ValueError)}")
+        print(
+            f"  caught {type(err).__name__}; isinstance ActorError: "
+            f"{isinstance(err, ActorError)}, ValueError: {isinstance(err, ValueError)}"
+        )
         print(f"  message: {err}")
         remote = err.remote_traceback.strip().splitlines() if isinstance(err, ActorError) else []
         print("  remote traceback (last lines):")
         for line in remote[-3:]:
             print(f"    | {line}")
-    print(f"  the same actor still answers: check(16.0) -> "
-          f"{workers.slice(gpus=1).check.call_one(16.0).get()}")
+    print(
+        f"  the same actor still answers: check(16.0) -> "
+        f"{workers.slice(gpus=1).check.call_one(16.0).get()}"
+    )
 
     section("SIGKILL one proc: a SupervisionError at once, the other ranks keep working")
     victim = workers.slice(gpus=2)
@@ -133,11 +138,14 @@ def main() -> None:
         waited = (time.monotonic() - t0) * 1000
         print(f"  killed pid {pid}; nap() failed after {waited:.0f} ms with SupervisionError:")
         print(f"    {err}")
-        print(f"    event: kind={err.event.kind!r} signal={err.event.signal!r} "
-              f"rank={dict(err.event.rank or {})}")
+        print(
+            f"    event: kind={err.event.kind!r} signal={err.event.signal!r} "
+            f"rank={dict(err.event.rank or {})}"
+        )
     for g in (0, 1, 3):
-        print(f"  gpus={g} still works: work(1.0) -> "
-              f"{workers.slice(gpus=g).work.call_one(1.0).get()}")
+        print(
+            f"  gpus={g} still works: work(1.0) -> {workers.slice(gpus=g).work.call_one(1.0).get()}"
+        )
     try:
         workers.work.call(1.0).get()
     except SupervisionError as err:

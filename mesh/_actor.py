@@ -66,8 +66,11 @@ def resolve_endpoint(cls: type, name: str) -> EndpointDef[Any]:
     if found is not None:
         return found
     if callable(getattr(cls, name, None)):
-        raise AttributeError(f"{cls.__name__}.{name} is a method but not an endpoint; decorate "
-                             "it with @endpoint to call it through a mesh.")
+        raise AttributeError(
+            f"{cls.__name__}.{name} is a method but not an endpoint; decorate "
+            "it with @endpoint to call it through a mesh."
+        )
     available = ", ".join(sorted(endpoints_of(cls))) or "none"
-    raise AttributeError(f"actor class {cls.__name__} has no endpoint {name!r} "
-                         f"(its endpoints: {available}).")
+    raise AttributeError(
+        f"actor class {cls.__name__} has no endpoint {name!r} (its endpoints: {available})."
+    )

@@ -60,8 +60,9 @@ class _Proc:
 class HostAgent:
     """Serves one host: spawn, watch, stop, report."""
 
-    def __init__(self, forkserver: ForkServerClient, address: str, rundir: str,
-                 owner_pid: int | None) -> None:
+    def __init__(
+        self, forkserver: ForkServerClient, address: str, rundir: str, owner_pid: int | None
+    ) -> None:
         from transport import Inbox, Outbox, get_logger, new_context
 
         self._forkserver = forkserver
@@ -94,7 +95,7 @@ class HostAgent:
                     self._drain_forkserver()
                 elif key.data == "owner":
                     self._log.warning("owner_gone", reason="the client process exited")
-                    selector.unregister(self._owner_fd)
+                    selector.unregister(key.fd)
                     self.owner_died = True
                     self._shutdown(grace_s=0.0)
             self._enforce_deadlines()
@@ -123,8 +124,10 @@ class HostAgent:
     def _spawn(self, request: SpawnProcs) -> None:
         for spec in request.procs:
             if self._shutting_down:
-                self._send(request.owner, SpawnFailed(spec.proc_id, self._hostname,
-                                                      "the host agent is shutting down"))
+                self._send(
+                    request.owner,
+                    SpawnFailed(spec.proc_id, self._hostname, "the host agent is shutting down"),
+                )
                 continue
             address = f"ipc://{self._rundir}/{spec.proc_id}"
             proc = _Proc(spec, request.owner, address, request.heartbeat_timeout_s)
@@ -134,10 +137,18 @@ class HostAgent:
                 if other.address == request.owner:
                     other.owned_by_proc.add(spec.proc_id)
             config = {
-                "proc_id": spec.proc_id, "mesh_name": spec.mesh_name, "labels": spec.labels,
-                "sizes": spec.sizes, "rank": spec.rank, "address": address,
-                "owner": request.owner, "agent": self._inbox.address, "rundir": self._rundir,
-                "env": dict(request.env), "sys_path": request.sys_path, "cwd": request.cwd,
+                "proc_id": spec.proc_id,
+                "mesh_name": spec.mesh_name,
+                "labels": spec.labels,
+                "sizes": spec.sizes,
+                "rank": spec.rank,
+                "address": address,
+                "owner": request.owner,
+                "agent": self._inbox.address,
+                "rundir": self._rundir,
+                "env": dict(request.env),
+                "sys_path": request.sys_path,
+                "cwd": request.cwd,
                 "heartbeat_interval_s": request.heartbeat_interval_s,
             }
             point = dict(zip(spec.labels, _coords(spec.sizes, spec.rank)))
@@ -207,11 +218,24 @@ class HostAgent:
             return
         code = os.waitstatus_to_exitcode(status)
         signame = signal.Signals(-code).name if code < 0 else None
-        self._log.info("proc_exited", proc=proc_id, pid=pid, exit_code=code, signal=signame,
-                       requested=proc.stop_requested)
+        self._log.info(
+            "proc_exited",
+            proc=proc_id,
+            pid=pid,
+            exit_code=code,
+            signal=signame,
+            requested=proc.stop_requested,
+        )
         self._outbox.forget(proc.address)
-        report = ProcExited(proc.spec.proc_id, pid, self._hostname, None if code < 0 else code,
-                            signame, proc.stop_requested and not proc.hung, proc.hung)
+        report = ProcExited(
+            proc.spec.proc_id,
+            pid,
+            self._hostname,
+            None if code < 0 else code,
+            signame,
+            proc.stop_requested and not proc.hung,
+            proc.hung,
+        )
         for address in {proc.owner, *proc.watchers}:
             self._send(address, report)
         self._remember(report)
@@ -235,14 +259,21 @@ class HostAgent:
             if proc.kill_at is not None and proc.kill_at <= now:
                 self._kill(proc)
             elif proc.pid is not None and not proc.stop_requested and proc.heartbeat_due <= now:
-                self._log.warning("proc_hung", proc=proc.spec.proc_id, pid=proc.pid,
-                                  timeout_s=proc.heartbeat_timeout_s)
+                self._log.warning(
+                    "proc_hung",
+                    proc=proc.spec.proc_id,
+                    pid=proc.pid,
+                    timeout_s=proc.heartbeat_timeout_s,
+                )
                 proc.hung = proc.stop_requested = True
                 self._kill(proc)
 
     def _next_timeout(self) -> float:
-        deadlines = [p.kill_at if p.kill_at is not None else p.heartbeat_due
-                     for p in self._procs.values() if p.pid is not None or p.kill_at is not None]
+        deadlines = [
+            p.kill_at if p.kill_at is not None else p.heartbeat_due
+            for p in self._procs.values()
+            if p.pid is not None or p.kill_at is not None
+        ]
         return max(0.0, min(deadlines, default=time.monotonic() + 1.0) - time.monotonic())
 
     def _send(self, address: str, header: object) -> None:
@@ -273,8 +304,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--address", required=True)
     parser.add_argument("--rundir", required=True)
     parser.add_argument("--owner-pid", type=int, default=None)
-    parser.add_argument("--remove-rundir", action="store_true",
-                        help="remove the run directory if the owner dies without cleaning up")
+    parser.add_argument(
+        "--remove-rundir",
+        action="store_true",
+        help="remove the run directory if the owner dies without cleaning up",
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     forkserver = start_forkserver()

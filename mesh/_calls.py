@@ -27,8 +27,9 @@ class PendingCall:
 
     __slots__ = ("call_id", "home", "peers", "sink")
 
-    def __init__(self, call_id: int, sink: ResultSink, peers: dict[int, ProcPeer],
-                 home: ReplyInbox | None) -> None:
+    def __init__(
+        self, call_id: int, sink: ResultSink, peers: dict[int, ProcPeer], home: ReplyInbox | None
+    ) -> None:
         self.call_id = call_id
         self.sink = sink
         self.peers = peers
@@ -55,8 +56,9 @@ class GatherSink:
 
     __slots__ = ("extent", "future", "missing", "values")
 
-    def __init__(self, future: Future[ValueMesh[Any]], extent: Extent,
-                 expected: int | None = None) -> None:
+    def __init__(
+        self, future: Future[ValueMesh[Any]], extent: Extent, expected: int | None = None
+    ) -> None:
         self.future = future
         self.extent = extent
         self.values: list[Any] = [None] * extent.nelements

@@ -14,8 +14,12 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("version", help="print the installed version")
     demo = commands.add_parser("demo", help="run the demo script from examples/")
-    demo.add_argument("--script", type=Path, default=None,
-                      help="the script to run (default: examples/demo.py of this checkout)")
+    demo.add_argument(
+        "--script",
+        type=Path,
+        default=None,
+        help="the script to run (default: examples/demo.py of this checkout)",
+    )
     args = parser.parse_args(argv)
     if args.command == "version":
         print(metadata.version("meshvisor"))
@@ -26,9 +30,11 @@ def main(argv: list[str] | None = None) -> int:
 def _run_demo(script: Path | None) -> int:
     path = script or Path(__file__).resolve().parents[1] / "examples" / "demo.py"
     if not path.is_file():
-        print(f"meshvisor demo: {path} does not exist; pass --script PATH, or install meshvisor "
-              "from a checkout (pip install -e .) so that examples/ is next to it.",
-              file=sys.stderr)
+        print(
+            f"meshvisor demo: {path} does not exist; pass --script PATH, or install meshvisor "
+            "from a checkout (pip install -e .) so that examples/ is next to it.",
+            file=sys.stderr,
+        )
         return 2
     sys.argv = [str(path)]
     runpy.run_path(str(path), run_name="__main__")

@@ -28,19 +28,23 @@ class EndpointRef(Generic[R]):
         """Call every actor; the future holds a ValueMesh once all have answered."""
         mesh = self._mesh
         home = mesh._runtime.replies.for_current_thread()
-        future: Future[ValueMesh[R]] = Future(mesh._runtime, self._describe("call"), home,
-                                              mesh._covers)
-        mesh._invoke(self.name, args, kwargs, range(len(mesh)), GatherSink(future, mesh.extent),
-                     home)
+        future: Future[ValueMesh[R]] = Future(
+            mesh._runtime, self._describe("call"), home, mesh._covers
+        )
+        mesh._invoke(
+            self.name, args, kwargs, range(len(mesh)), GatherSink(future, mesh.extent), home
+        )
         return future
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call the one actor of a mesh of size 1 (else ValueError, at once)."""
         mesh = self._mesh
         if len(mesh) != 1:
-            raise ValueError(f"call_one() needs a mesh of exactly one actor, but mesh "
-                             f"{mesh.name!r} has {len(mesh)} ({dict(mesh.sizes)}); slice it "
-                             "down to one actor first or use call().")
+            raise ValueError(
+                f"call_one() needs a mesh of exactly one actor, but mesh "
+                f"{mesh.name!r} has {len(mesh)} ({dict(mesh.sizes)}); slice it "
+                "down to one actor first or use call()."
+            )
         home = mesh._runtime.replies.for_current_thread()
         future: Future[R] = Future(mesh._runtime, self._describe("call_one"), home, mesh._covers)
         mesh._invoke(self.name, args, kwargs, (0,), OneSink(future), home)
@@ -58,8 +62,10 @@ class EndpointRef(Generic[R]):
         """Call every actor; yields one future per answer, in arrival order."""
         mesh = self._mesh
         home = mesh._runtime.replies.for_current_thread()
-        futures: list[Future[R]] = [Future(mesh._runtime, self._describe("stream"), home,
-                                           mesh._covers) for _ in range(len(mesh))]
+        futures: list[Future[R]] = [
+            Future(mesh._runtime, self._describe("stream"), home, mesh._covers)
+            for _ in range(len(mesh))
+        ]
         sink = StreamSink(futures)
         mesh._invoke(self.name, args, kwargs, range(len(mesh)), sink, home)
         return iter(futures)

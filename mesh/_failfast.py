@@ -73,7 +73,8 @@ class FailFast:
             signal.pthread_kill(self._main.ident, FAIL_FAST_SIGNAL)  # type: ignore[arg-type]
         else:  # no handler of ours: raise at the main thread's next bytecode instead
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(self._main.ident or 0), ctypes.py_object(_PendingFailure))
+                ctypes.c_ulong(self._main.ident or 0), ctypes.py_object(_PendingFailure)
+            )
 
     def enter_wait(self, future: Future[Any]) -> None:
         self._waiting.append(future)
@@ -99,8 +100,7 @@ class FailFast:
         with self._lock:
             if all(any(f.covers(e) for f in self._waiting) for e in self._undelivered):
                 return  # the call being waited on will raise them
-            owed = sorted(self._undelivered,
-                          key=lambda e: any(f.covers(e) for f in self._waiting))
+            owed = sorted(self._undelivered, key=lambda e: any(f.covers(e) for f in self._waiting))
             self._undelivered.clear()
             self._delivered.extend(owed)
         error = SupervisionError(owed[0])
@@ -117,12 +117,14 @@ class _PendingFailure(SupervisionError):
 
     def __init__(self) -> None:
         event = FAIL_FAST.take_pending() or SupervisionEvent(
-            "escalated", "unknown", message="an unhandled failure was reported")
+            "escalated", "unknown", message="an unhandled failure was reported"
+        )
         super().__init__(event)
 
 
-def _print_report(previous: Any, kind: type[BaseException], value: BaseException,
-                  tb: TracebackType | None) -> None:
+def _print_report(
+    previous: Any, kind: type[BaseException], value: BaseException, tb: TracebackType | None
+) -> None:
     previous(kind, value, tb)
     if isinstance(value, SupervisionError):
         print("\n" + value.event.report(), file=sys.stderr)

@@ -95,7 +95,7 @@ class _Relay:
             data = self.prefix + data
         with contextlib.suppress(OSError):
             while data:
-                data = data[os.write(self.target, data):]
+                data = data[os.write(self.target, data) :]
 
 
 def _serve(control: socket.socket) -> NoReturn:
@@ -130,8 +130,9 @@ def _serve(control: socket.socket) -> NoReturn:
     os._exit(0)
 
 
-def _handle_request(control: socket.socket, selector: selectors.BaseSelector,
-                    children: set[int], wake_read: int) -> bool:
+def _handle_request(
+    control: socket.socket, selector: selectors.BaseSelector, children: set[int], wake_read: int
+) -> bool:
     data = control.recv(_MAX_PACKET)
     if not data:
         return False
@@ -153,8 +154,13 @@ def _handle_request(control: socket.socket, selector: selectors.BaseSelector,
     return True
 
 
-def _fork_proc(config: dict[str, Any], prefix: str, control: socket.socket,
-               selector: selectors.BaseSelector, wake_read: int) -> tuple[int, list[_Relay]]:
+def _fork_proc(
+    config: dict[str, Any],
+    prefix: str,
+    control: socket.socket,
+    selector: selectors.BaseSelector,
+    wake_read: int,
+) -> tuple[int, list[_Relay]]:
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     pid = os.fork()
@@ -168,7 +174,9 @@ def _fork_proc(config: dict[str, Any], prefix: str, control: socket.socket,
     return pid, [_Relay(out_read, 1, tag), _Relay(err_read, 2, tag)]
 
 
-def _become_proc(config: dict[str, Any], out_fd: int, err_fd: int, inherited: list[int]) -> NoReturn:
+def _become_proc(
+    config: dict[str, Any], out_fd: int, err_fd: int, inherited: list[int]
+) -> NoReturn:
     code = 1
     try:
         die_with_parent()

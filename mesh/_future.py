@@ -30,12 +30,24 @@ class Future(Generic[T]):
     A timeout raises `TimeoutError` and leaves the call running: ``get`` may be called again.
     """
 
-    __slots__ = ("_callbacks", "_covers", "_description", "_error", "_home", "_ready",
-                 "_runtime", "_value")
+    __slots__ = (
+        "_callbacks",
+        "_covers",
+        "_description",
+        "_error",
+        "_home",
+        "_ready",
+        "_runtime",
+        "_value",
+    )
 
-    def __init__(self, runtime: Runtime | None = None, description: str = "the call",
-                 home: ReplyInbox | None = None,
-                 covers: Callable[[SupervisionEvent], bool] | None = None) -> None:
+    def __init__(
+        self,
+        runtime: Runtime | None = None,
+        description: str = "the call",
+        home: ReplyInbox | None = None,
+        covers: Callable[[SupervisionEvent], bool] | None = None,
+    ) -> None:
         self._runtime = runtime
         self._home = home
         self._covers = covers
@@ -69,8 +81,10 @@ class Future(Generic[T]):
         else:
             self.wait_briefly(timeout)
         if not self.done():
-            raise TimeoutError(f"{self._description} did not finish within {timeout} s; "
-                               "it is still running, call get() again to keep waiting.")
+            raise TimeoutError(
+                f"{self._description} did not finish within {timeout} s; "
+                "it is still running, call get() again to keep waiting."
+            )
 
     def _wait_in_main_thread(self, timeout: float | None) -> None:
         """Wait, telling fail-fast that failures this call will raise need no interruption."""

@@ -36,8 +36,19 @@ class _Supervise:
 
 
 class HostedActor:
-    __slots__ = ("actor_id", "busy", "contexts", "endpoints", "event", "instance", "mailbox",
-                 "mesh_name", "owner", "point", "state")
+    __slots__ = (
+        "actor_id",
+        "busy",
+        "contexts",
+        "endpoints",
+        "event",
+        "instance",
+        "mailbox",
+        "mesh_name",
+        "owner",
+        "point",
+        "state",
+    )
 
     def __init__(self, header: SpawnActor, point: Point) -> None:
         self.actor_id = header.actor_id
@@ -111,8 +122,7 @@ class ActorHost:
         if actor.state != "running":
             return False
         if type(header) is _Supervise:
-            return inspect.iscoroutinefunction(getattr(type(actor.instance), "__supervise__",
-                                                       None))
+            return inspect.iscoroutinefunction(getattr(type(actor.instance), "__supervise__", None))
         if type(header) is not CallActor:
             return False
         found = actor.endpoints.get(header.endpoint)
@@ -195,8 +205,9 @@ class ActorHost:
         else:
             self._escalate(actor, event, None)
 
-    def _escalate(self, actor: HostedActor, child: SupervisionEvent,
-                  error: BaseException | None) -> None:
+    def _escalate(
+        self, actor: HostedActor, child: SupervisionEvent, error: BaseException | None
+    ) -> None:
         own = self._event(actor, "escalated", "")
         self._fail_with(actor, escalated(child, own, error))
 
@@ -214,8 +225,9 @@ class ActorHost:
         finally:
             exit_context(token)
         actor.state = "running"
-        self._log.info("actor_ready", actor_id=actor.actor_id, mesh=actor.mesh_name,
-                       rank=dict(actor.point))
+        self._log.info(
+            "actor_ready", actor_id=actor.actor_id, mesh=actor.mesh_name, rank=dict(actor.point)
+        )
 
     def _call_sync(self, actor: HostedActor, envelope: Envelope) -> None:
         header: CallActor = envelope.header
@@ -270,8 +282,9 @@ class ActorHost:
         found = actor.endpoints.get(header.endpoint)
         try:
             if found is None:
-                raise AttributeError(f"actor {actor.mesh_name!r} has no endpoint "
-                                     f"{header.endpoint!r}")
+                raise AttributeError(
+                    f"actor {actor.mesh_name!r} has no endpoint {header.endpoint!r}"
+                )
             args, kwargs = envelope.payload.load()  # type: ignore[union-attr]
         except Exception as exc:
             self._endpoint_raised(actor, header, exc, fatal=False)
@@ -279,8 +292,9 @@ class ActorHost:
         method = found.function.__get__(actor.instance)
         return lambda: method(*args, **kwargs)
 
-    def _endpoint_raised(self, actor: HostedActor, header: CallActor, exc: BaseException,
-                         fatal: bool | None = None) -> None:
+    def _endpoint_raised(
+        self, actor: HostedActor, header: CallActor, exc: BaseException, fatal: bool | None = None
+    ) -> None:
         """An exception fails only the call; a broadcast's or a BaseException fails the actor."""
         if fatal is None:
             fatal = header.reply_to is None or not isinstance(exc, Exception)
@@ -298,8 +312,9 @@ class ActorHost:
             self._log.info("actor_stopped", actor_id=actor.actor_id, mesh=actor.mesh_name)
             self._runtime.stop_owned_by(actor.actor_id)
         if header.reply_to is not None:
-            self._runtime.send_message(header.reply_to, Reply(header.call_id, header.rank),
-                                       Payload.dump(None))
+            self._runtime.send_message(
+                header.reply_to, Reply(header.call_id, header.rank), Payload.dump(None)
+            )
 
     def _fail(self, actor: HostedActor, exc: BaseException, what: str) -> SupervisionEvent:
         text = "".join(traceback.format_exception(exc))
@@ -312,8 +327,9 @@ class ActorHost:
         actor.state, actor.instance, actor.event = "failed", None, event
         self._log.warning("actor_failed", **event.to_dict())
         self._runtime.stop_owned_by(actor.actor_id)
-        self._runtime.send_message(actor.owner, ActorFailed(actor.actor_id, actor.point.rank),
-                                   Payload.dump(event))
+        self._runtime.send_message(
+            actor.owner, ActorFailed(actor.actor_id, actor.point.rank), Payload.dump(event)
+        )
         for envelope in actor.mailbox:
             header = envelope.header
             if type(header) is CallActor and header.reply_to is not None:
@@ -352,11 +368,13 @@ class ActorHost:
             original = None if buffers else body
         except SerializationError:
             original = None
-        self._send_failure(header.reply_to, header.call_id, header.rank, "exception",
-                           (fields, original))
+        self._send_failure(
+            header.reply_to, header.call_id, header.rank, "exception", (fields, original)
+        )
 
-    def _send_failure(self, reply_to: str | None, call_id: int, rank: int, kind: str,
-                      detail: Any) -> None:
+    def _send_failure(
+        self, reply_to: str | None, call_id: int, rank: int, kind: str, detail: Any
+    ) -> None:
         if reply_to is not None:
             self._runtime.send_message(reply_to, Failure(call_id, rank, kind), Payload.dump(detail))
 
@@ -366,9 +384,13 @@ class ActorHost:
             self._log.warning("message_for_unknown_actor", actor_id=header.actor_id)
             return
         event = SupervisionEvent(
-            "stopped", header.actor_id, proc_id=self._runtime.proc_id,
-            host=self._runtime.hostname, pid=self._runtime.pid,
-            message=f"earlier (no actor {header.actor_id!r} lives on this proc any more)")
+            "stopped",
+            header.actor_id,
+            proc_id=self._runtime.proc_id,
+            host=self._runtime.hostname,
+            pid=self._runtime.pid,
+            message=f"earlier (no actor {header.actor_id!r} lives on this proc any more)",
+        )
         self._send_failure(reply_to, header.call_id, header.rank, "stopped", event)
 
     # -- helpers -----------------------------------------------------------------------------
@@ -392,13 +414,22 @@ class ActorHost:
 
     def _context(self, actor: HostedActor, point: Point) -> Context:
         runtime = self._runtime
-        return Context(actor.actor_id, actor.mesh_name, point, runtime.proc_id, runtime.hostname,
-                       runtime.pid)
+        return Context(
+            actor.actor_id, actor.mesh_name, point, runtime.proc_id, runtime.hostname, runtime.pid
+        )
 
-    def _event(self, actor: HostedActor, kind: Any, message: str,
-               text: str | None = None) -> SupervisionEvent:
+    def _event(
+        self, actor: HostedActor, kind: Any, message: str, text: str | None = None
+    ) -> SupervisionEvent:
         runtime = self._runtime
-        return SupervisionEvent(kind, actor.mesh_name, rank=actor.point,
-                                actor_id=actor.actor_id, proc_id=runtime.proc_id,
-                                host=runtime.hostname, pid=runtime.pid, message=message,
-                                traceback=text)
+        return SupervisionEvent(
+            kind,
+            actor.mesh_name,
+            rank=actor.point,
+            actor_id=actor.actor_id,
+            proc_id=runtime.proc_id,
+            host=runtime.hostname,
+            pid=runtime.pid,
+            message=message,
+            traceback=text,
+        )

@@ -14,9 +14,9 @@ from transport import Payload
 
 from ._actor import check_actor_class, resolve_endpoint
 from ._calls import GatherSink, ResultSink
+from ._context import context
 from ._endpoint import EndpointRef
 from ._future import Future, resolved
-from ._context import context
 from ._messages import (
     CallActor,
     ProcSpec,
@@ -64,8 +64,10 @@ class MeshBase:
         total = 1
         for label in labels:
             if label not in self.extent.labels:
-                raise ValueError(f"mesh has no dimension {label!r}; its dimensions are "
-                                 f"{list(self.extent.labels)}")
+                raise ValueError(
+                    f"mesh has no dimension {label!r}; its dimensions are "
+                    f"{list(self.extent.labels)}"
+                )
             total *= self.extent[label]
         return total
 
@@ -95,11 +97,16 @@ class HostMesh(MeshBase):
     def _with_region(self, region: Region) -> HostMesh:
         return HostMesh(self._agents, region)
 
-    def spawn_procs(self, per_host: Mapping[str, int] | None = None, *,
-                    env: Mapping[str, str] | None = None, name: str = "procs",
-                    heartbeat_interval_s: float | None = None,
-                    heartbeat_timeout_s: float | None = None) -> ProcMesh:
-        """One new OS process per point of ``hosts × per_host``; returns at once.
+    def spawn_procs(
+        self,
+        per_host: Mapping[str, int] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        name: str = "procs",
+        heartbeat_interval_s: float | None = None,
+        heartbeat_timeout_s: float | None = None,
+    ) -> ProcMesh:
+        """One new OS process per point of each host times ``per_host``; returns at once.
 
         A proc that sends no heartbeat for `heartbeat_timeout_s` (paused, or stuck holding the
         GIL) is killed and reported as hung.
@@ -107,17 +114,23 @@ class HostMesh(MeshBase):
         interval = heartbeat_interval_s or HEARTBEAT_INTERVAL_S
         timeout = heartbeat_timeout_s or HEARTBEAT_TIMEOUT_S
         if timeout <= interval:
-            raise ValueError(f"heartbeat_timeout_s ({timeout}) must be longer than "
-                             f"heartbeat_interval_s ({interval})")
+            raise ValueError(
+                f"heartbeat_timeout_s ({timeout}) must be longer than "
+                f"heartbeat_interval_s ({interval})"
+            )
         per_host = dict(per_host or {})
         overlap = set(per_host) & set(self.extent.labels)
         if overlap:
-            raise ValueError(f"per_host dimensions {sorted(overlap)} clash with the host mesh's "
-                             f"dimensions {list(self.extent.labels)}")
-        extent = Extent(self.extent.labels + tuple(per_host), self.extent.sizes +
-                        tuple(per_host.values()))
-        if env is not None and not all(isinstance(k, str) and isinstance(v, str)
-                                       for k, v in env.items()):
+            raise ValueError(
+                f"per_host dimensions {sorted(overlap)} clash with the host mesh's "
+                f"dimensions {list(self.extent.labels)}"
+            )
+        extent = Extent(
+            self.extent.labels + tuple(per_host), self.extent.sizes + tuple(per_host.values())
+        )
+        if env is not None and not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
             raise TypeError("env must map str to str")
         runtime = current_session().runtime
         uid = secrets.token_hex(3)
@@ -128,14 +141,33 @@ class HostMesh(MeshBase):
         for rank, point in enumerate(extent.points()):
             agent = self._agents[self._region.ranks[rank // per]]
             spec = ProcSpec(f"{name}-{uid}-{rank}", name, extent.labels, extent.sizes, rank)
-            peers.append(runtime.add_peer(ProcPeer(spec.proc_id, name, point, agent,
-                                                   mesh_key=f"{name}-{uid}", owned=True,
-                                                   owner_actor=owner_actor)))
+            peers.append(
+                runtime.add_peer(
+                    ProcPeer(
+                        spec.proc_id,
+                        name,
+                        point,
+                        agent,
+                        mesh_key=f"{name}-{uid}",
+                        owned=True,
+                        owner_actor=owner_actor,
+                    )
+                )
+            )
             per_agent.setdefault(agent, []).append(spec)
         for agent, specs in per_agent.items():
-            runtime.send_message(agent, SpawnProcs(
-                runtime.address, tuple(specs), tuple((env or {}).items()), tuple(sys.path),
-                os.getcwd(), interval, timeout))
+            runtime.send_message(
+                agent,
+                SpawnProcs(
+                    runtime.address,
+                    tuple(specs),
+                    tuple((env or {}).items()),
+                    tuple(sys.path),
+                    os.getcwd(),
+                    interval,
+                    timeout,
+                ),
+            )
         return ProcMesh(runtime, name, Region.full(extent), tuple(peers))
 
     def shutdown(self) -> Future[None]:
@@ -158,23 +190,32 @@ class _Stoppable:
     def __enter__(self: A) -> A:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop().get()
 
     async def __aenter__(self: A) -> A:
         return self
 
-    async def __aexit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.stop()
 
 
 class ProcMesh(MeshBase, _Stoppable):
     """OS processes, one per point; actors are spawned onto them."""
 
-    def __init__(self, runtime: Runtime, name: str, region: Region,
-                 peers: tuple[ProcPeer, ...]) -> None:
+    def __init__(
+        self, runtime: Runtime, name: str, region: Region, peers: tuple[ProcPeer, ...]
+    ) -> None:
         self._runtime = runtime
         self.name = name
         self._region = region
@@ -192,12 +233,20 @@ class ProcMesh(MeshBase, _Stoppable):
         actor_id = f"{name}-{secrets.token_hex(4)}"
         extent = self.extent
         peers = tuple(self._peers[base] for base in self._region.ranks)
-        messages = [(peer, SpawnActor(actor_id, self._runtime.address, name, extent.labels,
-                                      extent.sizes, rank)) for rank, peer in enumerate(peers)]
+        messages = [
+            (
+                peer,
+                SpawnActor(
+                    actor_id, self._runtime.address, name, extent.labels, extent.sizes, rank
+                ),
+            )
+            for rank, peer in enumerate(peers)
+        ]
         self._runtime.supervisor.actor_mesh_owners[actor_id] = context().actor_id
         self._runtime.send_to_procs(messages, payload, None)
-        return ActorMesh(self._runtime, _ActorMeshState(name, actor_id, actor_class, peers),
-                         Region.full(extent))
+        return ActorMesh(
+            self._runtime, _ActorMeshState(name, actor_id, actor_class, peers), Region.full(extent)
+        )
 
     def on_failure(self, handler: FailureHandler) -> None:
         """Call `handler(event)` when a proc of this mesh fails; truthy return = handled."""
@@ -209,13 +258,19 @@ class ProcMesh(MeshBase, _Stoppable):
         by_agent: dict[str, list[str]] = {}
         for peer in peers:
             if peer.agent is None:
-                raise ValueError("this_proc() cannot be stopped through its mesh; it is this "
-                                 "process (or the client) itself.")
+                raise ValueError(
+                    "this_proc() cannot be stopped through its mesh; it is this "
+                    "process (or the client) itself."
+                )
             if peer.alive:
                 peer.state = "stopping"
-                peer.event = SupervisionEvent("stopped", peer.mesh_name, rank=dict(peer.point),
-                                              proc_id=peer.proc_id,
-                                              message="by its owner")
+                peer.event = SupervisionEvent(
+                    "stopped",
+                    peer.mesh_name,
+                    rank=dict(peer.point),
+                    proc_id=peer.proc_id,
+                    message="by its owner",
+                )
                 by_agent.setdefault(peer.agent, []).append(peer.proc_id)
         for agent, proc_ids in by_agent.items():
             self._runtime.send_message(agent, StopProcs(tuple(proc_ids), grace_s))
@@ -234,8 +289,9 @@ class _ActorMeshState:
 
     __slots__ = ("actor_class", "actor_id", "endpoints", "name", "peers", "stopped")
 
-    def __init__(self, name: str, actor_id: str, actor_class: type,
-                 peers: tuple[ProcPeer, ...]) -> None:
+    def __init__(
+        self, name: str, actor_id: str, actor_class: type, peers: tuple[ProcPeer, ...]
+    ) -> None:
         self.name = name
         self.actor_id = actor_id
         self.actor_class = actor_class
@@ -267,22 +323,33 @@ class ActorMesh(MeshBase, _Stoppable, Generic[A]):
             state.endpoints[name] = resolve_endpoint(state.actor_class, name).name
         return EndpointRef(self, name)
 
-    def _invoke(self, endpoint: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-                indices: Iterable[int], sink: ResultSink | None,
-                home: ReplyInbox | None) -> None:
+    def _invoke(
+        self,
+        endpoint: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        indices: Iterable[int],
+        sink: ResultSink | None,
+        home: ReplyInbox | None,
+    ) -> None:
         state = self._state
         if state.stopped:
-            raise SupervisionError(SupervisionEvent(
-                "stopped", state.name, message="by its owner"),
-                f"cannot call {state.name}.{endpoint}: ")
+            raise SupervisionError(
+                SupervisionEvent("stopped", state.name, message="by its owner"),
+                f"cannot call {state.name}.{endpoint}: ",
+            )
         payload = Payload.dump((args, kwargs))
         runtime = self._runtime
         call_id = runtime.new_call_id()
         reply_to = None if sink is None else (runtime.address if home is None else home.address)
         labels, sizes, ranks = self.extent.labels, self.extent.sizes, self._region.ranks
-        messages = [(state.peers[ranks[i]], CallActor(call_id, reply_to, state.actor_id,
-                                                      endpoint, labels, sizes, i))
-                    for i in indices]
+        messages = [
+            (
+                state.peers[ranks[i]],
+                CallActor(call_id, reply_to, state.actor_id, endpoint, labels, sizes, i),
+            )
+            for i in indices
+        ]
         runtime.send_to_procs(messages, payload, sink, call_id, home)
 
     def on_failure(self, handler: FailureHandler) -> None:
@@ -302,8 +369,11 @@ class ActorMesh(MeshBase, _Stoppable, Generic[A]):
         future: Future[Any] = Future(runtime, f"stop of {state.name}")
         call_id = runtime.new_call_id()
         peers = [state.peers[base] for base in self._region.ranks]
-        messages = [(peer, StopActor(call_id, runtime.address, state.actor_id, rank))
-                    for rank, peer in enumerate(peers) if peer.alive]
+        messages = [
+            (peer, StopActor(call_id, runtime.address, state.actor_id, rank))
+            for rank, peer in enumerate(peers)
+            if peer.alive
+        ]
         if len(self._region) == len(state.peers):
             state.stopped = True
         if not messages:
@@ -317,8 +387,13 @@ class ActorMesh(MeshBase, _Stoppable, Generic[A]):
     def __reduce__(self) -> tuple[Any, ...]:
         state = self._state
         _wait_ready(state.peers)
-        return _rebuild_actor_mesh, (state.name, state.actor_id, state.actor_class,
-                                     self._region, _peer_infos(state.peers))
+        return _rebuild_actor_mesh, (
+            state.name,
+            state.actor_id,
+            state.actor_class,
+            self._region,
+            _peer_infos(state.peers),
+        )
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self.name!r} {self.sizes}>"
@@ -374,8 +449,9 @@ def _rebuild_proc_mesh(name: str, region: Region, infos: tuple[tuple[Any, ...], 
     return ProcMesh(runtime, name, region, _adopt_peers(runtime, infos))
 
 
-def _rebuild_actor_mesh(name: str, actor_id: str, actor_class: type, region: Region,
-                        infos: tuple[tuple[Any, ...], ...]) -> ActorMesh[Any]:
+def _rebuild_actor_mesh(
+    name: str, actor_id: str, actor_class: type, region: Region, infos: tuple[tuple[Any, ...], ...]
+) -> ActorMesh[Any]:
     runtime = current_session().runtime
     state = _ActorMeshState(name, actor_id, actor_class, _adopt_peers(runtime, infos))
     return ActorMesh(runtime, state, region)

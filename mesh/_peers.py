@@ -13,12 +13,37 @@ from ._shape import Point
 class ProcPeer:
     """State of one remote (or local) proc. Messages wait here until its address is known."""
 
-    __slots__ = ("address", "agent", "calls", "event", "gone", "host", "mesh_key", "mesh_name",
-                 "owned", "owner_actor", "pid", "point", "proc_id", "queued", "ready", "state")
+    __slots__ = (
+        "address",
+        "agent",
+        "calls",
+        "event",
+        "gone",
+        "host",
+        "mesh_key",
+        "mesh_name",
+        "owned",
+        "owner_actor",
+        "pid",
+        "point",
+        "proc_id",
+        "queued",
+        "ready",
+        "state",
+    )
 
-    def __init__(self, proc_id: str, mesh_name: str, point: Point, agent: str | None,
-                 address: str | None = None, *, mesh_key: str = "", owned: bool = False,
-                 owner_actor: str | None = None) -> None:
+    def __init__(
+        self,
+        proc_id: str,
+        mesh_name: str,
+        point: Point,
+        agent: str | None,
+        address: str | None = None,
+        *,
+        mesh_key: str = "",
+        owned: bool = False,
+        owner_actor: str | None = None,
+    ) -> None:
         self.proc_id = proc_id
         self.mesh_name = mesh_name
         self.mesh_key = mesh_key

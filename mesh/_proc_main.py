@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
-
 import threading
+from typing import Any
 
 from transport import TransportError, encode, get_logger, reset_logging
 
@@ -43,13 +42,18 @@ def run_proc(config: dict[str, Any]) -> int:
     os.chdir(config["cwd"])
     reset_logging()
     runtime = Runtime(config["address"], proc_id=config["proc_id"], agent=config["agent"])
-    session = Session(runtime, rundir=config["rundir"], agent=config["agent"],
-                      proc=(config["mesh_name"], tuple(config["labels"]),
-                            tuple(config["sizes"]), config["rank"]))
+    session = Session(
+        runtime,
+        rundir=config["rundir"],
+        agent=config["agent"],
+        proc=(config["mesh_name"], tuple(config["labels"]), tuple(config["sizes"]), config["rank"]),
+    )
     install_session(session)
     log = get_logger("mesh.proc", proc=config["proc_id"])
-    runtime.send_message(config["owner"], ProcReady(config["proc_id"], runtime.address,
-                                                    os.getpid(), runtime.hostname))
+    runtime.send_message(
+        config["owner"],
+        ProcReady(config["proc_id"], runtime.address, os.getpid(), runtime.hostname),
+    )
     log.info("proc_started", mesh=config["mesh_name"], rank=config["rank"])
     start_heartbeats(runtime, config["agent"], config["proc_id"], config["heartbeat_interval_s"])
     try:

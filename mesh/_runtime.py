@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from supervision import ActorError, SupervisionError, SupervisionEvent
+from supervision import ActorError, EventKind, SupervisionError, SupervisionEvent
 from transport import (
     Envelope,
     Inbox,
@@ -57,8 +57,9 @@ _RECEIVE_BATCH = 256
 class Runtime:
     """The messaging core of one process (the client or a proc)."""
 
-    def __init__(self, address: str, *, proc_id: str, agent: str | None = None,
-                 is_root: bool = False) -> None:
+    def __init__(
+        self, address: str, *, proc_id: str, agent: str | None = None, is_root: bool = False
+    ) -> None:
         self.proc_id = proc_id
         self.agent = agent
         self.hostname = socket.gethostname()
@@ -127,6 +128,7 @@ class Runtime:
         if self._nested:
             return  # a pumping Future.get() further up this thread's stack is receiving
         if not self._drain(_RECEIVE_BATCH) and not self._stopping:
+            assert self._loop is not None
             self._loop.call_soon(self._on_readable)  # let other tasks run, then continue
 
     def _drain(self, limit: int) -> bool:
@@ -146,8 +148,9 @@ class Runtime:
                 return
             handler = self._handlers.get(kind)
             if handler is None:
-                self._log.warning("message_ignored", kind=kind.__name__,
-                                  reason="this process does not handle it")
+                self._log.warning(
+                    "message_ignored", kind=kind.__name__, reason="this process does not handle it"
+                )
                 return
             handler(envelope)
         except anyio.get_cancelled_exc_class():
@@ -224,15 +227,21 @@ class Runtime:
         try:
             self.outbox.send(address, encode(header, payload))
         except TransportError as exc:
-            self._log.warning("send_failed", to=address, kind=type(header).__name__,
-                              reason=str(exc))
+            self._log.warning(
+                "send_failed", to=address, kind=type(header).__name__, reason=str(exc)
+            )
 
     def new_call_id(self) -> int:
         return next(self._ids)
 
-    def send_to_procs(self, messages: list[tuple[ProcPeer, Any]], payload: Payload | None,
-                      sink: ResultSink | None, call_id: int = 0,
-                      home: ReplyInbox | None = None) -> None:
+    def send_to_procs(
+        self,
+        messages: list[tuple[ProcPeer, Any]],
+        payload: Payload | None,
+        sink: ResultSink | None,
+        call_id: int = 0,
+        home: ReplyInbox | None = None,
+    ) -> None:
         """Send one header per peer (same payload). With a `sink`, each header's `rank` keys
         its reply."""
         failed: list[tuple[int, BaseException]] = []
@@ -261,8 +270,13 @@ class Runtime:
         try:
             value = envelope.payload.load()  # type: ignore[union-attr]
         except Exception as exc:
-            self._settle(header.call_id, header.rank, error=ActorError(
-                f"the result of call {header.call_id} could not be unpickled here: {exc!r}"))
+            self._settle(
+                header.call_id,
+                header.rank,
+                error=ActorError(
+                    f"the result of call {header.call_id} could not be unpickled here: {exc!r}"
+                ),
+            )
             return
         self._settle(header.call_id, header.rank, value=value)
 
@@ -275,8 +289,9 @@ class Runtime:
             error = SupervisionError(detail)
         self._settle(header.call_id, header.rank, error=error)
 
-    def _settle(self, call_id: int, rank: int, *, value: Any = None,
-                error: BaseException | None = None) -> None:
+    def _settle(
+        self, call_id: int, rank: int, *, value: Any = None, error: BaseException | None = None
+    ) -> None:
         with self._lock:
             pending = self.calls.get(call_id)
             if pending is None:
@@ -306,8 +321,12 @@ class Runtime:
             peer = self.peers.get(header.proc_id)
             if peer is None or peer.state != "starting":
                 return
-            peer.address, peer.pid, peer.host, peer.state = \
-                header.address, header.pid, header.host, "ready"
+            peer.address, peer.pid, peer.host, peer.state = (
+                header.address,
+                header.pid,
+                header.host,
+                "ready",
+            )
             queued, peer.queued = peer.queued, []
             for frames in queued:
                 self.outbox.send(header.address, frames)
@@ -319,6 +338,7 @@ class Runtime:
         peer = self.peers.get(header.proc_id)
         if peer is None:
             return
+        kind: EventKind
         if header.requested or peer.state == "stopping":
             kind, message = "stopped", "by its owner"
         elif header.hung:
@@ -328,18 +348,30 @@ class Runtime:
         else:
             kind, message = "exit", ""
         event = SupervisionEvent(
-            kind, peer.mesh_name, rank=peer.point, proc_id=peer.proc_id,
-            host=header.host, pid=header.pid, exit_code=header.exit_code,
-            signal=None if header.hung else header.signal, message=message)
+            kind,
+            peer.mesh_name,
+            rank=peer.point,
+            proc_id=peer.proc_id,
+            host=header.host,
+            pid=header.pid,
+            exit_code=header.exit_code,
+            signal=None if header.hung else header.signal,
+            message=message,
+        )
         self.mark_peer_gone(peer, event, "stopped" if kind == "stopped" else "failed")
 
     def _on_spawn_failed(self, envelope: Envelope) -> None:
         header: SpawnFailed = envelope.header
         peer = self.peers.get(header.proc_id)
         if peer is not None:
-            event = SupervisionEvent("spawn_failed", peer.mesh_name, rank=peer.point,
-                                     proc_id=peer.proc_id, host=header.host,
-                                     message=header.reason)
+            event = SupervisionEvent(
+                "spawn_failed",
+                peer.mesh_name,
+                rank=peer.point,
+                proc_id=peer.proc_id,
+                host=header.host,
+                message=header.reason,
+            )
             self.mark_peer_gone(peer, event, "failed")
 
     def mark_peer_gone(self, peer: ProcPeer, event: SupervisionEvent, state: str) -> None:
@@ -348,8 +380,9 @@ class Runtime:
             if peer.finished:
                 return
             peer.state, peer.event, peer.queued = state, event, []
-            waiting = [(call_id, self.calls[call_id]) for call_id in peer.calls
-                       if call_id in self.calls]
+            waiting = [
+                (call_id, self.calls[call_id]) for call_id in peer.calls if call_id in self.calls
+            ]
             peer.calls = set()
         if peer.address:
             self.outbox.forget(peer.address)
@@ -372,8 +405,7 @@ class Runtime:
         event: SupervisionEvent = envelope.payload.load()  # type: ignore[union-attr]
         peer = self.peers.get(event.proc_id or "")
         keys = (header.actor_id,) + ((peer.mesh_key,) if peer is not None else ())
-        self.supervisor.handle(event, self.supervisor.actor_mesh_owners.get(header.actor_id),
-                               keys)
+        self.supervisor.handle(event, self.supervisor.actor_mesh_owners.get(header.actor_id), keys)
 
     def watch_agent_process(self, address: str, pid: int) -> None:
         """Report every proc of a local agent as unreachable if that agent process dies."""
@@ -387,10 +419,19 @@ class Runtime:
                 return
             self._log.error("agent_lost", agent=address, pid=pid)
             for peer in [p for p in self.peers.values() if p.agent == address and p.alive]:
-                self.mark_peer_gone(peer, SupervisionEvent(
-                    "unreachable", peer.mesh_name, rank=peer.point, proc_id=peer.proc_id,
-                    pid=peer.pid, host=peer.host,
-                    message=f"its host agent (pid {pid}) died"), "failed")
+                self.mark_peer_gone(
+                    peer,
+                    SupervisionEvent(
+                        "unreachable",
+                        peer.mesh_name,
+                        rank=peer.point,
+                        proc_id=peer.proc_id,
+                        pid=peer.pid,
+                        host=peer.host,
+                        message=f"its host agent (pid {pid}) died",
+                    ),
+                    "failed",
+                )
 
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._loop.add_reader, fd, on_exit)
@@ -407,8 +448,12 @@ class Runtime:
                 if peer.owner_actor == actor_id and peer.alive and peer.agent is not None:
                     peer.state = "stopping"
                     peer.event = SupervisionEvent(
-                        "stopped", peer.mesh_name, rank=peer.point, proc_id=peer.proc_id,
-                        message="because its owner stopped or failed")
+                        "stopped",
+                        peer.mesh_name,
+                        rank=peer.point,
+                        proc_id=peer.proc_id,
+                        message="because its owner stopped or failed",
+                    )
                     by_agent.setdefault(peer.agent, []).append(peer.proc_id)
         for agent, proc_ids in by_agent.items():
             self.send_message(agent, StopProcs(tuple(proc_ids), grace_s))
@@ -425,8 +470,10 @@ def _actor_error(fields: dict[str, Any], original: bytes | None) -> ActorError:
             exception = loads(original)
         except Exception:
             exception = None
-    message = (f"endpoint {fields['endpoint']!r} of mesh {fields['mesh_name']!r} at rank "
-               f"{fields['rank']} (pid {fields['pid']} on {fields['host']}) raised "
-               f"{fields['exception_type']}: {fields['message']}")
+    message = (
+        f"endpoint {fields['endpoint']!r} of mesh {fields['mesh_name']!r} at rank "
+        f"{fields['rank']} (pid {fields['pid']} on {fields['host']}) raised "
+        f"{fields['exception_type']}: {fields['message']}"
+    )
     fields = {k: v for k, v in fields.items() if k not in ("message", "call_rank")}
     return ActorError.wrap(message, exception=exception, **fields)

@@ -18,8 +18,8 @@ from typing import Any
 
 from transport import get_logger, private_runtime_dir
 
-from ._messages import ShutdownAgent
 from ._failfast import FAIL_FAST
+from ._messages import ShutdownAgent
 from ._runtime import Runtime
 
 _session: Session | None = None
@@ -30,8 +30,14 @@ AGENT_SHUTDOWN_GRACE_S = 5.0
 class Session:
     """The runtime of this process plus what it needs to reach (or start) its host agent."""
 
-    def __init__(self, runtime: Runtime, *, rundir: str, agent: str | None = None,
-                 proc: tuple[str, tuple[str, ...], tuple[int, ...], int] | None = None) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        rundir: str,
+        agent: str | None = None,
+        proc: tuple[str, tuple[str, ...], tuple[int, ...], int] | None = None,
+    ) -> None:
         self.runtime = runtime
         self.rundir = rundir
         self.proc = proc
@@ -47,17 +53,27 @@ class Session:
     def agent_address(self) -> str:
         """The local host agent's address, starting one first if this is the client."""
         with self._lock:
-            if self._agent is None or (self._agent_process and self._agent_process.poll()
-                                       is not None):
+            if self._agent is None or (
+                self._agent_process and self._agent_process.poll() is not None
+            ):
                 self._agent = self._start_local_agent()
             return self._agent
 
     def _start_local_agent(self) -> str:
         address = f"ipc://{self.rundir}/agent-{secrets.token_hex(3)}"
-        command = [sys.executable, "-m", "mesh._agent", "--address", address,
-                   "--rundir", self.rundir, "--owner-pid", str(os.getpid()), "--remove-rundir"]
-        self._agent_process = subprocess.Popen(command, start_new_session=True,
-                                               env=_agent_env())
+        command = [
+            sys.executable,
+            "-m",
+            "mesh._agent",
+            "--address",
+            address,
+            "--rundir",
+            self.rundir,
+            "--owner-pid",
+            str(os.getpid()),
+            "--remove-rundir",
+        ]
+        self._agent_process = subprocess.Popen(command, start_new_session=True, env=_agent_env())
         self._log.info("agent_launched", address=address, pid=self._agent_process.pid)
         self.runtime.watch_agent_process(address, self._agent_process.pid)
         return address

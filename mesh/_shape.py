@@ -22,14 +22,17 @@ class Extent(Mapping[str, int]):
 
     def __post_init__(self) -> None:
         if len(self.labels) != len(self.sizes):
-            raise ValueError(f"an extent needs one size per label, got labels {self.labels} "
-                             f"and sizes {self.sizes}")
+            raise ValueError(
+                f"an extent needs one size per label, got labels {self.labels} "
+                f"and sizes {self.sizes}"
+            )
         if len(set(self.labels)) != len(self.labels):
             raise ValueError(f"extent labels must be unique, got {self.labels}")
         for label, size in zip(self.labels, self.sizes):
             if not isinstance(size, int) or size < 1:
-                raise ValueError(f"dimension {label!r} must have a positive integer size, "
-                                 f"got {size!r}")
+                raise ValueError(
+                    f"dimension {label!r} must have a positive integer size, got {size!r}"
+                )
 
     @classmethod
     def of(cls, sizes: Mapping[str, int]) -> Extent:
@@ -116,8 +119,10 @@ class Region:
         """Select along named dimensions: an int drops the dimension, a slice keeps it."""
         unknown = [label for label in selection if label not in self.extent.labels]
         if unknown:
-            raise ValueError(f"cannot slice by {', '.join(map(repr, unknown))}: the mesh has "
-                             f"dimensions {list(self.extent.labels)}")
+            raise ValueError(
+                f"cannot slice by {', '.join(map(repr, unknown))}: the mesh has "
+                f"dimensions {list(self.extent.labels)}"
+            )
         picks: list[range] = []
         labels: list[str] = []
         sizes: list[int] = []
@@ -128,8 +133,9 @@ class Region:
                 labels.append(label)
                 sizes.append(len(chosen))
         if any(len(pick) == 0 for pick in picks):
-            raise ValueError(f"slice {selection} selects no ranks of a mesh with extent "
-                             f"{dict(self.extent)}")
+            raise ValueError(
+                f"slice {selection} selects no ranks of a mesh with extent {dict(self.extent)}"
+            )
         flat = Region.full(self.extent)  # maps coordinates to positions in self.ranks
         ranks = tuple(self.ranks[_position(flat.extent, c)] for c in itertools.product(*picks))
         return Region(Extent(tuple(labels), tuple(sizes)), ranks)
@@ -142,22 +148,25 @@ class Region:
         """Dimensions renamed, ``old=new``."""
         unknown = [label for label in names if label not in self.extent.labels]
         if unknown:
-            raise ValueError(f"cannot rename {', '.join(map(repr, unknown))}: the mesh has "
-                             f"dimensions {list(self.extent.labels)}")
+            raise ValueError(
+                f"cannot rename {', '.join(map(repr, unknown))}: the mesh has "
+                f"dimensions {list(self.extent.labels)}"
+            )
         labels = tuple(names.get(label, label) for label in self.extent.labels)
         return Region(Extent(labels, self.extent.sizes), self.ranks)
 
 
 def _select(label: str, size: int, selector: int | slice) -> range:
     if isinstance(selector, bool) or not isinstance(selector, (int, slice)):
-        raise TypeError(f"dimension {label!r} must be sliced by an int or a slice, "
-                        f"got {type(selector).__name__} {selector!r}")
+        raise TypeError(
+            f"dimension {label!r} must be sliced by an int or a slice, "
+            f"got {type(selector).__name__} {selector!r}"
+        )
     if isinstance(selector, slice):
         return range(size)[selector]
     index = selector + size if selector < 0 else selector
     if not 0 <= index < size:
-        raise IndexError(f"index {selector} is out of range for dimension {label!r} "
-                         f"of size {size}")
+        raise IndexError(f"index {selector} is out of range for dimension {label!r} of size {size}")
     return range(index, index + 1)
 
 

@@ -33,8 +33,9 @@ class Supervisor:
         self._seen: set[tuple[str | None, str | None, str]] = set()
         self._log = get_logger("supervision", proc=runtime.proc_id)
 
-    def handle(self, event: SupervisionEvent, owner_actor: str | None,
-               keys: tuple[str, ...]) -> None:
+    def handle(
+        self, event: SupervisionEvent, owner_actor: str | None, keys: tuple[str, ...]
+    ) -> None:
         """Decide what `event` (a failure of something owned here) leads to. Loop thread."""
         identity = (event.actor_id, event.proc_id, event.kind)
         if identity in self._seen:
@@ -53,13 +54,18 @@ class Supervisor:
                 return
             FAIL_FAST.raise_in_main(event)
         else:
-            self._log.error("unowned_failure", reason="no actor of this proc owns the mesh",
-                            **event.to_dict())
+            self._log.error(
+                "unowned_failure", reason="no actor of this proc owns the mesh", **event.to_dict()
+            )
 
     def _run_handler(self, handler: FailureHandler, event: SupervisionEvent) -> bool:
         try:
             return is_handled(handler(event))
         except Exception:
-            self._log.error("failure_handler_raised", handler=repr(handler),
-                            error=traceback.format_exc(), **event.to_dict())
+            self._log.error(
+                "failure_handler_raised",
+                handler=repr(handler),
+                error=traceback.format_exc(),
+                **event.to_dict(),
+            )
             return False

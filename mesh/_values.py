@@ -15,8 +15,10 @@ class ValueMesh(Generic[T]):
 
     def __init__(self, extent: Extent, values: Sequence[T]) -> None:
         if len(values) != extent.nelements:
-            raise ValueError(f"a value mesh over {dict(extent)} needs {extent.nelements} values, "
-                             f"got {len(values)}")
+            raise ValueError(
+                f"a value mesh over {dict(extent)} needs {extent.nelements} values, "
+                f"got {len(values)}"
+            )
         self.extent = extent
         self._values = tuple(values)
 
@@ -30,8 +32,10 @@ class ValueMesh(Generic[T]):
     def item(self, **coords: int) -> T:
         """The value at the point given by `coords` (every dimension must be named)."""
         if set(coords) != set(self.extent.labels):
-            raise ValueError(f"item() needs exactly the coordinates {list(self.extent.labels)}, "
-                             f"got {list(coords)}")
+            raise ValueError(
+                f"item() needs exactly the coordinates {list(self.extent.labels)}, "
+                f"got {list(coords)}"
+            )
         rank = 0
         for label, size in zip(self.extent.labels, self.extent.sizes):
             index = coords[label]

@@ -2,10 +2,10 @@
 
 from ._errors import ActorError as ActorError
 from ._errors import SupervisionError as SupervisionError
-from ._events import EVENT_KINDS as EVENT_KINDS
-from ._events import EventKind as EventKind
 from ._escalation import escalated as escalated
 from ._escalation import is_handled as is_handled
+from ._events import EVENT_KINDS as EVENT_KINDS
+from ._events import EventKind as EventKind
 from ._events import SupervisionEvent as SupervisionEvent
 from ._hooks import UnhandledFailureHook as UnhandledFailureHook
 from ._hooks import set_unhandled_failure_hook as set_unhandled_failure_hook

@@ -47,11 +47,20 @@ class ActorError(Exception):
     host: str | None
     pid: int | None
 
-    def __init__(self, message: str, *, exception: BaseException | None = None,
-                 exception_type: str = "Exception", remote_traceback: str = "",
-                 mesh_name: str = "", rank: Mapping[str, int] | None = None,
-                 actor_id: str | None = None, endpoint: str | None = None,
-                 host: str | None = None, pid: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        exception: BaseException | None = None,
+        exception_type: str = "Exception",
+        remote_traceback: str = "",
+        mesh_name: str = "",
+        rank: Mapping[str, int] | None = None,
+        actor_id: str | None = None,
+        endpoint: str | None = None,
+        host: str | None = None,
+        pid: int | None = None,
+    ) -> None:
         BaseException.__init__(self, message)
         self.exception = exception
         self.exception_type = exception_type
@@ -94,9 +103,16 @@ def _combined_type(original: type[BaseException]) -> type[ActorError]:
     cached = _combined.get(original)
     if cached is None:
         try:
-            cached = type(f"ActorError[{original.__name__}]", (ActorError, original),
-                          {"__module__": "supervision", "__init__": ActorError.__init__,
-                           "__str__": ActorError.__str__, "__reduce__": ActorError.__reduce__})
+            cached = type(
+                f"ActorError[{original.__name__}]",
+                (ActorError, original),
+                {
+                    "__module__": "supervision",
+                    "__init__": ActorError.__init__,
+                    "__str__": ActorError.__str__,
+                    "__reduce__": ActorError.__reduce__,
+                },
+            )
             cached.__new__(cached, "probe")  # some C types refuse to be built this way
         except TypeError:
             cached = ActorError

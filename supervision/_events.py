@@ -7,10 +7,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-EventKind = Literal["exception", "exit", "signal", "hung", "unreachable", "spawn_failed",
-                    "escalated", "stopped"]
-EVENT_KINDS: tuple[str, ...] = ("exception", "exit", "signal", "hung", "unreachable",
-                                "spawn_failed", "escalated", "stopped")
+EventKind = Literal[
+    "exception", "exit", "signal", "hung", "unreachable", "spawn_failed", "escalated", "stopped"
+]
+EVENT_KINDS: tuple[str, ...] = (
+    "exception",
+    "exit",
+    "signal",
+    "hung",
+    "unreachable",
+    "spawn_failed",
+    "escalated",
+    "stopped",
+)
 
 
 @dataclass(frozen=True)
@@ -33,8 +42,10 @@ class SupervisionEvent:
 
     def __post_init__(self) -> None:
         if self.kind not in EVENT_KINDS:
-            raise ValueError(f"unknown supervision event kind {self.kind!r}; "
-                             f"expected one of {', '.join(EVENT_KINDS)}")
+            raise ValueError(
+                f"unknown supervision event kind {self.kind!r}; "
+                f"expected one of {', '.join(EVENT_KINDS)}"
+            )
 
     def __str__(self) -> str:
         return f"{self._subject()} {self._reason()}"

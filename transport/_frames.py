@@ -40,13 +40,14 @@ _registered: set[type] = set()
 def message_type(cls: _T) -> _T:
     """Register `cls` (a slotted frozen dataclass) as a header type receivers may decode."""
     names = tuple(f.name for f in dataclasses.fields(cls))
-    if not names:
-        cls.__reduce__ = lambda self: (cls, ())  # type: ignore[method-assign]
-    elif len(names) == 1:
-        cls.__reduce__ = lambda self: (cls, (getattr(self, names[0]),))  # type: ignore
-    else:
-        values = operator.attrgetter(*names)
-        cls.__reduce__ = lambda self: (cls, values(self))  # type: ignore[method-assign]
+    values: Any = operator.attrgetter(*names) if len(names) > 1 else None
+
+    def reduce(self: Any) -> tuple[Any, tuple[Any, ...]]:  # pickling headers is the hot path
+        if values is not None:
+            return cls, values(self)
+        return cls, tuple(getattr(self, name) for name in names)
+
+    cls.__reduce__ = reduce  # type: ignore[method-assign,assignment]
     _registered.add(cls)
     return cls
 
@@ -79,8 +80,9 @@ class Envelope:
     payload: Payload | None
 
 
-def encode(header: Any, payload: Payload | None = None, *,
-           max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[Any]:
+def encode(
+    header: Any, payload: Payload | None = None, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+) -> list[Any]:
     """Frames for `header` and `payload`; raises MessageTooLarge past `max_bytes`."""
     head = pickle.dumps(header, protocol=5)
     if payload is None:
@@ -110,14 +112,16 @@ def decode(frames: Sequence[Any], *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES)
         )
     (length,) = _LENGTH.unpack_from(first, len(MAGIC))
     if _PREFIX + length > first.nbytes:
-        raise MalformedMessage(f"truncated message: the header claims {length} bytes but the "
-                               f"frame holds {first.nbytes - _PREFIX}")
+        raise MalformedMessage(
+            f"truncated message: the header claims {length} bytes but the "
+            f"frame holds {first.nbytes - _PREFIX}"
+        )
     try:
-        header = pickle.loads(first[_PREFIX:_PREFIX + length])
+        header = pickle.loads(first[_PREFIX : _PREFIX + length])
     except Exception as exc:
         raise MalformedMessage(f"cannot decode a message header: {exc!r}") from exc
     if type(header) not in _registered:
         raise MalformedMessage(f"received a header of unknown type {type(header).__name__}")
-    body = first[_PREFIX + length:]
+    body = first[_PREFIX + length :]
     payload = Payload(body, views[1:]) if body.nbytes or len(views) > 1 else None
     return Envelope(header, payload)

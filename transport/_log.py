@@ -14,8 +14,13 @@ from typing import Any
 
 import structlog
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-           "error": logging.ERROR, "critical": logging.CRITICAL}
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+    "critical": logging.CRITICAL,
+}
 
 
 def _make_logger() -> Any:
@@ -26,7 +31,8 @@ def _make_logger() -> Any:
         renderer = structlog.processors.JSONRenderer()
     else:
         renderer = structlog.dev.ConsoleRenderer(
-            colors=False, exception_formatter=structlog.dev.plain_traceback)
+            colors=False, exception_formatter=structlog.dev.plain_traceback
+        )
     return structlog.wrap_logger(
         structlog.PrintLogger(sys.stderr),
         wrapper_class=structlog.make_filtering_bound_logger(level),

@@ -126,9 +126,7 @@ def _rebuild_tensor(buffer: Any, dtype: str, shape: tuple[int, ...], requires_gr
     return tensor.requires_grad_(requires_grad)
 
 
-def _rebuild_parameter(
-    buffer: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool
-) -> Any:
+def _rebuild_parameter(buffer: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool) -> Any:
     import torch
 
     return torch.nn.Parameter(_rebuild_tensor(buffer, dtype, shape, False), requires_grad)

@@ -46,8 +46,9 @@ def tcp_address(host: str = "127.0.0.1", port: int = 0) -> str:
 class Inbox:
     """Where one process receives messages: a PULL socket bound at one address."""
 
-    def __init__(self, context: zmq.Context[Any], address: str, *,
-                 max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    def __init__(
+        self, context: zmq.Context[Any], address: str, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    ) -> None:
         self._socket = context.socket(zmq.PULL)
         self._socket.setsockopt(zmq.RCVHWM, 0)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -59,7 +60,7 @@ class Inbox:
             self._socket.close()
             raise TransportError(f"cannot listen on {address}: {exc}") from exc
         self.address: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._ipc_path = address[len("ipc://"):] if address.startswith("ipc://") else None
+        self._ipc_path = address[len("ipc://") :] if address.startswith("ipc://") else None
 
     def fileno(self) -> int:
         """A file descriptor that becomes readable when messages may be waiting (edge-style)."""
@@ -83,8 +84,9 @@ class Inbox:
             try:
                 return decode(frames, max_bytes=self._max_bytes)
             except MalformedMessage as exc:
-                self._log.warning("message_dropped", address=self.address, reason=str(exc),
-                                  frames=len(frames))
+                self._log.warning(
+                    "message_dropped", address=self.address, reason=str(exc), frames=len(frames)
+                )
 
     def close(self) -> None:
         self._socket.close(linger=0)
@@ -120,7 +122,7 @@ class Outbox:
                 raise TransportError(f"cannot send to {address}: {exc}") from exc
 
     def _connect(self, address: str) -> zmq.Socket[Any]:
-        socket = self._context.socket(zmq.PUSH)
+        socket: zmq.Socket[Any] = self._context.socket(zmq.PUSH)
         socket.setsockopt(zmq.SNDHWM, 0)
         socket.setsockopt(zmq.LINGER, 2000)
         socket.setsockopt(zmq.RECONNECT_IVL, RECONNECT_INTERVAL_MS)
