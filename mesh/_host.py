@@ -363,14 +363,8 @@ class ActorHost:
             "host": self._runtime.hostname,
             "pid": self._runtime.pid,
         }
-        try:
-            body, buffers = dumps(exc)
-            original = None if buffers else body
-        except SerializationError:
-            original = None
-        self._send_failure(
-            header.reply_to, header.call_id, header.rank, "exception", (fields, original)
-        )
+        detail = (fields, _pickled_or_none(exc), _pickled_or_none(type(exc)))
+        self._send_failure(header.reply_to, header.call_id, header.rank, "exception", detail)
 
     def _send_failure(
         self, reply_to: str | None, call_id: int, rank: int, kind: str, detail: Any
@@ -433,3 +427,12 @@ class ActorHost:
             message=message,
             traceback=text,
         )
+
+
+def _pickled_or_none(value: object) -> bytes | None:
+    """`value` pickled in-band, or None when it cannot be (the caller then does without)."""
+    try:
+        body, buffers = dumps(value)
+    except SerializationError:
+        return None
+    return None if buffers else body

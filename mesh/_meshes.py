@@ -242,7 +242,10 @@ class ProcMesh(MeshBase, _Stoppable):
             )
             for rank, peer in enumerate(peers)
         ]
-        self._runtime.supervisor.actor_mesh_owners[actor_id] = context().actor_id
+        supervisor = self._runtime.supervisor
+        supervisor.actor_mesh_owners[actor_id] = context().actor_id
+        for peer in peers:
+            supervisor.actor_meshes_on.setdefault(peer.proc_id, []).append(actor_id)
         self._runtime.send_to_procs(messages, payload, None)
         return ActorMesh(
             self._runtime, _ActorMeshState(name, actor_id, actor_class, peers), Region.full(extent)

@@ -396,7 +396,8 @@ class Runtime:
             if pending.home is not None:
                 pending.home.wake()
         if state == "failed" and peer.owned:
-            self.supervisor.handle(event, peer.owner_actor, (peer.mesh_key,))
+            keys = self.supervisor.handlers_for_proc(peer.proc_id, peer.mesh_key)
+            self.supervisor.handle(event, peer.owner_actor, keys)
         elif state == "stopped":
             self._log.info("proc_stopped", proc=peer.proc_id, pid=event.pid)
 
@@ -463,17 +464,26 @@ class Runtime:
         self._request_stop()
 
 
-def _actor_error(fields: dict[str, Any], original: bytes | None) -> ActorError:
-    exception: BaseException | None = None
-    if original is not None:
-        try:
-            exception = loads(original)
-        except Exception:
-            exception = None
+def _actor_error(
+    fields: dict[str, Any], original: bytes | None, original_class: bytes | None
+) -> ActorError:
+    """Rebuild the caller's ActorError. It keeps the original type even when the exception
+    instance cannot be unpickled here (a constructor with extra arguments, say)."""
+    exception = _unpickled_or_none(original)
+    exception_class = _unpickled_or_none(original_class) if exception is None else None
     message = (
         f"endpoint {fields['endpoint']!r} of mesh {fields['mesh_name']!r} at rank "
         f"{fields['rank']} (pid {fields['pid']} on {fields['host']}) raised "
         f"{fields['exception_type']}: {fields['message']}"
     )
     fields = {k: v for k, v in fields.items() if k not in ("message", "call_rank")}
-    return ActorError.wrap(message, exception=exception, **fields)
+    return ActorError.wrap(message, exception=exception, exception_class=exception_class, **fields)
+
+
+def _unpickled_or_none(data: bytes | None) -> Any:
+    if data is None:
+        return None
+    try:
+        return loads(data)
+    except Exception:
+        return None

@@ -30,8 +30,13 @@ class Supervisor:
         self._is_root = is_root
         self.handlers: dict[str, FailureHandler] = {}
         self.actor_mesh_owners: dict[str, str | None] = {}
+        self.actor_meshes_on: dict[str, list[str]] = {}  # proc id -> actor meshes spawned there
         self._seen: set[tuple[str | None, str | None, str]] = set()
         self._log = get_logger("supervision", proc=runtime.proc_id)
+
+    def handlers_for_proc(self, proc_id: str, mesh_key: str) -> tuple[str, ...]:
+        """Handler keys for a proc's death: the actor meshes on it, then its proc mesh."""
+        return (*self.actor_meshes_on.get(proc_id, ()), mesh_key)
 
     def handle(
         self, event: SupervisionEvent, owner_actor: str | None, keys: tuple[str, ...]

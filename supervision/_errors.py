@@ -73,10 +73,14 @@ class ActorError(Exception):
         self.pid = pid
 
     @classmethod
-    def wrap(cls, message: str, **fields: Any) -> ActorError:
-        """An ActorError that is also an instance of the original exception's type if possible."""
+    def wrap(
+        cls, message: str, *, exception_class: type | None = None, **fields: Any
+    ) -> ActorError:
+        """An ActorError that is also an instance of the original exception's type (that of
+        `exception`, or `exception_class` when the instance could not be rebuilt)."""
         original = fields.get("exception")
-        target = _combined_type(type(original)) if original is not None else cls
+        kind = type(original) if original is not None else exception_class
+        target = _combined_type(kind) if isinstance(kind, type) else cls
         error = target.__new__(target, message)
         ActorError.__init__(error, message, **fields)
         return error
@@ -98,7 +102,10 @@ _combined: dict[type, type[ActorError]] = {}
 
 def _combined_type(original: type[BaseException]) -> type[ActorError]:
     """ActorError mixed with `original`, cached; plain ActorError when they cannot mix."""
-    if issubclass(original, ActorError) or not issubclass(original, Exception):
+    if issubclass(original, ActorError):  # relayed through another actor: keep the deepest type
+        wrapped = getattr(original, "_wrapped_type", None)
+        return _combined_type(wrapped) if wrapped is not None else ActorError
+    if not issubclass(original, Exception):
         return ActorError
     cached = _combined.get(original)
     if cached is None:
@@ -111,6 +118,7 @@ def _combined_type(original: type[BaseException]) -> type[ActorError]:
                     "__init__": ActorError.__init__,
                     "__str__": ActorError.__str__,
                     "__reduce__": ActorError.__reduce__,
+                    "_wrapped_type": original,
                 },
             )
             cached.__new__(cached, "probe")  # some C types refuse to be built this way

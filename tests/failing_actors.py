@@ -200,22 +200,17 @@ class OwnerBase(Actor):
     # -- child meshes -------------------------------------------------------------------------
 
     @endpoint
-    def spawn_child(self, name: str, n: int, actor_class: type, *args: Any,
+    def spawn_child(self, name: str, n: int, actor_class: type = Fragile, *args: Any,
                     **kwargs: Any) -> list[int]:
-        """Spawn `n` procs and an `actor_class` mesh on them; the procs' pids."""
+        """Spawn `n` procs and an `actor_class` mesh on them; the procs' pids.
+
+        The pids come from a healthy `Fragile` mesh on the same procs ("<name>-probe"), so
+        this works even when `actor_class` fails to construct."""
         procs = this_host().spawn_procs(per_host={"gpus": n}, name=f"{name}-procs")
         child = procs.spawn(name, actor_class, *args, **kwargs)
         self.children[name] = (procs, child)
-        return [] if kwargs.get("fail_in_init") else \
-            list(child.pid.call().get(timeout=30).values())
-
-    @endpoint
-    def spawn_child_procs(self, name: str, n: int) -> list[int]:
-        """Spawn `n` procs with a healthy `Fragile` mesh; return their pids."""
-        procs = this_host().spawn_procs(per_host={"gpus": n}, name=f"{name}-procs")
-        child = procs.spawn(name, Fragile)
-        self.children[name] = (procs, child)
-        return list(child.pid.call().get(timeout=30).values())
+        probe = procs.spawn(f"{name}-probe", Fragile)
+        return list(probe.pid.call().get(timeout=30).values())
 
     @endpoint
     def call_child(self, name: str, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -226,6 +221,12 @@ class OwnerBase(Actor):
                                .get(timeout=30).values()))
         except SupervisionError as exc:
             return ("SupervisionError", exc.event.kind, str(exc))
+
+    @endpoint
+    def relay_child(self, name: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call `method` on every actor of child `name`; its errors propagate to our caller."""
+        _, child = self.children[name]
+        return list(getattr(child, method).call(*args, **kwargs).get(timeout=30).values())
 
     @endpoint
     def broadcast_child(self, name: str, method: str, *args: Any, **kwargs: Any) -> None:

@@ -34,7 +34,7 @@ def _make_logger() -> Any:
             colors=False, exception_formatter=structlog.dev.plain_traceback
         )
     return structlog.wrap_logger(
-        structlog.PrintLogger(sys.stderr),
+        structlog.WriteLogger(sys.stderr),
         wrapper_class=structlog.make_filtering_bound_logger(level),
         processors=[
             structlog.processors.add_log_level,

@@ -21,13 +21,48 @@ from ._errors import SerializationError
 OUT_OF_BAND_MIN_BYTES = 2048
 
 
+#: The pickler handles bytes and bytearray itself (no hook sees them), so large ones are
+#: lifted out of containers this deep and this small before pickling.
+_LIFT_DEPTH = 3
+_LIFT_MAX_ITEMS = 64
+
+
+class _OutOfBand:
+    """A large bytes or bytearray value to be sent as its own frame."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bytes | bytearray) -> None:
+        self.value = value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        rebuild = _rebuild_bytes if type(self.value) is bytes else _rebuild_bytearray
+        return rebuild, (pickle.PickleBuffer(self.value),)
+
+
+def _lift(value: Any, depth: int = _LIFT_DEPTH) -> Any:
+    """`value` with large bytes/bytearray wrapped as `_OutOfBand` (containers copied only
+    where something was wrapped)."""
+    kind = type(value)
+    if kind is bytes or kind is bytearray:
+        return _OutOfBand(value) if len(value) >= OUT_OF_BAND_MIN_BYTES else value
+    if depth == 0 or kind not in (tuple, list, dict) or len(value) > _LIFT_MAX_ITEMS:
+        return value
+    if kind is dict:
+        items = {k: _lift(v, depth - 1) for k, v in value.items()}
+        changed = any(items[k] is not v for k, v in value.items())
+        return items if changed else value
+    lifted = [_lift(item, depth - 1) for item in value]
+    if all(new is old for new, old in zip(lifted, value)):
+        return value
+    return tuple(lifted) if kind is tuple else lifted
+
+
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
-    """cloudpickle plus out-of-band reductions for bytes-like values and CPU tensors."""
+    """cloudpickle plus out-of-band reductions for buffers and CPU tensors."""
 
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
-        if kind is bytes and len(obj) >= OUT_OF_BAND_MIN_BYTES:
-            return _rebuild_bytes, (pickle.PickleBuffer(obj),)
         if kind is memoryview and obj.nbytes >= OUT_OF_BAND_MIN_BYTES and obj.contiguous:
             return _rebuild_bytes, (pickle.PickleBuffer(obj.cast("B")),)
         torch = sys.modules.get("torch")
@@ -74,7 +109,7 @@ def dumps(value: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
 
 def _dump(pickler: _Pickler, value: Any) -> None:
     try:
-        pickler.dump(value)
+        pickler.dump(_lift(value))
     except Exception as exc:
         raise SerializationError(
             f"cannot serialize {_describe(value)}: {exc}. Arguments and results must be "
@@ -94,6 +129,10 @@ def _describe(value: Any) -> str:
 
 def _rebuild_bytes(buffer: Any) -> bytes:
     return bytes(buffer)
+
+
+def _rebuild_bytearray(buffer: Any) -> bytearray:
+    return bytearray(buffer)
 
 
 def _reduce_tensor(torch: Any, tensor: Any) -> tuple[Any, tuple[Any, ...]] | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import zmq
 
-from ._errors import MalformedMessage, TransportError
+from ._errors import MalformedMessage, MessageTooLarge, TransportError
 from ._frames import DEFAULT_MAX_MESSAGE_BYTES, Envelope, decode
 from ._log import get_logger
 
@@ -83,7 +83,7 @@ class Inbox:
                 raise TransportError(f"receiving on {self.address} failed: {exc}") from exc
             try:
                 return decode(frames, max_bytes=self._max_bytes)
-            except MalformedMessage as exc:
+            except (MalformedMessage, MessageTooLarge) as exc:
                 self._log.warning(
                     "message_dropped", address=self.address, reason=str(exc), frames=len(frames)
                 )
@@ -115,9 +115,10 @@ class Outbox:
             try:
                 if len(frames) == 1:
                     socket.send(frames[0], zmq.NOBLOCK)  # copying a small frame is cheapest
-                else:
+                else:  # buffers are copied once here, so later changes by the caller
+                    # (an optimizer step on a tensor just sent) cannot alter what was sent
                     socket.send(frames[0], zmq.NOBLOCK | zmq.SNDMORE)
-                    socket.send_multipart(frames[1:], zmq.NOBLOCK, copy=False)
+                    socket.send_multipart(frames[1:], zmq.NOBLOCK)
             except zmq.ZMQError as exc:
                 raise TransportError(f"cannot send to {address}: {exc}") from exc
 

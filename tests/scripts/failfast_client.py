@@ -5,8 +5,11 @@ Fail-fast raises in the client's main thread, so these scenarios run in their ow
 instead of inside pytest. Each prints lines the test parses:
 
 - ``PIDS <json>``: every process of this job (host agent, fork server, procs), printed once
-  the procs are up, so the test can check that none survives the client;
+  the procs are up, so the test can check that none survives the client (printed again if
+  the job changes; the last line counts);
+- ``PROCS <json>``: the pids of the procs of the ``workers`` mesh, in rank order;
 - ``RESULT <json>``: what the scenario observed;
+- ``HOOK <json>``: an event the global unhandled-failure hook was given;
 - ``ATEXIT``: printed by an atexit handler (fail-fast must let atexit handlers run).
 
 Bounded everywhere: a scenario that waits for a failure waits at most ``WAIT_S`` seconds and
@@ -16,6 +19,7 @@ then exits with status 3 ("nothing happened"), which the tests treat as a failur
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import os
 import signal
@@ -28,11 +32,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for the actors
 
-import failing_actors as fa  # noqa: E402
+import failing_actors as fa
 
-import supervision  # noqa: E402
-from mesh import this_host  # noqa: E402
-from supervision import SupervisionError, SupervisionEvent  # noqa: E402
+import supervision
+from mesh import this_host
+from supervision import SupervisionError, SupervisionEvent
 
 WAIT_S = 30.0
 T = 30.0
@@ -46,16 +50,17 @@ def emit(tag: str, value: Any) -> None:
 def job_pids() -> list[int]:
     """This client's host agent, its fork server and its procs (they share the agent's
     command line, which names the client as ``--owner-pid``)."""
-    mine = f"--owner-pid {os.getpid()}"
+    mine = ["--owner-pid", str(os.getpid())]
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            argv = (entry / "cmdline").read_bytes().decode().split("\0")
         except OSError:
             continue
-        if "mesh._agent" in cmdline and cmdline.rstrip().endswith(mine):
+        pairs = list(itertools.pairwise(argv))
+        if "mesh._agent" in argv and tuple(mine) in pairs:
             found.append(int(entry.name))
     return sorted(found)
 
@@ -82,6 +87,7 @@ def start(n: int = 2, name: str = "workers", **kwargs: Any) -> tuple[Any, Any, l
     procs = this_host().spawn_procs(per_host={"gpus": n}, name=name, **kwargs)
     workers = procs.spawn(f"{name}-actors", fa.Fragile)
     pids = list(workers.pid.call().get(timeout=T).values())
+    emit("PROCS", pids)
     emit("PIDS", job_pids())
     return procs, workers, pids
 
@@ -178,6 +184,7 @@ def hook(decision: str) -> None:
     called = threading.Event()
 
     def on_unhandled(event: SupervisionEvent) -> bool:
+        emit("HOOK", describe(event))  # before deciding: a decline interrupts the main thread
         seen.append(event)
         called.set()
         return decision == "handle"
@@ -253,8 +260,12 @@ def agent_killed() -> None:
         later = "answered"
     except SupervisionError as exc:
         later = exc.event.kind
+    # A new agent is started on demand and serves new procs.
+    fresh = this_host().spawn_procs(per_host={"gpus": 2}, name="fresh").spawn("f", fa.Fragile)
+    respawned = list(fresh.ping.call().get(timeout=T).values())
+    emit("PIDS", job_pids())
     emit("RESULT", {"events": [describe(e) for e in caught], "agent": agent,
-                    "later_call": later})
+                    "later_call": later, "respawned": respawned})
 
 
 SCENARIOS: dict[str, Callable[..., None]] = {

@@ -1,0 +1,269 @@
+"""Fail-fast at the client root, tested on real client processes (tests/scripts/).
+
+Fail-fast raises in the client's main thread, so each scenario runs as its own client process
+(`failfast_client.py SCENARIO`). The tests check its exit status, its output (the supervision
+report on stderr, the scenario's RESULT line, that atexit handlers ran) and that no process of
+the job (host agent, fork server, procs) survives it. Every client gets its own
+``XDG_RUNTIME_DIR`` under ``tmp_path``, so the run directory it leaves (or not) is its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).parent / "scripts" / "failfast_client.py"
+RUN_TIMEOUT_S = 60.0
+GONE_TIMEOUT_S = 5.0  # "within a couple of seconds", with room for a loaded machine
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def client_env(tmp_path: Path) -> dict[str, str]:
+    xdg = tmp_path / "xdg"
+    xdg.mkdir(mode=0o700, exist_ok=True)
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(xdg))
+    env.pop("MESHVISOR_LOG_LEVEL", None)
+    return env
+
+
+def run_dirs(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "xdg").glob("meshvisor-*"))
+
+
+class Outcome:
+    def __init__(self, proc: subprocess.CompletedProcess[str]) -> None:
+        self.returncode = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        self.pids: list[int] = self._tagged("PIDS") or []
+        self.procs: list[int] = self._tagged("PROCS") or []
+        self.result: dict[str, Any] | None = self._tagged("RESULT")
+
+    def _tagged(self, tag: str) -> Any:
+        """The value of the last line tagged `tag`."""
+        found = None
+        for line in self.stdout.splitlines():
+            if line.startswith(f"{tag} "):
+                found = json.loads(line[len(tag) + 1:])
+        return found
+
+    def __repr__(self) -> str:
+        return (f"<exit {self.returncode}\n--- stdout\n{self.stdout}\n--- stderr\n"
+                f"{self.stderr}>")
+
+
+def run_client(tmp_path: Path, *args: str) -> Outcome:
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args], env=client_env(tmp_path),
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                          cwd=tmp_path)
+    outcome = Outcome(proc)
+    assert outcome.pids, outcome  # the job came up (agent, fork server, procs)
+    # Whatever happened, nothing of the job outlives the client, and nothing is left on disk.
+    wait_until(lambda: not any(pid_alive(p) for p in outcome.pids), GONE_TIMEOUT_S,
+               f"the job's processes {outcome.pids} to exit after the client")
+    assert run_dirs(tmp_path) == []
+    return outcome
+
+
+def assert_reports(outcome: Outcome, *fragments: str) -> None:
+    """Uncaught: status 1, the traceback, then the report (root cause first), atexit ran."""
+    assert outcome.returncode == 1, outcome
+    err = outcome.stderr
+    assert "Traceback (most recent call last)" in err, outcome
+    assert "supervision.SupervisionError: " in err, outcome
+    assert "Supervision report" in err and "Root cause: " in err, outcome
+    assert err.index("Traceback") < err.index("Supervision report") < err.index("Root cause:")
+    root = err[err.index("Root cause: "):].splitlines()[0]
+    for fragment in fragments:
+        assert fragment in root, (fragment, root)
+    assert "ATEXIT" in outcome.stdout.splitlines(), outcome
+
+
+def signal_event(event: dict[str, Any], pid: int, signame: str = "SIGKILL") -> None:
+    assert event["kind"] == "signal" and event["signal"] == signame
+    assert event["mesh"] == "workers" and event["rank"] == {"gpus": 1}
+    assert event["pid"] == pid and event["host"] == socket.gethostname()
+    for fragment in ('"workers"', "{'gpus': 1}", str(pid), socket.gethostname(), signame):
+        assert fragment in event["str"]
+
+
+# -- caught ---------------------------------------------------------------------------------------
+
+
+def test_blocked_get_raises_the_failure(tmp_path: Path) -> None:
+    outcome = run_client(tmp_path, "blocked_get")
+    assert outcome.returncode == 0, outcome
+    result = outcome.result
+    assert result is not None, outcome
+    signal_event(result["event"], result["pid"])
+    assert result["waited_under_s"] is True  # at once, not after a heartbeat timeout
+    assert result["survivor"] == 0
+    assert "Supervision report" not in outcome.stderr  # caught: handled, no report
+
+
+@pytest.mark.parametrize("region", ["sleep", "event_wait", "busy", "other_call"])
+def test_failure_interrupts_the_main_thread(tmp_path: Path, region: str) -> None:
+    """With no call waiting on it, the failure is raised wherever the main thread is; a
+    try/except SupervisionError around the region catches it and the program goes on."""
+    outcome = run_client(tmp_path, "interrupt", region)
+    assert outcome.returncode == 0, outcome
+    assert outcome.result is not None, outcome
+    assert outcome.result["type"] == "SupervisionError"
+    signal_event(outcome.result["event"], outcome.procs[1])
+    assert outcome.result["survivor"] == 0
+    assert "Supervision report" not in outcome.stderr
+
+
+# -- uncaught --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "fragments"), [
+    ("sigkill", ["killed by SIGKILL", '"workers"']),
+    ("exit0", ["exited with code 0", '"workers"']),
+    ("broadcast_raise", ["failed with an exception", '"workers-actors"', "broadcast"]),
+    ("hung", ["hung", "heartbeat"]),
+])
+def test_uncaught_failure_ends_the_program(tmp_path: Path, kind: str,
+                                           fragments: list[str]) -> None:
+    outcome = run_client(tmp_path, "uncaught", kind)
+    assert_reports(outcome, *fragments, "{'gpus': 1}", str(outcome.procs[1]),
+                   socket.gethostname())
+    assert outcome.result is None  # the sleep never finished
+    if kind == "broadcast_raise":  # the remote traceback is part of the report
+        assert "EndpointError: nobody hears this" in outcome.stderr
+
+
+def test_uncaught_failure_of_the_awaited_call(tmp_path: Path) -> None:
+    outcome = run_client(tmp_path, "uncaught_in_get")
+    assert_reports(outcome, "killed by SIGSEGV", "{'gpus': 0}", str(outcome.procs[0]))
+    assert "segfault.call_one().get(" in outcome.stderr  # raised by the get() itself
+
+
+def test_escalated_failure_report_shows_the_path(tmp_path: Path) -> None:
+    outcome = run_client(tmp_path, "escalated", str(tmp_path / "record.jsonl"))
+    assert_reports(outcome, "level3", "killed by SIGKILL")
+    err = outcome.stderr
+    report = err[err.index("Supervision report"):]
+    assert "Propagated up the tree:" in report
+    path = report[report.index("Propagated up the tree:"):]
+    assert path.index('"owner2"') < path.index('"owner1"')  # bottom-up, after the root cause
+    levels = [json.loads(line)["level"]
+              for line in (tmp_path / "record.jsonl").read_text().splitlines()]
+    assert levels == [2, 1]  # both owners were asked, once each, bottom-up
+
+
+# -- opting out of fail-fast ------------------------------------------------------------------
+
+
+def test_unhandled_failure_hook_handles(tmp_path: Path) -> None:
+    outcome = run_client(tmp_path, "hook", "handle")
+    assert outcome.returncode == 0, outcome
+    assert outcome.result is not None
+    (event,) = outcome.result["events"]
+    signal_event(event, outcome.procs[1])
+    assert outcome.result["survivor"] == 0
+    assert "ATEXIT" in outcome.stdout
+
+
+def test_unhandled_failure_hook_that_declines_keeps_fail_fast(tmp_path: Path) -> None:
+    outcome = run_client(tmp_path, "hook", "decline")
+    hooked = [line for line in outcome.stdout.splitlines() if line.startswith("HOOK ")]
+    assert len(hooked) == 1, outcome
+    signal_event(json.loads(hooked[0][5:]), outcome.procs[1])
+    assert_reports(outcome, "killed by SIGKILL", str(outcome.procs[1]))
+
+
+@pytest.mark.parametrize(("decision", "order"), [
+    ("handle", ["mesh:signal"]),
+    ("ignore", ["mesh:signal", "hook:signal"]),
+    ("raise", ["mesh:signal", "hook:signal"]),
+])
+def test_mesh_handler_decides_before_the_hook(tmp_path: Path, decision: str,
+                                              order: list[str]) -> None:
+    outcome = run_client(tmp_path, "on_failure", decision)
+    assert outcome.returncode == 0, outcome
+    assert outcome.result == {"order": order, "survivor": 0}  # rank 0 of its slice
+    if decision == "raise":  # a broken handler is reported, not swallowed
+        assert "the mesh handler broke" in outcome.stderr
+
+
+# -- losing the agent or the client -------------------------------------------------------------
+
+
+def test_agent_loss_makes_its_procs_unreachable(tmp_path: Path) -> None:
+    outcome = run_client(tmp_path, "agent_killed")
+    assert outcome.returncode == 0, outcome
+    result = outcome.result
+    assert result is not None, outcome
+    events = result["events"]
+    assert sorted(e["rank"]["gpus"] for e in events) == [0, 1], "each rank once"
+    assert {e["kind"] for e in events} == {"unreachable"}
+    assert all(e["mesh"] == "workers" for e in events)
+    assert all(str(result["agent"]) in e["str"] for e in events)
+    assert result["later_call"] == "unreachable"
+    assert result["respawned"] == [0, 1]  # a new agent serves new procs
+
+
+def test_client_sigkill_takes_the_whole_job_down(tmp_path: Path) -> None:
+    client = subprocess.Popen([sys.executable, str(SCRIPT), "client_killed"],
+                              env=client_env(tmp_path), cwd=tmp_path, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        pids = _read_pids(client)
+        assert len(pids) == 4 and all(pid_alive(p) for p in pids)  # agent, server, 2 procs
+        client.kill()
+        client.wait(timeout=RUN_TIMEOUT_S)
+        wait_until(lambda: not any(pid_alive(p) for p in pids), GONE_TIMEOUT_S,
+                   f"the job's processes {pids} to exit after the client was SIGKILLed")
+        wait_until(lambda: run_dirs(tmp_path) == [], GONE_TIMEOUT_S,
+                   "the run directory to be removed")
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+        assert client.stdout is not None
+        client.stdout.close()
+
+
+def _read_pids(client: subprocess.Popen[str]) -> list[int]:
+    assert client.stdout is not None
+    selector = selectors.DefaultSelector()
+    selector.register(client.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    try:
+        while time.monotonic() < deadline:
+            if not selector.select(deadline - time.monotonic()):
+                continue
+            line = client.stdout.readline()
+            if not line:
+                break
+            if line.startswith("PIDS "):
+                return list(json.loads(line[5:]))
+    finally:
+        selector.close()
+    raise AssertionError(f"the client never printed its pids (exit {client.poll()})")

@@ -1,0 +1,552 @@
+"""Supervision semantics, with real procs, real signals and real owner actors.
+
+Everything here runs inside the pytest process, which is a meshvisor client whose fail-fast
+would interrupt pytest's main thread. So every failure a test provokes is taken by a handler:
+each proc mesh gets a recording ``on_failure`` handler, and an autouse guard installs a global
+unhandled-failure hook that records (and so swallows) anything else. The guard fails the test
+if an unexpected failure reached it. Fail-fast itself is tested in test_failfast.py.
+
+Negative checks ("the owner got no event") use a *barrier* instead of a sleep: an ``await``ed
+call from async code is answered to the client's main inbox, behind everything the same proc
+sent there before (FIFO per sender), and the client's event loop thread runs handlers in
+arrival order; so once the barrier returns, any earlier failure report has been handled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import failing_actors as fa
+import pytest
+
+import supervision
+from mesh import ActorMesh, ProcMesh
+from supervision import ActorError, SupervisionError, SupervisionEvent
+
+T = 30.0  # the bound on every wait (never reached when things work)
+FAST_HB = {"heartbeat_interval_s": 0.1, "heartbeat_timeout_s": 1.0}
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+class Recorder:
+    """A failure handler that records every event it is given and returns `decision`."""
+
+    def __init__(self, decision: Any = True) -> None:
+        self.decision = decision
+        self.events: list[SupervisionEvent] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, event: SupervisionEvent) -> Any:
+        with self._lock:
+            self.events.append(event)
+        if isinstance(self.decision, BaseException):
+            raise self.decision
+        return self.decision
+
+    def wait(self, count: int = 1, timeout: float = T) -> list[SupervisionEvent]:
+        wait_until(lambda: len(self.events) >= count, timeout,
+                   f"{count} supervision event(s), got {self.events}")
+        return list(self.events)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = T,
+               what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pids: list[int], timeout: float = 10.0) -> None:
+    wait_until(lambda: not any(pid_alive(p) for p in pids), timeout,
+               f"processes {[p for p in pids if pid_alive(p)]} to exit")
+
+
+def barrier(mesh: ActorMesh[Any]) -> None:
+    """Wait until the client has handled everything the procs of `mesh` sent before now."""
+
+    async def ping() -> None:
+        await mesh.aping.call()
+
+    anyio.run(ping)
+
+
+class Watched:
+    """A proc mesh with a recording handler, a `Fragile` mesh and a healthy probe mesh."""
+
+    def __init__(self, procs: ProcMesh, recorder: Recorder, actors: ActorMesh[Any],
+                 probe: ActorMesh[Any]) -> None:
+        self.procs, self.recorder, self.actors, self.probe = procs, recorder, actors, probe
+        self.pids: list[int] = list(probe.pid.call().get(timeout=T).values())
+
+
+@pytest.fixture
+def root_events() -> Iterator[list[SupervisionEvent]]:
+    """Failures that reached the client's unhandled-failure hook (recorded and handled)."""
+    events: list[SupervisionEvent] = []
+    previous = supervision.set_unhandled_failure_hook(lambda e: events.append(e) or True)
+    try:
+        yield events
+    finally:
+        assert supervision.set_unhandled_failure_hook(previous) is not None
+
+
+@pytest.fixture(autouse=True)
+def guard(root_events: list[SupervisionEvent]) -> Iterator[None]:
+    """No failure may reach the client root unless the test expects it (and clears it)."""
+    yield
+    assert not root_events, f"unexpected failures reached the client: {root_events}"
+
+
+@pytest.fixture
+def watched(make_procs: Callable[..., Any]) -> Callable[..., Watched]:
+    """Factory: `watched(n, name, actor kwargs..., hb=False)`."""
+
+    def make(n: int = 2, name: str = "workers", hb: bool = False,
+             **actor_kwargs: Any) -> Watched:
+        procs = make_procs({"gpus": n}, name=name, **(FAST_HB if hb else {}))
+        recorder = Recorder()
+        procs.on_failure(recorder)
+        actors = procs.spawn(f"{name}-actors", fa.Fragile, **actor_kwargs)
+        probe = procs.spawn(f"{name}-probe", fa.Fragile)
+        return Watched(procs, recorder, actors, probe)
+
+    return make
+
+
+def assert_names_where(event: SupervisionEvent, mesh: str, rank: int, pid: int) -> None:
+    """`str(event)` is one sentence naming mesh, rank, pid and host."""
+    text = str(event)
+    assert f'"{mesh}"' in text
+    assert f"{{'gpus': {rank}}}" in text
+    assert str(pid) in text
+    assert socket.gethostname() in text
+    assert text.endswith(".") and "\n" not in text
+
+
+# -- an endpoint raising an Exception: only the call fails ------------------------------------
+
+
+def _call(actors: ActorMesh[Any], adverb: str) -> Any:
+    """Make the actor at rank 1 raise through `adverb`; return the error the caller got."""
+    with pytest.raises(ActorError) as info:
+        if adverb == "call":
+            actors.raise_error.call("bad input", rank=1).get(timeout=T)
+        elif adverb == "call_one":
+            actors.slice(gpus=1).raise_error.call_one("bad input").get(timeout=T)
+        elif adverb == "choose":
+            actors.slice(gpus=slice(1, 2)).raise_error.choose("bad input").get(timeout=T)
+        elif adverb == "stream":
+            outcomes = []
+            for future in actors.raise_error.stream("bad input", rank=1):
+                try:
+                    outcomes.append(future.get(timeout=T))
+                except ActorError as exc:
+                    outcomes.append(exc)
+            assert 0 in outcomes and len(outcomes) == 2
+            raise next(o for o in outcomes if isinstance(o, ActorError))
+    return info.value
+
+
+@pytest.mark.parametrize("adverb", ["call", "call_one", "choose", "stream"])
+def test_endpoint_exception_fails_only_the_call(watched: Callable[..., Watched],
+                                                adverb: str) -> None:
+    w = watched()
+    error = _call(w.actors, adverb)
+    assert isinstance(error, fa.EndpointError) and isinstance(error, ValueError)
+    assert not isinstance(error, SupervisionError)
+    assert "bad input" in str(error) and "EndpointError" in str(error)
+    assert error.mesh_name == "workers-actors"
+    assert dict(error.rank or {}) == {"gpus": 1}
+    assert error.pid == w.pids[1]
+    assert "raise_error" in error.remote_traceback
+    assert "EndpointError: bad input" in error.remote_traceback
+    # The actor survived, with its state: the failed call counted.
+    assert w.actors.slice(gpus=1).count.call_one().get(timeout=T) == 1
+    assert w.actors.ping.call().get(timeout=T).values() == (0, 1)
+    barrier(w.probe)
+    assert w.recorder.events == []
+
+
+def test_async_endpoint_exception_keeps_its_type(watched: Callable[..., Watched]) -> None:
+    w = watched()
+    with pytest.raises(KeyError) as info:
+        w.actors.slice(gpus=0).araise_error.call_one("missing").get(timeout=T)
+    assert isinstance(info.value, ActorError)
+    assert "araise_error" in info.value.remote_traceback
+    assert w.actors.aping.call().get(timeout=T).values() == (0, 1)
+    barrier(w.probe)
+    assert w.recorder.events == []
+
+
+def test_owner_is_not_told_of_an_endpoint_exception(make_procs: Callable[..., Any],
+                                                    tmp_path: Path) -> None:
+    record = tmp_path / "record.jsonl"
+    procs = make_procs({"gpus": 1}, name="top")
+    owner = procs.spawn("owner", fa.SyncOwner, str(record), "ignore")
+    owner.spawn_child.call_one("kids", 2).get(timeout=T)
+    outcome = owner.call_child.call_one("kids", "raise_error", "x", rank=0)
+    with pytest.raises(ActorError, match="EndpointError: x"):
+        outcome.get(timeout=T)
+    # The owner handled the reply after any failure report from the same proc; it is
+    # alive (it would have escalated, declining), and its handler never ran.
+    assert owner.seen_events.call_one().get(timeout=T) == []
+    assert owner.call_child.call_one("kids", "ping").get(timeout=T) == ("ok", [0, 1])
+    assert not record.exists()
+
+
+def test_nested_actor_error_keeps_the_original_type(make_procs: Callable[..., Any],
+                                                    tmp_path: Path) -> None:
+    """An error relayed through an owner is still ``except ValueError``-able at the client."""
+    procs = make_procs({"gpus": 1}, name="top")
+    owner = procs.spawn("owner", fa.SyncOwner, str(tmp_path / "record.jsonl"))
+    owner.spawn_child.call_one("kids", 1).get(timeout=T)
+    with pytest.raises(ActorError) as info:
+        owner.relay_child.call_one("kids", "raise_error", "deep").get(timeout=T)
+    assert "EndpointError: deep" in str(info.value)
+    assert isinstance(info.value, ValueError), type(info.value).__mro__
+
+
+# -- failures of the actor: broadcast raising, BaseException, __init__ -------------------------
+
+
+def _assert_actor_failed(w: Watched, rank: int, *, mesh: str = "workers-actors") -> \
+        SupervisionEvent:
+    """Exactly one event for `rank`; later calls to it fail; everything else still answers."""
+    (event,) = w.recorder.wait(1)
+    assert event.kind == "exception"
+    assert event.mesh_name == mesh
+    assert dict(event.rank or {}) == {"gpus": rank}
+    assert event.pid == w.pids[rank] and event.actor_id
+    assert event.host == socket.gethostname()
+    assert_names_where(event, mesh, rank, w.pids[rank])
+    with pytest.raises(SupervisionError) as info:
+        w.actors.slice(gpus=rank).ping.call_one().get(timeout=T)
+    assert info.value.event.kind == "exception"
+    with pytest.raises(SupervisionError):
+        w.actors.ping.call().get(timeout=T)
+    other = 1 - rank
+    assert w.actors.slice(gpus=other).ping.call_one().get(timeout=T) == 0
+    # Only the actor failed: its proc (and the probe actor on it) lives on.
+    assert w.probe.ping.call().get(timeout=T).values() == (0, 1)
+    barrier(w.probe)
+    assert len(w.recorder.events) == 1, "the owner must be told once"
+    return event
+
+
+def test_broadcast_that_raises_fails_the_actor(watched: Callable[..., Watched]) -> None:
+    w = watched()
+    w.actors.raise_error.broadcast("nobody to reply to", rank=1)
+    event = _assert_actor_failed(w, 1)
+    assert "broadcast" in event.message and "raise_error" in event.message
+    assert "EndpointError: nobody to reply to" in (event.traceback or "")
+
+
+@pytest.mark.parametrize("kind", ["SystemExit", "KeyboardInterrupt", "FatalError", "async"])
+def test_base_exception_in_endpoint_fails_the_actor(watched: Callable[..., Watched],
+                                                    kind: str) -> None:
+    w = watched()
+    with pytest.raises(SupervisionError) as info:
+        if kind == "async":
+            w.actors.slice(gpus=0).araise_base.call_one().get(timeout=T)
+        else:
+            w.actors.slice(gpus=0).raise_base.call_one(kind).get(timeout=T)
+    assert not isinstance(info.value, ActorError)
+    event = _assert_actor_failed(w, 0)
+    assert info.value.event == event
+    expected = "SystemExit" if kind == "async" else kind
+    assert expected in event.message and expected in str(info.value)
+
+
+@pytest.mark.parametrize("base", [False, True], ids=["Exception", "BaseException"])
+def test_constructor_that_raises_fails_the_actor(watched: Callable[..., Watched],
+                                                 base: bool) -> None:
+    w = watched(fail_in_init=True, fail_on_rank=1, base_in_init=base)
+    with pytest.raises(SupervisionError) as info:
+        w.actors.ping.call().get(timeout=T)
+    assert info.value.event.kind == "exception"
+    event = _assert_actor_failed(w, 1)
+    assert "constructor" in event.message
+    name = "FatalError" if base else "ConstructorError"
+    assert name in event.message and name in (event.traceback or "")
+
+
+# -- the process dies ---------------------------------------------------------------------------
+
+DEATHS = {
+    # how: (endpoint call that kills rank 1 | None: SIGKILL from outside, expected fields)
+    "exit0": (lambda a: a.exit.call(0, rank=1), {"kind": "exit", "exit_code": 0}),
+    "exit3": (lambda a: a.exit.call(3, rank=1), {"kind": "exit", "exit_code": 3}),
+    "sigterm": (lambda a: a.kill_self.call("SIGTERM", rank=1),
+                {"kind": "signal", "signal": "SIGTERM"}),
+    "segfault": (lambda a: a.segfault.call(rank=1), {"kind": "signal", "signal": "SIGSEGV"}),
+    "sigkill_outside": (None, {"kind": "signal", "signal": "SIGKILL"}),
+}
+
+
+@pytest.mark.parametrize("how", list(DEATHS))
+def test_process_death_fails_calls_at_once(watched: Callable[..., Watched], how: str) -> None:
+    w = watched()
+    kill, expected = DEATHS[how]
+    if kill is None:
+        in_flight = w.actors.park.call(T, rank=1)  # only a failure can end it early
+        os.kill(w.pids[1], signal.SIGKILL)
+    else:
+        in_flight = kill(w.actors)
+    # The in-flight call fails as soon as the agent reaps the proc, not after a timeout.
+    with pytest.raises(SupervisionError) as info:
+        in_flight.get(timeout=T / 3)
+    event = info.value.event
+    for field, value in expected.items():
+        assert getattr(event, field) == value, (field, event)
+    assert event.mesh_name == "workers" and dict(event.rank or {}) == {"gpus": 1}
+    assert event.pid == w.pids[1] and event.host == socket.gethostname()
+    assert_names_where(event, "workers", 1, w.pids[1])
+    reason = f"code {expected['exit_code']}" if "exit_code" in expected else expected["signal"]
+    assert reason in str(event)
+    assert str(event) in str(info.value)
+    # Later calls that reach the dead rank fail at once: the future is failed when returned.
+    for later in (w.actors.ping.call(), w.actors.slice(gpus=1).ping.call_one(),
+                  w.probe.slice(gpus=1).ping.call_one()):
+        assert later.done()
+        with pytest.raises(SupervisionError):
+            later.get(timeout=0)
+    # Other ranks and other meshes keep working.
+    assert w.actors.slice(gpus=0).ping.call_one().get(timeout=T) == 0
+    assert w.probe.slice(gpus=0).aping.call_one().get(timeout=T) == 0
+    (reported,) = w.recorder.wait(1)
+    assert reported == event
+    assert not pid_alive(w.pids[1])
+
+
+def test_death_of_an_idle_process_is_reported(watched: Callable[..., Watched]) -> None:
+    w = watched()
+    os.kill(w.pids[0], signal.SIGKILL)
+    (event,) = w.recorder.wait(1)
+    assert (event.kind, event.signal, dict(event.rank or {})) == ("signal", "SIGKILL",
+                                                                  {"gpus": 0})
+    assert w.actors.slice(gpus=0).ping.call_one().done()
+    assert w.actors.slice(gpus=1).ping.call_one().get(timeout=T) == 0
+
+
+def test_actor_mesh_on_failure_hears_of_its_procs_dying(watched: Callable[..., Watched],
+                                                         root_events: list[Any]) -> None:
+    """A handler on an actor mesh is told when one of its actors dies with its proc."""
+    w = watched()
+    w.procs.on_failure(Recorder(decision=False))  # declines: the actor mesh handler decides
+    actor_handler = Recorder()
+    w.actors.on_failure(actor_handler)
+    os.kill(w.pids[1], signal.SIGKILL)
+    wait_until(lambda: actor_handler.events or root_events, what="any handler")
+    root_events.clear()
+    assert [e.kind for e in actor_handler.events] == ["signal"]
+
+
+def test_actor_mesh_handler_comes_before_the_proc_mesh_handler(
+        watched: Callable[..., Watched]) -> None:
+    w = watched()
+    first, second = Recorder(decision=False), Recorder(decision=RuntimeError("broken"))
+    w.actors.on_failure(first)
+    w.probe.on_failure(second)  # another mesh: not consulted
+    w.actors.raise_error.broadcast("x", rank=0)
+    (proc_level,) = w.recorder.wait(1)  # the proc mesh handler takes what the first declined
+    assert first.events == [proc_level]
+    assert second.events == []
+
+
+# -- hangs --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["sigstop", "gil"])
+def test_hung_process_is_killed_and_reported(watched: Callable[..., Watched], how: str) -> None:
+    w = watched(hb=True)
+    if how == "sigstop":
+        in_flight = w.actors.park.call(T, rank=1)
+        os.kill(w.pids[1], signal.SIGSTOP)
+    else:
+        in_flight = w.actors.hold_gil.call(60, rank=1)
+    with pytest.raises(SupervisionError) as info:
+        in_flight.get(timeout=T / 3)
+    event = info.value.event
+    assert event.kind == "hung"
+    assert dict(event.rank or {}) == {"gpus": 1} and event.pid == w.pids[1]
+    assert_names_where(event, "workers", 1, w.pids[1])
+    assert "heartbeat" in str(event)
+    assert w.recorder.wait(1) == [event]
+    wait_gone([w.pids[1]])  # the agent killed it
+    assert w.actors.slice(gpus=0).ping.call_one().get(timeout=T) == 0
+
+
+def test_blocking_sleep_is_not_a_hang(make_procs: Callable[..., Any]) -> None:
+    procs = make_procs({"gpus": 1}, heartbeat_interval_s=0.1, heartbeat_timeout_s=0.5)
+    recorder = Recorder()
+    procs.on_failure(recorder)
+    actors = procs.spawn("sleepy", fa.Fragile)
+    assert actors.sleep.call_one(1.5).get(timeout=T) == "slept"  # three heartbeat timeouts
+    assert actors.ping.call_one().get(timeout=T) == 0
+    assert recorder.events == []
+
+
+# -- stopping is not a failure -------------------------------------------------------------------
+
+
+def test_stopped_actor_mesh_refuses_calls_without_an_event(
+        watched: Callable[..., Watched]) -> None:
+    w = watched()
+    w.actors.stop().get(timeout=T)
+    for adverb in ("call", "call_one"):
+        with pytest.raises(SupervisionError, match="stopped") as info:
+            target = w.actors if adverb == "call" else w.actors.slice(gpus=0)
+            getattr(target.ping, adverb)().get(timeout=T)
+        assert info.value.event.kind == "stopped"
+    assert w.probe.ping.call().get(timeout=T).values() == (0, 1)  # procs untouched
+    barrier(w.probe)
+    assert w.recorder.events == []
+
+
+def test_stopping_a_slice_stops_only_those_actors(watched: Callable[..., Watched]) -> None:
+    w = watched()
+    w.actors.slice(gpus=1).stop().get(timeout=T)
+    with pytest.raises(SupervisionError, match="stopped"):
+        w.actors.slice(gpus=1).ping.call_one().get(timeout=T)
+    assert w.actors.slice(gpus=0).ping.call_one().get(timeout=T) == 0
+    barrier(w.probe)
+    assert w.recorder.events == []
+
+
+def test_stopped_proc_mesh_refuses_calls_without_an_event(
+        watched: Callable[..., Watched], make_procs: Callable[..., Any]) -> None:
+    w = watched()
+    other = make_procs({"gpus": 1}, name="bystander")
+    bystander = other.spawn("bystander", fa.Fragile)
+    w.procs.stop().get(timeout=T)
+    wait_gone(w.pids)
+    for future in (w.actors.ping.call(), w.probe.slice(gpus=1).ping.call_one()):
+        with pytest.raises(SupervisionError, match="stopped") as info:
+            future.get(timeout=T)
+        assert info.value.event.kind == "stopped"
+    barrier(bystander)
+    assert w.recorder.events == []
+
+
+# -- owner actors and __supervise__ ----------------------------------------------------------
+
+
+def _owner(make_procs: Callable[..., Any], tmp_path: Path, decision: str = "handle",
+           cls: type = fa.SyncOwner) -> tuple[Any, Any, Recorder]:
+    procs = make_procs({"gpus": 1}, name="top")
+    recorder = Recorder()
+    procs.on_failure(recorder)
+    owner = procs.spawn("owner", cls, str(tmp_path / "record.jsonl"), decision)
+    return procs, owner, recorder
+
+
+@pytest.mark.parametrize("cls", [fa.SyncOwner, fa.AsyncOwner], ids=["sync", "async"])
+def test_owner_handles_each_failed_rank_once(make_procs: Callable[..., Any], tmp_path: Path,
+                                             cls: type) -> None:
+    _, owner, recorder = _owner(make_procs, tmp_path, "handle", cls)
+    owner.spawn_child.call_one("kids", 2).get(timeout=T)
+    owner.broadcast_child.call_one("kids", "raise_error", "both ranks").get(timeout=T)
+    wait_until(lambda: len(owner.seen_events.call_one().get(timeout=T)) >= 2)
+    # Later calls to the failed child raise, but no new event is made.
+    result = owner.call_child.call_one("kids", "ping").get(timeout=T)
+    assert result[:2] == ("SupervisionError", "exception")
+    seen = owner.seen_events.call_one().get(timeout=T)
+    assert sorted(dict(e.rank)["gpus"] for e in seen) == [0, 1]
+    assert {e.kind for e in seen} == {"exception"} and {e.mesh_name for e in seen} == {"kids"}
+    assert all("EndpointError: both ranks" in (e.traceback or "") for e in seen)
+    assert recorder.events == []  # handled: nothing reaches the client
+
+
+def test_owner_is_told_when_a_child_constructor_raises(make_procs: Callable[..., Any],
+                                                       tmp_path: Path) -> None:
+    _, owner, _ = _owner(make_procs, tmp_path)
+    owner.spawn_child.call_one("kids", 2, fa.Fragile, fail_in_init=True,
+                               fail_on_rank=0).get(timeout=T)
+    wait_until(lambda: owner.seen_events.call_one().get(timeout=T) != [])
+    (event,) = owner.seen_events.call_one().get(timeout=T)
+    assert event.kind == "exception" and "constructor" in event.message
+    assert dict(event.rank) == {"gpus": 0}
+
+
+def test_owner_handles_a_child_proc_death(make_procs: Callable[..., Any],
+                                          tmp_path: Path) -> None:
+    _, owner, recorder = _owner(make_procs, tmp_path, "handle", fa.AsyncOwner)
+    pids = owner.spawn_child.call_one("kids", 2).get(timeout=T)
+    os.kill(pids[0], signal.SIGKILL)
+    wait_until(lambda: owner.seen_events.call_one().get(timeout=T) != [])
+    (event,) = owner.seen_events.call_one().get(timeout=T)
+    assert (event.kind, event.signal, event.pid) == ("signal", "SIGKILL", pids[0])
+    assert event.mesh_name == "kids-procs"
+    # The owner lives on and its healthy child still answers.
+    assert owner.call_child.call_one("kids", "ping").get(timeout=T)[0] == "SupervisionError"
+    assert pid_alive(pids[1])
+    assert owner.pid.call_one().get(timeout=T) > 0
+    assert recorder.events == []
+
+
+@pytest.mark.parametrize(("decision", "cls"), [
+    ("ignore", fa.SyncOwner), ("ignore", fa.AsyncOwner), ("raise", fa.SyncOwner),
+    ("raise", fa.AsyncOwner), ("handle", fa.NoHandlerOwner)])
+def test_owner_that_does_not_handle_fails_and_escalates(
+        make_procs: Callable[..., Any], tmp_path: Path, decision: str, cls: type) -> None:
+    _, owner, recorder = _owner(make_procs, tmp_path, decision, cls)
+    owner_pid = owner.pid.call_one().get(timeout=T)
+    pids = owner.spawn_child.call_one("kids", 2).get(timeout=T)
+    os.kill(pids[1], signal.SIGKILL)
+    (event,) = recorder.wait(1)
+    assert event.kind == "escalated" and event.mesh_name == "owner"
+    assert event.pid == owner_pid and dict(event.rank or {}) == {"gpus": 0}
+    child = event.cause
+    assert child is not None and child.cause is None
+    assert (child.kind, child.signal, child.pid) == ("signal", "SIGKILL", pids[1])
+    assert event.root_cause() == child
+    assert "owner" in str(event) and str(owner_pid) in str(event)
+    if decision == "raise":
+        assert "__supervise__ raised RuntimeError" in event.message
+        assert "the handler at level 1 gives up" in event.message
+        assert "gives up" in (event.traceback or "")
+    else:
+        assert "kids-procs" in event.message
+    report = event.report()
+    assert report.index("Root cause:") < report.index("SIGKILL") < report.index(
+        f"Process {owner_pid}")
+    # The failed owner refuses calls, and the procs it spawned are stopped.
+    with pytest.raises(SupervisionError) as info:
+        owner.pid.call_one().get(timeout=T)
+    assert info.value.event.kind == "escalated"
+    wait_gone(pids)
+    assert len(recorder.events) == 1
+
+
+@pytest.mark.parametrize("how", ["actor_mesh", "proc_mesh"])
+def test_stopping_an_owner_stops_what_it_spawned(make_procs: Callable[..., Any],
+                                                 tmp_path: Path, how: str) -> None:
+    procs, owner, recorder = _owner(make_procs, tmp_path)
+    pids = owner.spawn_child.call_one("kids", 2).get(timeout=T)
+    if how == "actor_mesh":
+        owner.stop().get(timeout=T)
+    else:
+        procs.stop().get(timeout=T)
+    wait_gone(pids)
+    assert recorder.events == []
+    assert not (tmp_path / "record.jsonl").exists()  # stopping is no failure
