@@ -7,6 +7,7 @@ Calls made from async code, or from the event loop thread, reply to the runtime'
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 import time
@@ -110,8 +111,9 @@ class ReplyRoutes:
 
 
 def _in_async_code() -> bool:
-    try:
-        sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        return False
-    return True
+    """Whether this thread is running an event loop (asyncio, or trio through sniffio)."""
+    return (
+        asyncio._get_running_loop() is not None
+        or sniffio.current_async_library_cvar.get() is not None
+        or sniffio.thread_local.name is not None
+    )

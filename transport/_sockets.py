@@ -61,6 +61,7 @@ class Inbox:
             raise TransportError(f"cannot listen on {address}: {exc}") from exc
         self.address: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self._ipc_path = address[len("ipc://") :] if address.startswith("ipc://") else None
+        self._poll_items = [(self._socket, zmq.POLLIN)]
 
     def fileno(self) -> int:
         """A file descriptor that becomes readable when messages may be waiting (edge-style)."""
@@ -68,7 +69,7 @@ class Inbox:
 
     def poll(self, timeout_ms: int | None) -> bool:
         """Wait up to `timeout_ms` (None: forever) for a message; True if one is waiting."""
-        return bool(self._socket.poll(timeout_ms, zmq.POLLIN))
+        return bool(zmq.zmq_poll(self._poll_items, -1 if timeout_ms is None else timeout_ms))
 
     def receive_nowait(self) -> Envelope | None:
         """The next valid message, or None when none is waiting. Invalid ones are logged."""
