@@ -18,7 +18,7 @@ from collections import deque
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from supervision import SupervisionError, SupervisionEvent
+from supervision import ActorError, SupervisionError, SupervisionEvent
 
 if TYPE_CHECKING:
     from ._future import Future
@@ -82,7 +82,8 @@ class FailFast:
     def exit_wait(self, future: Future[Any], error: BaseException | None) -> None:
         """The main thread stopped waiting on `future`; deliver what is still owed."""
         self._waiting.remove(future)
-        if isinstance(error, SupervisionError):  # get() raises it: what is owed goes along
+        if isinstance(error, SupervisionError) and not isinstance(error, ActorError):
+            # get() raises it: what is owed goes along
             with self._lock:
                 owed = [e for e in self._undelivered if e != error.event]
                 self._undelivered.clear()

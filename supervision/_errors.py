@@ -82,6 +82,8 @@ class ActorError(Exception):
         kind = type(original) if original is not None else exception_class
         target = _combined_type(kind) if isinstance(kind, type) else cls
         error = target.__new__(target, message)
+        if original is not None and target is not cls:  # e.g. .event of a SupervisionError
+            error.__dict__.update(getattr(original, "__dict__", {}))
         ActorError.__init__(error, message, **fields)
         return error
 

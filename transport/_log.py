@@ -34,7 +34,7 @@ def _make_logger() -> Any:
             colors=False, exception_formatter=structlog.dev.plain_traceback
         )
     return structlog.wrap_logger(
-        structlog.WriteLogger(sys.stderr),
+        _StderrLogger(),
         wrapper_class=structlog.make_filtering_bound_logger(level),
         processors=[
             structlog.processors.add_log_level,
@@ -43,6 +43,21 @@ def _make_logger() -> Any:
         ],
         cache_logger_on_first_use=True,
     )
+
+
+class _StderrLogger:
+    """Writes each record as one line to the current stderr; never raises (a closed or broken
+    stderr must not take supervision down with it)."""
+
+    def msg(self, message: str) -> None:
+        try:
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    log = debug = info = warn = warning = msg
+    err = error = critical = exception = fatal = failure = msg
 
 
 _root: Any = None
