@@ -61,7 +61,12 @@ class HostAgent:
     """Serves one host: spawn, watch, stop, report."""
 
     def __init__(
-        self, forkserver: ForkServerClient, address: str, rundir: str, owner_pid: int | None
+        self,
+        forkserver: ForkServerClient,
+        address: str,
+        rundir: str,
+        owner_pid: int | None,
+        orphan_timeout_s: float = 0.0,
     ) -> None:
         from transport import Inbox, Outbox, get_logger, new_context
 
@@ -76,6 +81,7 @@ class HostAgent:
         self._exited: dict[str, ProcExited] = {}
         self._owner_fd = os.pidfd_open(owner_pid) if owner_pid else None
         self._shutting_down = False
+        self._orphan_timeout_s = orphan_timeout_s
         self.owner_died = False
         self._log = get_logger("mesh.agent", address=address)
 
@@ -97,7 +103,7 @@ class HostAgent:
                     self._log.warning("owner_gone", reason="the client process exited")
                     selector.unregister(key.fd)
                     self.owner_died = True
-                    self._shutdown(grace_s=0.0)
+                    self._shutdown(grace_s=self._orphan_timeout_s)
             self._enforce_deadlines()
             if self._shutting_down and not self._procs:
                 break
@@ -305,6 +311,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rundir", required=True)
     parser.add_argument("--owner-pid", type=int, default=None)
     parser.add_argument(
+        "--orphan-timeout",
+        type=float,
+        default=0.0,
+        help="seconds procs get to stop gracefully once the owner is gone, then SIGKILL",
+    )
+    parser.add_argument(
         "--remove-rundir",
         action="store_true",
         help="remove the run directory if the owner dies without cleaning up",
@@ -312,7 +324,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     forkserver = start_forkserver()
-    agent = HostAgent(forkserver, args.address, args.rundir, args.owner_pid)
+    agent = HostAgent(
+        forkserver, args.address, args.rundir, args.owner_pid, args.orphan_timeout
+    )
     try:
         agent.serve()
     finally:

@@ -25,6 +25,8 @@ from ._runtime import Runtime
 _session: Session | None = None
 _session_lock = threading.Lock()
 AGENT_SHUTDOWN_GRACE_S = 5.0
+#: How long procs may outlive a client that died without cleaning up (then SIGKILL).
+ORPHAN_TIMEOUT_S = float(os.environ.get("MESHVISOR_ORPHAN_TIMEOUT_S", 1.0))
 
 
 class Session:
@@ -72,6 +74,8 @@ class Session:
             "--owner-pid",
             str(os.getpid()),
             "--remove-rundir",
+            "--orphan-timeout",
+            str(ORPHAN_TIMEOUT_S),
         ]
         self._agent_process = subprocess.Popen(command, start_new_session=True, env=_agent_env())
         self._log.info("agent_launched", address=address, pid=self._agent_process.pid)
