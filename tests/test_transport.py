@@ -149,6 +149,35 @@ def test_each_large_buffer_is_its_own_frame() -> None:
     assert_same(got[1:3], value[1:3])
 
 
+def test_large_bytes_in_small_containers_travel_out_of_band() -> None:
+    big = b"q" * OUT_OF_BAND_MIN_BYTES
+    value = {"a": [big, (1, big)], "b": bytearray(big)}
+    payload = Payload.dump(value)
+    # `big` is one object referenced twice: like pickle itself, it travels once
+    assert len(payload.buffers) == 2
+    got = decode(encode(Header(9), payload)).payload.load()
+    assert got == value and type(got["b"]) is bytearray and type(got["a"][1]) is tuple
+
+
+def test_shared_references_and_cycles_survive_next_to_large_bytes() -> None:
+    """Pickle keeps the shape of an object graph (shared sub-objects, cycles); sending large
+    bytes out of band must not change it."""
+    big = b"x" * (2 * OUT_OF_BAND_MIN_BYTES)
+    shared = [big]
+    got = roundtrip([shared, shared])
+    assert got[0] == [big]
+    assert got[0] is got[1], "a list referenced twice arrived as two different lists"
+    cyclic: list[Any] = [big]
+    cyclic.append(cyclic)
+    got = roundtrip(cyclic)
+    assert got[0] == big
+    assert got[1] is got, "a self-referencing list lost its cycle"
+    mapping: dict[str, Any] = {"data": big}
+    mapping["self"] = mapping
+    got = roundtrip(mapping)
+    assert got["self"] is got, "a self-referencing dict lost its cycle"
+
+
 def test_large_memoryview_and_bytearray_roundtrip() -> None:
     data = bytearray(range(256)) * 20
     got = roundtrip({"view": memoryview(data), "array": data})
@@ -185,7 +214,8 @@ TENSORS = {
     "offset view": lambda: torch.arange(4096, dtype=torch.float32)[100:],
     "expanded": lambda: torch.tensor([1.5]).expand(1024),
     "conj": lambda: torch.complex(torch.ones(512), torch.arange(512.0)).conj(),
-    "3d permuted": lambda: torch.arange(4096, dtype=torch.int32).reshape(8, 16, 32).permute(2, 0, 1),
+    "3d permuted": lambda: torch.arange(4096, dtype=torch.int32).reshape(8, 16, 32).permute(
+        2, 0, 1),
 }
 
 
@@ -330,7 +360,7 @@ def test_unknown_header_type_is_named() -> None:
 
 def test_payload_is_decoded_lazily() -> None:
     """A body that cannot be unpickled does not fail decode(), only load()."""
-    envelope = decode(encode(Header(6)) + [b"not a pickle"])
+    envelope = decode([*encode(Header(6)), b"not a pickle"])
     assert envelope.header == Header(6)
     assert envelope.payload is not None
     with pytest.raises(Exception):  # noqa: B017 - pickle raises several types
@@ -548,7 +578,8 @@ def test_fifo_per_sender_1000_messages(ipc_dir: str, zmq_context: zmq.Context[An
     try:
         def send_all(sender: int) -> None:
             for seq in range(count):
-                payload = Payload.dump(b"%d" % seq * (seq % 5 == 0 and 600 or 1))
+                repeat = 600 if seq % 5 == 0 else 1  # some messages carry a buffer frame
+                payload = Payload.dump(b"%d" % seq * repeat)
                 outboxes[sender].send(inbox.address, encode(Header(seq, f"s{sender}"), payload))
 
         threads = [threading.Thread(target=send_all, args=(i,)) for i in range(3)]

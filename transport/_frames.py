@@ -101,12 +101,12 @@ def decode(frames: Sequence[Any], *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES)
     """Decode received frames (bytes or zmq.Frame); raises MalformedMessage when invalid."""
     if not frames:
         raise MalformedMessage("received an empty message")
-    views = [memoryview(f) for f in frames]
-    size = sum(v.nbytes for v in views)
+    first = memoryview(frames[0])
+    buffers = [memoryview(f) for f in frames[1:]] if len(frames) > 1 else []
+    size = first.nbytes + sum(v.nbytes for v in buffers) if buffers else first.nbytes
     if size > max_bytes:
         raise MessageTooLarge(f"received a message of {size} bytes, over the limit of {max_bytes}")
-    first = views[0]
-    if first[: len(MAGIC)] != MAGIC or first.nbytes < _PREFIX:
+    if first.nbytes < _PREFIX or first[: len(MAGIC)] != MAGIC:
         raise MalformedMessage(
             f"received a frame without the meshvisor header (starts with {bytes(first[:8])!r})"
         )
@@ -123,5 +123,5 @@ def decode(frames: Sequence[Any], *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES)
     if type(header) not in _registered:
         raise MalformedMessage(f"received a header of unknown type {type(header).__name__}")
     body = first[_PREFIX + length :]
-    payload = Payload(body, views[1:]) if body.nbytes or len(views) > 1 else None
+    payload = Payload(body, buffers) if body.nbytes or buffers else None
     return Envelope(header, payload)

@@ -51,22 +51,28 @@ def _has_large_bytes(value: Any, depth: int = _LIFT_DEPTH) -> bool:
     return any(_has_large_bytes(item, depth - 1) for item in items)
 
 
-def _lift(value: Any, depth: int = _LIFT_DEPTH) -> Any:
-    """`value` with large bytes/bytearray wrapped as `_OutOfBand` (containers copied only
-    where something was wrapped)."""
+def _lift(value: Any, depth: int = _LIFT_DEPTH, memo: dict[int, Any] | None = None) -> Any:
+    """A copy of `value` with large bytes/bytearray wrapped as `_OutOfBand`, keeping the shape
+    of the object graph (shared sub-objects stay shared, cycles stay cycles)."""
+    memo = {} if memo is None else memo
+    found = memo.get(id(value))
+    if found is not None:
+        return found
     kind = type(value)
     if kind is bytes or kind is bytearray:
-        return _OutOfBand(value) if len(value) >= OUT_OF_BAND_MIN_BYTES else value
-    if depth == 0 or kind not in (tuple, list, dict) or len(value) > _LIFT_MAX_ITEMS:
+        lifted: Any = _OutOfBand(value) if len(value) >= OUT_OF_BAND_MIN_BYTES else value
+    elif depth == 0 or kind not in (tuple, list, dict) or len(value) > _LIFT_MAX_ITEMS:
         return value
-    if kind is dict:
-        items = {k: _lift(v, depth - 1) for k, v in value.items()}
-        changed = any(items[k] is not v for k, v in value.items())
-        return items if changed else value
-    lifted = [_lift(item, depth - 1) for item in value]
-    if all(new is old for new, old in zip(lifted, value)):
-        return value
-    return tuple(lifted) if kind is tuple else lifted
+    elif kind is list:
+        lifted = memo[id(value)] = []
+        lifted.extend(_lift(item, depth - 1, memo) for item in value)
+    elif kind is dict:
+        lifted = memo[id(value)] = {}
+        lifted.update((k, _lift(v, depth - 1, memo)) for k, v in value.items())
+    else:
+        lifted = tuple(_lift(item, depth - 1, memo) for item in value)
+    memo[id(value)] = lifted
+    return lifted
 
 
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
