@@ -10,11 +10,17 @@ from ._events import SupervisionEvent as SupervisionEvent
 from ._hooks import UnhandledFailureHook as UnhandledFailureHook
 from ._hooks import set_unhandled_failure_hook as set_unhandled_failure_hook
 from ._hooks import unhandled_failure_hook as unhandled_failure_hook
+from ._restart import RestartDecision as RestartDecision
+from ._restart import RestartPolicy as RestartPolicy
+from ._restart import RestartTracker as RestartTracker
 
 __all__ = (
     "EVENT_KINDS",
     "ActorError",
     "EventKind",
+    "RestartDecision",
+    "RestartPolicy",
+    "RestartTracker",
     "SupervisionError",
     "SupervisionEvent",
     "UnhandledFailureHook",
@@ -25,6 +31,9 @@ __all__ = (
 )
 
 ActorError.__module__ = __name__
+RestartDecision.__module__ = __name__
+RestartPolicy.__module__ = __name__
+RestartTracker.__module__ = __name__
 SupervisionError.__module__ = __name__
 SupervisionEvent.__module__ = __name__
 escalated.__module__ = __name__
