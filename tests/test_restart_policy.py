@@ -84,7 +84,9 @@ def test_backoff_grows_within_a_burst_and_resets_after_a_quiet_window() -> None:
     size=st.integers(1, 16),
     data=st.data(),
 )
-def test_strategies_pick_the_documented_ranks(strategy: str, size: int, data: st.DataObject) -> None:
+def test_strategies_pick_the_documented_ranks(
+    strategy: str, size: int, data: st.DataObject
+) -> None:
     failed = data.draw(st.integers(0, size - 1))
     ranks = RestartPolicy(strategy=strategy).ranks_to_restart(failed, size)  # type: ignore[arg-type]
     expected = {
