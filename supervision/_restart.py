@@ -65,7 +65,7 @@ class RestartPolicy:
         """The delay before restart number `attempt` (1-based) of a burst."""
         if self.backoff_s == 0:
             return 0.0
-        base = min(self.backoff_max_s, self.backoff_s * 2 ** (attempt - 1))
+        base: float = min(self.backoff_max_s, self.backoff_s * 2.0 ** (attempt - 1))
         return base * (1 + self.jitter * (2 * rng.random() - 1))
 
     def ranks_to_restart(self, failed: int, size: int) -> tuple[int, ...]:
