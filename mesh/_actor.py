@@ -47,10 +47,12 @@ def endpoint(function: F) -> EndpointDef[F]:
 def endpoints_of(cls: type) -> dict[str, EndpointDef[Any]]:
     """Every endpoint of an actor class, by name, including inherited ones."""
     found: dict[str, EndpointDef[Any]] = {}
-    for klass in reversed(cls.__mro__):
+    seen: set[str] = set()
+    for klass in cls.__mro__:  # the most derived definition of a name decides
         for name, value in vars(klass).items():
-            if isinstance(value, EndpointDef):
+            if name not in seen and isinstance(value, EndpointDef):
                 found[name] = value
+            seen.add(name)
     return found
 
 

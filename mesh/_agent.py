@@ -324,9 +324,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     forkserver = start_forkserver()
-    agent = HostAgent(
-        forkserver, args.address, args.rundir, args.owner_pid, args.orphan_timeout
-    )
+    agent = HostAgent(forkserver, args.address, args.rundir, args.owner_pid, args.orphan_timeout)
     try:
         agent.serve()
     finally:

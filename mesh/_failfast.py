@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 FAIL_FAST_SIGNAL = signal.SIGRTMIN + 7
 #: Events already raised in the main thread, so that a late duplicate is not raised again.
 _DELIVERED_MEMORY = 1024
+#: How often the main thread is signalled again while a failure is still owed to it.
+_RESIGNAL_S = 0.05
 
 
 class FailFast:
@@ -69,12 +71,29 @@ class FailFast:
     def _interrupt_main(self) -> None:
         with self._lock:
             self._signal_scheduled = False
+        if not self._owed():
+            return
         if signal.getsignal(FAIL_FAST_SIGNAL) == self._on_signal:
-            signal.pthread_kill(self._main.ident, FAIL_FAST_SIGNAL)  # type: ignore[arg-type]
+            try:
+                signal.pthread_kill(self._main.ident, FAIL_FAST_SIGNAL)  # type: ignore[arg-type]
+            except (ProcessLookupError, OSError):
+                return  # the main thread has finished
+            # A signal that lands just before the main thread enters a blocking call (sleep,
+            # poll) runs its handler only when that call returns: signal again until delivered.
+            try:
+                asyncio.get_running_loop().call_later(_RESIGNAL_S, self._interrupt_main)
+            except RuntimeError:
+                pass
         else:  # no handler of ours: raise at the main thread's next bytecode instead
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(self._main.ident or 0), ctypes.py_object(_PendingFailure)
             )
+
+    def _owed(self) -> bool:
+        """Whether some queued event is not going to be raised by a call being waited on."""
+        with self._lock:
+            waiting = list(self._waiting)
+            return any(not any(f.covers(e) for f in waiting) for e in self._undelivered)
 
     def enter_wait(self, future: Future[Any]) -> None:
         self._waiting.append(future)

@@ -35,6 +35,10 @@ class _Supervise:
     event_owner: str
 
 
+#: How long a message for an actor that is not spawned here (yet) waits for its spawn message.
+EARLY_MESSAGE_WAIT_S = 30.0
+
+
 class HostedActor:
     __slots__ = (
         "actor_id",
@@ -70,6 +74,7 @@ class ActorHost:
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
         self._actors: dict[str, HostedActor] = {}
+        self._early: dict[str, list[Envelope]] = {}  # messages that beat their actor's spawn
         self._points: dict[tuple[tuple[str, ...], tuple[int, ...], int], Point] = {}
         self._log = get_logger("mesh.actor")
 
@@ -83,14 +88,17 @@ class ActorHost:
         if type(header) is SpawnActor:
             actor = HostedActor(header, self._point(header.labels, header.sizes, header.rank))
             self._actors[header.actor_id] = actor
+            actor.mailbox.extend(self._early.pop(header.actor_id, ()))
+            actor.mailbox.appendleft(envelope)
         elif type(header) is _Supervise:
             actor = self._actors[header.event_owner]  # type: ignore[attr-defined]
+            actor.mailbox.append(envelope)
         else:
             actor = self._actors.get(header.actor_id)  # type: ignore[assignment]
             if actor is None:
-                self._reject_unknown(header)
+                self._hold_until_spawned(envelope)
                 return
-        actor.mailbox.append(envelope)
+            actor.mailbox.append(envelope)
         if actor.busy:
             return
         if self._needs_task(actor, actor.mailbox[0]):
@@ -98,6 +106,19 @@ class ActorHost:
             self._runtime.start_task(self._drain_async, actor)
         else:  # also while a sync handler of another actor here waits on this one (nested)
             self._drain_inline(actor)
+
+    def _hold_until_spawned(self, envelope: Envelope) -> None:
+        """A message for an actor not built here yet: its spawn message comes from another
+        sender (the owner), so it may arrive later. Wait for it, but not forever."""
+        actor_id = envelope.header.actor_id
+        waiting = self._early.setdefault(actor_id, [])
+        waiting.append(envelope)
+        if len(waiting) == 1:
+            self._runtime.call_later(EARLY_MESSAGE_WAIT_S, self._give_up_waiting, actor_id)
+
+    def _give_up_waiting(self, actor_id: str) -> None:
+        for envelope in self._early.pop(actor_id, ()):
+            self._reject_unknown(envelope.header)
 
     def supervise(self, actor_id: str, event: SupervisionEvent) -> bool:
         """Let actor `actor_id` decide about the failure of a mesh it owns; False if that
@@ -383,7 +404,8 @@ class ActorHost:
             proc_id=self._runtime.proc_id,
             host=self._runtime.hostname,
             pid=self._runtime.pid,
-            message=f"earlier (no actor {header.actor_id!r} lives on this proc any more)",
+            message=f"earlier, or never spawned here: no actor {header.actor_id!r} arrived on "
+            f"this proc within {EARLY_MESSAGE_WAIT_S:.0f} s",
         )
         self._send_failure(reply_to, header.call_id, header.rank, "stopped", event)
 

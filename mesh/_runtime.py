@@ -172,6 +172,11 @@ class Runtime:
     def on_loop_thread(self) -> bool:
         return threading.get_ident() == self._loop_thread
 
+    def call_later(self, delay_s: float, function: Callable[..., Any], *args: Any) -> None:
+        """Run `function(*args)` on the loop thread after `delay_s` (loop thread only)."""
+        assert self._loop is not None
+        self._loop.call_later(delay_s, function, *args)
+
     def start_task(self, function: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Start a task on the event loop (loop thread only)."""
         self._task_group.start_soon(function, *args)
@@ -256,8 +261,8 @@ class Runtime:
                     continue
                 if sink is not None:
                     peer.calls.add(call_id)
-                if peer.address is None:
-                    peer.queued.append(frames)
+                if peer.address is None:  # copy now: the caller may change its buffers
+                    peer.queued.append([frames[0], *(bytes(memoryview(b)) for b in frames[1:])])
                 else:
                     self.outbox.send(peer.address, frames)
         for index, error in failed:

@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 import anyio
 
-from mesh import Actor, context, current_rank, current_size, endpoint, this_host
+from mesh import Actor, context, current_rank, current_size, endpoint, this_host, this_proc
 
 # -- exception types -------------------------------------------------------------------------
 
@@ -37,6 +38,21 @@ class FinalError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.lock = threading.Lock()
+
+
+def explode_on_load(where: str) -> None:
+    """Used as a pickle reconstructor: unpickling the value raises."""
+    raise RuntimeError(f"this value cannot be unpickled ({where})")
+
+
+class FailsOnLoad:
+    """Pickles fine, but cannot be unpickled."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return explode_on_load, (self.where,)
 
 
 # -- gates: let a test decide when a waiting endpoint may finish -------------------------------
@@ -123,6 +139,21 @@ class Echo(Actor):
         return "not callable remotely"
 
 
+class EchoChild(Echo):
+    """Overrides one endpoint, inherits the others."""
+
+    @endpoint
+    def echo(self, value: Any) -> Any:
+        return ("child", value)
+
+
+class PlainOverride(Echo):
+    """Overrides an inherited endpoint with a plain method: `echo` is no endpoint here."""
+
+    def echo(self, value: Any) -> Any:
+        return ("plain override", value)
+
+
 class Counter(Actor):
     def __init__(self, start: int = 0) -> None:
         self.value = start
@@ -141,6 +172,10 @@ class Counter(Actor):
     @endpoint
     def get(self) -> int:
         return self.value
+
+    @endpoint
+    def pid_of(self) -> int:
+        return os.getpid()
 
     @endpoint
     def fail_after_incr(self) -> int:
@@ -212,6 +247,10 @@ class Unpicklable(Actor):
     @endpoint
     def make_lock(self) -> Any:
         return threading.Lock()
+
+    @endpoint
+    def make_unloadable(self) -> Any:
+        return FailsOnLoad("in the caller")
 
     @endpoint
     def ok(self) -> str:
@@ -321,9 +360,56 @@ class Caller(Actor):
         return "no error"
 
     @endpoint
+    def try_echo(self, target: Any, value: Any) -> tuple[str, Any]:
+        """("ok", values) or ("error", "Type: message"): never raises."""
+        try:
+            return "ok", list(target.echo.call(value).get(timeout=30).values())
+        except Exception as exc:
+            return "error", f"{type(exc).__name__}: {exc}"
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+    @endpoint
     def call_with_timeout(self, target: Any, timeout: float) -> str:
         try:
             target.ping.call_one().get(timeout=timeout)
         except Exception as exc:
             return type(exc).__name__
         return "pong"
+
+
+class Sleeper(Actor):
+    """Endpoints that take a while without being hung."""
+
+    @endpoint
+    def sleep(self, seconds: float) -> str:
+        time.sleep(seconds)  # releases the GIL, like waiting on I/O
+        return "slept"
+
+    @endpoint
+    def spin(self, seconds: float) -> int:
+        deadline, count = time.monotonic() + seconds, 0
+        while time.monotonic() < deadline:  # pure-Python CPU work: the GIL is switched
+            count += 1
+        return count
+
+
+class LocalUser(Actor):
+    """Spawns an actor in its own proc (this_proc) and calls it from its endpoints."""
+
+    def __init__(self) -> None:
+        self.local = this_proc().spawn("local", Counter, 100)
+
+    @endpoint
+    def bump(self) -> int:
+        return self.local.incr.call_one().get(timeout=30)
+
+    @endpoint
+    async def abump(self) -> int:
+        return await self.local.aincr.call_one()
+
+    @endpoint
+    def local_pid(self) -> tuple[int, int]:
+        return os.getpid(), self.local.pid_of.call_one().get(timeout=30)

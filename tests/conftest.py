@@ -65,11 +65,16 @@ def meshvisor_run_dirs() -> list[str]:
 
 @pytest.fixture(scope="session", autouse=True)
 def no_leaks_at_session_end() -> Iterator[None]:
-    """After the whole session: close the client session, then nothing of ours may be left."""
+    """After the whole session: close the client session, then nothing of ours may be left:
+    no agent, fork server or proc process, and no run directory."""
     yield
     import mesh._session
 
-    mesh._session.shutdown_session()
+    shutdown_error: BaseException | None = None
+    try:
+        mesh._session.shutdown_session()
+    except BaseException as exc:  # still look for (and clean up) what it left behind
+        shutdown_error = exc
     owned = [(pid, cmd) for pid, cmd in meshvisor_processes("mesh._agent")
              if f"--owner-pid {os.getpid()}" in cmd]
     leftovers = sorted(set(meshvisor_processes()) | set(owned))
@@ -77,8 +82,8 @@ def no_leaks_at_session_end() -> Iterator[None]:
     for pid, _ in leftovers:  # do not leave them behind for the next run either
         with contextlib.suppress(OSError):
             os.kill(pid, 9)
-    if not leftovers and not dirs:
-        shutil.rmtree(RUN_BASE, ignore_errors=True)
+    shutil.rmtree(RUN_BASE, ignore_errors=True)
+    assert shutdown_error is None, f"closing the client session failed: {shutdown_error!r}"
     assert not leftovers, f"meshvisor processes left behind after the test session: {leftovers}"
     assert not dirs, f"meshvisor run directories left behind after the test session: {dirs}"
 

@@ -4,7 +4,8 @@ Fail-fast raises in the client's main thread, so each scenario runs as its own c
 (`failfast_client.py SCENARIO`). The tests check its exit status, its output (the supervision
 report on stderr, the scenario's RESULT line, that atexit handlers ran) and that no process of
 the job (host agent, fork server, procs) survives it. Every client gets its own
-``XDG_RUNTIME_DIR`` under ``tmp_path``, so the run directory it leaves (or not) is its own.
+``XDG_RUNTIME_DIR`` (a short temporary directory), so the run directory it leaves (or not) is
+its own.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,16 +46,25 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
         time.sleep(0.01)
 
 
-def client_env(tmp_path: Path) -> dict[str, str]:
-    xdg = tmp_path / "xdg"
-    xdg.mkdir(mode=0o700, exist_ok=True)
+@pytest.fixture
+def xdg() -> Iterator[Path]:
+    """The client's own ``XDG_RUNTIME_DIR``: short (ipc socket paths are limited to 107
+    bytes, and pytest's tmp_path is long), private, and removed after the test."""
+    path = Path(tempfile.mkdtemp(prefix="mvf-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def client_env(xdg: Path) -> dict[str, str]:
     env = dict(os.environ, XDG_RUNTIME_DIR=str(xdg))
     env.pop("MESHVISOR_LOG_LEVEL", None)
     return env
 
 
-def run_dirs(tmp_path: Path) -> list[Path]:
-    return sorted((tmp_path / "xdg").glob("meshvisor-*"))
+def run_dirs(xdg: Path) -> list[Path]:
+    return sorted(xdg.glob("meshvisor-*"))
 
 
 class Outcome:
@@ -77,16 +89,15 @@ class Outcome:
                 f"{self.stderr}>")
 
 
-def run_client(tmp_path: Path, *args: str) -> Outcome:
-    proc = subprocess.run([sys.executable, str(SCRIPT), *args], env=client_env(tmp_path),
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-                          cwd=tmp_path)
+def run_client(xdg: Path, *args: str) -> Outcome:
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args], env=client_env(xdg),
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=xdg)
     outcome = Outcome(proc)
     assert outcome.pids, outcome  # the job came up (agent, fork server, procs)
     # Whatever happened, nothing of the job outlives the client, and nothing is left on disk.
     wait_until(lambda: not any(pid_alive(p) for p in outcome.pids), GONE_TIMEOUT_S,
                f"the job's processes {outcome.pids} to exit after the client")
-    assert run_dirs(tmp_path) == []
+    assert run_dirs(xdg) == []
     return outcome
 
 
@@ -115,25 +126,26 @@ def signal_event(event: dict[str, Any], pid: int, signame: str = "SIGKILL") -> N
 # -- caught ---------------------------------------------------------------------------------------
 
 
-def test_blocked_get_raises_the_failure(tmp_path: Path) -> None:
-    outcome = run_client(tmp_path, "blocked_get")
+def test_blocked_get_raises_the_failure(xdg: Path) -> None:
+    outcome = run_client(xdg, "blocked_get")
     assert outcome.returncode == 0, outcome
     result = outcome.result
     assert result is not None, outcome
     signal_event(result["event"], result["pid"])
-    assert result["waited_under_s"] is True  # at once, not after a heartbeat timeout
+    assert result["early"] is True  # at once, not when the wait times out
     assert result["survivor"] == 0
     assert "Supervision report" not in outcome.stderr  # caught: handled, no report
 
 
 @pytest.mark.parametrize("region", ["sleep", "event_wait", "busy", "other_call"])
-def test_failure_interrupts_the_main_thread(tmp_path: Path, region: str) -> None:
+def test_failure_interrupts_the_main_thread(xdg: Path, region: str) -> None:
     """With no call waiting on it, the failure is raised wherever the main thread is; a
     try/except SupervisionError around the region catches it and the program goes on."""
-    outcome = run_client(tmp_path, "interrupt", region)
+    outcome = run_client(xdg, "interrupt", region)
     assert outcome.returncode == 0, outcome
     assert outcome.result is not None, outcome
     assert outcome.result["type"] == "SupervisionError"
+    assert outcome.result["early"] is True, "raised only when the wait ended on its own"
     signal_event(outcome.result["event"], outcome.procs[1])
     assert outcome.result["survivor"] == 0
     assert "Supervision report" not in outcome.stderr
@@ -148,9 +160,9 @@ def test_failure_interrupts_the_main_thread(tmp_path: Path, region: str) -> None
     ("broadcast_raise", ["failed with an exception", '"workers-actors"', "broadcast"]),
     ("hung", ["hung", "heartbeat"]),
 ])
-def test_uncaught_failure_ends_the_program(tmp_path: Path, kind: str,
+def test_uncaught_failure_ends_the_program(xdg: Path, kind: str,
                                            fragments: list[str]) -> None:
-    outcome = run_client(tmp_path, "uncaught", kind)
+    outcome = run_client(xdg, "uncaught", kind)
     assert_reports(outcome, *fragments, "{'gpus': 1}", str(outcome.procs[1]),
                    socket.gethostname())
     assert outcome.result is None  # the sleep never finished
@@ -158,14 +170,14 @@ def test_uncaught_failure_ends_the_program(tmp_path: Path, kind: str,
         assert "EndpointError: nobody hears this" in outcome.stderr
 
 
-def test_uncaught_failure_of_the_awaited_call(tmp_path: Path) -> None:
-    outcome = run_client(tmp_path, "uncaught_in_get")
+def test_uncaught_failure_of_the_awaited_call(xdg: Path) -> None:
+    outcome = run_client(xdg, "uncaught_in_get")
     assert_reports(outcome, "killed by SIGSEGV", "{'gpus': 0}", str(outcome.procs[0]))
     assert "segfault.call_one().get(" in outcome.stderr  # raised by the get() itself
 
 
-def test_escalated_failure_report_shows_the_path(tmp_path: Path) -> None:
-    outcome = run_client(tmp_path, "escalated", str(tmp_path / "record.jsonl"))
+def test_escalated_failure_report_shows_the_path(xdg: Path) -> None:
+    outcome = run_client(xdg, "escalated", str(xdg / "record.jsonl"))
     assert_reports(outcome, "level3", "killed by SIGKILL")
     err = outcome.stderr
     report = err[err.index("Supervision report"):]
@@ -173,15 +185,15 @@ def test_escalated_failure_report_shows_the_path(tmp_path: Path) -> None:
     path = report[report.index("Propagated up the tree:"):]
     assert path.index('"owner2"') < path.index('"owner1"')  # bottom-up, after the root cause
     levels = [json.loads(line)["level"]
-              for line in (tmp_path / "record.jsonl").read_text().splitlines()]
+              for line in (xdg / "record.jsonl").read_text().splitlines()]
     assert levels == [2, 1]  # both owners were asked, once each, bottom-up
 
 
 # -- opting out of fail-fast ------------------------------------------------------------------
 
 
-def test_unhandled_failure_hook_handles(tmp_path: Path) -> None:
-    outcome = run_client(tmp_path, "hook", "handle")
+def test_unhandled_failure_hook_handles(xdg: Path) -> None:
+    outcome = run_client(xdg, "hook", "handle")
     assert outcome.returncode == 0, outcome
     assert outcome.result is not None
     (event,) = outcome.result["events"]
@@ -190,8 +202,8 @@ def test_unhandled_failure_hook_handles(tmp_path: Path) -> None:
     assert "ATEXIT" in outcome.stdout
 
 
-def test_unhandled_failure_hook_that_declines_keeps_fail_fast(tmp_path: Path) -> None:
-    outcome = run_client(tmp_path, "hook", "decline")
+def test_unhandled_failure_hook_that_declines_keeps_fail_fast(xdg: Path) -> None:
+    outcome = run_client(xdg, "hook", "decline")
     hooked = [line for line in outcome.stdout.splitlines() if line.startswith("HOOK ")]
     assert len(hooked) == 1, outcome
     signal_event(json.loads(hooked[0][5:]), outcome.procs[1])
@@ -203,9 +215,9 @@ def test_unhandled_failure_hook_that_declines_keeps_fail_fast(tmp_path: Path) ->
     ("ignore", ["mesh:signal", "hook:signal"]),
     ("raise", ["mesh:signal", "hook:signal"]),
 ])
-def test_mesh_handler_decides_before_the_hook(tmp_path: Path, decision: str,
+def test_mesh_handler_decides_before_the_hook(xdg: Path, decision: str,
                                               order: list[str]) -> None:
-    outcome = run_client(tmp_path, "on_failure", decision)
+    outcome = run_client(xdg, "on_failure", decision)
     assert outcome.returncode == 0, outcome
     assert outcome.result == {"order": order, "survivor": 0}  # rank 0 of its slice
     if decision == "raise":  # a broken handler is reported, not swallowed
@@ -215,8 +227,8 @@ def test_mesh_handler_decides_before_the_hook(tmp_path: Path, decision: str,
 # -- losing the agent or the client -------------------------------------------------------------
 
 
-def test_agent_loss_makes_its_procs_unreachable(tmp_path: Path) -> None:
-    outcome = run_client(tmp_path, "agent_killed")
+def test_agent_loss_makes_its_procs_unreachable(xdg: Path) -> None:
+    outcome = run_client(xdg, "agent_killed")
     assert outcome.returncode == 0, outcome
     result = outcome.result
     assert result is not None, outcome
@@ -227,20 +239,24 @@ def test_agent_loss_makes_its_procs_unreachable(tmp_path: Path) -> None:
     assert all(str(result["agent"]) in e["str"] for e in events)
     assert result["later_call"] == "unreachable"
     assert result["respawned"] == [0, 1]  # a new agent serves new procs
+    assert result["early"] is True, "raised only when the wait ended on its own"
 
 
-def test_client_sigkill_takes_the_whole_job_down(tmp_path: Path) -> None:
+def test_client_sigkill_takes_the_whole_job_down(xdg: Path) -> None:
     client = subprocess.Popen([sys.executable, str(SCRIPT), "client_killed"],
-                              env=client_env(tmp_path), cwd=tmp_path, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                              env=client_env(xdg), cwd=xdg, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL)
     try:
         pids = _read_pids(client)
-        assert len(pids) == 4 and all(pid_alive(p) for p in pids)  # agent, server, 2 procs
+        # The host agent, its fork server and the two procs, all up.
+        assert len(pids) == 4, [(p, _cmdline(p)) for p in pids]
+        assert all(pid_alive(p) for p in pids), [(p, pid_alive(p)) for p in pids]
+        assert client.poll() is None  # still sleeping: it is SIGKILL that ends it
         client.kill()
-        client.wait(timeout=RUN_TIMEOUT_S)
+        assert client.wait(timeout=RUN_TIMEOUT_S) == -9
         wait_until(lambda: not any(pid_alive(p) for p in pids), GONE_TIMEOUT_S,
                    f"the job's processes {pids} to exit after the client was SIGKILLed")
-        wait_until(lambda: run_dirs(tmp_path) == [], GONE_TIMEOUT_S,
+        wait_until(lambda: run_dirs(xdg) == [], GONE_TIMEOUT_S,
                    "the run directory to be removed")
     finally:
         if client.poll() is None:
@@ -250,20 +266,33 @@ def test_client_sigkill_takes_the_whole_job_down(tmp_path: Path) -> None:
         client.stdout.close()
 
 
-def _read_pids(client: subprocess.Popen[str]) -> list[int]:
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "(gone)"
+
+
+def _read_pids(client: subprocess.Popen[bytes]) -> list[int]:
+    """The PIDS line of a running client (unbuffered reads: no line may hide in a buffer)."""
     assert client.stdout is not None
+    fd = client.stdout.fileno()
     selector = selectors.DefaultSelector()
-    selector.register(client.stdout, selectors.EVENT_READ)
+    selector.register(fd, selectors.EVENT_READ)
     deadline = time.monotonic() + RUN_TIMEOUT_S
+    received = b""
     try:
         while time.monotonic() < deadline:
             if not selector.select(deadline - time.monotonic()):
                 continue
-            line = client.stdout.readline()
-            if not line:
+            chunk = os.read(fd, 65536)
+            if not chunk:
                 break
-            if line.startswith("PIDS "):
-                return list(json.loads(line[5:]))
+            received += chunk
+            for line in received.decode().splitlines(keepends=True):
+                if line.startswith("PIDS ") and line.endswith("\n"):
+                    return list(json.loads(line[5:]))
     finally:
         selector.close()
-    raise AssertionError(f"the client never printed its pids (exit {client.poll()})")
+    raise AssertionError(f"the client never printed its pids (exit {client.poll()}): "
+                         f"{received!r}")

@@ -7,11 +7,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import actors
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import actors
 from mesh import Extent, Point, ValueMesh
 from mesh._shape import Region
 
@@ -130,9 +130,9 @@ def draw_op(data: Any, model: Model) -> tuple[str, dict[str, Any] | str]:
     if kind == "flatten":
         return kind, data.draw(st.sampled_from(LABELS))
     if kind == "rename":
-        olds = data.draw(st.lists(st.sampled_from(labels + ["zz"]), unique=True, max_size=3))
+        olds = data.draw(st.lists(st.sampled_from([*labels, "zz"]), unique=True, max_size=3))
         return kind, {old: data.draw(st.sampled_from(LABELS)) for old in olds}
-    chosen = data.draw(st.lists(st.sampled_from(labels + ["zz"]), unique=True,
+    chosen = data.draw(st.lists(st.sampled_from([*labels, "zz"]), unique=True,
                                 max_size=len(labels) + 1))
     valid_only = data.draw(st.booleans())
     selection = {}
@@ -264,7 +264,7 @@ def test_value_mesh_item_values_and_iteration(extent: Any, data: Any) -> None:
     with pytest.raises(ValueError):
         vm.item(**coords, zz=0)
     with pytest.raises(ValueError):
-        ValueMesh(ext, values + ["extra"])
+        ValueMesh(ext, [*values, "extra"])
 
 
 # -- extents ------------------------------------------------------------------------------------
@@ -289,7 +289,7 @@ def test_extent_validation() -> None:
 
 def test_error_messages_name_the_problem() -> None:
     region = Region.full(Extent(("hosts", "gpus"), (2, 4)))
-    with pytest.raises(ValueError, match="'nope'.*dimensions"):
+    with pytest.raises(ValueError, match=r"'nope'.*dimensions"):
         region.slice(nope=0)
     with pytest.raises(IndexError, match="index 4 is out of range for dimension 'gpus'"):
         region.slice(gpus=4)

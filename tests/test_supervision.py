@@ -233,7 +233,9 @@ def _assert_actor_failed(w: Watched, rank: int, *, mesh: str = "workers-actors")
         SupervisionEvent:
     """Exactly one event for `rank`; later calls to it fail; everything else still answers."""
     (event,) = w.recorder.wait(1)
-    assert event.kind == "exception"
+    assert isinstance(event, SupervisionEvent)
+    assert event.kind == "exception" and event.cause is None
+    assert event.proc_id and abs(event.time - time.time()) < 60
     assert event.mesh_name == mesh
     assert dict(event.rank or {}) == {"gpus": rank}
     assert event.pid == w.pids[rank] and event.actor_id
@@ -299,6 +301,10 @@ DEATHS = {
     "sigterm": (lambda a: a.kill_self.call("SIGTERM", rank=1),
                 {"kind": "signal", "signal": "SIGTERM"}),
     "segfault": (lambda a: a.segfault.call(rank=1), {"kind": "signal", "signal": "SIGSEGV"}),
+    "sigsegv_self": (lambda a: a.kill_self.call("SIGSEGV", rank=1),
+                     {"kind": "signal", "signal": "SIGSEGV"}),
+    "sigkill_self": (lambda a: a.kill_self.call("SIGKILL", rank=1),
+                     {"kind": "signal", "signal": "SIGKILL"}),
     "sigkill_outside": (None, {"kind": "signal", "signal": "SIGKILL"}),
 }
 
@@ -316,6 +322,8 @@ def test_process_death_fails_calls_at_once(watched: Callable[..., Watched], how:
     with pytest.raises(SupervisionError) as info:
         in_flight.get(timeout=T / 3)
     event = info.value.event
+    assert isinstance(event, SupervisionEvent)
+    assert event.proc_id and abs(event.time - time.time()) < 60
     for field, value in expected.items():
         assert getattr(event, field) == value, (field, event)
     assert event.mesh_name == "workers" and dict(event.rank or {}) == {"gpus": 1}
@@ -497,7 +505,8 @@ def test_owner_handles_a_child_proc_death(make_procs: Callable[..., Any],
     (event,) = owner.seen_events.call_one().get(timeout=T)
     assert (event.kind, event.signal, event.pid) == ("signal", "SIGKILL", pids[0])
     assert event.mesh_name == "kids-procs"
-    # The owner lives on and its healthy child still answers.
+    # The owner lives on; a call to the whole child mesh fails at once (rank 0 is gone),
+    # and the other child proc lives on.
     assert owner.call_child.call_one("kids", "ping").get(timeout=T)[0] == "SupervisionError"
     assert pid_alive(pids[1])
     assert owner.pid.call_one().get(timeout=T) > 0

@@ -21,6 +21,8 @@ from ._log import get_logger
 
 #: How often a PUSH socket retries connecting to an address nobody has bound yet.
 RECONNECT_INTERVAL_MS = 5
+#: Longest base directory for ipc sockets, leaving room for the names meshvisor adds.
+_MAX_BASE_DIR_LEN = 40
 
 
 def new_context() -> zmq.Context[Any]:
@@ -31,8 +33,8 @@ def new_context() -> zmq.Context[Any]:
 def private_runtime_dir(prefix: str = "meshvisor-") -> str:
     """Create a directory only this user can enter, for ipc socket files."""
     base = os.environ.get("XDG_RUNTIME_DIR")
-    if not base or not os.access(base, os.W_OK):
-        base = None
+    if not base or not os.access(base, os.W_OK) or len(base) > _MAX_BASE_DIR_LEN:
+        base = None  # the system temp dir: socket paths must stay under ~107 bytes
     path = tempfile.mkdtemp(prefix=prefix, dir=base)
     os.chmod(path, 0o700)
     return path
