@@ -20,6 +20,7 @@ class Context:
     proc_id: str
     host: str
     pid: int
+    restart_count: int = 0  # how many times this actor was rebuilt after a failure
 
 
 _EMPTY_POINT = Point((), Extent((), ()))

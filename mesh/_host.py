@@ -51,6 +51,7 @@ class HostedActor:
         "mesh_name",
         "owner",
         "point",
+        "restart_count",
         "state",
     )
 
@@ -66,6 +67,7 @@ class HostedActor:
         self.state = "starting"
         self.event: SupervisionEvent | None = None
         self.contexts: dict[tuple[tuple[str, ...], tuple[int, ...], int], Context] = {}
+        self.restart_count = header.restart_count
 
 
 class ActorHost:
@@ -431,7 +433,13 @@ class ActorHost:
     def _context(self, actor: HostedActor, point: Point) -> Context:
         runtime = self._runtime
         return Context(
-            actor.actor_id, actor.mesh_name, point, runtime.proc_id, runtime.hostname, runtime.pid
+            actor.actor_id,
+            actor.mesh_name,
+            point,
+            runtime.proc_id,
+            runtime.hostname,
+            runtime.pid,
+            actor.restart_count,
         )
 
     def _event(

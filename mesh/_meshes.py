@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 import secrets
-import sys
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-from supervision import SupervisionError, SupervisionEvent
+from supervision import RestartPolicy, SupervisionError, SupervisionEvent
 from transport import Payload
 
 from ._actor import check_actor_class, resolve_endpoint
@@ -19,15 +18,14 @@ from ._endpoint import EndpointRef
 from ._future import Future, resolved
 from ._messages import (
     CallActor,
-    ProcSpec,
     SpawnActor,
-    SpawnProcs,
     StopActor,
     StopProcs,
     WatchProcs,
 )
 from ._peers import ProcPeer
 from ._replies import ReplyInbox
+from ._restarts import ActorMeshRecord, ProcMeshRecord
 from ._runtime import Runtime
 from ._session import current_session
 from ._shape import Extent, Region
@@ -105,11 +103,13 @@ class HostMesh(MeshBase):
         name: str = "procs",
         heartbeat_interval_s: float | None = None,
         heartbeat_timeout_s: float | None = None,
+        restart: RestartPolicy | None = None,
     ) -> ProcMesh:
         """One new OS process per point of each host times ``per_host``; returns at once.
 
         A proc that sends no heartbeat for `heartbeat_timeout_s` (paused, or stuck holding the
-        GIL) is killed and reported as hung.
+        GIL) is killed and reported as hung. With a `restart` policy, failed ranks are
+        re-spawned on their agents (with their actors) instead of escalating, within its limits.
         """
         interval = heartbeat_interval_s or HEARTBEAT_INTERVAL_S
         timeout = heartbeat_timeout_s or HEARTBEAT_TIMEOUT_S
@@ -133,42 +133,28 @@ class HostMesh(MeshBase):
         ):
             raise TypeError("env must map str to str")
         runtime = current_session().runtime
-        uid = secrets.token_hex(3)
+        key = f"{name}-{secrets.token_hex(3)}"
         owner_actor = context().actor_id
-        peers: list[ProcPeer] = []
-        per_agent: dict[str, list[ProcSpec]] = {}
-        per = extent.nelements // len(self._region)
-        for rank, point in enumerate(extent.points()):
-            agent = self._agents[self._region.ranks[rank // per]]
-            spec = ProcSpec(f"{name}-{uid}-{rank}", name, extent.labels, extent.sizes, rank)
-            peers.append(
-                runtime.add_peer(
-                    ProcPeer(
-                        spec.proc_id,
-                        name,
-                        point,
-                        agent,
-                        mesh_key=f"{name}-{uid}",
-                        owned=True,
-                        owner_actor=owner_actor,
-                    )
+        peers = tuple(
+            runtime.add_peer(
+                ProcPeer(
+                    f"{key}-{rank}",
+                    name,
+                    point,
+                    self._agents[self._region.ranks[rank // (extent.nelements // len(self))]],
+                    mesh_key=key,
+                    owned=True,
+                    owner_actor=owner_actor,
                 )
             )
-            per_agent.setdefault(agent, []).append(spec)
-        for agent, specs in per_agent.items():
-            runtime.send_message(
-                agent,
-                SpawnProcs(
-                    runtime.address,
-                    tuple(specs),
-                    tuple((env or {}).items()),
-                    tuple(sys.path),
-                    os.getcwd(),
-                    interval,
-                    timeout,
-                ),
-            )
-        return ProcMesh(runtime, name, Region.full(extent), tuple(peers))
+            for rank, point in enumerate(extent.points())
+        )
+        record = ProcMeshRecord(
+            key, name, extent, peers, tuple((env or {}).items()), interval, timeout
+        )
+        runtime.restarts.add_proc_mesh(record, restart)
+        runtime.restarts.launch(record, list(range(len(peers))))
+        return ProcMesh(runtime, name, Region.full(extent), peers)
 
     def shutdown(self) -> Future[None]:
         """Stop the host agents of this mesh, and with them every proc they run."""
@@ -246,10 +232,26 @@ class ProcMesh(MeshBase, _Stoppable):
         supervisor.actor_mesh_owners[actor_id] = context().actor_id
         for peer in peers:
             supervisor.actor_meshes_on.setdefault(peer.proc_id, []).append(actor_id)
+        self._runtime.restarts.add_actor_mesh(
+            ActorMeshRecord(actor_id, name, payload, extent, peers, context().actor_id)
+        )
         self._runtime.send_to_procs(messages, payload, None)
         return ActorMesh(
             self._runtime, _ActorMeshState(name, actor_id, actor_class, peers), Region.full(extent)
         )
+
+    def respawn(self) -> Future[None]:
+        """Re-spawn the failed procs of this mesh (and rebuild failed actors) on the agents
+        they ran on: same name, points and constructor arguments; healthy ranks untouched.
+        The future is done when the new procs are up; calls made meanwhile wait for them."""
+        record = self._runtime.restarts.proc_meshes.get(self._peers[0].mesh_key)
+        if record is None:
+            raise ValueError(
+                f"proc mesh {self.name!r} was not spawned by this process, so it "
+                "cannot re-spawn it; ask its owner."
+            )
+        ranks = [record.peers.index(self._peers[base]) for base in self._region.ranks]
+        return self._runtime.restarts.respawn(record, ranks)
 
     def on_failure(self, handler: FailureHandler) -> None:
         """Call `handler(event)` when a proc of this mesh fails; truthy return = handled."""

@@ -92,6 +92,7 @@ class SpawnActor:
     labels: tuple[str, ...]
     sizes: tuple[int, ...]
     rank: int
+    restart_count: int = 0
 
 
 @message_type

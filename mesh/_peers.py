@@ -63,6 +63,12 @@ class ProcPeer:
         if address:
             self.ready.set_result(None)
 
+    def hold(self) -> None:
+        """Start over as a proc being (re)started: calls queue here until it is ready."""
+        self.state, self.address, self.pid, self.event = "starting", None, None, None
+        self.ready = Future(description=f"the start of proc {self.proc_id}")
+        self.gone = Future(description=f"the end of proc {self.proc_id}")
+
     @property
     def alive(self) -> bool:
         return self.state in ("starting", "ready")

@@ -49,6 +49,7 @@ from ._messages import (
 )
 from ._peers import ProcPeer
 from ._replies import ReplyInbox, ReplyRoutes
+from ._restarts import Restarts
 from ._supervisor import Supervisor
 
 _RECEIVE_BATCH = 256
@@ -74,7 +75,9 @@ class Runtime:
         self.peers: dict[str, ProcPeer] = {}
         self.calls: dict[int, PendingCall] = {}
         self.supervisor = Supervisor(self, is_root=is_root)
+        self.restarts = Restarts(self)
         self._stopping_agents: set[str] = set()
+        self.closing = False  # set while the session shuts down: exits are expected then
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._loop_thread: int | None = None
@@ -400,18 +403,25 @@ class Runtime:
                     self._settle(call_id, rank, error=error)
             if pending.home is not None:
                 pending.home.wake()
-        if state == "failed" and peer.owned:
+        if state == "failed" and peer.owned and not self.closing:
+            escalate = self.restarts.on_proc_failure(peer, event)
+            if escalate is None:
+                return  # a restart policy takes care of it
             keys = self.supervisor.handlers_for_proc(peer.proc_id, peer.mesh_key)
-            self.supervisor.handle(event, peer.owner_actor, keys)
+            self.supervisor.handle(escalate, peer.owner_actor, keys)
         elif state == "stopped":
             self._log.info("proc_stopped", proc=peer.proc_id, pid=event.pid)
 
     def _on_actor_failed(self, envelope: Envelope) -> None:
         header: ActorFailed = envelope.header
         event: SupervisionEvent = envelope.payload.load()  # type: ignore[union-attr]
+        escalate = self.restarts.on_actor_failure(header.actor_id, header.rank, event)
+        if escalate is None:
+            return  # a restart policy takes care of it
         peer = self.peers.get(event.proc_id or "")
         keys = (header.actor_id,) + ((peer.mesh_key,) if peer is not None else ())
-        self.supervisor.handle(event, self.supervisor.actor_mesh_owners.get(header.actor_id), keys)
+        owner = self.supervisor.actor_mesh_owners.get(header.actor_id)
+        self.supervisor.handle(escalate, owner, keys)
 
     def watch_agent_process(self, address: str, pid: int) -> None:
         """Report every proc of a local agent as unreachable if that agent process dies."""
@@ -445,6 +455,38 @@ class Runtime:
     def agent_stopping(self, address: str) -> None:
         """The agent at `address` is being shut down on purpose: its exit is no failure."""
         self._stopping_agents.add(address)
+
+    def hold_calls(self, peer: ProcPeer) -> None:
+        """A failed peer will be re-spawned: from now on calls to it wait for the new proc."""
+        with self._lock:
+            peer.hold()
+
+    def rekey_peer(self, peer: ProcPeer, proc_id: str) -> None:
+        """Give `peer` the id of the proc that replaces it (keeping the calls that wait)."""
+        with self._lock:
+            self.peers.pop(peer.proc_id, None)
+            if peer.finished:
+                peer.hold()
+            peer.proc_id = proc_id
+            self.peers[proc_id] = peer
+
+    def stop_peers(self, peers: list[ProcPeer], grace_s: float) -> None:
+        """Stop these procs on purpose (no failure is reported when they exit)."""
+        by_agent: dict[str, list[str]] = {}
+        with self._lock:
+            for peer in peers:
+                if peer.alive and peer.agent is not None:
+                    peer.state = "stopping"
+                    peer.event = SupervisionEvent(
+                        "stopped",
+                        peer.mesh_name,
+                        rank=peer.point,
+                        proc_id=peer.proc_id,
+                        message="to be restarted with its siblings",
+                    )
+                    by_agent.setdefault(peer.agent, []).append(peer.proc_id)
+        for agent, proc_ids in by_agent.items():
+            self.send_message(agent, StopProcs(tuple(proc_ids), grace_s))
 
     def stop_owned_by(self, actor_id: str, grace_s: float = 5.0) -> None:
         """Stop every proc that actor `actor_id` spawned (a mesh never outlives its owner)."""

@@ -102,6 +102,7 @@ class Session:
 
     def close(self) -> None:
         """Tear everything down: agent, event loop, sockets and, in the client, the run dir."""
+        self.runtime.closing = True
         if self.is_client:
             self.shutdown_local_agent()
             self.runtime.stop_loop()

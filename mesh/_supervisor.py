@@ -63,6 +63,10 @@ class Supervisor:
                 "unowned_failure", reason="no actor of this proc owns the mesh", **event.to_dict()
             )
 
+    def forget(self, actor_id: str) -> None:
+        """Failures of `actor_id` seen so far are history: it is being rebuilt."""
+        self._seen = {seen for seen in self._seen if seen[0] != actor_id}
+
     def _run_handler(self, handler: FailureHandler, event: SupervisionEvent) -> bool:
         try:
             return is_handled(handler(event))

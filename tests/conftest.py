@@ -42,6 +42,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "filterwarnings", "ignore:mypy_extensions.TypedDict is deprecated:DeprecationWarning")
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # Also when no test ran (--collect-only, a collection error): leave nothing in /tmp.
+    shutil.rmtree(RUN_BASE, ignore_errors=True)
+
+
 def meshvisor_processes(marker: str = RUN_BASE) -> list[tuple[int, str]]:
     """(pid, cmdline) of live processes running ``mesh._agent`` whose command line names
     `marker` (the agent, its fork server and its procs all share the agent's command line)."""

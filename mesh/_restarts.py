@@ -1,0 +1,248 @@
+"""Re-spawning failed ranks on the agents they ran on, by hand or by a `RestartPolicy`.
+
+A runtime remembers how it built each proc mesh and actor mesh it owns (`ProcMeshRecord`,
+`ActorMeshRecord`), so a failed rank can be built again with the same name, point, agent and
+constructor arguments. The `ProcPeer` objects are reset in place, which is why every mesh
+handle the user holds works again for those ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from supervision import RestartPolicy, RestartTracker, SupervisionEvent
+from transport import Payload, get_logger
+
+from ._future import Future
+from ._messages import ProcSpec, SpawnActor, SpawnProcs
+from ._peers import ProcPeer
+from ._shape import Extent
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+
+@dataclass
+class ActorMeshRecord:
+    """How an actor mesh was built: enough to build any of its ranks again."""
+
+    actor_id: str
+    name: str
+    payload: Payload
+    extent: Extent
+    peers: tuple[ProcPeer, ...]
+    owner_actor: str | None
+    restarts: list[int] = field(default_factory=list)
+    failed: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.restarts = [0] * len(self.peers)
+
+
+@dataclass
+class ProcMeshRecord:
+    """How a proc mesh was built, its restart policy, and the actor meshes living on it."""
+
+    key: str
+    name: str
+    extent: Extent
+    peers: tuple[ProcPeer, ...]
+    env: tuple[tuple[str, str], ...]
+    heartbeat_interval_s: float
+    heartbeat_timeout_s: float
+    tracker: RestartTracker | None = None
+    actor_meshes: list[ActorMeshRecord] = field(default_factory=list)
+    generation: int = 0
+
+
+class Restarts:
+    """The re-spawn machinery of one runtime."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self.proc_meshes: dict[str, ProcMeshRecord] = {}
+        self._by_proc: dict[int, ProcMeshRecord] = {}  # id(peer) -> its proc mesh
+        self.actor_meshes: dict[str, ActorMeshRecord] = {}
+        self._log = get_logger("mesh.restart", proc=runtime.proc_id)
+
+    def add_proc_mesh(self, record: ProcMeshRecord, policy: RestartPolicy | None) -> None:
+        if policy is not None:
+            record.tracker = RestartTracker(policy, len(record.peers))
+        self.proc_meshes[record.key] = record
+        for peer in record.peers:
+            self._by_proc[id(peer)] = record
+
+    def add_actor_mesh(self, record: ActorMeshRecord) -> None:
+        self.actor_meshes[record.actor_id] = record
+        meshes = {
+            id(self._by_proc.get(id(peer))): self._by_proc.get(id(peer)) for peer in record.peers
+        }
+        for proc_mesh in meshes.values():
+            if proc_mesh is not None:
+                proc_mesh.actor_meshes.append(record)
+
+    # -- launching -------------------------------------------------------------------------
+
+    def launch(self, record: ProcMeshRecord, ranks: list[int]) -> Future[None]:
+        """(Re)build the procs at `ranks` of `record`, then the actors that lived on them."""
+        runtime = self._runtime
+        record.generation += 1
+        by_agent: dict[str, list[ProcSpec]] = {}
+        for rank in ranks:
+            peer = record.peers[rank]
+            suffix = f"-r{record.generation - 1}" if record.generation > 1 else ""
+            new_id = f"{record.key}-{rank}{suffix}"
+            runtime.rekey_peer(peer, new_id)
+            spec = ProcSpec(new_id, record.name, record.extent.labels, record.extent.sizes, rank)
+            assert peer.agent is not None
+            by_agent.setdefault(peer.agent, []).append(spec)
+        for agent, specs in by_agent.items():
+            runtime.send_message(
+                agent,
+                SpawnProcs(
+                    runtime.address,
+                    tuple(specs),
+                    record.env,
+                    tuple(sys.path),
+                    os.getcwd(),
+                    record.heartbeat_interval_s,
+                    record.heartbeat_timeout_s,
+                ),
+            )
+        for actors in record.actor_meshes:
+            self._rebuild_actors(
+                actors, [r for r, p in enumerate(actors.peers) if record.peers.index(p) in ranks]
+            )
+        self._log.info("procs_respawned", mesh=record.name, ranks=ranks)
+        return _all_ready([record.peers[r] for r in ranks], runtime)
+
+    def _rebuild_actors(self, actors: ActorMeshRecord, ranks: list[int]) -> None:
+        messages = []
+        self._runtime.supervisor.forget(actors.actor_id)
+        for rank in ranks:
+            actors.restarts[rank] += 1
+            actors.failed.discard(rank)
+            messages.append(
+                (
+                    actors.peers[rank],
+                    SpawnActor(
+                        actors.actor_id,
+                        self._runtime.address,
+                        actors.name,
+                        actors.extent.labels,
+                        actors.extent.sizes,
+                        rank,
+                        actors.restarts[rank],
+                    ),
+                )
+            )
+        self._runtime.send_to_procs(messages, actors.payload, None)
+
+    # -- by hand -----------------------------------------------------------------------------
+
+    def respawn(self, record: ProcMeshRecord, ranks: list[int] | None = None) -> Future[None]:
+        """Re-spawn the failed procs of `record` (or `ranks`) and rebuild failed actors."""
+        dead = [r for r, p in enumerate(record.peers) if p.state == "failed"]
+        targets = dead if ranks is None else [r for r in ranks if r in dead]
+        ready = self.launch(record, targets) if targets else None
+        for actors in record.actor_meshes:  # actors that failed on procs that still run
+            alive = [
+                r
+                for r in sorted(actors.failed)
+                if record.peers.index(actors.peers[r]) not in targets
+            ]
+            if alive:
+                self._rebuild_actors(actors, alive)
+        return ready or _all_ready([], self._runtime)
+
+    # -- by policy -----------------------------------------------------------------------------
+
+    def on_proc_failure(self, peer: ProcPeer, event: SupervisionEvent) -> SupervisionEvent | None:
+        """Apply the proc mesh's policy. None: a restart is under way (the failure is handled);
+        otherwise the event to escalate."""
+        record = self._by_proc.get(id(peer))
+        if record is None or record.tracker is None:
+            return event
+        rank = record.peers.index(peer)
+        decision = record.tracker.on_failure(
+            rank, clean_exit=event.kind == "exit" and event.exit_code == 0
+        )
+        if decision.escalate:
+            return dataclasses.replace(
+                event, message=_joined(event.message, f"not restarted: {decision.reason}")
+            )
+        self._log.info(
+            "restart_scheduled",
+            mesh=record.name,
+            ranks=list(decision.ranks),
+            delay_s=decision.delay_s,
+            attempt=decision.attempt,
+        )
+        for other in decision.ranks:  # calls made meanwhile wait for the new proc
+            self._runtime.hold_calls(record.peers[other])
+        self._runtime.call_later(decision.delay_s, self._restart, record, list(decision.ranks))
+        return None
+
+    def on_actor_failure(
+        self, actor_id: str, rank: int, event: SupervisionEvent
+    ) -> SupervisionEvent | None:
+        """An actor failed on a proc that still runs: rebuild it there if a policy says so."""
+        actors = self.actor_meshes.get(actor_id)
+        if actors is None:
+            return event
+        actors.failed.add(rank)
+        record = self._by_proc.get(id(actors.peers[rank]))
+        if record is None or record.tracker is None:
+            return event
+        decision = record.tracker.on_failure(record.peers.index(actors.peers[rank]))
+        if decision.escalate:
+            return dataclasses.replace(
+                event, message=_joined(event.message, f"not restarted: {decision.reason}")
+            )
+        self._log.info(
+            "actor_restart_scheduled", mesh=actors.name, rank=rank, delay_s=decision.delay_s
+        )
+        self._runtime.call_later(decision.delay_s, self._rebuild_actors, actors, [rank])
+        return None
+
+    def _restart(self, record: ProcMeshRecord, ranks: list[int]) -> None:
+        healthy = [
+            r
+            for r in ranks
+            if record.peers[r].state in ("ready", "holding") and record.peers[r].pid is not None
+        ]
+        if healthy:  # one_for_all / rest_for_one: stop the others first
+            self._runtime.stop_peers([record.peers[r] for r in healthy], grace_s=0.0)
+            pending = [record.peers[r].gone for r in healthy]
+            _all_ready(pending, self._runtime).add_done_callback(
+                lambda _: self._runtime.call_later(0, self.launch, record, ranks)
+            )
+            return
+        self.launch(record, ranks)
+
+
+def _joined(first: str, second: str) -> str:
+    return f"{first}; {second}" if first else second
+
+
+def _all_ready(
+    futures_or_peers: list[ProcPeer] | list[Future[None]], runtime: Runtime
+) -> Future[None]:
+    futures = [f.ready if isinstance(f, ProcPeer) else f for f in futures_or_peers]
+    done: Future[None] = Future(runtime, "the re-spawn")
+    left = [len(futures)]
+    if not futures:
+        done.set_result(None)
+
+    def one(_: Future[None]) -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            done.set_result(None)
+
+    for future in futures:
+        future.add_done_callback(one)
+    return done
