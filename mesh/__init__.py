@@ -3,6 +3,7 @@
 from ._actor import Actor as Actor
 from ._actor import EndpointDef as EndpointDef
 from ._actor import endpoint as endpoint
+from ._attach import attach as attach
 from ._context import Context as Context
 from ._context import context as context
 from ._context import current_rank as current_rank
@@ -30,6 +31,7 @@ __all__ = (
     "Point",
     "ProcMesh",
     "ValueMesh",
+    "attach",
     "context",
     "current_rank",
     "current_size",

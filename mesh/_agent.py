@@ -18,12 +18,16 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from transport import private_runtime_dir
+
 # Imported before the fork server is forked, so procs start with them loaded.
 from . import _proc_main  # noqa: F401
 from ._forkserver import ForkServerClient, start_forkserver
 from ._messages import (
     Heartbeat,
+    OwnerAlive,
     ProcExited,
+    ProcReady,
     ProcSpec,
     ShutdownAgent,
     SpawnFailed,
@@ -67,6 +71,7 @@ class HostAgent:
         rundir: str,
         owner_pid: int | None,
         orphan_timeout_s: float = 0.0,
+        owner_timeout_s: float = 3.0,
     ) -> None:
         from transport import Inbox, Outbox, get_logger, new_context
 
@@ -82,6 +87,10 @@ class HostAgent:
         self._owner_fd = os.pidfd_open(owner_pid) if owner_pid else None
         self._shutting_down = False
         self._orphan_timeout_s = orphan_timeout_s
+        self._owner_timeout_s = owner_timeout_s
+        self._owners_seen: dict[str, float] = {}
+        self._shutdown_requested = False
+        self.address = self._inbox.address
         self.owner_died = False
         self._log = get_logger("mesh.agent", address=address)
 
@@ -94,6 +103,8 @@ class HostAgent:
         self._log.info("agent_started", pid=os.getpid())
         while True:
             self._drain_inbox()
+            if self._shutdown_requested and not self._shutting_down:
+                self._shutdown(DEFAULT_GRACE_S)
             if self._shutting_down and not self._procs:
                 break
             for key, _ in selector.select(self._next_timeout()):
@@ -120,6 +131,10 @@ class HostAgent:
                 self._stop(header.proc_ids, header.grace_s)
             elif type(header) is Heartbeat:
                 self._on_heartbeat(header.proc_id)
+            elif type(header) is OwnerAlive:
+                self._on_owner_alive(header.owner)
+            elif type(header) is ProcReady:
+                self._on_proc_ready(header)
             elif type(header) is WatchProcs:
                 self._watch(header)
             elif type(header) is ShutdownAgent:
@@ -135,7 +150,7 @@ class HostAgent:
                     SpawnFailed(spec.proc_id, self._hostname, "the host agent is shutting down"),
                 )
                 continue
-            address = f"ipc://{self._rundir}/{spec.proc_id}"
+            address = self._proc_address(spec.proc_id)
             proc = _Proc(spec, request.owner, address, request.heartbeat_timeout_s)
             proc.heartbeat_due = time.monotonic() + _STARTUP_GRACE_S + request.heartbeat_timeout_s
             self._procs[spec.proc_id] = proc
@@ -173,6 +188,35 @@ class HostAgent:
             else:
                 self._kill(proc)
 
+    def _proc_address(self, proc_id: str) -> str:
+        """Where a new proc listens: next to this agent (ipc), or on its interface (tcp)."""
+        mine = self._inbox.address
+        if mine.startswith("tcp://"):
+            return f"tcp://{mine[len('tcp://') :].rsplit(':', 1)[0]}:*"
+        return f"ipc://{self._rundir}/{proc_id}"
+
+    def _on_proc_ready(self, ready: ProcReady) -> None:
+        proc = self._procs.get(ready.proc_id)
+        if proc is not None:
+            proc.address = ready.address  # a tcp proc picked its port itself
+
+    def _on_owner_alive(self, owner: str) -> None:
+        self._owners_seen[owner] = time.monotonic()
+
+    def _reap_orphans(self, now: float) -> None:
+        """Stop the procs of network owners that stopped sending OwnerAlive."""
+        for owner, seen in list(self._owners_seen.items()):
+            if now - seen > self._owner_timeout_s:
+                del self._owners_seen[owner]
+                orphans = tuple(p.spec.proc_id for p in self._procs.values() if p.owner == owner)
+                self._log.warning(
+                    "owner_gone",
+                    owner=owner,
+                    procs=len(orphans),
+                    reason=f"no sign of life for {self._owner_timeout_s} s",
+                )
+                self._stop(orphans, self._orphan_timeout_s)
+
     def _on_heartbeat(self, proc_id: str) -> None:
         proc = self._procs.get(proc_id)
         if proc is not None:
@@ -185,6 +229,10 @@ class HostAgent:
                 proc.watchers.add(request.watcher)
             elif proc_id in self._exited:
                 self._send(request.watcher, self._exited[proc_id])
+
+    def request_shutdown(self) -> None:
+        """From a signal handler: stop all procs gracefully and exit once they are gone."""
+        self._shutdown_requested = True
 
     def _shutdown(self, grace_s: float) -> None:
         self._shutting_down = True
@@ -261,6 +309,7 @@ class HostAgent:
 
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
+        self._reap_orphans(now)
         for proc in list(self._procs.values()):
             if proc.kill_at is not None and proc.kill_at <= now:
                 self._kill(proc)
@@ -280,6 +329,8 @@ class HostAgent:
             for p in self._procs.values()
             if p.pid is not None or p.kill_at is not None
         ]
+        if self._owners_seen:
+            deadlines.append(min(self._owners_seen.values()) + self._owner_timeout_s)
         return max(0.0, min(deadlines, default=time.monotonic() + 1.0) - time.monotonic())
 
     def _send(self, address: str, header: object) -> None:
@@ -305,16 +356,44 @@ def _coords(sizes: tuple[int, ...], rank: int) -> list[int]:
     return list(reversed(coords))
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m mesh._agent")
-    parser.add_argument("--address", required=True)
-    parser.add_argument("--rundir", required=True)
-    parser.add_argument("--owner-pid", type=int, default=None)
+def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> None:
+    parser = argparse.ArgumentParser(prog=prog, description="Run a meshvisor host agent.")
+    parser.add_argument(
+        "--listen",
+        "--address",
+        dest="address",
+        default="tcp://127.0.0.1:0",
+        help="where to listen: tcp://HOST:PORT (port 0 picks one) or ipc://PATH;"
+        " default tcp://127.0.0.1:0 (loopback only)",
+    )
+    parser.add_argument(
+        "--rundir", default=None, help="private directory for ipc sockets (default: a new one)"
+    )
+    parser.add_argument(
+        "--address-file", default=None, help="write the address actually listened on to this file"
+    )
+    parser.add_argument(
+        "--owner-pid",
+        type=int,
+        default=None,
+        help="local owner process: when it exits, stop everything and exit",
+    )
     parser.add_argument(
         "--orphan-timeout",
         type=float,
         default=0.0,
         help="seconds procs get to stop gracefully once the owner is gone, then SIGKILL",
+    )
+    parser.add_argument(
+        "--owner-timeout",
+        type=float,
+        default=3.0,
+        help="a network owner silent this long is considered gone",
+    )
+    parser.add_argument(
+        "--allocation",
+        default=None,
+        help="add this agent's address to the named allocation (or file)",
     )
     parser.add_argument(
         "--remove-rundir",
@@ -323,8 +402,21 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    rundir = args.rundir or private_runtime_dir("meshvisor-agent-")
+    address = (
+        args.address.replace(":0", ":*") if args.address.startswith("tcp://") else args.address
+    )
     forkserver = start_forkserver()
-    agent = HostAgent(forkserver, args.address, args.rundir, args.owner_pid, args.orphan_timeout)
+    agent = HostAgent(
+        forkserver, address, rundir, args.owner_pid, args.orphan_timeout, args.owner_timeout
+    )
+    signal.signal(signal.SIGTERM, lambda *_: agent.request_shutdown())
+    if args.address_file:
+        _write_atomically(args.address_file, agent.address + "\n")
+    if args.allocation:
+        from ._attach import add_to_allocation
+
+        add_to_allocation(args.allocation, agent.address)
     try:
         agent.serve()
     finally:
@@ -332,9 +424,16 @@ def main(argv: list[str] | None = None) -> None:
             forkserver.socket.close()
         with contextlib.suppress(ChildProcessError):
             os.waitpid(forkserver.pid, 0)
-        if args.remove_rundir and agent.owner_died:  # nobody else is left to clean up
-            shutil.rmtree(args.rundir, ignore_errors=True)
+        if (args.remove_rundir and agent.owner_died) or args.rundir is None:
+            shutil.rmtree(rundir, ignore_errors=True)
     sys.exit(0)
+
+
+def _write_atomically(path: str, text: str) -> None:
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w") as handle:
+        handle.write(text)
+    os.replace(temporary, path)
 
 
 if __name__ == "__main__":

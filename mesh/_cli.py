@@ -13,6 +13,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="meshvisor", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("version", help="print the installed version")
+    commands.add_parser(
+        "agent", help="run a host agent (options: meshvisor agent --help)", add_help=False
+    )
     demo = commands.add_parser("demo", help="run the demo script from examples/")
     demo.add_argument(
         "--script",
@@ -20,11 +23,23 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the script to run (default: examples/demo.py of this checkout)",
     )
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["agent"]:  # the agent parses its own options
+        return _run_agent(argv[1:])
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "version":
         print(metadata.version("meshvisor"))
         return 0
     return _run_demo(args.script)
+
+
+def _run_agent(rest: list[str]) -> int:
+    from ._agent import main as agent_main
+
+    agent_main(rest, prog="meshvisor agent")
+    return 0
 
 
 def _run_demo(script: Path | None) -> int:

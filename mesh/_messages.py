@@ -179,3 +179,12 @@ class WatchProcs:
 
     proc_ids: tuple[str, ...]
     watcher: str
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class OwnerAlive:
+    """Owner → agent, periodically, from clients that attached over the network: the agent
+    stops the owner's procs if these stop coming for longer than its orphan timeout."""
+
+    owner: str

@@ -50,10 +50,9 @@ def run_proc(config: dict[str, Any]) -> int:
     )
     install_session(session)
     log = get_logger("mesh.proc", proc=config["proc_id"])
-    runtime.send_message(
-        config["owner"],
-        ProcReady(config["proc_id"], runtime.address, os.getpid(), runtime.hostname),
-    )
+    ready = ProcReady(config["proc_id"], runtime.address, os.getpid(), runtime.hostname)
+    runtime.send_message(config["owner"], ready)
+    runtime.send_message(config["agent"], ready)  # a tcp proc's port is news to the agent too
     log.info("proc_started", mesh=config["mesh_name"], rank=config["rank"])
     start_heartbeats(runtime, config["agent"], config["proc_id"], config["heartbeat_interval_s"])
     try:

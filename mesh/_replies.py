@@ -92,12 +92,16 @@ class ReplyRoutes:
     def for_current_thread(self) -> ReplyInbox | None:
         """This thread's reply inbox, or None when replies should go to the main inbox."""
         runtime = self._runtime
-        if runtime.on_loop_thread() or runtime.inbox_dir is None or _in_async_code():
+        if runtime.on_loop_thread() or _in_async_code():
             return None
         found: ReplyInbox | None = getattr(self._local, "inbox", None)
-        if found is None:
+        tcp = runtime.tcp_host
+        if found is None or (tcp is not None and not found.address.startswith("tcp://")):
             with self._lock:
-                address = f"ipc://{runtime.inbox_dir}/{runtime.proc_id}-r{next(self._names)}"
+                if tcp is not None:  # reachable from procs on other hosts
+                    address = f"tcp://{tcp}:*"
+                else:
+                    address = f"ipc://{runtime.inbox_dir}/{runtime.proc_id}-r{next(self._names)}"
                 found = ReplyInbox(runtime, address)
                 self._all.append(found)
             self._local.inbox = found

@@ -38,6 +38,7 @@ from ._messages import (
     ActorFailed,
     CallActor,
     Failure,
+    OwnerAlive,
     ProcExited,
     ProcReady,
     Reply,
@@ -53,6 +54,8 @@ from ._restarts import Restarts
 from ._supervisor import Supervisor
 
 _RECEIVE_BATCH = 256
+#: How often an owner that attached to agents over the network tells them it is alive.
+OWNER_ALIVE_INTERVAL_S = 0.5
 
 
 class Runtime:
@@ -70,6 +73,8 @@ class Runtime:
         self.outbox = Outbox(self.zmq_context)
         self.address = self.inbox.address
         self.inbox_dir = os.path.dirname(address[6:]) if address.startswith("ipc://") else None
+        self.tcp_host = _tcp_host(self.address)
+        self._attached_agents: set[str] = set()
         self.replies = ReplyRoutes(self)
         self.host = ActorHost(self)
         self.peers: dict[str, ProcPeer] = {}
@@ -456,6 +461,34 @@ class Runtime:
         """The agent at `address` is being shut down on purpose: its exit is no failure."""
         self._stopping_agents.add(address)
 
+    def listen_on_tcp(self, host: str) -> None:
+        """Also listen on tcp (for procs on other hosts); replies and ownership use it."""
+        if self.tcp_host is None:
+            self.address = self.inbox.listen_also(f"tcp://{host}:*")
+            self.tcp_host = host
+
+    def keep_alive(self, agents: list[str]) -> None:
+        """Tell these agents, periodically, that this owner lives (they reap our procs if
+        it stops: a network owner has no pid they could watch)."""
+        new = set(agents) - self._attached_agents
+        self._attached_agents |= new
+        if new and len(self._attached_agents) == len(new):
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._send_owner_alive)
+
+    def _send_owner_alive(self) -> None:
+        if self.closed.is_set():
+            return
+        for agent in list(self._attached_agents):
+            self.send_message(agent, OwnerAlive(self.address))
+        self.call_later(OWNER_ALIVE_INTERVAL_S, self._send_owner_alive)
+
+    def stop_all_owned(self, grace_s: float) -> None:
+        """Ask the agents to stop every proc this process spawned (at shutdown)."""
+        with self._lock:
+            owned = [p for p in self.peers.values() if p.owned and p.alive]
+        self.stop_peers(owned, grace_s)
+
     def hold_calls(self, peer: ProcPeer) -> None:
         """A failed peer will be re-spawned: from now on calls to it wait for the new proc."""
         with self._lock:
@@ -534,3 +567,10 @@ def _unpickled_or_none(data: bytes | None) -> Any:
         return loads(data)
     except Exception:
         return None
+
+
+def _tcp_host(address: str) -> str | None:
+    """The host part of a tcp address, None for other transports."""
+    if not address.startswith("tcp://"):
+        return None
+    return address[len("tcp://") :].rsplit(":", 1)[0]

@@ -104,6 +104,7 @@ class Session:
         """Tear everything down: agent, event loop, sockets and, in the client, the run dir."""
         self.runtime.closing = True
         if self.is_client:
+            self.runtime.stop_all_owned(grace_s=1.0)  # on attached agents too
             self.shutdown_local_agent()
             self.runtime.stop_loop()
         self.runtime.close()

@@ -65,6 +65,15 @@ class Inbox:
         self._ipc_path = address[len("ipc://") :] if address.startswith("ipc://") else None
         self._poll_items = [(self._socket, zmq.POLLIN)]
 
+    def listen_also(self, address: str) -> str:
+        """Also receive on `address` (e.g. tcp next to ipc); returns the address as bound."""
+        try:
+            self._socket.bind(address)
+        except zmq.ZMQError as exc:
+            raise TransportError(f"cannot listen on {address}: {exc}") from exc
+        bound: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        return bound
+
     def fileno(self) -> int:
         """A file descriptor that becomes readable when messages may be waiting (edge-style)."""
         return int(self._socket.getsockopt(zmq.FD))
