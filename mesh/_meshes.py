@@ -267,6 +267,19 @@ class ProcMesh(MeshBase, _Stoppable):
                     "this_proc() cannot be stopped through its mesh; it is this "
                     "process (or the client) itself."
                 )
+            if peer.alive and self._runtime.restarts.cancel(peer) and peer.pid is None:
+                self._runtime.mark_peer_gone(
+                    peer,
+                    SupervisionEvent(
+                        "stopped",
+                        peer.mesh_name,
+                        rank=dict(peer.point),
+                        proc_id=peer.proc_id,
+                        message="by its owner",
+                    ),
+                    "stopped",
+                )
+                continue
             if peer.alive:
                 peer.state = "stopping"
                 peer.event = SupervisionEvent(

@@ -57,6 +57,7 @@ class ProcMeshRecord:
     tracker: RestartTracker | None = None
     actor_meshes: list[ActorMeshRecord] = field(default_factory=list)
     generation: int = 0
+    restarting: set[int] = field(default_factory=set)
 
 
 class Restarts:
@@ -91,6 +92,7 @@ class Restarts:
         """(Re)build the procs at `ranks` of `record`, then the actors that lived on them."""
         runtime = self._runtime
         record.generation += 1
+        record.restarting.difference_update(ranks)
         by_agent: dict[str, list[ProcSpec]] = {}
         for rank in ranks:
             peer = record.peers[rank]
@@ -149,11 +151,13 @@ class Restarts:
         dead = [r for r, p in enumerate(record.peers) if p.state == "failed"]
         targets = dead if ranks is None else [r for r in ranks if r in dead]
         ready = self.launch(record, targets) if targets else None
+        allowed = set(range(len(record.peers)) if ranks is None else ranks)
         for actors in record.actor_meshes:  # actors that failed on procs that still run
             alive = [
                 r
                 for r in sorted(actors.failed)
-                if record.peers.index(actors.peers[r]) not in targets
+                if record.peers.index(actors.peers[r]) in allowed
+                and record.peers.index(actors.peers[r]) not in targets
             ]
             if alive:
                 self._rebuild_actors(actors, alive)
@@ -168,6 +172,9 @@ class Restarts:
         if record is None or record.tracker is None:
             return event
         rank = record.peers.index(peer)
+        if rank in record.restarting:  # already part of a restart under way
+            self._runtime.hold_calls(peer)
+            return None
         decision = record.tracker.on_failure(
             rank, clean_exit=event.kind == "exit" and event.exit_code == 0
         )
@@ -182,8 +189,8 @@ class Restarts:
             delay_s=decision.delay_s,
             attempt=decision.attempt,
         )
-        for other in decision.ranks:  # calls made meanwhile wait for the new proc
-            self._runtime.hold_calls(record.peers[other])
+        record.restarting.update(decision.ranks)
+        self._runtime.hold_calls(peer)  # calls made meanwhile wait for the new proc
         self._runtime.call_later(decision.delay_s, self._restart, record, list(decision.ranks))
         return None
 
@@ -210,19 +217,36 @@ class Restarts:
         return None
 
     def _restart(self, record: ProcMeshRecord, ranks: list[int]) -> None:
+        ranks = [r for r in ranks if r in record.restarting]  # not stopped meanwhile
+        if not ranks:
+            return
         healthy = [
-            r
-            for r in ranks
-            if record.peers[r].state in ("ready", "holding") and record.peers[r].pid is not None
+            r for r in ranks if record.peers[r].state == "ready" and record.peers[r].pid is not None
         ]
         if healthy:  # one_for_all / rest_for_one: stop the others first
             self._runtime.stop_peers([record.peers[r] for r in healthy], grace_s=0.0)
             pending = [record.peers[r].gone for r in healthy]
             _all_ready(pending, self._runtime).add_done_callback(
-                lambda _: self._runtime.call_later(0, self.launch, record, ranks)
+                lambda _: self._runtime.call_later(0, self._relaunch, record, ranks)
             )
             return
         self.launch(record, ranks)
+
+    def _relaunch(self, record: ProcMeshRecord, ranks: list[int]) -> None:
+        ranks = [r for r in ranks if r in record.restarting]
+        if ranks:
+            self.launch(record, ranks)
+
+    def cancel(self, peer: ProcPeer) -> bool:
+        """`peer` is being stopped: drop a restart pending for it. True if one was."""
+        record = self._by_proc.get(id(peer))
+        if record is None:
+            return False
+        rank = record.peers.index(peer)
+        if rank not in record.restarting:
+            return False
+        record.restarting.discard(rank)
+        return True
 
 
 def _joined(first: str, second: str) -> str:

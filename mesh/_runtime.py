@@ -400,18 +400,20 @@ class Runtime:
         if peer.address:
             self.outbox.forget(peer.address)
         error = SupervisionError(event)
-        peer.ready.set_exception(error)
-        peer.gone.set_result(None)
+        ready, gone = peer.ready, peer.gone
+        escalate: SupervisionEvent | None = None
+        if state == "failed" and peer.owned and not self.closing:
+            # decide (and hold the peer for a restart) before anyone hears of the failure
+            escalate = self.restarts.on_proc_failure(peer, event)
+        ready.set_exception(error)
+        gone.set_result(None)
         for call_id, pending in waiting:
             for rank, target in list(pending.peers.items()):
                 if target is peer:
                     self._settle(call_id, rank, error=error)
             if pending.home is not None:
                 pending.home.wake()
-        if state == "failed" and peer.owned and not self.closing:
-            escalate = self.restarts.on_proc_failure(peer, event)
-            if escalate is None:
-                return  # a restart policy takes care of it
+        if escalate is not None:
             keys = self.supervisor.handlers_for_proc(peer.proc_id, peer.mesh_key)
             self.supervisor.handle(escalate, peer.owner_actor, keys)
         elif state == "stopped":
@@ -500,8 +502,11 @@ class Runtime:
             self.peers.pop(peer.proc_id, None)
             if peer.finished:
                 peer.hold()
-            peer.proc_id = proc_id
+            old_id, peer.proc_id = peer.proc_id, proc_id
             self.peers[proc_id] = peer
+            meshes_on = self.supervisor.actor_meshes_on.pop(old_id, None)
+            if meshes_on is not None:
+                self.supervisor.actor_meshes_on[proc_id] = meshes_on
 
     def stop_peers(self, peers: list[ProcPeer], grace_s: float) -> None:
         """Stop these procs on purpose (no failure is reported when they exit)."""

@@ -1,0 +1,147 @@
+"""Persistent allocations: daemon host agents over tcp on loopback, attached to as hosts.
+
+Each agent here is a real ``python -m mesh._agent`` daemon listening on 127.0.0.1; two of them
+play two hosts. Clients that attach and then die (even by SIGKILL) lose their procs after the
+agents' owner timeout, while the agents stay up for the next client.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import RUN_BASE
+
+from mesh import Actor, attach, current_rank, endpoint
+from supervision import SupervisionError
+
+T = 30.0
+OWNER_TIMEOUT_S = 1.0
+
+
+class Where(Actor):
+    @endpoint
+    def where(self) -> tuple[int, dict[str, int]]:
+        return os.getpid(), dict(current_rank())
+
+
+def _wait_for(condition: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture
+def allocation() -> Iterator[tuple[Path, list[int]]]:
+    """Two daemon agents registered in one allocation file; terminated after the test."""
+    folder = Path(RUN_BASE) / f"alloc-{time.monotonic_ns()}"
+    folder.mkdir()
+    alloc = folder / "hosts"
+    agents = [
+        subprocess.Popen(
+            [sys.executable, "-m", "mesh._agent", "--listen", "tcp://127.0.0.1:0",
+             "--address-file", f"{folder}/agent{i}", "--allocation", str(alloc),
+             "--owner-timeout", str(OWNER_TIMEOUT_S)])
+        for i in range(2)
+    ]
+    try:
+        _wait_for(lambda: alloc.exists() and len(alloc.read_text().split()) == 2, T,
+                  "both agents to join the allocation")
+        yield alloc, [agent.pid for agent in agents]
+    finally:
+        for agent in agents:
+            agent.terminate()
+        for agent in agents:
+            agent.wait(T)
+
+
+def test_two_agents_are_two_hosts(allocation: tuple[Path, list[int]]) -> None:
+    alloc, _ = allocation
+    hosts = attach(str(alloc))
+    assert hosts.sizes == {"hosts": 2}
+    procs = hosts.spawn_procs(per_host={"gpus": 2})
+    try:
+        events = []
+        procs.on_failure(lambda event: events.append(event) or True)
+        where = procs.spawn("where", Where)
+        points = [point for _, point in where.where.call().get(timeout=T).values()]
+        assert points == [{"hosts": h, "gpus": g} for h in range(2) for g in range(2)]
+        victim = where.slice(hosts=1, gpus=0)
+        pid = victim.where.call_one().get(timeout=T)[0]
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(SupervisionError, match="SIGKILL"):
+            _wait_for(lambda: bool(events), T, "the owner to hear of the kill")
+            victim.where.call_one().get(timeout=T)
+        assert events[0].kind == "signal" and dict(events[0].rank) == {"hosts": 1, "gpus": 0}
+        assert where.slice(hosts=0).where.call().get(timeout=T)  # the other host is fine
+    finally:
+        procs.stop().get(timeout=T)
+
+
+CLIENT = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, {tests!r})
+    from mesh import attach
+    from test_allocations import Where
+    procs = attach({alloc!r}).spawn_procs(per_host={{"gpus": 1}})
+    pids = [pid for pid, _ in procs.spawn("w", Where).where.call().get(timeout=30).values()]
+    print("PIDS", *pids, flush=True)
+    time.sleep(60)
+""")
+
+
+def test_allocation_outlives_a_sigkilled_client(
+    allocation: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    alloc, agent_pids = allocation
+    script = tmp_path / "client.py"
+    script.write_text(CLIENT.format(tests=str(Path(__file__).parent), alloc=str(alloc)))
+    client = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = client.stdout.readline()  # type: ignore[union-attr]
+        assert line.startswith("PIDS"), line
+        proc_pids = [int(pid) for pid in line.split()[1:]]
+        assert len(proc_pids) == 2 and all(_alive(pid) for pid in proc_pids)
+        client.kill()
+        client.wait(T)
+        killed_at = time.monotonic()
+        _wait_for(lambda: not any(_alive(pid) for pid in proc_pids), T,
+                  "the dead client's procs to be reaped")
+        assert time.monotonic() - killed_at < OWNER_TIMEOUT_S + 5
+        assert all(_alive(pid) for pid in agent_pids), "the agents must outlive the client"
+    finally:
+        client.kill()
+        client.wait(T)
+        client.stdout.close()  # type: ignore[union-attr]
+    # A new client (this test process) attaches to the same allocation and spawns again.
+    procs = attach(str(alloc)).spawn_procs(per_host={"gpus": 1})
+    try:
+        assert len(procs.spawn("again", Where).where.call().get(timeout=T)) == 2
+    finally:
+        procs.stop().get(timeout=T)
+
+
+def test_attach_explains_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no allocation"):
+        attach(str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="not an agent address"):
+        attach(["localhost:5555"])
+    with pytest.raises(ValueError, match="at least one"):
+        attach([])
