@@ -55,12 +55,14 @@ class ReplyInbox:
         deadline = None if remaining is None else time.monotonic() + remaining
         runtime = self.runtime
         while not future.done():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            # wait first: right after a call, the reply is almost never there yet
+            if not self.inbox.poll(None if left is None else max(1, int(left * 1000))):
+                continue
             envelope = self.inbox.receive_nowait()
             if envelope is None:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return
-                self.inbox.poll(None if left is None else max(1, int(left * 1000)))
                 continue
             kind = type(envelope.header)
             if kind is Reply:

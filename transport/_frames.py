@@ -2,8 +2,9 @@
 
 Wire layout of one message (a zmq multipart message)::
 
-    frame 0   b"MV" + version byte + header length (u32 little-endian) + pickled header
-              (a registered message type) + the payload's pickle body (may be empty)
+    frame 0   b"MV" + version byte + header length (u32 little-endian) + codec byte +
+              the header (a registered message type: marshal of its name and fields when
+              they are plain values, else pickle) + the payload's pickle body (may be empty)
     frame 1.. the payload's out-of-band buffers, one zero-copy frame each
 
 Small messages are therefore a single frame, the cheapest thing zmq can move.
@@ -17,6 +18,7 @@ across hosts is authenticated.)
 from __future__ import annotations
 
 import dataclasses
+import marshal
 import operator
 import os
 import pickle
@@ -28,13 +30,16 @@ from typing import Any, TypeVar
 from . import _serialize
 from ._errors import MalformedMessage, MessageTooLarge
 
-MAGIC = b"MV\x02"
+MAGIC = b"MV\x03"
 _LENGTH = struct.Struct("<I")
-_PREFIX = len(MAGIC) + _LENGTH.size
+_PREFIX = len(MAGIC) + _LENGTH.size + 1
+_MARSHAL, _PICKLE = b"m", b"p"
 DEFAULT_MAX_MESSAGE_BYTES = int(os.environ.get("MESHVISOR_MAX_MESSAGE_BYTES", 1 << 30))
 
 _T = TypeVar("_T", bound=type)
 _registered: set[type] = set()
+_by_name: dict[str, type] = {}
+_fields_of: dict[type, Any] = {}
 
 
 def message_type(cls: _T) -> _T:
@@ -48,8 +53,34 @@ def message_type(cls: _T) -> _T:
         return cls, tuple(getattr(self, name) for name in names)
 
     cls.__reduce__ = reduce  # type: ignore[method-assign,assignment]
+    name = f"{cls.__module__}.{cls.__qualname__}"
     _registered.add(cls)
+    _by_name[name] = cls
+    _fields_of[cls] = lambda header: (name, *reduce(header)[1])
     return cls
+
+
+def _encode_header(header: Any) -> tuple[bytes, bytes]:
+    """(codec, bytes): marshal for headers of plain values, the fast common case."""
+    fields = _fields_of.get(type(header))
+    if fields is not None:
+        try:
+            return _MARSHAL, marshal.dumps(fields(header))
+        except ValueError:  # a field holds something marshal cannot write (nested messages)
+            pass
+    return _PICKLE, pickle.dumps(header, protocol=5)
+
+
+def _decode_header(codec: bytes, data: memoryview) -> Any:
+    if codec == _MARSHAL:
+        values = marshal.loads(data)
+        cls = _by_name.get(values[0]) if type(values) is tuple and values else None
+        if cls is None:
+            raise MalformedMessage(f"received a header of unknown type {values[:1]!r}")
+        return cls(*values[1:])
+    if codec == _PICKLE:
+        return pickle.loads(data)
+    raise MalformedMessage(f"unknown header encoding {codec!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +115,9 @@ def encode(
     header: Any, payload: Payload | None = None, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 ) -> list[Any]:
     """Frames for `header` and `payload`; raises MessageTooLarge past `max_bytes`."""
-    head = pickle.dumps(header, protocol=5)
+    codec, head = _encode_header(header)
     if payload is None:
-        return [MAGIC + _LENGTH.pack(len(head)) + head]
+        return [MAGIC + _LENGTH.pack(len(head)) + codec + head]
     size = payload.nbytes
     if size > max_bytes:
         raise MessageTooLarge(
@@ -94,7 +125,7 @@ def encode(
             f"{max_bytes} bytes; send large data in pieces or raise the limit with "
             "MESHVISOR_MAX_MESSAGE_BYTES."
         )
-    return [MAGIC + _LENGTH.pack(len(head)) + head + payload.body, *payload.buffers]
+    return [MAGIC + _LENGTH.pack(len(head)) + codec + head + payload.body, *payload.buffers]
 
 
 def decode(frames: Sequence[Any], *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
@@ -117,7 +148,9 @@ def decode(frames: Sequence[Any], *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES)
             f"frame holds {first.nbytes - _PREFIX}"
         )
     try:
-        header = pickle.loads(first[_PREFIX : _PREFIX + length])
+        header = _decode_header(first[_PREFIX - 1 : _PREFIX], first[_PREFIX : _PREFIX + length])
+    except MalformedMessage:
+        raise
     except Exception as exc:
         raise MalformedMessage(f"cannot decode a message header: {exc!r}") from exc
     if type(header) not in _registered:
