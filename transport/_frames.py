@@ -71,7 +71,7 @@ def _encode_header(header: Any) -> tuple[bytes, bytes]:
     return _PICKLE, pickle.dumps(header, protocol=5)
 
 
-def _decode_header(codec: bytes, data: memoryview) -> Any:
+def _decode_header(codec: bytes | memoryview, data: memoryview) -> Any:
     if codec == _MARSHAL:
         values = marshal.loads(data)
         cls = _by_name.get(values[0]) if type(values) is tuple and values else None
