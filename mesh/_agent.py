@@ -24,6 +24,7 @@ from transport import private_runtime_dir
 from . import _proc_main  # noqa: F401
 from ._forkserver import ForkServerClient, start_forkserver
 from ._messages import (
+    AgentAlive,
     Heartbeat,
     OwnerAlive,
     ProcExited,
@@ -202,6 +203,7 @@ class HostAgent:
 
     def _on_owner_alive(self, owner: str) -> None:
         self._owners_seen[owner] = time.monotonic()
+        self._send(owner, AgentAlive(self.address))
 
     def _reap_orphans(self, now: float) -> None:
         """Stop the procs of network owners that stopped sending OwnerAlive."""

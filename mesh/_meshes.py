@@ -18,6 +18,7 @@ from ._endpoint import EndpointRef
 from ._future import Future, resolved
 from ._messages import (
     CallActor,
+    ShutdownAgent,
     SpawnActor,
     StopActor,
     StopProcs,
@@ -157,10 +158,15 @@ class HostMesh(MeshBase):
         return ProcMesh(runtime, name, Region.full(extent), peers)
 
     def shutdown(self) -> Future[None]:
-        """Stop the host agents of this mesh, and with them every proc they run."""
+        """Stop the host agents of this mesh, and with them every proc they run (for an
+        attached allocation: the daemons themselves)."""
         session = current_session()
-        if session.is_client:
+        agents = {self._agents[base] for base in self._region.ranks}
+        if session.is_client and session.local_agent in agents:
             session.shutdown_local_agent()
+        for agent in agents - {session.local_agent}:
+            session.runtime.agent_stopping(agent)
+            session.runtime.send_message(agent, ShutdownAgent(DEFAULT_STOP_GRACE_S))
         return resolved(None)
 
     def __repr__(self) -> str:

@@ -188,3 +188,12 @@ class OwnerAlive:
     stops the owner's procs if these stop coming for longer than its orphan timeout."""
 
     owner: str
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class AgentAlive:
+    """Agent → a network owner, in answer to OwnerAlive: the owner declares the agent's procs
+    unreachable when these stop coming (a lost host, a cut link)."""
+
+    agent: str

@@ -36,6 +36,7 @@ from ._future import Future
 from ._host import ActorHost
 from ._messages import (
     ActorFailed,
+    AgentAlive,
     CallActor,
     Failure,
     OwnerAlive,
@@ -56,6 +57,8 @@ from ._supervisor import Supervisor
 _RECEIVE_BATCH = 256
 #: How often an owner that attached to agents over the network tells them it is alive.
 OWNER_ALIVE_INTERVAL_S = 0.5
+#: A network agent silent this long is lost: its procs become "unreachable".
+AGENT_TIMEOUT_S = float(os.environ.get("MESHVISOR_AGENT_TIMEOUT_S", 2.0))
 
 
 class Runtime:
@@ -75,6 +78,7 @@ class Runtime:
         self.inbox_dir = os.path.dirname(address[6:]) if address.startswith("ipc://") else None
         self.tcp_host = _tcp_host(self.address)
         self._attached_agents: set[str] = set()
+        self._agent_heard: dict[str, float] = {}
         self.replies = ReplyRoutes(self)
         self.host = ActorHost(self)
         self.peers: dict[str, ProcPeer] = {}
@@ -103,6 +107,7 @@ class Runtime:
             SpawnFailed: self._on_spawn_failed,
             ActorFailed: self._on_actor_failed,
             StopProc: self._on_stop_proc,
+            AgentAlive: self._on_agent_alive,
         }
 
     # -- the event loop ------------------------------------------------------------------------
@@ -438,23 +443,8 @@ class Runtime:
             assert self._loop is not None
             self._loop.remove_reader(fd)
             os.close(fd)
-            if address in self._stopping_agents:
-                return
-            self._log.error("agent_lost", agent=address, pid=pid)
-            for peer in [p for p in self.peers.values() if p.agent == address and p.alive]:
-                self.mark_peer_gone(
-                    peer,
-                    SupervisionEvent(
-                        "unreachable",
-                        peer.mesh_name,
-                        rank=peer.point,
-                        proc_id=peer.proc_id,
-                        pid=peer.pid,
-                        host=peer.host,
-                        message=f"its host agent (pid {pid}) died",
-                    ),
-                    "failed",
-                )
+            if address not in self._stopping_agents:
+                self._agent_lost(address, f"(pid {pid}) died")
 
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._loop.add_reader, fd, on_exit)
@@ -481,9 +471,32 @@ class Runtime:
     def _send_owner_alive(self) -> None:
         if self.closed.is_set():
             return
+        now = time.monotonic()
         for agent in list(self._attached_agents):
             self.send_message(agent, OwnerAlive(self.address))
+            heard = self._agent_heard.setdefault(agent, now)
+            if now - heard > AGENT_TIMEOUT_S and agent not in self._stopping_agents:
+                self._agent_lost(agent, f"no answer from it for {now - heard:.1f} s")
+                self._agent_heard[agent] = now  # report each silence once
         self.call_later(OWNER_ALIVE_INTERVAL_S, self._send_owner_alive)
+
+    def _on_agent_alive(self, envelope: Envelope) -> None:
+        self._agent_heard[envelope.header.agent] = time.monotonic()
+
+    def _agent_lost(self, agent: str, why: str) -> None:
+        """Every live proc of `agent` failed with kind "unreachable"."""
+        self._log.error("agent_lost", agent=agent, reason=why)
+        for peer in [p for p in self.peers.values() if p.agent == agent and p.alive]:
+            event = SupervisionEvent(
+                "unreachable",
+                peer.mesh_name,
+                rank=peer.point,
+                proc_id=peer.proc_id,
+                pid=peer.pid,
+                host=peer.host,
+                message=f"its host agent {why}",
+            )
+            self.mark_peer_gone(peer, event, "failed")
 
     def stop_all_owned(self, grace_s: float) -> None:
         """Ask the agents to stop every proc this process spawned (at shutdown)."""

@@ -49,6 +49,11 @@ class Session:
         self._log = get_logger("mesh.session")
 
     @property
+    def local_agent(self) -> str | None:
+        """The address of the agent this process started or was started by, if any."""
+        return self._agent
+
+    @property
     def is_client(self) -> bool:
         return self.proc is None
 

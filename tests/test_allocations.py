@@ -8,6 +8,7 @@ agents' owner timeout, while the agents stay up for the next client.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,26 +51,47 @@ def _alive(pid: int) -> bool:
 
 @pytest.fixture
 def allocation() -> Iterator[tuple[Path, list[int]]]:
-    """Two daemon agents registered in one allocation file; terminated after the test."""
+    """Two daemon agents in one allocation file; yields the file and the agents' pids in the
+    file's order (host 0, host 1). The agents are terminated after the test."""
     folder = Path(RUN_BASE) / f"alloc-{time.monotonic_ns()}"
     folder.mkdir()
     alloc = folder / "hosts"
+    for i in range(2):
+        (folder / f"run{i}").mkdir(mode=0o700)
     agents = [
         subprocess.Popen(
-            [sys.executable, "-m", "mesh._agent", "--listen", "tcp://127.0.0.1:0",
-             "--address-file", f"{folder}/agent{i}", "--allocation", str(alloc),
-             "--owner-timeout", str(OWNER_TIMEOUT_S)])
+            [
+                sys.executable,
+                "-m",
+                "mesh._agent",
+                "--listen",
+                "tcp://127.0.0.1:0",
+                "--rundir",
+                str(folder / f"run{i}"),
+                "--address-file",
+                f"{folder}/agent{i}",
+                "--allocation",
+                str(alloc),
+                "--owner-timeout",
+                str(OWNER_TIMEOUT_S),
+            ]
+        )
         for i in range(2)
     ]
     try:
-        _wait_for(lambda: alloc.exists() and len(alloc.read_text().split()) == 2, T,
-                  "both agents to join the allocation")
-        yield alloc, [agent.pid for agent in agents]
+        _wait_for(
+            lambda: alloc.exists() and len(alloc.read_text().split()) == 2,
+            T,
+            "both agents to join the allocation",
+        )
+        pid_of = {(folder / f"agent{i}").read_text().strip(): agents[i].pid for i in range(2)}
+        yield alloc, [pid_of[address] for address in alloc.read_text().split()]
     finally:
         for agent in agents:
             agent.terminate()
         for agent in agents:
             agent.wait(T)
+        shutil.rmtree(folder, ignore_errors=True)  # a killed agent cannot clean up itself
 
 
 def test_two_agents_are_two_hosts(allocation: tuple[Path, list[int]]) -> None:
@@ -122,8 +144,11 @@ def test_allocation_outlives_a_sigkilled_client(
         client.kill()
         client.wait(T)
         killed_at = time.monotonic()
-        _wait_for(lambda: not any(_alive(pid) for pid in proc_pids), T,
-                  "the dead client's procs to be reaped")
+        _wait_for(
+            lambda: not any(_alive(pid) for pid in proc_pids),
+            T,
+            "the dead client's procs to be reaped",
+        )
         assert time.monotonic() - killed_at < OWNER_TIMEOUT_S + 5
         assert all(_alive(pid) for pid in agent_pids), "the agents must outlive the client"
     finally:
@@ -134,6 +159,28 @@ def test_allocation_outlives_a_sigkilled_client(
     procs = attach(str(alloc)).spawn_procs(per_host={"gpus": 1})
     try:
         assert len(procs.spawn("again", Where).where.call().get(timeout=T)) == 2
+    finally:
+        procs.stop().get(timeout=T)
+
+
+def test_a_lost_agent_makes_its_procs_unreachable(allocation: tuple[Path, list[int]]) -> None:
+    """A daemon agent killed outright takes its procs with it; the client notices the
+    silence (no pid to watch across hosts) and reports each rank as unreachable."""
+    alloc, agent_pids = allocation
+    procs = attach(str(alloc)).spawn_procs(per_host={"gpus": 1})
+    try:
+        events = []
+        procs.on_failure(lambda event: events.append(event) or True)
+        where = procs.spawn("where", Where)
+        assert len(where.where.call().get(timeout=T)) == 2
+        os.kill(agent_pids[1], signal.SIGKILL)
+        _wait_for(lambda: bool(events), T, "the lost agent to be noticed")
+        assert [e.kind for e in events] == ["unreachable"]
+        assert dict(events[0].rank) == {"hosts": 1, "gpus": 0}
+        assert "host agent" in str(events[0])
+        with pytest.raises(SupervisionError, match="unreachable"):
+            where.slice(hosts=1).where.call_one().get(timeout=T)
+        assert where.slice(hosts=0).where.call_one().get(timeout=T)  # the other host is fine
     finally:
         procs.stop().get(timeout=T)
 
