@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from transport import private_runtime_dir
+from transport import KEYS_ENV, close_context, configured_keys, private_runtime_dir
 
 # Imported before the fork server is forked, so procs start with them loaded.
 from . import _proc_main  # noqa: F401
@@ -101,9 +101,14 @@ class HostAgent:
         selector.register(self._forkserver.socket, selectors.EVENT_READ, "forkserver")
         if self._owner_fd is not None:
             selector.register(self._owner_fd, selectors.EVENT_READ, "owner")
+        refusals = self._inbox.watch_refusals() if configured_keys() is not None else None
+        if refusals is not None:
+            selector.register(refusals.fileno(), selectors.EVENT_READ, "refusals")
         self._log.info("agent_started", pid=os.getpid())
         while True:
             self._drain_inbox()
+            if refusals is not None:  # edge-triggered like the inbox: drain every time
+                refusals.drain()
             if self._shutdown_requested and not self._shutting_down:
                 self._shutdown(DEFAULT_GRACE_S)
             if self._shutting_down and not self._procs:
@@ -111,6 +116,8 @@ class HostAgent:
             for key, _ in selector.select(self._next_timeout()):
                 if key.data == "forkserver":
                     self._drain_forkserver()
+                elif key.data == "refusals" and refusals is not None:
+                    refusals.drain()
                 elif key.data == "owner":
                     self._log.warning("owner_gone", reason="the client process exited")
                     selector.unregister(key.fd)
@@ -119,6 +126,8 @@ class HostAgent:
             self._enforce_deadlines()
             if self._shutting_down and not self._procs:
                 break
+        if refusals is not None:
+            refusals.close()
         self._close()
 
     # -- requests ------------------------------------------------------------------------------
@@ -347,7 +356,7 @@ class HostAgent:
         self._log.info("agent_stopped")
         self._outbox.close(linger_ms=1000)
         self._inbox.close()
-        self._zmq.term()
+        close_context(self._zmq)
 
 
 def _coords(sizes: tuple[int, ...], rank: int) -> list[int]:
@@ -393,6 +402,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
         help="a network owner silent this long is considered gone",
     )
     parser.add_argument(
+        "--keys",
+        default=None,
+        help="directory of the allocation's CURVE keys (meshvisor keys DIR): authenticate and "
+        "encrypt every connection, refusing peers without them",
+    )
+    parser.add_argument(
         "--allocation",
         default=None,
         help="add this agent's address to the named allocation (or file)",
@@ -403,6 +418,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
         help="remove the run directory if the owner dies without cleaning up",
     )
     args = parser.parse_args(argv)
+    if args.keys:
+        os.environ[KEYS_ENV] = os.path.abspath(args.keys)  # procs inherit it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     rundir = args.rundir or private_runtime_dir("meshvisor-agent-")
     address = (

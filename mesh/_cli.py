@@ -16,6 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser(
         "agent", help="run a host agent (options: meshvisor agent --help)", add_help=False
     )
+    keys = commands.add_parser("keys", help="create CURVE keys for an allocation")
+    keys.add_argument("directory", type=Path, help="where to write them (created private)")
     demo = commands.add_parser("demo", help="run the demo script from examples/")
     demo.add_argument(
         "--script",
@@ -29,6 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "keys":
+        from transport import KEYS_ENV, CurveKeys
+
+        CurveKeys.create(args.directory)
+        print(
+            f"created CURVE keys in {args.directory}; start agents with --keys "
+            f"{args.directory} and clients with {KEYS_ENV}={args.directory}"
+        )
+        return 0
     if args.command == "version":
         print(metadata.version("meshvisor"))
         return 0

@@ -25,6 +25,7 @@ from transport import (
     Outbox,
     Payload,
     TransportError,
+    close_context,
     encode,
     get_logger,
     loads,
@@ -236,7 +237,7 @@ class Runtime:
         self.replies.close()
         self.outbox.close(linger_ms=500)
         self.inbox.close()
-        self.zmq_context.term()
+        close_context(self.zmq_context)
 
     # -- sending -------------------------------------------------------------------------------
 
@@ -476,7 +477,7 @@ class Runtime:
             self.send_message(agent, OwnerAlive(self.address))
             heard = self._agent_heard.setdefault(agent, now)
             if now - heard > AGENT_TIMEOUT_S and agent not in self._stopping_agents:
-                self._agent_lost(agent, f"no answer from it for {now - heard:.1f} s")
+                self._agent_lost(agent, f"at {agent} gave no answer for {now - heard:.1f} s")
                 self._agent_heard[agent] = now  # report each silence once
         self.call_later(OWNER_ALIVE_INTERVAL_S, self._send_owner_alive)
 

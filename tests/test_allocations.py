@@ -192,3 +192,73 @@ def test_attach_explains_bad_input(tmp_path: Path) -> None:
         attach(["localhost:5555"])
     with pytest.raises(ValueError, match="at least one"):
         attach([])
+
+
+KEYED_CLIENT = textwrap.dedent("""
+    from mesh import Actor, attach, endpoint
+
+    class Hello(Actor):
+        @endpoint
+        def hello(self) -> str:
+            return "hello"
+
+    procs = attach([{address!r}]).spawn_procs(per_host={{"gpus": 1}})
+    try:
+        print("RESULT", procs.spawn("hello", Hello).hello.call_one().get(timeout=20))
+    except Exception as error:  # the failure is what the test looks at
+        print("RESULT", type(error).__name__)
+""")
+
+
+def test_curve_keys_admit_members_and_refuse_others(tmp_path: Path) -> None:
+    """An agent started with the allocation's CURVE keys serves clients holding them and
+    refuses, with a logged reason, clients with other keys or none."""
+    keys, others = tmp_path / "keys", tmp_path / "other-keys"
+    for directory in (keys, others):
+        subprocess.run(
+            [sys.executable, "-m", "mesh._cli", "keys", str(directory)],
+            check=True,
+            capture_output=True,
+        )
+    address_file = tmp_path / "address"
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mesh._agent",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--keys",
+            str(keys),
+            "--address-file",
+            str(address_file),
+            "--rundir",
+            str(tmp_path),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for(address_file.exists, T, "the agent to listen")
+        script = tmp_path / "client.py"
+        script.write_text(KEYED_CLIENT.format(address=address_file.read_text().strip()))
+
+        def run(keys_dir: Path | None) -> str:
+            env = {k: v for k, v in os.environ.items() if k != "MESHVISOR_CURVE_KEYS"}
+            if keys_dir is not None:
+                env["MESHVISOR_CURVE_KEYS"] = str(keys_dir)
+            done = subprocess.run(
+                [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60
+            )
+            return next(
+                (line for line in done.stdout.splitlines() if line.startswith("RESULT")),
+                done.stdout + done.stderr,
+            )
+
+        assert run(keys) == "RESULT hello"
+        assert run(others) == "RESULT SupervisionError"  # nothing comes back: unreachable
+        assert run(None) == "RESULT SupervisionError"
+    finally:
+        agent.terminate()
+        _, log = agent.communicate(timeout=T)
+    assert "peer_refused" in log and "CURVE keys" in log, log

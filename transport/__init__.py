@@ -16,16 +16,22 @@ from ._frames import encode as encode
 from ._frames import message_type as message_type
 from ._log import get_logger as get_logger
 from ._log import reset_logging as reset_logging
+from ._security import KEYS_ENV as KEYS_ENV
+from ._security import CurveKeys as CurveKeys
+from ._security import configured_keys as configured_keys
 from ._serialize import dumps as dumps
 from ._serialize import loads as loads
 from ._sockets import Inbox as Inbox
 from ._sockets import Outbox as Outbox
+from ._sockets import close_context as close_context
 from ._sockets import new_context as new_context
 from ._sockets import private_runtime_dir as private_runtime_dir
 from ._sockets import tcp_address as tcp_address
 
 __all__ = (
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "KEYS_ENV",
+    "CurveKeys",
     "Envelope",
     "Inbox",
     "MalformedMessage",
@@ -34,6 +40,8 @@ __all__ = (
     "Payload",
     "SerializationError",
     "TransportError",
+    "close_context",
+    "configured_keys",
     "decode",
     "dumps",
     "encode",

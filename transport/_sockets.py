@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ import zmq
 from ._errors import MalformedMessage, MessageTooLarge, TransportError
 from ._frames import DEFAULT_MAX_MESSAGE_BYTES, Envelope, decode
 from ._log import get_logger
+from ._security import configured_keys, secure_client, secure_server, stop_authenticator
 
 #: How often a PUSH socket retries connecting to an address nobody has bound yet.
 RECONNECT_INTERVAL_MS = 5
@@ -28,6 +30,12 @@ _MAX_BASE_DIR_LEN = 40
 def new_context() -> zmq.Context[Any]:
     """A fresh zmq context for this process (never share one across fork)."""
     return zmq.Context(io_threads=1)
+
+
+def close_context(context: zmq.Context[Any]) -> None:
+    """Terminate a context made by `new_context` (its sockets must be closed)."""
+    stop_authenticator(context)
+    context.term()
 
 
 def private_runtime_dir(prefix: str = "meshvisor-") -> str:
@@ -52,6 +60,9 @@ class Inbox:
         self, context: zmq.Context[Any], address: str, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     ) -> None:
         self._socket = context.socket(zmq.PULL)
+        keys = configured_keys()
+        if keys is not None:
+            secure_server(self._socket, keys)
         self._socket.setsockopt(zmq.RCVHWM, 0)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._max_bytes = max_bytes
@@ -73,6 +84,10 @@ class Inbox:
             raise TransportError(f"cannot listen on {address}: {exc}") from exc
         bound: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         return bound
+
+    def watch_refusals(self) -> RefusalWatch:
+        """Report peers this inbox refuses (failed handshakes: wrong or missing CURVE keys)."""
+        return RefusalWatch(self._socket, self.address)
 
     def fileno(self) -> int:
         """A file descriptor that becomes readable when messages may be waiting (edge-style)."""
@@ -136,6 +151,9 @@ class Outbox:
 
     def _connect(self, address: str) -> zmq.Socket[Any]:
         socket: zmq.Socket[Any] = self._context.socket(zmq.PUSH)
+        keys = configured_keys()
+        if keys is not None:
+            secure_client(socket, keys)
         socket.setsockopt(zmq.SNDHWM, 0)
         socket.setsockopt(zmq.LINGER, 2000)
         socket.setsockopt(zmq.RECONNECT_IVL, RECONNECT_INTERVAL_MS)
@@ -161,3 +179,57 @@ class Outbox:
             sockets, self._sockets = list(self._sockets.values()), {}
         for socket in sockets:
             socket.close(linger=linger_ms)
+
+
+_REFUSAL_LOG_INTERVAL_S = 10.0
+_HANDSHAKE_FAILURES = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+
+
+class RefusalWatch:
+    """Logs, with a reason, every peer whose connection an inbox refused during the handshake
+    (a peer without the allocation's CURVE keys). Poll `fileno()`, then call `drain()`."""
+
+    def __init__(self, socket: zmq.Socket[Any], address: str) -> None:
+        self._monitor = socket.get_monitor_socket(_HANDSHAKE_FAILURES)
+        self._address = address
+        self._log = get_logger("transport.auth")
+        self._logged_at = -_REFUSAL_LOG_INTERVAL_S
+        self._unlogged = 0
+
+    def fileno(self) -> int:
+        return int(self._monitor.getsockopt(zmq.FD))
+
+    def drain(self) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._unlogged += 1
+            now = time.monotonic()
+            if now - self._logged_at < _REFUSAL_LOG_INTERVAL_S:
+                continue  # a refused peer retries every few ms: one line per interval
+            self._log.warning(
+                "peer_refused",
+                inbox=self._address,
+                refusals=self._unlogged,
+                reason=_refusal_reason(event["event"], event["value"]),
+            )
+            self._logged_at, self._unlogged = now, 0
+
+    def close(self) -> None:
+        self._monitor.close(linger=0)
+
+
+def _refusal_reason(event: int, value: int) -> str:
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return f"authentication refused (ZAP status {value}): not this allocation's CURVE key"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        return "the security handshake failed: the peer lacks this allocation's CURVE keys"
+    return f"the security handshake failed (errno {value}): wrong or missing CURVE keys"
