@@ -58,6 +58,8 @@ from ._supervisor import Supervisor
 _RECEIVE_BATCH = 256
 #: How often an owner that attached to agents over the network tells them it is alive.
 OWNER_ALIVE_INTERVAL_S = 0.5
+#: How long calls to a restarting rank wait for it before failing.
+RESTART_WAIT_S = float(os.environ.get("MESHVISOR_RESTART_WAIT_S", 30.0))
 #: A network agent silent this long is lost: its procs become "unreachable".
 AGENT_TIMEOUT_S = float(os.environ.get("MESHVISOR_AGENT_TIMEOUT_S", 2.0))
 
@@ -506,9 +508,25 @@ class Runtime:
         self.stop_peers(owned, grace_s)
 
     def hold_calls(self, peer: ProcPeer) -> None:
-        """A failed peer will be re-spawned: from now on calls to it wait for the new proc."""
+        """A failed peer will be re-spawned: from now on calls to it wait for the new proc,
+        for at most RESTART_WAIT_S."""
         with self._lock:
             peer.hold()
+            ready = peer.ready
+        self.call_later(RESTART_WAIT_S, self._restart_overdue, peer, ready)
+
+    def _restart_overdue(self, peer: ProcPeer, ready: Future[None]) -> None:
+        if peer.ready is not ready or ready.done() or peer.state != "starting":
+            return  # it came back (or failed, or was stopped) in time
+        self.restarts.cancel(peer)
+        event = SupervisionEvent(
+            "spawn_failed",
+            peer.mesh_name,
+            rank=peer.point,
+            proc_id=peer.proc_id,
+            message=f"its restart did not complete within {RESTART_WAIT_S} s",
+        )
+        self.mark_peer_gone(peer, event, "failed")
 
     def rekey_peer(self, peer: ProcPeer, proc_id: str) -> None:
         """Give `peer` the id of the proc that replaces it (keeping the calls that wait)."""

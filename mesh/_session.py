@@ -25,6 +25,8 @@ from ._runtime import Runtime
 _session: Session | None = None
 _session_lock = threading.Lock()
 AGENT_SHUTDOWN_GRACE_S = 5.0
+#: File in a client's run directory naming its pid, so that a later client can tell it is stale.
+OWNER_FILE = "owner.pid"
 #: How long procs may outlive a client that died without cleaning up (then SIGKILL).
 ORPHAN_TIMEOUT_S = float(os.environ.get("MESHVISOR_ORPHAN_TIMEOUT_S", 1.0))
 
@@ -138,12 +140,32 @@ def current_session() -> Session:
     with _session_lock:
         if _session is None:
             rundir = private_runtime_dir()
+            _sweep_stale_run_dirs(os.path.dirname(rundir))
+            with open(os.path.join(rundir, OWNER_FILE), "w") as owner:
+                owner.write(str(os.getpid()))
             runtime = Runtime(f"ipc://{rundir}/client", proc_id="client", is_root=True)
             runtime.start_in_thread()
             FAIL_FAST.install()
             _session = Session(runtime, rundir=rundir)
             atexit.register(_close_client_session)
     return _session
+
+
+def _sweep_stale_run_dirs(base: str) -> None:
+    """Remove run directories of clients that died without cleaning up (killed by SIGKILL
+    with no local agent left to do it)."""
+    for entry in os.scandir(base):
+        if not entry.name.startswith("meshvisor-") or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            with open(os.path.join(entry.path, OWNER_FILE)) as owner:
+                pid = int(owner.read().strip())
+            if entry.stat().st_uid != os.getuid():
+                continue
+        except (OSError, ValueError):
+            continue
+        if not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def current_runtime() -> Runtime:

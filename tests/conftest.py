@@ -39,7 +39,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # plugin touches mypy_extensions.TypedDict while building the report; the resulting
     # DeprecationWarning would turn one failing test into an INTERNALERROR of the whole run.
     config.addinivalue_line(
-        "filterwarnings", "ignore:mypy_extensions.TypedDict is deprecated:DeprecationWarning")
+        "filterwarnings", "ignore:mypy_extensions.TypedDict is deprecated:DeprecationWarning"
+    )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -80,8 +81,11 @@ def no_leaks_at_session_end() -> Iterator[None]:
         mesh._session.shutdown_session()
     except BaseException as exc:  # still look for (and clean up) what it left behind
         shutdown_error = exc
-    owned = [(pid, cmd) for pid, cmd in meshvisor_processes("mesh._agent")
-             if f"--owner-pid {os.getpid()}" in cmd]
+    owned = [
+        (pid, cmd)
+        for pid, cmd in meshvisor_processes("mesh._agent")
+        if f"--owner-pid {os.getpid()}" in cmd
+    ]
     leftovers = sorted(set(meshvisor_processes()) | set(owned))
     dirs = meshvisor_run_dirs()
     for pid, _ in leftovers:  # do not leave them behind for the next run either

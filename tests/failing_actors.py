@@ -51,8 +51,12 @@ def _no_core_dumps() -> None:
 class Fragile(Actor):
     """A leaf actor with one endpoint per way of failing."""
 
-    def __init__(self, fail_in_init: bool = False, fail_on_rank: int | None = None,
-                 base_in_init: bool = False) -> None:
+    def __init__(
+        self,
+        fail_in_init: bool = False,
+        fail_on_rank: int | None = None,
+        base_in_init: bool = False,
+    ) -> None:
         if fail_in_init and _targeted(fail_on_rank):
             if base_in_init:
                 raise FatalError("constructor raised a BaseException")
@@ -165,10 +169,15 @@ def _event_summary(event: SupervisionEvent) -> dict[str, Any]:
     while cause is not None:
         chain.append(cause.kind)
         cause = cause.cause
-    return {"kind": event.kind, "mesh": event.mesh_name,
-            "rank": dict(event.rank) if event.rank is not None else None,
-            "signal": event.signal, "exit_code": event.exit_code, "message": event.message,
-            "chain": chain}
+    return {
+        "kind": event.kind,
+        "mesh": event.mesh_name,
+        "rank": dict(event.rank) if event.rank is not None else None,
+        "signal": event.signal,
+        "exit_code": event.exit_code,
+        "message": event.message,
+        "chain": chain,
+    }
 
 
 class OwnerBase(Actor):
@@ -189,8 +198,9 @@ class OwnerBase(Actor):
 
     def _decide(self, event: SupervisionEvent) -> bool:
         self.seen.append(event)
-        line = json.dumps({"level": self.level, "decision": self.decision,
-                           "event": _event_summary(event)})
+        line = json.dumps(
+            {"level": self.level, "decision": self.decision, "event": _event_summary(event)}
+        )
         with open(self.record, "a") as f:
             f.write(line + "\n")
         if self.decision == "raise":
@@ -200,8 +210,9 @@ class OwnerBase(Actor):
     # -- child meshes -------------------------------------------------------------------------
 
     @endpoint
-    def spawn_child(self, name: str, n: int, actor_class: type = Fragile, *args: Any,
-                    **kwargs: Any) -> list[int]:
+    def spawn_child(
+        self, name: str, n: int, actor_class: type = Fragile, *args: Any, **kwargs: Any
+    ) -> list[int]:
         """Spawn `n` procs and an `actor_class` mesh on them; the procs' pids.
 
         The pids come from a healthy `Fragile` mesh on the same procs ("<name>-probe"), so
@@ -217,8 +228,10 @@ class OwnerBase(Actor):
         """Call `method` on every actor of child `name`; a failure comes back as data."""
         _, child = self.children[name]
         try:
-            return ("ok", list(getattr(child, method).call(*args, **kwargs)
-                               .get(timeout=30).values()))
+            return (
+                "ok",
+                list(getattr(child, method).call(*args, **kwargs).get(timeout=30).values()),
+            )
         except SupervisionError as exc:
             return ("SupervisionError", exc.event.kind, str(exc))
 
@@ -253,19 +266,22 @@ class OwnerBase(Actor):
     # -- chains of owners ---------------------------------------------------------------------
 
     @endpoint
-    def spawn_chain(self, decisions: list[tuple[str, bool]], record: str,
-                    hb: tuple[float, float] | None = None) -> list[int]:
+    def spawn_chain(
+        self, decisions: list[tuple[str, bool]], record: str, hb: tuple[float, float] | None = None
+    ) -> list[int]:
         """Below this owner: one more owner per entry of `decisions` ((decision, async)), then
         one `Fragile` leaf. Returns the pids below this owner, top-down (the leaf last)."""
         interval, timeout = hb or (None, None)
-        procs = this_host().spawn_procs(per_host={"gpus": 1}, name=f"level{self.level + 1}",
-                                        heartbeat_interval_s=interval,
-                                        heartbeat_timeout_s=timeout)
+        procs = this_host().spawn_procs(
+            per_host={"gpus": 1},
+            name=f"level{self.level + 1}",
+            heartbeat_interval_s=interval,
+            heartbeat_timeout_s=timeout,
+        )
         if decisions:
             (decision, is_async), rest = decisions[0], decisions[1:]
             cls = AsyncOwner if is_async else SyncOwner
-            child = procs.spawn(f"owner{self.level + 1}", cls, record, decision,
-                                self.level + 1)
+            child = procs.spawn(f"owner{self.level + 1}", cls, record, decision, self.level + 1)
             self.child_owner = child
             pid = child.pid.call_one().get(timeout=30)
             below = child.spawn_chain.call_one(rest, record, hb).get(timeout=60)

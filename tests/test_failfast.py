@@ -81,22 +81,30 @@ class Outcome:
         found = None
         for line in self.stdout.splitlines():
             if line.startswith(f"{tag} "):
-                found = json.loads(line[len(tag) + 1:])
+                found = json.loads(line[len(tag) + 1 :])
         return found
 
     def __repr__(self) -> str:
-        return (f"<exit {self.returncode}\n--- stdout\n{self.stdout}\n--- stderr\n"
-                f"{self.stderr}>")
+        return f"<exit {self.returncode}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}>"
 
 
 def run_client(xdg: Path, *args: str) -> Outcome:
-    proc = subprocess.run([sys.executable, str(SCRIPT), *args], env=client_env(xdg),
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=xdg)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        env=client_env(xdg),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        cwd=xdg,
+    )
     outcome = Outcome(proc)
     assert outcome.pids, outcome  # the job came up (agent, fork server, procs)
     # Whatever happened, nothing of the job outlives the client, and nothing is left on disk.
-    wait_until(lambda: not any(pid_alive(p) for p in outcome.pids), GONE_TIMEOUT_S,
-               f"the job's processes {outcome.pids} to exit after the client")
+    wait_until(
+        lambda: not any(pid_alive(p) for p in outcome.pids),
+        GONE_TIMEOUT_S,
+        f"the job's processes {outcome.pids} to exit after the client",
+    )
     assert run_dirs(xdg) == []
     return outcome
 
@@ -109,7 +117,7 @@ def assert_reports(outcome: Outcome, *fragments: str) -> None:
     assert "supervision.SupervisionError: " in err, outcome
     assert "Supervision report" in err and "Root cause: " in err, outcome
     assert err.index("Traceback") < err.index("Supervision report") < err.index("Root cause:")
-    root = err[err.index("Root cause: "):].splitlines()[0]
+    root = err[err.index("Root cause: ") :].splitlines()[0]
     for fragment in fragments:
         assert fragment in root, (fragment, root)
     assert "ATEXIT" in outcome.stdout.splitlines(), outcome
@@ -154,17 +162,18 @@ def test_failure_interrupts_the_main_thread(xdg: Path, region: str) -> None:
 # -- uncaught --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("kind", "fragments"), [
-    ("sigkill", ["killed by SIGKILL", '"workers"']),
-    ("exit0", ["exited with code 0", '"workers"']),
-    ("broadcast_raise", ["failed with an exception", '"workers-actors"', "broadcast"]),
-    ("hung", ["hung", "heartbeat"]),
-])
-def test_uncaught_failure_ends_the_program(xdg: Path, kind: str,
-                                           fragments: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("kind", "fragments"),
+    [
+        ("sigkill", ["killed by SIGKILL", '"workers"']),
+        ("exit0", ["exited with code 0", '"workers"']),
+        ("broadcast_raise", ["failed with an exception", '"workers-actors"', "broadcast"]),
+        ("hung", ["hung", "heartbeat"]),
+    ],
+)
+def test_uncaught_failure_ends_the_program(xdg: Path, kind: str, fragments: list[str]) -> None:
     outcome = run_client(xdg, "uncaught", kind)
-    assert_reports(outcome, *fragments, "{'gpus': 1}", str(outcome.procs[1]),
-                   socket.gethostname())
+    assert_reports(outcome, *fragments, "{'gpus': 1}", str(outcome.procs[1]), socket.gethostname())
     assert outcome.result is None  # the sleep never finished
     if kind == "broadcast_raise":  # the remote traceback is part of the report
         assert "EndpointError: nobody hears this" in outcome.stderr
@@ -180,12 +189,11 @@ def test_escalated_failure_report_shows_the_path(xdg: Path) -> None:
     outcome = run_client(xdg, "escalated", str(xdg / "record.jsonl"))
     assert_reports(outcome, "level3", "killed by SIGKILL")
     err = outcome.stderr
-    report = err[err.index("Supervision report"):]
+    report = err[err.index("Supervision report") :]
     assert "Propagated up the tree:" in report
-    path = report[report.index("Propagated up the tree:"):]
+    path = report[report.index("Propagated up the tree:") :]
     assert path.index('"owner2"') < path.index('"owner1"')  # bottom-up, after the root cause
-    levels = [json.loads(line)["level"]
-              for line in (xdg / "record.jsonl").read_text().splitlines()]
+    levels = [json.loads(line)["level"] for line in (xdg / "record.jsonl").read_text().splitlines()]
     assert levels == [2, 1]  # both owners were asked, once each, bottom-up
 
 
@@ -210,13 +218,15 @@ def test_unhandled_failure_hook_that_declines_keeps_fail_fast(xdg: Path) -> None
     assert_reports(outcome, "killed by SIGKILL", str(outcome.procs[1]))
 
 
-@pytest.mark.parametrize(("decision", "order"), [
-    ("handle", ["mesh:signal"]),
-    ("ignore", ["mesh:signal", "hook:signal"]),
-    ("raise", ["mesh:signal", "hook:signal"]),
-])
-def test_mesh_handler_decides_before_the_hook(xdg: Path, decision: str,
-                                              order: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("decision", "order"),
+    [
+        ("handle", ["mesh:signal"]),
+        ("ignore", ["mesh:signal", "hook:signal"]),
+        ("raise", ["mesh:signal", "hook:signal"]),
+    ],
+)
+def test_mesh_handler_decides_before_the_hook(xdg: Path, decision: str, order: list[str]) -> None:
     outcome = run_client(xdg, "on_failure", decision)
     assert outcome.returncode == 0, outcome
     assert outcome.result == {"order": order, "survivor": 0}  # rank 0 of its slice
@@ -243,9 +253,13 @@ def test_agent_loss_makes_its_procs_unreachable(xdg: Path) -> None:
 
 
 def test_client_sigkill_takes_the_whole_job_down(xdg: Path) -> None:
-    client = subprocess.Popen([sys.executable, str(SCRIPT), "client_killed"],
-                              env=client_env(xdg), cwd=xdg, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL)
+    client = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "client_killed"],
+        env=client_env(xdg),
+        cwd=xdg,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         pids = _read_pids(client)
         # The host agent, its fork server and the two procs, all up.
@@ -254,10 +268,12 @@ def test_client_sigkill_takes_the_whole_job_down(xdg: Path) -> None:
         assert client.poll() is None  # still sleeping: it is SIGKILL that ends it
         client.kill()
         assert client.wait(timeout=RUN_TIMEOUT_S) == -9
-        wait_until(lambda: not any(pid_alive(p) for p in pids), GONE_TIMEOUT_S,
-                   f"the job's processes {pids} to exit after the client was SIGKILLed")
-        wait_until(lambda: run_dirs(xdg) == [], GONE_TIMEOUT_S,
-                   "the run directory to be removed")
+        wait_until(
+            lambda: not any(pid_alive(p) for p in pids),
+            GONE_TIMEOUT_S,
+            f"the job's processes {pids} to exit after the client was SIGKILLed",
+        )
+        wait_until(lambda: run_dirs(xdg) == [], GONE_TIMEOUT_S, "the run directory to be removed")
     finally:
         if client.poll() is None:
             client.kill()
@@ -294,5 +310,4 @@ def _read_pids(client: subprocess.Popen[bytes]) -> list[int]:
                     return list(json.loads(line[5:]))
     finally:
         selector.close()
-    raise AssertionError(f"the client never printed its pids (exit {client.poll()}): "
-                         f"{received!r}")
+    raise AssertionError(f"the client never printed its pids (exit {client.poll()}): {received!r}")

@@ -206,8 +206,11 @@ def test_await_futures_from_async_code(procs: ProcMesh, backend: str) -> None:
             for i in range(10):
                 tg.start_soon(bump, i)
         with pytest.raises(ValueError):
-            await procs.spawn("raiser", actors.Raiser).slice(gpus=0).raise_value_error.call_one(
-                "async boom")
+            await (
+                procs.spawn("raiser", actors.Raiser)
+                .slice(gpus=0)
+                .raise_value_error.call_one("async boom")
+            )
         streamed = [await future for future in echo.echo.stream("s")]
         return single, mesh.values(), sorted(results.values()), streamed
 
@@ -291,7 +294,8 @@ def test_actor_error_for_an_exception_with_a_two_argument_constructor(procs: Pro
     assert "raise_two_arg" in error.remote_traceback
     assert raiser.count.call().get(timeout=T).values() == (1, 0)  # the actor survived
     assert isinstance(error, actors.TwoArgError), (
-        f"{type(error).__name__} is not a TwoArgError; `except TwoArgError` would miss it")
+        f"{type(error).__name__} is not a TwoArgError; `except TwoArgError` would miss it"
+    )
 
 
 def test_actor_error_for_an_exception_that_cannot_be_pickled(procs: ProcMesh) -> None:
@@ -303,7 +307,8 @@ def test_actor_error_for_an_exception_that_cannot_be_pickled(procs: ProcMesh) ->
     assert "raise_unpicklable" in error.remote_traceback
     assert raiser.count.call().get(timeout=T).values() == (1, 0)
     assert isinstance(error, actors.FinalError), (
-        f"{type(error).__name__} is not a FinalError; `except FinalError` would miss it")
+        f"{type(error).__name__} is not a FinalError; `except FinalError` would miss it"
+    )
 
 
 def test_base_exception_in_an_endpoint_fails_the_actor(procs: ProcMesh) -> None:
@@ -400,8 +405,7 @@ def test_arguments_that_cannot_be_unpickled_remotely_raise_actor_error(procs: Pr
     assert echo.echo.call("fine").get(timeout=T).values() == ("fine", "fine")
 
 
-def test_result_that_cannot_be_unpickled_by_the_caller_raises_actor_error(
-        procs: ProcMesh) -> None:
+def test_result_that_cannot_be_unpickled_by_the_caller_raises_actor_error(procs: ProcMesh) -> None:
     actor = procs.spawn("unpicklable", actors.Unpicklable)
     with pytest.raises(ActorError, match="cannot be unpickled"):
         actor.slice(gpus=1).make_unloadable.call_one().get(timeout=T)
@@ -436,7 +440,8 @@ def test_call_captures_its_arguments_when_it_is_made(make_procs: Any) -> None:
     tensor.fill_(-1.0)
     got = future.get(timeout=T)
     assert torch.equal(got, torch.arange(4 << 20, dtype=torch.float32)), (
-        "the actor received values written after call() returned")
+        "the actor received values written after call() returned"
+    )
     future = echo.echo.call_one(tensor)  # and once the proc is running
     tensor.fill_(-2.0)
     assert int((future.get(timeout=T) == -1.0).sum()) == tensor.numel()
@@ -465,7 +470,9 @@ def test_context_rank_and_size_inside_actors(procs: ProcMesh) -> None:
     assert all(i["pid"] == i["os_pid"] != os.getpid() for i in infos)
     assert len({i["pid"] for i in infos}) == 2
     assert who.init_info.call().get(timeout=T).values() == (
-        {"rank": {"gpus": 0}, "size": {"gpus": 2}}, {"rank": {"gpus": 1}, "size": {"gpus": 2}})
+        {"rank": {"gpus": 0}, "size": {"gpus": 2}},
+        {"rank": {"gpus": 1}, "size": {"gpus": 2}},
+    )
     asynchronous = who.awhoami.call().get(timeout=T).values()
     assert [a["rank"] for a in asynchronous] == [{"gpus": 0}, {"gpus": 1}]
 
@@ -484,7 +491,11 @@ def test_renamed_and_flattened_meshes_report_their_coordinates(make_procs: Any) 
     assert who.sizes == {"a": 2, "b": 2} and len(who) == 4
     flat = who.flatten("all")
     assert [i["rank"] for i in flat.whoami.call().get(timeout=T).values()] == [
-        {"all": 0}, {"all": 1}, {"all": 2}, {"all": 3}]
+        {"all": 0},
+        {"all": 1},
+        {"all": 2},
+        {"all": 3},
+    ]
     renamed = who.rename(a="x").slice(b=1)
     infos = renamed.whoami.call().get(timeout=T)
     assert [dict(p) for p, _ in infos] == [{"x": 0}, {"x": 1}]
@@ -510,7 +521,8 @@ def test_procs_get_the_client_sys_path(procs: ProcMesh) -> None:
 
 
 def test_proc_output_is_prefixed_with_mesh_and_point(
-        agent_capfd: Callable[[], pytest.CaptureFixture[str]], make_procs: Any) -> None:
+    agent_capfd: Callable[[], pytest.CaptureFixture[str]], make_procs: Any
+) -> None:
     capfd = agent_capfd()
     procs = make_procs({"gpus": 2})
     printer = procs.spawn("printer", actors.Printer)
@@ -525,15 +537,21 @@ def test_proc_output_is_prefixed_with_mesh_and_point(
         return text in "".join(stream)
 
     for rank in (0, 1):
-        wait_until(lambda r=rank: seen(f"[procs {{'gpus': {r}}}] hello stdout\n", out),
-                   what=f"stdout of rank {rank}")
-        wait_until(lambda r=rank: seen(f"[procs {{'gpus': {r}}}] hello stderr\n", err),
-                   what=f"stderr of rank {rank}")
+        wait_until(
+            lambda r=rank: seen(f"[procs {{'gpus': {r}}}] hello stdout\n", out),
+            what=f"stdout of rank {rank}",
+        )
+        wait_until(
+            lambda r=rank: seen(f"[procs {{'gpus': {r}}}] hello stderr\n", err),
+            what=f"stderr of rank {rank}",
+        )
     assert "hello stderr" not in "".join(out)
     assert "hello stdout" not in "".join(err)
     procs.stop().get(timeout=T)  # the partial line is flushed when the proc exits
-    wait_until(lambda: seen("[procs {'gpus': 1}] no newline at the end\n", out),
-               what="the unterminated line")
+    wait_until(
+        lambda: seen("[procs {'gpus': 1}] no newline at the end\n", out),
+        what="the unterminated line",
+    )
 
 
 LIFECYCLE_SCRIPT = textwrap.dedent("""
@@ -550,8 +568,14 @@ LIFECYCLE_SCRIPT = textwrap.dedent("""
     mesh._session.shutdown_session()  # stops the live proc, then the agent
 """)
 
-LIFECYCLE_EVENTS = {"agent_started", "proc_spawned", "proc_ready", "actor_ready",
-                    "actor_stopped", "proc_exited"}
+LIFECYCLE_EVENTS = {
+    "agent_started",
+    "proc_spawned",
+    "proc_ready",
+    "actor_ready",
+    "actor_stopped",
+    "proc_exited",
+}
 
 
 def run_client_script(tmp_path: Any, script: str, **env: str) -> subprocess.CompletedProcess:
@@ -559,19 +583,21 @@ def run_client_script(tmp_path: Any, script: str, **env: str) -> subprocess.Comp
     path.write_text(script.format(tests=os.path.dirname(actors.__file__)))
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MESHVISOR_")}
     environ.update(env)
-    return subprocess.run([sys.executable, str(path)], env=environ, capture_output=True,
-                          text=True, timeout=90)
+    return subprocess.run(
+        [sys.executable, str(path)], env=environ, capture_output=True, text=True, timeout=90
+    )
 
 
 def test_lifecycle_events_are_logged_at_info_level(tmp_path: Any) -> None:
-    result = run_client_script(tmp_path, LIFECYCLE_SCRIPT, MESHVISOR_LOG_LEVEL="info",
-                               MESHVISOR_LOG_FORMAT="json")
+    result = run_client_script(
+        tmp_path, LIFECYCLE_SCRIPT, MESHVISOR_LOG_LEVEL="info", MESHVISOR_LOG_FORMAT="json"
+    )
     assert result.returncode == 0, result.stderr
     assert "RESULT 1" in result.stdout
     events: dict[str, list[dict[str, Any]]] = {}
     for line in result.stderr.splitlines():
         if line.startswith("[procs {'gpus': 0}] "):
-            line = line[len("[procs {'gpus': 0}] "):]
+            line = line[len("[procs {'gpus': 0}] ") :]
         record = json.loads(line)  # every log line is one JSON object
         events.setdefault(record["event"], []).append(record)
     missing = LIFECYCLE_EVENTS - set(events)
@@ -703,8 +729,9 @@ def test_long_running_endpoints_are_not_mistaken_for_hangs(make_procs: Any) -> N
 
 def test_heartbeat_settings_are_validated() -> None:
     with pytest.raises(ValueError, match="heartbeat_timeout_s"):
-        this_host().spawn_procs(per_host={"gpus": 1}, heartbeat_interval_s=1.0,
-                                heartbeat_timeout_s=0.5)
+        this_host().spawn_procs(
+            per_host={"gpus": 1}, heartbeat_interval_s=1.0, heartbeat_timeout_s=0.5
+        )
 
 
 # -- where actors live --------------------------------------------------------------------------
@@ -794,7 +821,8 @@ def test_handle_passed_right_after_spawn_reaches_the_new_actors(make_procs: Any)
     outcomes = []
     for attempt in range(3):  # the race is lost nearly always; three tries make sure of it
         target = make_procs({"gpus": 1}, name="targets").spawn(
-            "echo", actors.Echo, prefix="p" * (64 << 20))
+            "echo", actors.Echo, prefix="p" * (64 << 20)
+        )
         outcomes.append(caller.try_echo.call_one(target, attempt).get(timeout=T))
     assert outcomes == [("ok", [0]), ("ok", [1]), ("ok", [2])], outcomes
 

@@ -99,8 +99,9 @@ trees = st.tuples(
 )
 
 
-@settings(max_examples=8, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=8, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(tree=trees)
 def test_real_trees_follow_the_model(tree: tuple[list[tuple[str, bool]], str | None, str]) -> None:
     owners, root, signame = tree
@@ -131,8 +132,9 @@ def test_real_trees_follow_the_model(tree: tuple[list[tuple[str, bool]], str | N
             procs.on_failure(root_handler)
         if owners:
             (decision, is_async), rest = owners[0], owners[1:]
-            top = procs.spawn("owner1", fa.AsyncOwner if is_async else fa.SyncOwner,
-                              str(record), decision, 1)
+            top = procs.spawn(
+                "owner1", fa.AsyncOwner if is_async else fa.SyncOwner, str(record), decision, 1
+            )
             pids = [top.pid.call_one().get(timeout=T)]
             pids += top.spawn_chain.call_one(rest, str(record)).get(timeout=T)
         else:
@@ -158,8 +160,9 @@ def test_real_trees_follow_the_model(tree: tuple[list[tuple[str, bool]], str | N
         # Every level saw the event of the level below it, with the leaf as root cause.
         for record_ in records:
             assert record_["event"]["chain"][-1] == "signal"
-            assert record_["event"]["chain"] == \
-                ["escalated"] * (len(owners) - record_["level"]) + ["signal"]
+            assert record_["event"]["chain"] == ["escalated"] * (len(owners) - record_["level"]) + [
+                "signal"
+            ]
         at_root = (root_asked or hooked)[:1]
         if expected.root_chain:
             (event,) = at_root
@@ -184,8 +187,10 @@ def test_real_trees_follow_the_model(tree: tuple[list[tuple[str, bool]], str | N
         try:
             procs.stop().get(timeout=T)
             # A mesh never outlives its owner: everything below level 1 goes with it.
-            _wait_until(lambda: not any(_pid_alive(p) for p in pids),
-                        f"the processes {pids} of tree {tree} to exit")
+            _wait_until(
+                lambda: not any(_pid_alive(p) for p in pids),
+                f"the processes {pids} of tree {tree} to exit",
+            )
         finally:
             supervision.set_unhandled_failure_hook(previous)
             shutil.rmtree(workdir, ignore_errors=True)
@@ -193,23 +198,35 @@ def test_real_trees_follow_the_model(tree: tuple[list[tuple[str, bool]], str | N
 
 # -- the pure functions ---------------------------------------------------------------------------
 
-decisions_values = st.one_of(st.booleans(), st.none(), st.integers(-2, 2), st.text(max_size=2),
-                             st.lists(st.integers(), max_size=1))
+decisions_values = st.one_of(
+    st.booleans(),
+    st.none(),
+    st.integers(-2, 2),
+    st.text(max_size=2),
+    st.lists(st.integers(), max_size=1),
+)
 
 
 @settings(max_examples=200, deadline=None, database=None)
 @given(
     levels=st.lists(st.tuples(decisions_values, st.booleans()), min_size=0, max_size=6),
-    leaf_kind=st.sampled_from(["exception", "exit", "signal", "hung", "unreachable",
-                               "spawn_failed"]),
+    leaf_kind=st.sampled_from(
+        ["exception", "exit", "signal", "hung", "unreachable", "spawn_failed"]
+    ),
 )
 def test_escalation_chains(levels: list[tuple[Any, bool]], leaf_kind: str) -> None:
     """Propagate a leaf event through owners whose handlers return `decision` (or raise):
     the first truthy decision stops it; every other level wraps it in an escalation."""
-    leaf = SupervisionEvent(leaf_kind, "leaf", rank={"gpus": 0}, pid=100, host="h",
-                            signal="SIGKILL" if leaf_kind == "signal" else None,
-                            exit_code=3 if leaf_kind == "exit" else None,
-                            traceback="leaf traceback")
+    leaf = SupervisionEvent(
+        leaf_kind,
+        "leaf",
+        rank={"gpus": 0},
+        pid=100,
+        host="h",
+        signal="SIGKILL" if leaf_kind == "signal" else None,
+        exit_code=3 if leaf_kind == "exit" else None,
+        traceback="leaf traceback",
+    )
     event = leaf
     stopped_at = None
     for index, (decision, raises) in enumerate(levels):
@@ -217,14 +234,18 @@ def test_escalation_chains(levels: list[tuple[Any, bool]], leaf_kind: str) -> No
             stopped_at = index
             break
         assert is_handled(decision) == bool(decision)
-        own = SupervisionEvent("exception", f"owner{index}", rank={"gpus": index},
-                               pid=200 + index, host="h")
+        own = SupervisionEvent(
+            "exception", f"owner{index}", rank={"gpus": index}, pid=200 + index, host="h"
+        )
         error = RuntimeError(f"handler {index} broke") if raises else None
         child = event
         event = escalated(child, own, error)
         assert event.kind == "escalated" and event.cause is child
-        assert (event.mesh_name, event.pid, dict(event.rank or {})) == \
-            (f"owner{index}", 200 + index, {"gpus": index})
+        assert (event.mesh_name, event.pid, dict(event.rank or {})) == (
+            f"owner{index}",
+            200 + index,
+            {"gpus": index},
+        )
         assert child.mesh_name in event.message
         if raises:
             assert "RuntimeError" in event.message and f"handler {index} broke" in event.message
@@ -247,7 +268,7 @@ def test_escalation_chains(levels: list[tuple[Any, bool]], leaf_kind: str) -> No
     assert lines[0] == "Supervision report"
     assert lines[2] == f"Root cause: {leaf}"
     if depth:
-        path = report[report.index("Propagated up the tree:"):].splitlines()[1:]
+        path = report[report.index("Propagated up the tree:") :].splitlines()[1:]
         assert path == [f"  {i}. {e}" for i, e in enumerate(reversed(chain[:-1]), 1)]
     else:
         assert "Propagated" not in report

@@ -488,6 +488,32 @@ def test_calls_made_while_a_rank_restarts_wait_for_it(meshes: Meshes) -> None:
     assert recorder.events == []
 
 
+def test_calls_wait_for_a_restart_only_so_long(
+    meshes: Meshes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restart that does not come back in time fails the calls waiting for it (and is
+    reported), instead of leaving them waiting without end."""
+    import mesh._runtime
+
+    monkeypatch.setattr(mesh._runtime, "RESTART_WAIT_S", 0.3)
+    policy = RestartPolicy(backoff_s=5.0, jitter=0.0, max_restarts=1, within_s=60.0)
+    procs, recorder = meshes(2, restart=policy)
+    actors = procs.spawn("actors", ra.Phoenix, "t")
+    before = pids_of(actors)
+    in_flight = actors.park.call(T, rank=1)
+    kill(before[1])
+    with pytest.raises(SupervisionError):
+        in_flight.get(timeout=T)
+    start = time.monotonic()
+    with pytest.raises(SupervisionError, match=r"did not complete within 0\.3 s"):
+        actors.slice(gpus=1).info.call_one().get(timeout=T)
+    assert time.monotonic() - start < 4.0, "the call waited for the whole backoff"
+    deadline = time.monotonic() + T
+    while not recorder.events and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [event.kind for event in recorder.events] == ["spawn_failed"]
+
+
 def test_a_call_right_after_a_failure_report_waits(meshes: Meshes) -> None:
     """The in-flight call that fails is how the caller learns of the failure; a call it makes
     right then must already wait for the restart (not fail on the dead proc). A race, so it

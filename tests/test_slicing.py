@@ -34,7 +34,7 @@ class Model:
         def build(depth: int, offset: int) -> Any:
             if depth == len(sizes):
                 return offset
-            stride = math.prod(sizes[depth + 1:])
+            stride = math.prod(sizes[depth + 1 :])
             return [build(depth + 1, offset + i * stride) for i in range(sizes[depth])]
 
         return cls(list(labels), build(0, 0))
@@ -109,8 +109,9 @@ def assert_matches(region: Region, model: Model) -> None:
 # -- strategies ---------------------------------------------------------------------------------
 
 small_ints = st.integers(-5, 5)
-slices = st.builds(slice, st.none() | small_ints, st.none() | small_ints,
-                   st.none() | st.integers(-3, 3))
+slices = st.builds(
+    slice, st.none() | small_ints, st.none() | small_ints, st.none() | st.integers(-3, 3)
+)
 bad_selectors = st.sampled_from([True, False, "0", 1.0, None, (0,), [1]])
 selectors = st.one_of(small_ints, slices, slices, bad_selectors)
 
@@ -118,8 +119,7 @@ selectors = st.one_of(small_ints, slices, slices, bad_selectors)
 @st.composite
 def extents(draw: Any) -> tuple[list[str], list[int]]:
     ndims = draw(st.integers(1, 3))
-    labels = draw(st.lists(st.sampled_from(LABELS), min_size=ndims, max_size=ndims,
-                           unique=True))
+    labels = draw(st.lists(st.sampled_from(LABELS), min_size=ndims, max_size=ndims, unique=True))
     sizes = draw(st.lists(st.integers(1, 4), min_size=ndims, max_size=ndims))
     return labels, sizes
 
@@ -132,8 +132,9 @@ def draw_op(data: Any, model: Model) -> tuple[str, dict[str, Any] | str]:
     if kind == "rename":
         olds = data.draw(st.lists(st.sampled_from([*labels, "zz"]), unique=True, max_size=3))
         return kind, {old: data.draw(st.sampled_from(LABELS)) for old in olds}
-    chosen = data.draw(st.lists(st.sampled_from([*labels, "zz"]), unique=True,
-                                max_size=len(labels) + 1))
+    chosen = data.draw(
+        st.lists(st.sampled_from([*labels, "zz"]), unique=True, max_size=len(labels) + 1)
+    )
     valid_only = data.draw(st.booleans())
     selection = {}
     for label in chosen:
@@ -190,9 +191,14 @@ def test_valid_slices_select_exactly_the_matching_coordinates(extent: Any, data:
             if data.draw(st.booleans()):
                 selection[label] = data.draw(st.integers(-size, size - 1))
             else:
-                selection[label] = data.draw(st.builds(
-                    slice, st.none() | small_ints, st.none() | small_ints,
-                    st.sampled_from([None, 1, 2, -1, -2])))
+                selection[label] = data.draw(
+                    st.builds(
+                        slice,
+                        st.none() | small_ints,
+                        st.none() | small_ints,
+                        st.sampled_from([None, 1, 2, -1, -2]),
+                    )
+                )
     index_lists = []
     for label, size in zip(labels, sizes):
         sel = selection.get(label, slice(None))
@@ -327,7 +333,11 @@ def test_calls_on_slices_see_coordinates_within_the_slice(make_procs: Any) -> No
     everyone = who.whoami.call().get(timeout=T)
     pids = {tuple(v["rank"].values()): v["pid"] for v in everyone.values()}
     assert [v["rank"] for v in everyone.values()] == [
-        {"a": 0, "b": 0}, {"a": 0, "b": 1}, {"a": 1, "b": 0}, {"a": 1, "b": 1}]
+        {"a": 0, "b": 0},
+        {"a": 0, "b": 1},
+        {"a": 1, "b": 0},
+        {"a": 1, "b": 1},
+    ]
 
     row = who.slice(a=1).whoami.call().get(timeout=T)
     assert [v["rank"] for v in row.values()] == [{"b": 0}, {"b": 1}]
@@ -349,4 +359,6 @@ def test_calls_on_slices_see_coordinates_within_the_slice(make_procs: Any) -> No
     assert [v["rank"] for v in flat.values()] == [{"n": 0}, {"n": 1}]
     # __init__ saw the point in the spawned mesh, whatever slice is called later.
     assert who.slice(a=1, b=0).init_info.call_one().get(timeout=T) == {
-        "rank": {"a": 1, "b": 0}, "size": {"a": 2, "b": 2}}
+        "rank": {"a": 1, "b": 0},
+        "size": {"a": 2, "b": 2},
+    }

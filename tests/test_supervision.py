@@ -54,13 +54,15 @@ class Recorder:
         return self.decision
 
     def wait(self, count: int = 1, timeout: float = T) -> list[SupervisionEvent]:
-        wait_until(lambda: len(self.events) >= count, timeout,
-                   f"{count} supervision event(s), got {self.events}")
+        wait_until(
+            lambda: len(self.events) >= count,
+            timeout,
+            f"{count} supervision event(s), got {self.events}",
+        )
         return list(self.events)
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = T,
-               what: str = "condition") -> None:
+def wait_until(condition: Callable[[], bool], timeout: float = T, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -77,8 +79,11 @@ def pid_alive(pid: int) -> bool:
 
 
 def wait_gone(pids: list[int], timeout: float = 10.0) -> None:
-    wait_until(lambda: not any(pid_alive(p) for p in pids), timeout,
-               f"processes {[p for p in pids if pid_alive(p)]} to exit")
+    wait_until(
+        lambda: not any(pid_alive(p) for p in pids),
+        timeout,
+        f"processes {[p for p in pids if pid_alive(p)]} to exit",
+    )
 
 
 def barrier(mesh: ActorMesh[Any]) -> None:
@@ -93,8 +98,9 @@ def barrier(mesh: ActorMesh[Any]) -> None:
 class Watched:
     """A proc mesh with a recording handler, a `Fragile` mesh and a healthy probe mesh."""
 
-    def __init__(self, procs: ProcMesh, recorder: Recorder, actors: ActorMesh[Any],
-                 probe: ActorMesh[Any]) -> None:
+    def __init__(
+        self, procs: ProcMesh, recorder: Recorder, actors: ActorMesh[Any], probe: ActorMesh[Any]
+    ) -> None:
         self.procs, self.recorder, self.actors, self.probe = procs, recorder, actors, probe
         self.pids: list[int] = list(probe.pid.call().get(timeout=T).values())
 
@@ -121,8 +127,7 @@ def guard(root_events: list[SupervisionEvent]) -> Iterator[None]:
 def watched(make_procs: Callable[..., Any]) -> Callable[..., Watched]:
     """Factory: `watched(n, name, actor kwargs..., hb=False)`."""
 
-    def make(n: int = 2, name: str = "workers", hb: bool = False,
-             **actor_kwargs: Any) -> Watched:
+    def make(n: int = 2, name: str = "workers", hb: bool = False, **actor_kwargs: Any) -> Watched:
         procs = make_procs({"gpus": n}, name=name, **(FAST_HB if hb else {}))
         recorder = Recorder()
         procs.on_failure(recorder)
@@ -168,8 +173,9 @@ def _call(actors: ActorMesh[Any], adverb: str) -> Any:
 
 
 @pytest.mark.parametrize("adverb", ["call", "call_one", "choose", "stream"])
-def test_endpoint_exception_fails_only_the_call(watched: Callable[..., Watched],
-                                                adverb: str) -> None:
+def test_endpoint_exception_fails_only_the_call(
+    watched: Callable[..., Watched], adverb: str
+) -> None:
     w = watched()
     error = _call(w.actors, adverb)
     assert isinstance(error, fa.EndpointError) and isinstance(error, ValueError)
@@ -198,8 +204,9 @@ def test_async_endpoint_exception_keeps_its_type(watched: Callable[..., Watched]
     assert w.recorder.events == []
 
 
-def test_owner_is_not_told_of_an_endpoint_exception(make_procs: Callable[..., Any],
-                                                    tmp_path: Path) -> None:
+def test_owner_is_not_told_of_an_endpoint_exception(
+    make_procs: Callable[..., Any], tmp_path: Path
+) -> None:
     record = tmp_path / "record.jsonl"
     procs = make_procs({"gpus": 1}, name="top")
     owner = procs.spawn("owner", fa.SyncOwner, str(record), "ignore")
@@ -214,8 +221,9 @@ def test_owner_is_not_told_of_an_endpoint_exception(make_procs: Callable[..., An
     assert not record.exists()
 
 
-def test_nested_actor_error_keeps_the_original_type(make_procs: Callable[..., Any],
-                                                    tmp_path: Path) -> None:
+def test_nested_actor_error_keeps_the_original_type(
+    make_procs: Callable[..., Any], tmp_path: Path
+) -> None:
     """An error relayed through an owner is still ``except ValueError``-able at the client."""
     procs = make_procs({"gpus": 1}, name="top")
     owner = procs.spawn("owner", fa.SyncOwner, str(tmp_path / "record.jsonl"))
@@ -229,8 +237,9 @@ def test_nested_actor_error_keeps_the_original_type(make_procs: Callable[..., An
 # -- failures of the actor: broadcast raising, BaseException, __init__ -------------------------
 
 
-def _assert_actor_failed(w: Watched, rank: int, *, mesh: str = "workers-actors") -> \
-        SupervisionEvent:
+def _assert_actor_failed(
+    w: Watched, rank: int, *, mesh: str = "workers-actors"
+) -> SupervisionEvent:
     """Exactly one event for `rank`; later calls to it fail; everything else still answers."""
     (event,) = w.recorder.wait(1)
     assert isinstance(event, SupervisionEvent)
@@ -264,8 +273,9 @@ def test_broadcast_that_raises_fails_the_actor(watched: Callable[..., Watched]) 
 
 
 @pytest.mark.parametrize("kind", ["SystemExit", "KeyboardInterrupt", "FatalError", "async"])
-def test_base_exception_in_endpoint_fails_the_actor(watched: Callable[..., Watched],
-                                                    kind: str) -> None:
+def test_base_exception_in_endpoint_fails_the_actor(
+    watched: Callable[..., Watched], kind: str
+) -> None:
     w = watched()
     with pytest.raises(SupervisionError) as info:
         if kind == "async":
@@ -280,8 +290,9 @@ def test_base_exception_in_endpoint_fails_the_actor(watched: Callable[..., Watch
 
 
 @pytest.mark.parametrize("base", [False, True], ids=["Exception", "BaseException"])
-def test_constructor_that_raises_fails_the_actor(watched: Callable[..., Watched],
-                                                 base: bool) -> None:
+def test_constructor_that_raises_fails_the_actor(
+    watched: Callable[..., Watched], base: bool
+) -> None:
     w = watched(fail_in_init=True, fail_on_rank=1, base_in_init=base)
     with pytest.raises(SupervisionError) as info:
         w.actors.ping.call().get(timeout=T)
@@ -298,13 +309,19 @@ DEATHS = {
     # how: (endpoint call that kills rank 1 | None: SIGKILL from outside, expected fields)
     "exit0": (lambda a: a.exit.call(0, rank=1), {"kind": "exit", "exit_code": 0}),
     "exit3": (lambda a: a.exit.call(3, rank=1), {"kind": "exit", "exit_code": 3}),
-    "sigterm": (lambda a: a.kill_self.call("SIGTERM", rank=1),
-                {"kind": "signal", "signal": "SIGTERM"}),
+    "sigterm": (
+        lambda a: a.kill_self.call("SIGTERM", rank=1),
+        {"kind": "signal", "signal": "SIGTERM"},
+    ),
     "segfault": (lambda a: a.segfault.call(rank=1), {"kind": "signal", "signal": "SIGSEGV"}),
-    "sigsegv_self": (lambda a: a.kill_self.call("SIGSEGV", rank=1),
-                     {"kind": "signal", "signal": "SIGSEGV"}),
-    "sigkill_self": (lambda a: a.kill_self.call("SIGKILL", rank=1),
-                     {"kind": "signal", "signal": "SIGKILL"}),
+    "sigsegv_self": (
+        lambda a: a.kill_self.call("SIGSEGV", rank=1),
+        {"kind": "signal", "signal": "SIGSEGV"},
+    ),
+    "sigkill_self": (
+        lambda a: a.kill_self.call("SIGKILL", rank=1),
+        {"kind": "signal", "signal": "SIGKILL"},
+    ),
     "sigkill_outside": (None, {"kind": "signal", "signal": "SIGKILL"}),
 }
 
@@ -333,8 +350,11 @@ def test_process_death_fails_calls_at_once(watched: Callable[..., Watched], how:
     assert reason in str(event)
     assert str(event) in str(info.value)
     # Later calls that reach the dead rank fail at once: the future is failed when returned.
-    for later in (w.actors.ping.call(), w.actors.slice(gpus=1).ping.call_one(),
-                  w.probe.slice(gpus=1).ping.call_one()):
+    for later in (
+        w.actors.ping.call(),
+        w.actors.slice(gpus=1).ping.call_one(),
+        w.probe.slice(gpus=1).ping.call_one(),
+    ):
         assert later.done()
         with pytest.raises(SupervisionError):
             later.get(timeout=0)
@@ -350,14 +370,14 @@ def test_death_of_an_idle_process_is_reported(watched: Callable[..., Watched]) -
     w = watched()
     os.kill(w.pids[0], signal.SIGKILL)
     (event,) = w.recorder.wait(1)
-    assert (event.kind, event.signal, dict(event.rank or {})) == ("signal", "SIGKILL",
-                                                                  {"gpus": 0})
+    assert (event.kind, event.signal, dict(event.rank or {})) == ("signal", "SIGKILL", {"gpus": 0})
     assert w.actors.slice(gpus=0).ping.call_one().done()
     assert w.actors.slice(gpus=1).ping.call_one().get(timeout=T) == 0
 
 
-def test_actor_mesh_on_failure_hears_of_its_procs_dying(watched: Callable[..., Watched],
-                                                         root_events: list[Any]) -> None:
+def test_actor_mesh_on_failure_hears_of_its_procs_dying(
+    watched: Callable[..., Watched], root_events: list[Any]
+) -> None:
     """A handler on an actor mesh is told when one of its actors dies with its proc."""
     w = watched()
     w.procs.on_failure(Recorder(decision=False))  # declines: the actor mesh handler decides
@@ -370,7 +390,8 @@ def test_actor_mesh_on_failure_hears_of_its_procs_dying(watched: Callable[..., W
 
 
 def test_actor_mesh_handler_comes_before_the_proc_mesh_handler(
-        watched: Callable[..., Watched]) -> None:
+    watched: Callable[..., Watched],
+) -> None:
     w = watched()
     first, second = Recorder(decision=False), Recorder(decision=RuntimeError("broken"))
     w.actors.on_failure(first)
@@ -417,8 +438,7 @@ def test_blocking_sleep_is_not_a_hang(make_procs: Callable[..., Any]) -> None:
 # -- stopping is not a failure -------------------------------------------------------------------
 
 
-def test_stopped_actor_mesh_refuses_calls_without_an_event(
-        watched: Callable[..., Watched]) -> None:
+def test_stopped_actor_mesh_refuses_calls_without_an_event(watched: Callable[..., Watched]) -> None:
     w = watched()
     w.actors.stop().get(timeout=T)
     for adverb in ("call", "call_one"):
@@ -442,7 +462,8 @@ def test_stopping_a_slice_stops_only_those_actors(watched: Callable[..., Watched
 
 
 def test_stopped_proc_mesh_refuses_calls_without_an_event(
-        watched: Callable[..., Watched], make_procs: Callable[..., Any]) -> None:
+    watched: Callable[..., Watched], make_procs: Callable[..., Any]
+) -> None:
     w = watched()
     other = make_procs({"gpus": 1}, name="bystander")
     bystander = other.spawn("bystander", fa.Fragile)
@@ -459,8 +480,12 @@ def test_stopped_proc_mesh_refuses_calls_without_an_event(
 # -- owner actors and __supervise__ ----------------------------------------------------------
 
 
-def _owner(make_procs: Callable[..., Any], tmp_path: Path, decision: str = "handle",
-           cls: type = fa.SyncOwner) -> tuple[Any, Any, Recorder]:
+def _owner(
+    make_procs: Callable[..., Any],
+    tmp_path: Path,
+    decision: str = "handle",
+    cls: type = fa.SyncOwner,
+) -> tuple[Any, Any, Recorder]:
     procs = make_procs({"gpus": 1}, name="top")
     recorder = Recorder()
     procs.on_failure(recorder)
@@ -469,8 +494,9 @@ def _owner(make_procs: Callable[..., Any], tmp_path: Path, decision: str = "hand
 
 
 @pytest.mark.parametrize("cls", [fa.SyncOwner, fa.AsyncOwner], ids=["sync", "async"])
-def test_owner_handles_each_failed_rank_once(make_procs: Callable[..., Any], tmp_path: Path,
-                                             cls: type) -> None:
+def test_owner_handles_each_failed_rank_once(
+    make_procs: Callable[..., Any], tmp_path: Path, cls: type
+) -> None:
     _, owner, recorder = _owner(make_procs, tmp_path, "handle", cls)
     owner.spawn_child.call_one("kids", 2).get(timeout=T)
     owner.broadcast_child.call_one("kids", "raise_error", "both ranks").get(timeout=T)
@@ -485,19 +511,20 @@ def test_owner_handles_each_failed_rank_once(make_procs: Callable[..., Any], tmp
     assert recorder.events == []  # handled: nothing reaches the client
 
 
-def test_owner_is_told_when_a_child_constructor_raises(make_procs: Callable[..., Any],
-                                                       tmp_path: Path) -> None:
+def test_owner_is_told_when_a_child_constructor_raises(
+    make_procs: Callable[..., Any], tmp_path: Path
+) -> None:
     _, owner, _ = _owner(make_procs, tmp_path)
-    owner.spawn_child.call_one("kids", 2, fa.Fragile, fail_in_init=True,
-                               fail_on_rank=0).get(timeout=T)
+    owner.spawn_child.call_one("kids", 2, fa.Fragile, fail_in_init=True, fail_on_rank=0).get(
+        timeout=T
+    )
     wait_until(lambda: owner.seen_events.call_one().get(timeout=T) != [])
     (event,) = owner.seen_events.call_one().get(timeout=T)
     assert event.kind == "exception" and "constructor" in event.message
     assert dict(event.rank) == {"gpus": 0}
 
 
-def test_owner_handles_a_child_proc_death(make_procs: Callable[..., Any],
-                                          tmp_path: Path) -> None:
+def test_owner_handles_a_child_proc_death(make_procs: Callable[..., Any], tmp_path: Path) -> None:
     _, owner, recorder = _owner(make_procs, tmp_path, "handle", fa.AsyncOwner)
     pids = owner.spawn_child.call_one("kids", 2).get(timeout=T)
     os.kill(pids[0], signal.SIGKILL)
@@ -513,11 +540,19 @@ def test_owner_handles_a_child_proc_death(make_procs: Callable[..., Any],
     assert recorder.events == []
 
 
-@pytest.mark.parametrize(("decision", "cls"), [
-    ("ignore", fa.SyncOwner), ("ignore", fa.AsyncOwner), ("raise", fa.SyncOwner),
-    ("raise", fa.AsyncOwner), ("handle", fa.NoHandlerOwner)])
+@pytest.mark.parametrize(
+    ("decision", "cls"),
+    [
+        ("ignore", fa.SyncOwner),
+        ("ignore", fa.AsyncOwner),
+        ("raise", fa.SyncOwner),
+        ("raise", fa.AsyncOwner),
+        ("handle", fa.NoHandlerOwner),
+    ],
+)
 def test_owner_that_does_not_handle_fails_and_escalates(
-        make_procs: Callable[..., Any], tmp_path: Path, decision: str, cls: type) -> None:
+    make_procs: Callable[..., Any], tmp_path: Path, decision: str, cls: type
+) -> None:
     _, owner, recorder = _owner(make_procs, tmp_path, decision, cls)
     owner_pid = owner.pid.call_one().get(timeout=T)
     pids = owner.spawn_child.call_one("kids", 2).get(timeout=T)
@@ -537,8 +572,9 @@ def test_owner_that_does_not_handle_fails_and_escalates(
     else:
         assert "kids-procs" in event.message
     report = event.report()
-    assert report.index("Root cause:") < report.index("SIGKILL") < report.index(
-        f"Process {owner_pid}")
+    assert (
+        report.index("Root cause:") < report.index("SIGKILL") < report.index(f"Process {owner_pid}")
+    )
     # The failed owner refuses calls, and the procs it spawned are stopped.
     with pytest.raises(SupervisionError) as info:
         owner.pid.call_one().get(timeout=T)
@@ -548,8 +584,9 @@ def test_owner_that_does_not_handle_fails_and_escalates(
 
 
 @pytest.mark.parametrize("how", ["actor_mesh", "proc_mesh"])
-def test_stopping_an_owner_stops_what_it_spawned(make_procs: Callable[..., Any],
-                                                 tmp_path: Path, how: str) -> None:
+def test_stopping_an_owner_stops_what_it_spawned(
+    make_procs: Callable[..., Any], tmp_path: Path, how: str
+) -> None:
     procs, owner, recorder = _owner(make_procs, tmp_path)
     pids = owner.spawn_child.call_one("kids", 2).get(timeout=T)
     if how == "actor_mesh":

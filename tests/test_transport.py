@@ -73,7 +73,7 @@ def head_frames(payload: Payload | None = None) -> int:
 def buffer_frames(frames: list[Any], payload: Payload) -> list[bytes]:
     """The frames that carry `payload`'s out-of-band buffers, as bytes."""
     count = len(payload.buffers)
-    return [bytes(memoryview(f)) for f in frames[len(frames) - count:]] if count else []
+    return [bytes(memoryview(f)) for f in frames[len(frames) - count :]] if count else []
 
 
 def roundtrip(value: Any) -> Any:
@@ -134,15 +134,19 @@ def test_small_bytes_stay_in_band_large_bytes_become_a_frame() -> None:
 
 
 def test_each_large_buffer_is_its_own_frame() -> None:
-    value = [memoryview(b"a" * 4096), np.arange(1000, dtype=np.int64), torch.ones(1000),
-             memoryview(b"b" * 5000)]
+    value = [
+        memoryview(b"a" * 4096),
+        np.arange(1000, dtype=np.int64),
+        torch.ones(1000),
+        memoryview(b"b" * 5000),
+    ]
     payload = Payload.dump(value)
     assert len(payload.buffers) == 4
     frames = encode(Header(2), payload)
     assert len(frames) == head_frames(payload) + 4
     assert buffer_frames(frames, payload)[0] == b"a" * 4096
     assert buffer_frames(frames, payload)[3] == b"b" * 5000
-    assert sum(len(memoryview(f).cast("B")) for f in frames[:head_frames(payload)]) < 1000
+    assert sum(len(memoryview(f).cast("B")) for f in frames[: head_frames(payload)]) < 1000
     assert payload.nbytes == len(payload.body) + 4096 + 8000 + 4000 + 5000
     got = decode(frames).payload.load()
     assert got[0] == b"a" * 4096 and got[3] == b"b" * 5000
@@ -214,8 +218,9 @@ TENSORS = {
     "offset view": lambda: torch.arange(4096, dtype=torch.float32)[100:],
     "expanded": lambda: torch.tensor([1.5]).expand(1024),
     "conj": lambda: torch.complex(torch.ones(512), torch.arange(512.0)).conj(),
-    "3d permuted": lambda: torch.arange(4096, dtype=torch.int32).reshape(8, 16, 32).permute(
-        2, 0, 1),
+    "3d permuted": lambda: (
+        torch.arange(4096, dtype=torch.int32).reshape(8, 16, 32).permute(2, 0, 1)
+    ),
 }
 
 
@@ -321,6 +326,7 @@ def test_message_too_large_at_decode() -> None:
 
 # -- malformed frames ---------------------------------------------------------------------------
 
+
 def _garbage_header() -> list[bytes]:
     """A well-framed message whose pickled header bytes were replaced by garbage."""
     first = bytes(memoryview(encode(Header(1))[0]))
@@ -330,7 +336,7 @@ def _garbage_header() -> list[bytes]:
 
 def _bumped_version() -> list[bytes]:
     first = bytes(memoryview(encode(Header(1))[0]))
-    return [MAGIC[:-1] + bytes([MAGIC[-1] + 1]) + first[len(MAGIC):]]
+    return [MAGIC[:-1] + bytes([MAGIC[-1] + 1]) + first[len(MAGIC) :]]
 
 
 MALFORMED = {
@@ -342,8 +348,9 @@ MALFORMED = {
     "garbage header": _garbage_header(),
     "truncated": [bytes(memoryview(encode(Header(1))[0]))[:-3]],
     "unknown header type": [bytes(memoryview(f)) for f in encode(NotRegistered(1))],
-    "unknown header with payload": [bytes(memoryview(f))
-                                    for f in encode(NotRegistered(2), Payload.dump("x"))],
+    "unknown header with payload": [
+        bytes(memoryview(f)) for f in encode(NotRegistered(2), Payload.dump("x"))
+    ],
 }
 
 
@@ -404,8 +411,16 @@ def test_lambdas_and_local_classes_are_picklable() -> None:
 # -- hypothesis round trip ----------------------------------------------------------------------
 
 NUMPY_DTYPES = [np.int8, np.int32, np.int64, np.uint8, np.float32, np.float64, np.bool_]
-TORCH_DTYPES = [torch.float32, torch.float64, torch.int64, torch.int32, torch.bfloat16,
-                torch.float16, torch.uint8, torch.bool]
+TORCH_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.bfloat16,
+    torch.float16,
+    torch.uint8,
+    torch.bool,
+]
 
 
 @st.composite
@@ -451,9 +466,11 @@ leaves = (
 )
 nested = st.recursive(
     leaves,
-    lambda children: (st.lists(children, max_size=4)
-                      | st.tuples(children, children)
-                      | st.dictionaries(st.text(max_size=8), children, max_size=4)),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.tuples(children, children)
+        | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=12,
 )
 
@@ -518,8 +535,11 @@ def test_private_runtime_dir_is_private(ipc_dir: str) -> None:
 
 
 def test_inbox_drops_garbage_and_receives_the_next_valid_message(
-        ipc_dir: str, zmq_context: zmq.Context[Any], monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    ipc_dir: str,
+    zmq_context: zmq.Context[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     monkeypatch.setattr(transport._log, "_root", None)  # log to this test's captured stderr
     inbox = Inbox(zmq_context, f"ipc://{ipc_dir}/inbox")
     raw = zmq_context.socket(zmq.PUSH)
@@ -543,8 +563,7 @@ def test_inbox_drops_garbage_and_receives_the_next_valid_message(
     assert "unknown type NotRegistered" in err
 
 
-def test_inbox_drops_oversized_message_and_receives_the_next(
-        zmq_context: zmq.Context[Any]) -> None:
+def test_inbox_drops_oversized_message_and_receives_the_next(zmq_context: zmq.Context[Any]) -> None:
     """DESIGN: oversized frames are rejected and logged, never crash the receiver."""
     inbox = Inbox(zmq_context, transport.tcp_address(), max_bytes=10_000)
     raw = zmq_context.socket(zmq.PUSH)
@@ -562,7 +581,8 @@ def test_inbox_drops_oversized_message_and_receives_the_next(
 
 
 def test_inbox_on_a_used_address_raises_transport_error(
-        ipc_dir: str, zmq_context: zmq.Context[Any]) -> None:
+    ipc_dir: str, zmq_context: zmq.Context[Any]
+) -> None:
     first = Inbox(zmq_context, transport.tcp_address())
     try:
         with pytest.raises(TransportError, match="cannot listen"):
@@ -576,6 +596,7 @@ def test_fifo_per_sender_1000_messages(ipc_dir: str, zmq_context: zmq.Context[An
     outboxes = [Outbox(zmq_context) for _ in range(3)]
     count = 1000
     try:
+
         def send_all(sender: int) -> None:
             for seq in range(count):
                 repeat = 600 if seq % 5 == 0 else 1  # some messages carry a buffer frame
@@ -603,7 +624,8 @@ def test_fifo_per_sender_1000_messages(ipc_dir: str, zmq_context: zmq.Context[An
 
 
 def test_outbox_queues_until_the_receiver_binds(
-        ipc_dir: str, zmq_context: zmq.Context[Any]) -> None:
+    ipc_dir: str, zmq_context: zmq.Context[Any]
+) -> None:
     """An Outbox never blocks on an absent receiver; messages arrive once it binds."""
     address = f"ipc://{ipc_dir}/late"
     outbox = Outbox(zmq_context)
@@ -626,8 +648,7 @@ def test_closed_outbox_refuses_to_send(zmq_context: zmq.Context[Any]) -> None:
         outbox.send("tcp://127.0.0.1:1", encode(Header(1)))
 
 
-def test_zero_copy_send_snapshots_the_value_at_send_time(
-        zmq_context: zmq.Context[Any]) -> None:
+def test_zero_copy_send_snapshots_the_value_at_send_time(zmq_context: zmq.Context[Any]) -> None:
     """A tensor mutated right after send() must arrive with the values it had when sent."""
     inbox = Inbox(zmq_context, transport.tcp_address())
     outbox = Outbox(zmq_context)
@@ -677,8 +698,9 @@ def test_agent_survives_garbage_and_oversized_frames(tmp_path: Any) -> None:
     script = tmp_path / "client.py"
     script.write_text(AGENT_SCRIPT.format(tests=os.path.dirname(__file__)))
     env = dict(os.environ, MESHVISOR_MAX_MESSAGE_BYTES="65536")
-    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                            text=True, timeout=90)
+    result = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=90
+    )
     assert "ECHO 7" in result.stdout, result.stderr
     assert "AGENT EXIT 0" in result.stdout, result.stdout + result.stderr
     assert result.returncode == 0, result.stderr

@@ -78,11 +78,17 @@ def agent_pid() -> int:
 
 
 def describe(event: SupervisionEvent) -> dict[str, Any]:
-    return {"kind": event.kind, "mesh": event.mesh_name,
-            "rank": dict(event.rank) if event.rank is not None else None,
-            "pid": event.pid, "host": event.host, "signal": event.signal,
-            "exit_code": event.exit_code, "str": str(event),
-            "cause": describe(event.cause) if event.cause is not None else None}
+    return {
+        "kind": event.kind,
+        "mesh": event.mesh_name,
+        "rank": dict(event.rank) if event.rank is not None else None,
+        "pid": event.pid,
+        "host": event.host,
+        "signal": event.signal,
+        "exit_code": event.exit_code,
+        "str": str(event),
+        "cause": describe(event.cause) if event.cause is not None else None,
+    }
 
 
 def start(n: int = 2, name: str = "workers", **kwargs: Any) -> tuple[Any, Any, list[int]]:
@@ -113,8 +119,10 @@ def blocked_get() -> None:
     except SupervisionError as exc:
         early = time.monotonic() - started < WAIT_S / 2
         survivor = workers.slice(gpus=0).ping.call_one().get(timeout=T)
-        emit("RESULT", {"event": describe(exc.event), "early": early,
-                        "survivor": survivor, "pid": pids[1]})
+        emit(
+            "RESULT",
+            {"event": describe(exc.event), "early": early, "survivor": survivor, "pid": pids[1]},
+        )
         return
     sys.exit(3)
 
@@ -143,8 +151,15 @@ def interrupt(region: str) -> None:
     early = time.monotonic() - started < WAIT_S / 2
     # Catching it is handling it: the program goes on and the healthy rank still answers.
     survivor = workers.slice(gpus=0).ping.call_one().get(timeout=T)
-    emit("RESULT", {"event": describe(caught.event), "survivor": survivor,
-                    "type": type(caught).__name__, "early": early})
+    emit(
+        "RESULT",
+        {
+            "event": describe(caught.event),
+            "survivor": survivor,
+            "type": type(caught).__name__,
+            "early": early,
+        },
+    )
 
 
 def uncaught(kind: str) -> None:
@@ -269,8 +284,16 @@ def agent_killed() -> None:
     fresh = this_host().spawn_procs(per_host={"gpus": 2}, name="fresh").spawn("f", fa.Fragile)
     respawned = list(fresh.ping.call().get(timeout=T).values())
     emit("PIDS", job_pids())
-    emit("RESULT", {"events": [describe(e) for e in caught], "agent": agent,
-                    "later_call": later, "respawned": respawned, "early": early})
+    emit(
+        "RESULT",
+        {
+            "events": [describe(e) for e in caught],
+            "agent": agent,
+            "later_call": later,
+            "respawned": respawned,
+            "early": early,
+        },
+    )
 
 
 SCENARIOS: dict[str, Callable[..., None]] = {
