@@ -186,3 +186,20 @@ def resolved(value: T) -> Future[T]:
     future: Future[T] = Future()
     future.set_result(value)
     return future
+
+
+def all_done(futures: list[Future[Any]], runtime: Runtime | None, what: str) -> Future[None]:
+    """A future done once every one of `futures` is done (whatever their outcome)."""
+    done: Future[None] = Future(runtime, what)
+    remaining = [len(futures)]
+    if not futures:
+        done.set_result(None)
+
+    def one_done(_: Future[Any]) -> None:
+        remaining[0] -= 1
+        if remaining[0] == 0:
+            done.set_result(None)
+
+    for future in futures:
+        future.add_done_callback(one_done)
+    return done

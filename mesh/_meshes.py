@@ -15,13 +15,12 @@ from ._actor import check_actor_class, resolve_endpoint
 from ._calls import GatherSink, ResultSink
 from ._context import context
 from ._endpoint import EndpointRef
-from ._future import Future, resolved
+from ._future import Future, all_done, resolved
 from ._messages import (
     CallActor,
     ShutdownAgent,
     SpawnActor,
     StopActor,
-    StopProcs,
     WatchProcs,
 )
 from ._peers import ProcPeer
@@ -266,7 +265,6 @@ class ProcMesh(MeshBase, _Stoppable):
     def stop(self, grace_s: float = DEFAULT_STOP_GRACE_S) -> Future[None]:
         """Stop these procs (gracefully, then SIGKILL after `grace_s`); stopping is no failure."""
         peers = [self._peers[base] for base in self._region.ranks]
-        by_agent: dict[str, list[str]] = {}
         for peer in peers:
             if peer.agent is None:
                 raise ValueError(
@@ -274,31 +272,10 @@ class ProcMesh(MeshBase, _Stoppable):
                     "process (or the client) itself."
                 )
             if peer.alive and self._runtime.restarts.cancel(peer) and peer.pid is None:
-                self._runtime.mark_peer_gone(
-                    peer,
-                    SupervisionEvent(
-                        "stopped",
-                        peer.mesh_name,
-                        rank=dict(peer.point),
-                        proc_id=peer.proc_id,
-                        message="by its owner",
-                    ),
-                    "stopped",
-                )
-                continue
-            if peer.alive:
-                peer.state = "stopping"
-                peer.event = SupervisionEvent(
-                    "stopped",
-                    peer.mesh_name,
-                    rank=dict(peer.point),
-                    proc_id=peer.proc_id,
-                    message="by its owner",
-                )
-                by_agent.setdefault(peer.agent, []).append(peer.proc_id)
-        for agent, proc_ids in by_agent.items():
-            self._runtime.send_message(agent, StopProcs(tuple(proc_ids), grace_s))
-        return _all_done([peer.gone for peer in peers], self._runtime, f"stop of {self.name}")
+                # held for a restart that now will not happen: nothing runs to be stopped
+                self._runtime.mark_peer_gone(peer, peer.stopped_event("by its owner"), "stopped")
+        self._runtime.stop_peers([peer for peer in peers if peer.alive], grace_s)
+        return all_done([peer.gone for peer in peers], self._runtime, f"stop of {self.name}")
 
     def __reduce__(self) -> tuple[Any, ...]:
         _wait_ready(self._peers)
@@ -421,22 +398,6 @@ class ActorMesh(MeshBase, _Stoppable, Generic[A]):
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self.name!r} {self.sizes}>"
-
-
-def _all_done(futures: list[Future[None]], runtime: Runtime, what: str) -> Future[None]:
-    done: Future[None] = Future(runtime, what)
-    remaining = [len(futures)]
-    if not futures:
-        done.set_result(None)
-
-    def one_done(_: Future[None]) -> None:
-        remaining[0] -= 1
-        if remaining[0] == 0:
-            done.set_result(None)
-
-    for future in futures:
-        future.add_done_callback(one_done)
-    return done
 
 
 def _wait_ready(peers: Iterable[ProcPeer], timeout: float = 60.0) -> None:

@@ -77,6 +77,12 @@ class ProcPeer:
     def finished(self) -> bool:
         return self.state in ("failed", "stopped")
 
+    def stopped_event(self, why: str) -> SupervisionEvent:
+        """The event of this proc being stopped on purpose, `why` being e.g. "by its owner"."""
+        return SupervisionEvent(
+            "stopped", self.mesh_name, rank=self.point, proc_id=self.proc_id, message=why
+        )
+
     def error(self) -> SupervisionError:
         """The error for a call that cannot reach this proc any more."""
         assert self.event is not None

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from supervision import RestartPolicy, RestartTracker, SupervisionEvent
 from transport import Payload, get_logger
 
-from ._future import Future
+from ._future import Future, all_done
 from ._messages import ProcSpec, SpawnActor, SpawnProcs
 from ._peers import ProcPeer
 from ._shape import Extent
@@ -120,7 +120,7 @@ class Restarts:
                 actors, [r for r, p in enumerate(actors.peers) if record.peers.index(p) in ranks]
             )
         self._log.info("procs_respawned", mesh=record.name, ranks=ranks)
-        return _all_ready([record.peers[r] for r in ranks], runtime)
+        return all_done([record.peers[r].ready for r in ranks], runtime, "the re-spawn")
 
     def _rebuild_actors(self, actors: ActorMeshRecord, ranks: list[int]) -> None:
         messages = []
@@ -161,7 +161,7 @@ class Restarts:
             ]
             if alive:
                 self._rebuild_actors(actors, alive)
-        return ready or _all_ready([], self._runtime)
+        return ready or all_done([], self._runtime, "the re-spawn")
 
     # -- by policy -----------------------------------------------------------------------------
 
@@ -224,9 +224,10 @@ class Restarts:
             r for r in ranks if record.peers[r].state == "ready" and record.peers[r].pid is not None
         ]
         if healthy:  # one_for_all / rest_for_one: stop the others first
-            self._runtime.stop_peers([record.peers[r] for r in healthy], grace_s=0.0)
+            siblings = [record.peers[r] for r in healthy]
+            self._runtime.stop_peers(siblings, 0.0, "to be restarted with its siblings")
             pending = [record.peers[r].gone for r in healthy]
-            _all_ready(pending, self._runtime).add_done_callback(
+            all_done(pending, self._runtime, "the stop of siblings").add_done_callback(
                 lambda _: self._runtime.call_later(0, self._relaunch, record, ranks)
             )
             return
@@ -251,22 +252,3 @@ class Restarts:
 
 def _joined(first: str, second: str) -> str:
     return f"{first}; {second}" if first else second
-
-
-def _all_ready(
-    futures_or_peers: list[ProcPeer] | list[Future[None]], runtime: Runtime
-) -> Future[None]:
-    futures = [f.ready if isinstance(f, ProcPeer) else f for f in futures_or_peers]
-    done: Future[None] = Future(runtime, "the re-spawn")
-    left = [len(futures)]
-    if not futures:
-        done.set_result(None)
-
-    def one(_: Future[None]) -> None:
-        left[0] -= 1
-        if left[0] == 0:
-            done.set_result(None)
-
-    for future in futures:
-        future.add_done_callback(one)
-    return done

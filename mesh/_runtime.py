@@ -540,41 +540,23 @@ class Runtime:
             if meshes_on is not None:
                 self.supervisor.actor_meshes_on[proc_id] = meshes_on
 
-    def stop_peers(self, peers: list[ProcPeer], grace_s: float) -> None:
-        """Stop these procs on purpose (no failure is reported when they exit)."""
+    def stop_peers(self, peers: list[ProcPeer], grace_s: float, why: str = "by its owner") -> None:
+        """Stop these procs on purpose: gracefully, SIGKILL after `grace_s`; their exit is
+        reported as "stopped", never as a failure."""
         by_agent: dict[str, list[str]] = {}
         with self._lock:
             for peer in peers:
                 if peer.alive and peer.agent is not None:
-                    peer.state = "stopping"
-                    peer.event = SupervisionEvent(
-                        "stopped",
-                        peer.mesh_name,
-                        rank=peer.point,
-                        proc_id=peer.proc_id,
-                        message="to be restarted with its siblings",
-                    )
+                    peer.state, peer.event = "stopping", peer.stopped_event(why)
                     by_agent.setdefault(peer.agent, []).append(peer.proc_id)
         for agent, proc_ids in by_agent.items():
             self.send_message(agent, StopProcs(tuple(proc_ids), grace_s))
 
     def stop_owned_by(self, actor_id: str, grace_s: float = 5.0) -> None:
         """Stop every proc that actor `actor_id` spawned (a mesh never outlives its owner)."""
-        by_agent: dict[str, list[str]] = {}
         with self._lock:
-            for peer in self.peers.values():
-                if peer.owner_actor == actor_id and peer.alive and peer.agent is not None:
-                    peer.state = "stopping"
-                    peer.event = SupervisionEvent(
-                        "stopped",
-                        peer.mesh_name,
-                        rank=peer.point,
-                        proc_id=peer.proc_id,
-                        message="because its owner stopped or failed",
-                    )
-                    by_agent.setdefault(peer.agent, []).append(peer.proc_id)
-        for agent, proc_ids in by_agent.items():
-            self.send_message(agent, StopProcs(tuple(proc_ids), grace_s))
+            owned = [peer for peer in self.peers.values() if peer.owner_actor == actor_id]
+        self.stop_peers(owned, grace_s, "because its owner stopped or failed")
 
     def _on_stop_proc(self, envelope: Envelope) -> None:
         self.host.stop_all()
