@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import RUN_BASE
+from polling import pid_alive, wait_until
 
 from mesh import Actor, attach, current_rank, endpoint
 from supervision import SupervisionError
@@ -31,22 +32,6 @@ class Where(Actor):
     @endpoint
     def where(self) -> tuple[int, dict[str, int]]:
         return os.getpid(), dict(current_rank())
-
-
-def _wait_for(condition: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.fixture
@@ -79,7 +64,7 @@ def allocation() -> Iterator[tuple[Path, list[int]]]:
         for i in range(2)
     ]
     try:
-        _wait_for(
+        wait_until(
             lambda: alloc.exists() and len(alloc.read_text().split()) == 2,
             T,
             "both agents to join the allocation",
@@ -109,7 +94,7 @@ def test_two_agents_are_two_hosts(allocation: tuple[Path, list[int]]) -> None:
         pid = victim.where.call_one().get(timeout=T)[0]
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(SupervisionError, match="SIGKILL"):
-            _wait_for(lambda: bool(events), T, "the owner to hear of the kill")
+            wait_until(lambda: bool(events), T, "the owner to hear of the kill")
             victim.where.call_one().get(timeout=T)
         assert events[0].kind == "signal" and dict(events[0].rank) == {"hosts": 1, "gpus": 0}
         assert where.slice(hosts=0).where.call().get(timeout=T)  # the other host is fine
@@ -140,17 +125,17 @@ def test_allocation_outlives_a_sigkilled_client(
         line = client.stdout.readline()  # type: ignore[union-attr]
         assert line.startswith("PIDS"), line
         proc_pids = [int(pid) for pid in line.split()[1:]]
-        assert len(proc_pids) == 2 and all(_alive(pid) for pid in proc_pids)
+        assert len(proc_pids) == 2 and all(pid_alive(pid) for pid in proc_pids)
         client.kill()
         client.wait(T)
         killed_at = time.monotonic()
-        _wait_for(
-            lambda: not any(_alive(pid) for pid in proc_pids),
+        wait_until(
+            lambda: not any(pid_alive(pid) for pid in proc_pids),
             T,
             "the dead client's procs to be reaped",
         )
         assert time.monotonic() - killed_at < OWNER_TIMEOUT_S + 5
-        assert all(_alive(pid) for pid in agent_pids), "the agents must outlive the client"
+        assert all(pid_alive(pid) for pid in agent_pids), "the agents must outlive the client"
     finally:
         client.kill()
         client.wait(T)
@@ -174,7 +159,7 @@ def test_a_lost_agent_makes_its_procs_unreachable(allocation: tuple[Path, list[i
         where = procs.spawn("where", Where)
         assert len(where.where.call().get(timeout=T)) == 2
         os.kill(agent_pids[1], signal.SIGKILL)
-        _wait_for(lambda: bool(events), T, "the lost agent to be noticed")
+        wait_until(lambda: bool(events), T, "the lost agent to be noticed")
         assert [e.kind for e in events] == ["unreachable"]
         assert dict(events[0].rank) == {"hosts": 1, "gpus": 0}
         assert "host agent" in str(events[0])
@@ -239,7 +224,7 @@ def test_curve_keys_admit_members_and_refuse_others(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        _wait_for(address_file.exists, T, "the agent to listen")
+        wait_until(address_file.exists, T, "the agent to listen")
         script = tmp_path / "client.py"
         script.write_text(KEYED_CLIENT.format(address=address_file.read_text().strip()))
 

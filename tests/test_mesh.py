@@ -17,6 +17,7 @@ from typing import Any
 import actors
 import anyio
 import pytest
+from polling import pid_alive, wait_until
 
 import mesh._session
 from mesh import (
@@ -38,23 +39,6 @@ T = 30  # seconds: the bound on every wait in this module (never reached when th
 
 def gate_name() -> str:
     return f"gate-{uuid.uuid4().hex[:8]}"
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = T, what: str = "condition") -> None:
-    """Wait for something that happens asynchronously by design (e.g. relayed output)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
 
 
 # -- adverbs ------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 import failing_actors as fa
 import pytest
+from polling import pid_alive, wait_gone, wait_until
 
 import supervision
 from mesh import ActorMesh, ProcMesh
@@ -60,30 +61,6 @@ class Recorder:
             f"{count} supervision event(s), got {self.events}",
         )
         return list(self.events)
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = T, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_gone(pids: list[int], timeout: float = 10.0) -> None:
-    wait_until(
-        lambda: not any(pid_alive(p) for p in pids),
-        timeout,
-        f"processes {[p for p in pids if pid_alive(p)]} to exit",
-    )
 
 
 def barrier(mesh: ActorMesh[Any]) -> None:
