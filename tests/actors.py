@@ -413,3 +413,11 @@ class LocalUser(Actor):
     @endpoint
     def local_pid(self) -> tuple[int, int]:
         return os.getpid(), self.local.pid_of.call_one().get(timeout=30)
+
+
+class Where(Actor):
+    """Says where it runs: its pid and its point."""
+
+    @endpoint
+    def where(self) -> tuple[int, dict[str, int]]:
+        return os.getpid(), dict(current_rank())

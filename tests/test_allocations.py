@@ -18,20 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from actors import Where
 from conftest import RUN_BASE
 from polling import pid_alive, wait_until
 
-from mesh import Actor, attach, current_rank, endpoint
+from mesh import attach
 from supervision import SupervisionError
 
 T = 30.0
 OWNER_TIMEOUT_S = 1.0
-
-
-class Where(Actor):
-    @endpoint
-    def where(self) -> tuple[int, dict[str, int]]:
-        return os.getpid(), dict(current_rank())
 
 
 @pytest.fixture
@@ -103,10 +98,14 @@ def test_two_agents_are_two_hosts(allocation: tuple[Path, list[int]]) -> None:
 
 
 CLIENT = textwrap.dedent("""
-    import os, sys, time
-    sys.path.insert(0, {tests!r})
-    from mesh import attach
-    from test_allocations import Where
+    import os, time
+    from mesh import Actor, attach, current_rank, endpoint
+
+    class Where(Actor):
+        @endpoint
+        def where(self):
+            return os.getpid(), dict(current_rank())
+
     procs = attach({alloc!r}).spawn_procs(per_host={{"gpus": 1}})
     pids = [pid for pid, _ in procs.spawn("w", Where).where.call().get(timeout=30).values()]
     print("PIDS", *pids, flush=True)
@@ -119,7 +118,7 @@ def test_allocation_outlives_a_sigkilled_client(
 ) -> None:
     alloc, agent_pids = allocation
     script = tmp_path / "client.py"
-    script.write_text(CLIENT.format(tests=str(Path(__file__).parent), alloc=str(alloc)))
+    script.write_text(CLIENT.format(alloc=str(alloc)))
     client = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         line = client.stdout.readline()  # type: ignore[union-attr]
