@@ -18,7 +18,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from transport import KEYS_ENV, close_context, configured_keys, private_runtime_dir
+from transport import (
+    KEYS_ENV,
+    TransportError,
+    check_exposure,
+    close_context,
+    configured_keys,
+    private_runtime_dir,
+)
 
 # Imported before the fork server is forked, so procs start with them loaded.
 from . import _proc_main  # noqa: F401
@@ -425,6 +432,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
     address = (
         args.address.replace(":0", ":*") if args.address.startswith("tcp://") else args.address
     )
+    if address.startswith("tcp://"):
+        try:
+            check_exposure(address[len("tcp://") :].rsplit(":", 1)[0])
+        except TransportError as error:
+            parser.error(str(error))
     forkserver = start_forkserver()
     agent = HostAgent(
         forkserver, address, rundir, args.owner_pid, args.orphan_timeout, args.owner_timeout

@@ -77,6 +77,10 @@ def test_a_cut_link_makes_the_host_unreachable(
     namespace: tuple[str, str, str, str], tmp_path: Path
 ) -> None:
     name, outside, host_address, ns_address = namespace
+    keys = tmp_path / "keys"  # beyond loopback, every connection must be authenticated
+    subprocess.run(
+        [sys.executable, "-m", "mesh._cli", "keys", str(keys)], check=True, capture_output=True
+    )
     address_file = tmp_path / "address"
     agent = subprocess.Popen(
         [
@@ -95,6 +99,8 @@ def test_a_cut_link_makes_the_host_unreachable(
             str(tmp_path),
             "--owner-timeout",
             "2",
+            "--keys",
+            str(keys),
         ]
     )
     client = None
@@ -112,6 +118,7 @@ def test_a_cut_link_makes_the_host_unreachable(
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
+            env={**os.environ, "MESHVISOR_CURVE_KEYS": str(keys)},
         )
         assert client.stdout is not None
         assert client.stdout.readline().strip() == "RESULT hello"  # across the link
@@ -132,3 +139,25 @@ def test_a_cut_link_makes_the_host_unreachable(
         except subprocess.TimeoutExpired:
             agent.kill()
             agent.wait(T)
+
+
+def test_listening_beyond_loopback_needs_keys(tmp_path: Path) -> None:
+    """Without CURVE keys an agent refuses a non-loopback address, saying what to do."""
+    env = {k: v for k, v in os.environ.items() if k != "MESHVISOR_CURVE_KEYS"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mesh._agent",
+            "--listen",
+            "tcp://0.0.0.0:0",
+            "--rundir",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=T,
+    )
+    assert done.returncode == 2
+    assert "without authentication" in done.stderr and "meshvisor keys" in done.stderr

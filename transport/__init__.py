@@ -18,6 +18,7 @@ from ._log import get_logger as get_logger
 from ._log import reset_logging as reset_logging
 from ._security import KEYS_ENV as KEYS_ENV
 from ._security import CurveKeys as CurveKeys
+from ._security import check_exposure as check_exposure
 from ._security import configured_keys as configured_keys
 from ._serialize import dumps as dumps
 from ._serialize import loads as loads
@@ -40,6 +41,7 @@ __all__ = (
     "Payload",
     "SerializationError",
     "TransportError",
+    "check_exposure",
     "close_context",
     "configured_keys",
     "decode",

@@ -70,6 +70,28 @@ def configured_keys() -> CurveKeys | None:
     return _loaded[directory]
 
 
+def check_exposure(host: str) -> None:
+    """Refuse to listen beyond loopback unless the allocation's CURVE keys are configured."""
+    if _is_loopback(host) or configured_keys() is not None:
+        return
+    raise TransportError(
+        f"refusing to listen on {host} without authentication: across hosts every connection "
+        f"must be authenticated; create keys with 'meshvisor keys DIR' and pass --keys DIR to "
+        f"agents and {KEYS_ENV}=DIR to clients (or listen on 127.0.0.1)"
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def secure_server(socket: zmq.Socket[Any], keys: CurveKeys) -> None:
     """Make `socket` a CURVE server that only admits holders of `keys`."""
     _start_authenticator(socket.context, keys)

@@ -19,7 +19,13 @@ import zmq
 from ._errors import MalformedMessage, MessageTooLarge, TransportError
 from ._frames import DEFAULT_MAX_MESSAGE_BYTES, Envelope, decode
 from ._log import get_logger
-from ._security import configured_keys, secure_client, secure_server, stop_authenticator
+from ._security import (
+    check_exposure,
+    configured_keys,
+    secure_client,
+    secure_server,
+    stop_authenticator,
+)
 
 #: How often a PUSH socket retries connecting to an address nobody has bound yet.
 RECONNECT_INTERVAL_MS = 5
@@ -59,6 +65,8 @@ class Inbox:
     def __init__(
         self, context: zmq.Context[Any], address: str, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     ) -> None:
+        if address.startswith("tcp://"):
+            check_exposure(address[len("tcp://") :].rsplit(":", 1)[0])
         self._socket = context.socket(zmq.PULL)
         keys = configured_keys()
         if keys is not None:
@@ -78,6 +86,8 @@ class Inbox:
 
     def listen_also(self, address: str) -> str:
         """Also receive on `address` (e.g. tcp next to ipc); returns the address as bound."""
+        if address.startswith("tcp://"):
+            check_exposure(address[len("tcp://") :].rsplit(":", 1)[0])
         try:
             self._socket.bind(address)
         except zmq.ZMQError as exc:
