@@ -36,6 +36,7 @@ from ._messages import (
     OwnerAlive,
     ProcExited,
     ProcReady,
+    ProcReplaced,
     ProcSpec,
     ShutdownAgent,
     SpawnFailed,
@@ -92,6 +93,7 @@ class HostAgent:
         self._procs: dict[str, _Proc] = {}
         self._by_pid: dict[int, str] = {}
         self._exited: dict[str, ProcExited] = {}
+        self._exited_watchers: dict[str, set[str]] = {}  # for a re-spawn to take over
         self._owner_fd = os.pidfd_open(owner_pid) if owner_pid else None
         self._shutting_down = False
         self._orphan_timeout_s = orphan_timeout_s
@@ -169,6 +171,7 @@ class HostAgent:
                 continue
             address = self._proc_address(spec.proc_id)
             proc = _Proc(spec, request.owner, address, request.heartbeat_timeout_s)
+            proc.watchers = self._exited_watchers.pop(spec.replaces, set())
             proc.heartbeat_due = time.monotonic() + _STARTUP_GRACE_S + request.heartbeat_timeout_s
             self._procs[spec.proc_id] = proc
             for other in self._procs.values():
@@ -214,8 +217,15 @@ class HostAgent:
 
     def _on_proc_ready(self, ready: ProcReady) -> None:
         proc = self._procs.get(ready.proc_id)
-        if proc is not None:
-            proc.address = ready.address  # a tcp proc picked its port itself
+        if proc is None:
+            return
+        proc.address = ready.address  # a tcp proc picked its port itself
+        if proc.spec.replaces:  # holders of handles to the old proc learn where it went
+            moved = ProcReplaced(
+                proc.spec.replaces, ready.proc_id, ready.address, ready.pid, ready.host
+            )
+            for watcher in proc.watchers:
+                self._send(watcher, moved)
 
     def _on_owner_alive(self, owner: str) -> None:
         self._owners_seen[owner] = time.monotonic()
@@ -310,13 +320,17 @@ class HostAgent:
         )
         for address in {proc.owner, *proc.watchers}:
             self._send(address, report)
-        self._remember(report)
+        self._remember(report, proc.watchers)
         self._stop(tuple(proc.owned_by_proc), 0.0)  # a mesh never outlives its owner
 
-    def _remember(self, report: ProcExited) -> None:
+    def _remember(self, report: ProcExited, watchers: set[str]) -> None:
         self._exited[report.proc_id] = report
+        if watchers:
+            self._exited_watchers[report.proc_id] = watchers
         if len(self._exited) > _EXITED_MEMORY:
-            del self._exited[next(iter(self._exited))]
+            oldest = next(iter(self._exited))
+            del self._exited[oldest]
+            self._exited_watchers.pop(oldest, None)
 
     # -- helpers -------------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ class ProcSpec:
     labels: tuple[str, ...]
     sizes: tuple[int, ...]
     rank: int
+    replaces: str = ""  # a re-spawn: the proc this one replaces (its watchers move over)
 
 
 @message_type
@@ -197,3 +198,15 @@ class AgentAlive:
     unreachable when these stop coming (a lost host, a cut link)."""
 
     agent: str
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class ProcReplaced:
+    """Agent → watchers of a proc that was re-spawned: the same rank now lives here."""
+
+    old_proc_id: str
+    proc_id: str
+    address: str
+    pid: int
+    host: str

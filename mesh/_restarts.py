@@ -98,8 +98,11 @@ class Restarts:
             peer = record.peers[rank]
             suffix = f"-r{record.generation - 1}" if record.generation > 1 else ""
             new_id = f"{record.key}-{rank}{suffix}"
+            old_id = peer.proc_id if suffix else ""
             runtime.rekey_peer(peer, new_id)
-            spec = ProcSpec(new_id, record.name, record.extent.labels, record.extent.sizes, rank)
+            spec = ProcSpec(
+                new_id, record.name, record.extent.labels, record.extent.sizes, rank, old_id
+            )
             assert peer.agent is not None
             by_agent.setdefault(peer.agent, []).append(spec)
         for agent, specs in by_agent.items():

@@ -43,6 +43,7 @@ from ._messages import (
     OwnerAlive,
     ProcExited,
     ProcReady,
+    ProcReplaced,
     Reply,
     SpawnActor,
     SpawnFailed,
@@ -111,6 +112,7 @@ class Runtime:
             ActorFailed: self._on_actor_failed,
             StopProc: self._on_stop_proc,
             AgentAlive: self._on_agent_alive,
+            ProcReplaced: self._on_proc_replaced,
         }
 
     # -- the event loop ------------------------------------------------------------------------
@@ -336,8 +338,22 @@ class Runtime:
             self.peers[peer.proc_id] = peer
         return peer
 
+    def _on_proc_replaced(self, envelope: Envelope) -> None:
+        """A proc this process calls (but does not own) was re-spawned: follow it."""
+        header: ProcReplaced = envelope.header
+        peer = self.peers.get(header.old_proc_id)
+        if peer is None or peer.owned:
+            return
+        self.rekey_peer(peer, header.proc_id)
+        with self._lock:
+            if peer.state != "starting":  # its old proc's exit never reached us
+                peer.hold()
+        self._peer_ready(ProcReady(header.proc_id, header.address, header.pid, header.host))
+
     def _on_proc_ready(self, envelope: Envelope) -> None:
-        header: ProcReady = envelope.header
+        self._peer_ready(envelope.header)
+
+    def _peer_ready(self, header: ProcReady) -> None:
         with self._lock:
             peer = self.peers.get(header.proc_id)
             if peer is None or peer.state != "starting":

@@ -36,7 +36,7 @@ from polling import pid_alive, wait_gone, wait_until
 
 import supervision
 from mesh import ActorMesh, ProcMesh, this_host, this_proc
-from supervision import RestartPolicy, SupervisionError, SupervisionEvent
+from supervision import ActorError, RestartPolicy, SupervisionError, SupervisionEvent
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -768,3 +768,23 @@ def test_stopping_a_mesh_during_a_restart_backoff(meshes: Meshes) -> None:
     with pytest.raises(SupervisionError, match="stopped"):
         waiting.get(timeout=T)
     assert recorder.events == []
+
+
+def test_a_handle_held_by_another_actor_follows_a_respawn(meshes: Meshes) -> None:
+    """Handles held elsewhere heal too: the agent tells the holders of a handle to a
+    re-spawned proc where the rank lives now."""
+    import actors
+
+    targets, recorder = meshes(2, name="targets")
+    echo = targets.spawn("echo", actors.Echo)
+    callers, _ = meshes(1, name="callers")
+    caller = callers.spawn("caller", actors.Caller, echo)
+    assert caller.call_stored.call_one(1).get(timeout=T) == [1, 1]
+    pid = echo.slice(gpus=1).pid.call_one().get(timeout=T)
+    kill(pid)
+    recorder.wait()
+    with pytest.raises(ActorError):  # the holder hears of the death like the owner
+        caller.call_stored.call_one(2).get(timeout=T)
+    targets.respawn().get(timeout=T)
+    assert caller.call_stored.call_one(3).get(timeout=T) == [3, 3]
+    assert echo.slice(gpus=1).pid.call_one().get(timeout=T) != pid
