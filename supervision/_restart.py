@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -134,6 +134,3 @@ class RestartTracker:
             self.policy.backoff(self._streak, self.rng),
             self._streak,
         )
-
-    def restarts_in_window(self) -> Sequence[float]:
-        return tuple(self._recent)
