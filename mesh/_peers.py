@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from supervision import SupervisionError, SupervisionEvent
+from supervision import EventKind, SupervisionError, SupervisionEvent
 
 from ._future import Future
 from ._shape import Point
@@ -77,11 +77,16 @@ class ProcPeer:
     def finished(self) -> bool:
         return self.state in ("failed", "stopped")
 
+    def make_event(self, kind: EventKind, message: str = "", **fields: Any) -> SupervisionEvent:
+        """An event about this proc (what it is known by here), with `fields` on top."""
+        known = {"pid": self.pid, "host": self.host} | fields
+        return SupervisionEvent(
+            kind, self.mesh_name, rank=self.point, proc_id=self.proc_id, message=message, **known
+        )
+
     def stopped_event(self, why: str) -> SupervisionEvent:
         """The event of this proc being stopped on purpose, `why` being e.g. "by its owner"."""
-        return SupervisionEvent(
-            "stopped", self.mesh_name, rank=self.point, proc_id=self.proc_id, message=why
-        )
+        return self.make_event("stopped", why)
 
     def error(self) -> SupervisionError:
         """The error for a call that cannot reach this proc any more."""

@@ -384,16 +384,13 @@ class Runtime:
             kind, message = "signal", ""
         else:
             kind, message = "exit", ""
-        event = SupervisionEvent(
+        event = peer.make_event(
             kind,
-            peer.mesh_name,
-            rank=peer.point,
-            proc_id=peer.proc_id,
+            message,
             host=header.host,
             pid=header.pid,
             exit_code=header.exit_code,
             signal=None if header.hung else header.signal,
-            message=message,
         )
         self.mark_peer_gone(peer, event, "stopped" if kind == "stopped" else "failed")
 
@@ -401,14 +398,7 @@ class Runtime:
         header: SpawnFailed = envelope.header
         peer = self.peers.get(header.proc_id)
         if peer is not None:
-            event = SupervisionEvent(
-                "spawn_failed",
-                peer.mesh_name,
-                rank=peer.point,
-                proc_id=peer.proc_id,
-                host=header.host,
-                message=header.reason,
-            )
+            event = peer.make_event("spawn_failed", header.reason, host=header.host)
             self.mark_peer_gone(peer, event, "failed")
 
     def mark_peer_gone(self, peer: ProcPeer, event: SupervisionEvent, state: str) -> None:
@@ -506,16 +496,9 @@ class Runtime:
         """Every live proc of `agent` failed with kind "unreachable"."""
         self._log.error("agent_lost", agent=agent, reason=why)
         for peer in [p for p in self.peers.values() if p.agent == agent and p.alive]:
-            event = SupervisionEvent(
-                "unreachable",
-                peer.mesh_name,
-                rank=peer.point,
-                proc_id=peer.proc_id,
-                pid=peer.pid,
-                host=peer.host,
-                message=f"its host agent {why}",
+            self.mark_peer_gone(
+                peer, peer.make_event("unreachable", f"its host agent {why}"), "failed"
             )
-            self.mark_peer_gone(peer, event, "failed")
 
     def stop_all_owned(self, grace_s: float) -> None:
         """Ask the agents to stop every proc this process spawned (at shutdown)."""
@@ -535,14 +518,8 @@ class Runtime:
         if peer.ready is not ready or ready.done() or peer.state != "starting":
             return  # it came back (or failed, or was stopped) in time
         self.restarts.cancel(peer)
-        event = SupervisionEvent(
-            "spawn_failed",
-            peer.mesh_name,
-            rank=peer.point,
-            proc_id=peer.proc_id,
-            message=f"its restart did not complete within {RESTART_WAIT_S} s",
-        )
-        self.mark_peer_gone(peer, event, "failed")
+        message = f"its restart did not complete within {RESTART_WAIT_S} s"
+        self.mark_peer_gone(peer, peer.make_event("spawn_failed", message), "failed")
 
     def rekey_peer(self, peer: ProcPeer, proc_id: str) -> None:
         """Give `peer` the id of the proc that replaces it (keeping the calls that wait)."""
