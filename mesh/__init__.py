@@ -17,6 +17,7 @@ from ._meshes import this_host as this_host
 from ._meshes import this_proc as this_proc
 from ._shape import Extent as Extent
 from ._shape import Point as Point
+from ._supervised import supervised as supervised
 from ._values import ValueMesh as ValueMesh
 
 __all__ = (
@@ -36,6 +37,7 @@ __all__ = (
     "current_rank",
     "current_size",
     "endpoint",
+    "supervised",
     "this_host",
     "this_proc",
 )

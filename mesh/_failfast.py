@@ -1,10 +1,12 @@
 """Fail-fast at the root: an unhandled failure is raised in the client's main thread.
 
-If the main thread is blocked in ``Future.get()`` on a call that the failure also fails, that
-call raises it. Otherwise a real-time signal interrupts the main thread wherever it is (a sleep,
-a busy loop, a blocking wait), like KeyboardInterrupt but with the right type, so
-``try/except SupervisionError`` around any block catches it. Uncaught, it ends the program with
-status 1 after printing the supervision report; atexit handlers run and stop every owned proc.
+If the main thread is blocked in ``Future.get()`` (or awaits a future) on a call that the
+failure also fails, that call raises it. Otherwise, if async code opened a ``supervised()``
+scope, the newest open scope is cancelled and raises it at its exit. Otherwise a real-time
+signal interrupts the main thread wherever it is (a sleep, a busy loop, a blocking wait), like
+KeyboardInterrupt but with the right type, so ``try/except SupervisionError`` around any block
+catches it. Uncaught, it ends the program with status 1 after printing the supervision report;
+atexit handlers run and stop every owned proc.
 """
 
 from __future__ import annotations
@@ -16,12 +18,21 @@ import sys
 import threading
 from collections import deque
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from supervision import ActorError, SupervisionError, SupervisionEvent
 
 if TYPE_CHECKING:
     from ._future import Future
+
+
+class FailureScope(Protocol):
+    """A region of async code that takes unhandled failures instead of the main thread."""
+
+    def fail(self, events: list[SupervisionEvent]) -> bool:
+        """Take `events` to raise at the scope's exit; False once the scope is closed."""
+        ...
+
 
 #: The signal used to interrupt the main thread (a real-time one nobody else uses by default).
 FAIL_FAST_SIGNAL = signal.SIGRTMIN + 7
@@ -39,6 +50,7 @@ class FailFast:
         self._lock = threading.Lock()
         self._main = threading.main_thread()
         self._waiting: list[Future[Any]] = []  # futures the main thread is blocked on
+        self._scopes: list[FailureScope] = []  # open supervised() scopes, newest last
         self._installed = False
         self._signal_scheduled = False
         self._delivered: deque[SupervisionEvent] = deque(maxlen=_DELIVERED_MEMORY)
@@ -71,7 +83,7 @@ class FailFast:
     def _interrupt_main(self) -> None:
         with self._lock:
             self._signal_scheduled = False
-        if not self._owed():
+        if not self._owed() or self._hand_to_scope():
             return
         if signal.getsignal(FAIL_FAST_SIGNAL) == self._on_signal:
             try:
@@ -95,6 +107,28 @@ class FailFast:
             waiting = list(self._waiting)
             return any(not any(f.covers(e) for f in waiting) for e in self._undelivered)
 
+    def open_scope(self, scope: FailureScope) -> None:
+        with self._lock:
+            self._scopes.append(scope)
+
+    def close_scope(self, scope: FailureScope) -> None:
+        with self._lock:
+            self._scopes.remove(scope)
+
+    def _hand_to_scope(self) -> bool:
+        """Give what is owed to the newest open scope that takes it; False if none did."""
+        with self._lock:
+            waiting = list(self._waiting)
+            owed = [e for e in self._undelivered if not any(f.covers(e) for f in waiting)]
+            if not owed:
+                return bool(self._scopes)
+            for scope in reversed(self._scopes):
+                if scope.fail(owed):
+                    self._undelivered = deque(e for e in self._undelivered if e not in owed)
+                    self._delivered.extend(owed)
+                    return True
+        return False
+
     def enter_wait(self, future: Future[Any]) -> None:
         self._waiting.append(future)
 
@@ -108,7 +142,7 @@ class FailFast:
                 self._undelivered.clear()
                 self._delivered.extend([error.event, *owed])
             error.related_events = tuple(owed)
-        elif self._undelivered and not self._waiting:
+        elif self._undelivered and not self._waiting and not self._hand_to_scope():
             self._deliver()
 
     def _on_signal(self, signum: int, frame: object) -> None:

@@ -109,7 +109,14 @@ class Future(Generic[T]):
 
     def __await__(self) -> Generator[Any, None, T]:
         if not self.done():
-            yield from self._wait_async().__await__()
+            if threading.get_ident() != _MAIN_THREAD:
+                yield from self._wait_async().__await__()
+            else:  # as in get(): failures this call raises need no other delivery
+                FAIL_FAST.enter_wait(self)
+                try:
+                    yield from self._wait_async().__await__()
+                finally:
+                    FAIL_FAST.exit_wait(self, self._error)
         return self.get(0)
 
     async def _wait_async(self) -> None:
@@ -120,7 +127,7 @@ class Future(Generic[T]):
             return
         event = anyio.Event()
         waiter_thread = threading.get_ident()
-        wake = _threadsafe_waker(event)
+        wake = threadsafe_caller(event.set)
 
         def on_done(_: Future[T]) -> None:
             if threading.get_ident() == waiter_thread:
@@ -160,24 +167,25 @@ class Future(Generic[T]):
         return f"<Future {self._description} {state}>"
 
 
-def _threadsafe_waker(event: anyio.Event) -> Callable[[], None]:
-    """A function that sets `event` from any thread, for the running asyncio or trio loop."""
+def threadsafe_caller(action: Callable[[], object]) -> Callable[[], None]:
+    """A function that runs `action` soon on the running asyncio or trio loop, from any thread
+    (a no-op once that loop has closed: nobody is left to act for)."""
     library = sniffio.current_async_library()
     if library == "trio":
         import trio
 
         token = trio.lowlevel.current_trio_token()
-        return lambda: _ignore_closed(lambda: token.run_sync_soon(event.set))
+        return lambda: _ignore_closed(lambda: token.run_sync_soon(action))
     import asyncio
 
     loop = asyncio.get_running_loop()
-    return lambda: _ignore_closed(lambda: loop.call_soon_threadsafe(event.set))
+    return lambda: _ignore_closed(lambda: loop.call_soon_threadsafe(action))
 
 
-def _ignore_closed(action: Callable[[], object]) -> None:
+def _ignore_closed(schedule: Callable[[], object]) -> None:
     try:
-        action()
-    except RuntimeError:  # the waiting loop has already closed; nobody is left to wake
+        schedule()
+    except RuntimeError:  # the loop has already closed
         pass
 
 

@@ -144,6 +144,36 @@ def test_failure_interrupts_the_main_thread(xdg: Path, region: str) -> None:
     assert "Supervision report" not in outcome.stderr
 
 
+@pytest.mark.parametrize("library", ["asyncio", "trio"])
+def test_async_main_catches_a_failure_in_a_supervised_region(xdg: Path, library: str) -> None:
+    """In an async main task, a failure during an unrelated await cancels the supervised()
+    region and is raised at its end: try/except around it catches it, and handles it."""
+    outcome = run_client(xdg, "async_caught", library)
+    assert outcome.returncode == 0, outcome
+    assert outcome.result is not None, outcome
+    assert outcome.result["type"] == "SupervisionError"
+    assert outcome.result["early"] is True, "raised only when the sleep ended on its own"
+    signal_event(outcome.result["event"], outcome.procs[1])
+    assert outcome.result["survivor"] == 0
+    assert "Supervision report" not in outcome.stderr
+
+
+@pytest.mark.parametrize("library", ["asyncio", "trio"])
+def test_async_newest_supervised_region_takes_the_failure(xdg: Path, library: str) -> None:
+    outcome = run_client(xdg, "async_nested", library)
+    assert outcome.returncode == 0, outcome
+    assert outcome.result == {"caught": ["inner"]}, outcome
+
+
+@pytest.mark.parametrize("library", ["asyncio", "trio"])
+def test_async_awaited_call_raises_its_failure_once(xdg: Path, library: str) -> None:
+    outcome = run_client(xdg, "async_awaited", library)
+    assert outcome.returncode == 0, outcome
+    assert outcome.result is not None, outcome
+    (raised,) = outcome.result["raised"]
+    signal_event(raised, outcome.result["pid"])
+
+
 # -- uncaught --------------------------------------------------------------------------------------
 
 
@@ -162,6 +192,14 @@ def test_uncaught_failure_ends_the_program(xdg: Path, kind: str, fragments: list
     assert outcome.result is None  # the sleep never finished
     if kind == "broadcast_raise":  # the remote traceback is part of the report
         assert "EndpointError: nobody hears this" in outcome.stderr
+
+
+@pytest.mark.parametrize("library", ["asyncio", "trio"])
+@pytest.mark.parametrize("scoped", ["plain", "scoped"])
+def test_async_main_uncaught_failure_ends_the_program(xdg: Path, library: str, scoped: str) -> None:
+    outcome = run_client(xdg, "async_uncaught", library, scoped)
+    assert_reports(outcome, "killed by SIGKILL", "{'gpus': 1}", str(outcome.procs[1]))
+    assert outcome.result is None  # the sleep never finished
 
 
 def test_uncaught_failure_of_the_awaited_call(xdg: Path) -> None:

@@ -34,10 +34,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for the actors
 
+import anyio
 import failing_actors as fa
 
 import supervision
-from mesh import this_host
+from mesh import supervised, this_host
 from supervision import SupervisionError, SupervisionEvent
 
 WAIT_S = 10.0  # a failure interrupts waits within milliseconds; this only bounds a bug
@@ -296,7 +297,118 @@ def agent_killed() -> None:
     )
 
 
+def run_async(library: str, main: Callable[[], Any]) -> None:
+    """Run `main` as the async main task of an asyncio or trio program."""
+    anyio.run(main, backend=library)
+
+
+def async_caught(library: str) -> None:
+    """An async main task catches a failure that happens during an unrelated await."""
+
+    async def main() -> None:
+        _, workers, pids = start()
+        started = time.monotonic()
+        try:
+            async with supervised():
+                os.kill(pids[1], signal.SIGKILL)
+                await anyio.sleep(WAIT_S)
+            emit("RESULT", {"interrupted": False})
+            sys.exit(3)
+        except SupervisionError as exc:
+            caught = exc
+        early = time.monotonic() - started < WAIT_S / 2
+        survivor = await workers.slice(gpus=0).ping.call_one()
+        async with supervised():  # handled: nothing more is raised
+            await anyio.sleep(0.3)
+        emit(
+            "RESULT",
+            {
+                "event": describe(caught.event),
+                "survivor": survivor,
+                "type": type(caught).__name__,
+                "early": early,
+            },
+        )
+
+    run_async(library, main)
+
+
+def async_awaited(library: str) -> None:
+    """Inside a scope, the awaited call that fails raises; the failure is raised once."""
+
+    async def main() -> None:
+        _, workers, pids = start()
+        raised = []
+        async with supervised():
+            try:
+                await workers.slice(gpus=1).kill_self.call_one("SIGKILL")
+            except SupervisionError as exc:
+                raised.append(describe(exc.event))
+            await anyio.sleep(0.5)  # a second delivery would cancel this and raise at the exit
+        emit("RESULT", {"raised": raised, "pid": pids[1]})
+
+    run_async(library, main)
+
+
+def async_nested(library: str) -> None:
+    """With scopes nested (and one in a concurrent task), the newest open scope gets it."""
+
+    async def main() -> None:
+        _, _, pids = start()
+        caught: list[str] = []
+
+        async def other_task(ready: anyio.Event) -> None:
+            try:
+                async with supervised():
+                    ready.set()
+                    await anyio.sleep(WAIT_S)
+            except SupervisionError:
+                caught.append("other")
+
+        async with anyio.create_task_group() as group:
+            try:
+                async with supervised():
+                    ready = anyio.Event()
+                    group.start_soon(other_task, ready)
+                    await ready.wait()
+                    try:
+                        async with supervised():  # newest: it takes the failure
+                            os.kill(pids[1], signal.SIGKILL)
+                            await anyio.sleep(WAIT_S)
+                    except SupervisionError:
+                        caught.append("inner")
+                    group.cancel_scope.cancel()
+                    await anyio.sleep(0.3)
+            except SupervisionError:
+                caught.append("outer")
+        emit("RESULT", {"caught": caught})
+
+    run_async(library, main)
+
+
+def async_uncaught(library: str, scoped: str) -> None:
+    """An async main that does not catch: status 1, the report, atexit, nothing left."""
+    atexit.register(lambda: print("ATEXIT", flush=True))
+
+    async def main() -> None:
+        _, _, pids = start()
+        os.kill(pids[1], signal.SIGKILL)
+        if scoped == "scoped":
+            async with supervised():
+                await anyio.sleep(WAIT_S)
+        else:
+            await anyio.sleep(WAIT_S)
+        emit("RESULT", {"interrupted": False})
+        sys.exit(3)
+
+    run_async(library, main)
+
+
 SCENARIOS: dict[str, Callable[..., None]] = {
+    "async_caught": async_caught,
+    "async_awaited": async_awaited,
+    "async_uncaught": async_uncaught,
+    "async_nested": async_nested,
     "blocked_get": blocked_get,
     "interrupt": interrupt,
     "uncaught": uncaught,
