@@ -9,6 +9,12 @@ from ._context import context as context
 from ._context import current_rank as current_rank
 from ._context import current_size as current_size
 from ._endpoint import EndpointRef as EndpointRef
+from ._faults import Party as Party
+from ._faults import break_links as break_links
+from ._faults import exit_process as exit_process
+from ._faults import fail_next_call as fail_next_call
+from ._faults import heal_links as heal_links
+from ._faults import probe as probe
 from ._future import Future as Future
 from ._meshes import ActorMesh as ActorMesh
 from ._meshes import HostMesh as HostMesh
@@ -29,14 +35,20 @@ __all__ = (
     "Extent",
     "Future",
     "HostMesh",
+    "Party",
     "Point",
     "ProcMesh",
     "ValueMesh",
     "attach",
+    "break_links",
     "context",
     "current_rank",
     "current_size",
     "endpoint",
+    "exit_process",
+    "fail_next_call",
+    "heal_links",
+    "probe",
     "supervised",
     "this_host",
     "this_proc",

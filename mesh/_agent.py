@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import os
 import selectors
 import shutil
 import signal
 import socket
+import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ from transport import (
 
 # Imported before the fork server is forked, so procs start with them loaded.
 from . import _proc_main  # noqa: F401
+from ._fault_rules import apply_fault_rules
 from ._forkserver import ForkServerClient, start_forkserver
 from ._messages import (
     AgentAlive,
@@ -38,6 +41,7 @@ from ._messages import (
     ProcReady,
     ProcReplaced,
     ProcSpec,
+    SetFaultRules,
     ShutdownAgent,
     SpawnFailed,
     SpawnProcs,
@@ -102,7 +106,10 @@ class HostAgent:
         self._shutdown_requested = False
         self.address = self._inbox.address
         self.owner_died = False
+        self._incarnation = f"{os.getpid()}-{time.time_ns()}"
         self._log = get_logger("mesh.agent", address=address)
+        if owner_pid is None:  # a daemon: the run directory is its own
+            _remove_stale_sockets(rundir, keep=self.address)
 
     def serve(self) -> None:
         selector = selectors.DefaultSelector()
@@ -158,6 +165,8 @@ class HostAgent:
                 self._watch(header)
             elif type(header) is ShutdownAgent:
                 self._shutdown(header.grace_s)
+            elif type(header) is SetFaultRules:
+                apply_fault_rules(envelope)
             else:
                 self._log.warning("message_ignored", kind=type(header).__name__)
 
@@ -229,7 +238,7 @@ class HostAgent:
 
     def _on_owner_alive(self, owner: str) -> None:
         self._owners_seen[owner] = time.monotonic()
-        self._send(owner, AgentAlive(self.address))
+        self._send(owner, AgentAlive(self.address, self._incarnation))
 
     def _reap_orphans(self, now: float) -> None:
         """Stop the procs of network owners that stopped sending OwnerAlive."""
@@ -309,6 +318,7 @@ class HostAgent:
             requested=proc.stop_requested,
         )
         self._outbox.forget(proc.address)
+        self._remove_sockets_of(proc.spec.proc_id)
         report = ProcExited(
             proc.spec.proc_id,
             pid,
@@ -322,6 +332,15 @@ class HostAgent:
             self._send(address, report)
         self._remember(report, proc.watchers)
         self._stop(tuple(proc.owned_by_proc), 0.0)  # a mesh never outlives its owner
+
+    def _remove_sockets_of(self, proc_id: str) -> None:
+        """Remove the socket files of a proc that exited: a killed one could not."""
+        for path in (
+            os.path.join(self._rundir, proc_id),
+            *glob.glob(os.path.join(glob.escape(self._rundir), f"{glob.escape(proc_id)}-r*")),
+        ):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
     def _remember(self, report: ProcExited, watchers: set[str]) -> None:
         self._exited[report.proc_id] = report
@@ -386,6 +405,20 @@ def _coords(sizes: tuple[int, ...], rank: int) -> list[int]:
         rank, index = divmod(rank, size)
         coords.append(index)
     return list(reversed(coords))
+
+
+def _remove_stale_sockets(rundir: str, keep: str) -> None:
+    """Remove the sockets that procs of a previous agent left in `rundir` (a restarted agent
+    reuses its directory; its old procs were killed with the old agent)."""
+    try:
+        entries = list(os.scandir(rundir))
+    except OSError:
+        return
+    for entry in entries:
+        path = entry.path
+        if f"ipc://{path}" != keep and stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> None:

@@ -8,6 +8,7 @@ One actor handles one message at a time, in arrival order.
 from __future__ import annotations
 
 import inspect
+import os
 import traceback
 from collections import deque
 from dataclasses import dataclass
@@ -78,6 +79,7 @@ class ActorHost:
         self._actors: dict[str, HostedActor] = {}
         self._early: dict[str, list[Envelope]] = {}  # messages that beat their actor's spawn
         self._points: dict[tuple[tuple[str, ...], tuple[int, ...], int], Point] = {}
+        self._injected: dict[str, tuple[str | None, BaseException]] = {}  # chaos: next call raises
         self._log = get_logger("mesh.actor")
 
     def deliver(self, envelope: Envelope, *, nested: bool = False) -> None:
@@ -303,6 +305,12 @@ class ActorHost:
         """A no-argument callable for the endpoint, or None after reporting why there is none."""
         header: CallActor = envelope.header
         found = actor.endpoints.get(header.endpoint)
+        if found is None and header.endpoint in _BUILTIN_ENDPOINTS:
+            return self._builtin(actor, envelope)
+        if self._injected and actor.actor_id in self._injected:
+            injected = self._take_injected(actor, header.endpoint)
+            if injected is not None:
+                return lambda: _raise(injected)
         try:
             if found is None:
                 raise AttributeError(
@@ -314,6 +322,28 @@ class ActorHost:
             return None
         method = found.function.__get__(actor.instance)
         return lambda: method(*args, **kwargs)
+
+    def _builtin(self, actor: HostedActor, envelope: Envelope) -> Any:
+        """The endpoints every actor has: ``__ping__`` (health probes: answers the pid once
+        the actor runs), and for fault injection ``__fail_next__`` (the next call of an
+        endpoint raises) and ``__exit_process__`` (the proc exits with a code)."""
+        endpoint = envelope.header.endpoint
+        if endpoint == "__ping__":
+            return os.getpid
+        if endpoint == "__exit_process__":
+            code = envelope.payload.load()[0][0]  # type: ignore[union-attr]
+            return lambda: os._exit(code)
+        target, error = envelope.payload.load()[0]  # type: ignore[union-attr]
+        self._injected[actor.actor_id] = (target, error)
+        self._log.info("failure_injected", actor_id=actor.actor_id, endpoint=target)
+        return lambda: None
+
+    def _take_injected(self, actor: HostedActor, endpoint: str) -> BaseException | None:
+        target, error = self._injected[actor.actor_id]
+        if target is not None and target != endpoint:
+            return None
+        del self._injected[actor.actor_id]
+        return error
 
     def _endpoint_raised(
         self, actor: HostedActor, header: CallActor, exc: BaseException, fatal: bool | None = None
@@ -466,3 +496,10 @@ def _pickled_or_none(value: object) -> bytes | None:
     except SerializationError:
         return None
     return None if buffers else body
+
+
+_BUILTIN_ENDPOINTS = frozenset({"__ping__", "__fail_next__", "__exit_process__"})
+
+
+def _raise(error: BaseException) -> None:
+    raise error

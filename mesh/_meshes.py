@@ -156,6 +156,10 @@ class HostMesh(MeshBase):
         runtime.restarts.launch(record, list(range(len(peers))))
         return ProcMesh(runtime, name, Region.full(extent), peers)
 
+    def _agent_addresses(self) -> list[str]:
+        """The address of each host agent of this (sliced) mesh."""
+        return sorted({self._agents[base] for base in self._region.ranks})
+
     def shutdown(self) -> Future[None]:
         """Stop the host agents of this mesh, and with them every proc they run (for an
         attached allocation: the daemons themselves)."""
@@ -356,6 +360,10 @@ class ActorMesh(MeshBase, _Stoppable, Generic[A]):
     def on_failure(self, handler: FailureHandler) -> None:
         """Call `handler(event)` when an actor of this mesh fails; truthy return = handled."""
         self._runtime.supervisor.handlers[self._state.actor_id] = handler
+
+    def _peers_in_region(self) -> list[ProcPeer]:
+        """The procs that the actors of this (sliced) mesh run on, in rank order."""
+        return [self._state.peers[rank] for rank in self._region.ranks]
 
     def _covers(self, event: SupervisionEvent) -> bool:
         """Whether `event` concerns an actor or proc that a call on this mesh reaches."""

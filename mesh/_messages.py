@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from transport import message_type
+from transport import FaultRule, message_type
 
 
 @message_type
@@ -132,6 +132,15 @@ class StopProc:
 
 @message_type
 @dataclass(frozen=True, slots=True)
+class SetFaultRules:
+    """Chaos testing: add fault rules to the receiving process's sends, or clear them all."""
+
+    rules: tuple[FaultRule, ...]
+    clear: bool = False
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
 class Reply:
     call_id: int
     rank: int
@@ -195,9 +204,11 @@ class OwnerAlive:
 @dataclass(frozen=True, slots=True)
 class AgentAlive:
     """Agent → a network owner, in answer to OwnerAlive: the owner declares the agent's procs
-    unreachable when these stop coming (a lost host, a cut link)."""
+    unreachable when these stop coming (a lost host, a cut link), or when `incarnation`
+    changes (the agent was restarted at the same address: its old procs died with it)."""
 
     agent: str
+    incarnation: str
 
 
 @message_type

@@ -109,6 +109,11 @@ class ReplyRoutes:
             self._local.inbox = found
         return found
 
+    def addresses(self) -> list[str]:
+        """Where replies to this process may be sent, besides its main inbox."""
+        with self._lock:
+            return [inbox.address for inbox in self._all]
+
     def close(self) -> None:
         with self._lock:
             inboxes, self._all = self._all, []

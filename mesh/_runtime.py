@@ -33,6 +33,7 @@ from transport import (
 )
 
 from ._calls import PendingCall, ResultSink
+from ._fault_rules import apply_fault_rules
 from ._future import Future
 from ._host import ActorHost
 from ._messages import (
@@ -45,6 +46,7 @@ from ._messages import (
     ProcReady,
     ProcReplaced,
     Reply,
+    SetFaultRules,
     SpawnActor,
     SpawnFailed,
     StopActor,
@@ -83,6 +85,7 @@ class Runtime:
         self.tcp_host = _tcp_host(self.address)
         self._attached_agents: set[str] = set()
         self._agent_heard: dict[str, float] = {}
+        self._agent_incarnations: dict[str, str] = {}
         self.replies = ReplyRoutes(self)
         self.host = ActorHost(self)
         self.peers: dict[str, ProcPeer] = {}
@@ -113,6 +116,7 @@ class Runtime:
             StopProc: self._on_stop_proc,
             AgentAlive: self._on_agent_alive,
             ProcReplaced: self._on_proc_replaced,
+            SetFaultRules: apply_fault_rules,
         }
 
     # -- the event loop ------------------------------------------------------------------------
@@ -417,6 +421,7 @@ class Runtime:
         ready, gone = peer.ready, peer.gone
         escalate: SupervisionEvent | None = None
         if state == "failed" and peer.owned and not self.closing:
+            self.supervisor.observe(event)
             # decide (and hold the peer for a restart) before anyone hears of the failure
             escalate = self.restarts.on_proc_failure(peer, event)
         ready.set_exception(error)
@@ -436,6 +441,7 @@ class Runtime:
     def _on_actor_failed(self, envelope: Envelope) -> None:
         header: ActorFailed = envelope.header
         event: SupervisionEvent = envelope.payload.load()  # type: ignore[union-attr]
+        self.supervisor.observe(event)
         escalate = self.restarts.on_actor_failure(header.actor_id, header.rank, event)
         if escalate is None:
             return  # a restart policy takes care of it
@@ -477,6 +483,10 @@ class Runtime:
             assert self._loop is not None
             self._loop.call_soon_threadsafe(self._send_owner_alive)
 
+    def attached_agents(self) -> list[str]:
+        """The network agents this process attached to (and keeps alive)."""
+        return sorted(self._attached_agents)
+
     def _send_owner_alive(self) -> None:
         if self.closed.is_set():
             return
@@ -490,15 +500,26 @@ class Runtime:
         self.call_later(OWNER_ALIVE_INTERVAL_S, self._send_owner_alive)
 
     def _on_agent_alive(self, envelope: Envelope) -> None:
-        self._agent_heard[envelope.header.agent] = time.monotonic()
+        header: AgentAlive = envelope.header
+        self._agent_heard[header.agent] = time.monotonic()
+        known = self._agent_incarnations.setdefault(header.agent, header.incarnation)
+        if known != header.incarnation:
+            self._agent_incarnations[header.agent] = header.incarnation
+            self._agent_lost(header.agent, "was restarted, and its procs died with the old one")
 
     def _agent_lost(self, agent: str, why: str) -> None:
         """Every live proc of `agent` failed with kind "unreachable"."""
         self._log.error("agent_lost", agent=agent, reason=why)
-        for peer in [p for p in self.peers.values() if p.agent == agent and p.alive]:
+        lost = [p for p in self.peers.values() if p.agent == agent and p.alive]
+        for peer in lost:
             self.mark_peer_gone(
                 peer, peer.make_event("unreachable", f"its host agent {why}"), "failed"
             )
+        # If the agent is only cut off, it gets this once the link is back: procs given up
+        # for lost must not live on beside their replacements.
+        owned = tuple(p.proc_id for p in lost if p.owned)
+        if owned:
+            self.send_message(agent, StopProcs(owned, 0.0))
 
     def stop_all_owned(self, grace_s: float) -> None:
         """Ask the agents to stop every proc this process spawned (at shutdown)."""

@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from supervision import SupervisionEvent, is_handled, unhandled_failure_hook
+from supervision import SupervisionEvent, event_listeners, is_handled, unhandled_failure_hook
 from transport import get_logger
 
 from ._failfast import FAIL_FAST
@@ -32,6 +32,7 @@ class Supervisor:
         self.actor_mesh_owners: dict[str, str | None] = {}
         self.actor_meshes_on: dict[str, list[str]] = {}  # proc id -> actor meshes spawned there
         self._seen: set[tuple[str | None, str | None, str]] = set()
+        self._observed: set[tuple[str | None, str | None, str]] = set()
         self._log = get_logger("supervision", proc=runtime.proc_id)
 
     def handlers_for_proc(self, proc_id: str, mesh_key: str) -> tuple[str, ...]:
@@ -43,10 +44,10 @@ class Supervisor:
     ) -> None:
         """Decide what `event` (a failure of something owned here) leads to. Loop thread."""
         identity = (event.actor_id, event.proc_id, event.kind)
+        self.observe(event)
         if identity in self._seen:
             return
         self._seen.add(identity)
-        self._log.warning("supervision_event", **event.to_dict())
         for key in keys:
             handler = self.handlers.get(key)
             if handler is not None and self._run_handler(handler, event):
@@ -63,9 +64,25 @@ class Supervisor:
                 "unowned_failure", reason="no actor of this proc owns the mesh", **event.to_dict()
             )
 
+    def observe(self, event: SupervisionEvent) -> None:
+        """Log `event` and tell the event listeners, once per failure, whoever decides."""
+        identity = (event.actor_id, event.proc_id, event.kind)
+        if identity in self._observed:
+            return
+        self._observed.add(identity)
+        self._log.warning("supervision_event", **event.to_dict())
+        for listener in event_listeners():
+            try:
+                listener(event)
+            except Exception:
+                self._log.error(
+                    "event_listener_raised", listener=repr(listener), error=traceback.format_exc()
+                )
+
     def forget(self, actor_id: str) -> None:
         """Failures of `actor_id` seen so far are history: it is being rebuilt."""
         self._seen = {seen for seen in self._seen if seen[0] != actor_id}
+        self._observed = {seen for seen in self._observed if seen[0] != actor_id}
 
     def _run_handler(self, handler: FailureHandler, event: SupervisionEvent) -> bool:
         try:

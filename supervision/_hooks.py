@@ -1,4 +1,4 @@
-"""The client's global hook for failures that no handler took."""
+"""The client's global hook for failures that no handler took, and event listeners."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from collections.abc import Callable
 from ._events import SupervisionEvent
 
 UnhandledFailureHook = Callable[[SupervisionEvent], object]
+EventListener = Callable[[SupervisionEvent], None]
 
 _hook: UnhandledFailureHook | None = None
+_listeners: list[EventListener] = []
 
 
 def set_unhandled_failure_hook(hook: UnhandledFailureHook | None) -> UnhandledFailureHook | None:
@@ -26,3 +28,20 @@ def set_unhandled_failure_hook(hook: UnhandledFailureHook | None) -> UnhandledFa
 def unhandled_failure_hook() -> UnhandledFailureHook | None:
     """The hook installed by `set_unhandled_failure_hook`, if any."""
     return _hook
+
+
+def add_event_listener(listener: EventListener) -> Callable[[], None]:
+    """Call `listener(event)` for every supervision event that reaches this process, handled
+    or not (restarted by a policy included), before anything decides about it.
+
+    For metrics, dashboards and the chaos harness: a listener observes, it cannot handle. It
+    runs on meshvisor's event loop thread and must be quick; what it raises is logged and
+    ignored. Returns a function that removes the listener.
+    """
+    _listeners.append(listener)
+    return lambda: _listeners.remove(listener) if listener in _listeners else None
+
+
+def event_listeners() -> tuple[EventListener, ...]:
+    """The listeners added by `add_event_listener`."""
+    return tuple(_listeners)

@@ -8,6 +8,9 @@ from ._errors import MalformedMessage as MalformedMessage
 from ._errors import MessageTooLarge as MessageTooLarge
 from ._errors import SerializationError as SerializationError
 from ._errors import TransportError as TransportError
+from ._faults import FaultRule as FaultRule
+from ._faults import NetworkFaults as NetworkFaults
+from ._faults import network_faults as network_faults
 from ._frames import DEFAULT_MAX_MESSAGE_BYTES as DEFAULT_MAX_MESSAGE_BYTES
 from ._frames import Envelope as Envelope
 from ._frames import Payload as Payload
@@ -34,9 +37,11 @@ __all__ = (
     "KEYS_ENV",
     "CurveKeys",
     "Envelope",
+    "FaultRule",
     "Inbox",
     "MalformedMessage",
     "MessageTooLarge",
+    "NetworkFaults",
     "Outbox",
     "Payload",
     "SerializationError",
@@ -50,6 +55,7 @@ __all__ = (
     "get_logger",
     "loads",
     "message_type",
+    "network_faults",
     "new_context",
     "private_runtime_dir",
     "reset_logging",

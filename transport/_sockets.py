@@ -17,6 +17,7 @@ from typing import Any
 import zmq
 
 from ._errors import MalformedMessage, MessageTooLarge, TransportError
+from ._faults import network_faults
 from ._frames import DEFAULT_MAX_MESSAGE_BYTES, Envelope, decode
 from ._log import get_logger
 from ._security import (
@@ -134,6 +135,9 @@ class Inbox:
                 pass
 
 
+_FAULTS = network_faults()
+
+
 class Outbox:
     """Sends frames to any address, FIFO per destination; safe to use from several threads."""
 
@@ -145,6 +149,12 @@ class Outbox:
 
     def send(self, address: str, frames: Sequence[Any]) -> None:
         """Queue `frames` for `address`; never blocks on a slow or absent receiver."""
+        if _FAULTS.active:  # chaos testing: the fault rules decide
+            _FAULTS.route(address, frames, self._send_now)
+            return
+        self._send_now(address, frames)
+
+    def _send_now(self, address: str, frames: Sequence[Any]) -> None:
         with self._lock:
             if self._closed:
                 raise TransportError("cannot send: this process's transport is closed.")

@@ -1,0 +1,145 @@
+"""`LocalAllocation`: the persistent allocation a chaos run works on, built on this machine.
+
+One daemon host agent (``python -m mesh._agent``) per simulated host, each listening on an ipc
+address in a private directory, so that a killed agent can be started again at the same
+address, as a node manager would restart it. The workload's clients attach to these agents;
+they outlive the clients, which is what lets a killed client be replaced.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ._errors import ChaosSetupError
+
+AGENT_START_TIMEOUT_S = 30.0
+
+
+class LocalAllocation:
+    """Host agents started as daemons on this machine, one per simulated host."""
+
+    def __init__(self, hosts: int, *, owner_timeout_s: float = 1.5, verbose: bool = False) -> None:
+        if hosts < 1:
+            raise ValueError(f"a chaos allocation needs at least one host, not {hosts}")
+        self.hosts = hosts
+        self.owner_timeout_s = owner_timeout_s
+        self._verbose = verbose
+        base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+        self.directory = Path(tempfile.mkdtemp(prefix="meshvisor-chaos-", dir=base))
+        self.addresses = [f"ipc://{self.directory}/h{i}/agent" for i in range(hosts)]
+        self._agents: list[subprocess.Popen[bytes] | None] = [None] * hosts
+
+    def __enter__(self) -> LocalAllocation:
+        try:
+            for host in range(self.hosts):
+                (self.directory / f"h{host}").mkdir(mode=0o700)
+                self.start(host)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def start(self, host: int) -> None:
+        """Start (or start again) the agent of `host`, at its fixed address."""
+        ready = self.directory / f"h{host}" / "address"
+        ready.unlink(missing_ok=True)
+        output = None if self._verbose else subprocess.DEVNULL
+        agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mesh._agent",
+                "--listen",
+                self.addresses[host],
+                "--rundir",
+                str(self.directory / f"h{host}"),
+                "--address-file",
+                str(ready),
+                "--owner-timeout",
+                str(self.owner_timeout_s),
+            ],
+            stdout=output,
+            stderr=output,
+        )
+        self._agents[host] = agent
+        deadline = time.monotonic() + AGENT_START_TIMEOUT_S
+        while not ready.exists():
+            if agent.poll() is not None:
+                raise ChaosSetupError(f"the host agent of host {host} exited at start")
+            if time.monotonic() > deadline:
+                raise ChaosSetupError(f"the host agent of host {host} did not start in time")
+            time.sleep(0.01)
+
+    def pid(self, host: int) -> int:
+        agent = self._agents[host]
+        if agent is None:
+            raise ChaosSetupError(f"host {host} has no agent running")
+        return agent.pid
+
+    def kill(self, host: int) -> int:
+        """SIGKILL the agent of `host` (its procs die with it); returns its pid."""
+        agent = self._agents[host]
+        if agent is None:
+            raise ChaosSetupError(f"host {host} has no agent running")
+        agent.kill()
+        agent.wait()
+        return agent.pid
+
+    def procs(self) -> set[int]:
+        """Every process below the agents (fork servers excluded): the procs they run."""
+        below: set[int] = set()
+        for agent in self._agents:
+            if agent is None or agent.poll() is not None:
+                continue
+            for forkserver in _children(agent.pid):
+                below |= _children(forkserver)
+        return below
+
+    def leftover_sockets(self) -> list[Path]:
+        """Socket files in the agents' directories that belong to no agent."""
+        own = {address[len("ipc://") :] for address in self.addresses}
+        return sorted(
+            path
+            for path in self.directory.glob("h*/*")
+            if path.is_socket() and str(path) not in own
+        )
+
+    def close(self) -> None:
+        """Stop every agent (gracefully, then by force) and remove the directory."""
+        for agent in self._agents:
+            if agent is not None and agent.poll() is None:
+                agent.send_signal(signal.SIGTERM)
+        for agent in self._agents:
+            if agent is None:
+                continue
+            try:
+                agent.wait(10)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                agent.wait()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _children(pid: int) -> set[int]:
+    """The child processes of `pid`."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.add(int(entry.name))
+    return found

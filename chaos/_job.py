@@ -1,0 +1,309 @@
+"""`Job`: the workload's side of a chaos run, in the client process the harness started.
+
+The workload spawns its meshes on ``job.hosts``, names the actor meshes chaos may aim at with
+``job.target(...)``, registers its invariants and loops ``while job.running():``. Meanwhile the
+job reports every supervision event and the workload's progress to the harness, and carries
+out what the harness asks for that only the client can do: resolve a target to its process,
+make an endpoint raise, break links, probe health.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mesh import (
+    ActorMesh,
+    HostMesh,
+    break_links,
+    exit_process,
+    fail_next_call,
+    heal_links,
+    probe,
+)
+from supervision import SupervisionError, SupervisionEvent, add_event_listener
+
+from ._channel import Channel, Message
+from ._errors import InjectedError, InjectedFault
+
+#: How often progress is reported to the harness (it judges whether the client hung).
+PROGRESS_INTERVAL_S = 0.1
+#: How long one health probe waits for an answer before trying again.
+PROBE_TIMEOUT_S = 1.0
+DEFAULT_HEARTBEAT_TIMEOUT_S = 2.0
+
+Invariant = Callable[[], object]
+
+
+@dataclass
+class _Target:
+    actors: ActorMesh[Any]
+    heartbeat_timeout_s: float
+
+
+class Job:
+    """What a chaos workload is given: the hosts to run on, and the run's controls."""
+
+    def __init__(
+        self, channel_socket: Any, hosts: HostMesh, agents: list[str], generation: int
+    ) -> None:
+        self.hosts = hosts
+        #: 0 for the first client of the run; one more after each "kill_client" fault.
+        self.generation = generation
+        self._agents = agents
+        self._targets: dict[str, _Target] = {}
+        self._invariants: list[tuple[str, Invariant, bool]] = []
+        self._finish = threading.Event()
+        self._announced = False
+        self._steps = 0
+        self._reported_at = 0.0
+        self._checked_at = 0.0
+        self.invariant_interval_s = 1.0
+        self._during_failures: list[dict[str, Any]] = []
+        self._channel = Channel(channel_socket, self._on_message)
+        self._remove_listener = add_event_listener(self._on_event)
+        self._channel.send({"type": "hello", "generation": generation})
+
+    # -- what the workload calls ----------------------------------------------------------------
+
+    def target(
+        self, actors: ActorMesh[Any], *, heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_S
+    ) -> ActorMesh[Any]:
+        """Let chaos aim at the ranks of `actors` (give the heartbeat timeout of its procs if
+        not the default, so that pauses are judged right). Returns `actors`."""
+        if self._announced:
+            raise RuntimeError("register every target before the first job.running()")
+        if actors.name in self._targets:
+            raise ValueError(f"mesh {actors.name!r} is already a chaos target")
+        self._targets[actors.name] = _Target(actors, heartbeat_timeout_s)
+        return actors
+
+    def invariant(self, name: str, check: Invariant, *, during: bool = False) -> None:
+        """Check `check()` after the final heal (and, with `during`, about once a second while
+        the workload runs, from inside ``job.running()``). A falsy return or an exception
+        means the invariant did not hold; a returned string says why."""
+        self._invariants.append((name, check, during))
+
+    def running(self) -> bool:
+        """True until the harness ends the run; call once per step of the workload loop."""
+        if not self._announced:
+            self._announce()
+        self._steps += 1
+        now = time.monotonic()
+        if now - self._reported_at >= PROGRESS_INTERVAL_S:
+            self._reported_at = now
+            self._note({"type": "progress", "steps": self._steps, "at": now})
+        if now - self._checked_at >= self.invariant_interval_s:
+            self._checked_at = now
+            self._check_during()
+        return not self._finish.is_set()
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, but wake at once when the run ends."""
+        self._finish.wait(seconds)
+
+    @property
+    def steps(self) -> int:
+        return self._steps
+
+    # -- the end ----------------------------------------------------------------------------------
+
+    def complete(self) -> None:
+        """The workload returned: check the invariants and tell the harness."""
+        results = [*self._during_failures]
+        for name, check, _ in self._invariants:
+            results.append(_check(name, check))
+        self._note({"type": "invariants", "results": results, "steps": self._steps})
+        self._note({"type": "done"})
+        self._remove_listener()
+
+    def crashed(self, error: BaseException) -> None:
+        self._note({"type": "crashed", "error": "".join(traceback.format_exception(error))})
+        self._remove_listener()
+
+    # -- talking to the harness -------------------------------------------------------------------
+
+    def _announce(self) -> None:
+        if not self._targets:
+            raise RuntimeError("a chaos workload must register a target: job.target(actors)")
+        self._announced = True
+        meshes = {name: len(t.actors._peers_in_region()) for name, t in self._targets.items()}
+        timeouts = {name: t.heartbeat_timeout_s for name, t in self._targets.items()}
+        self._note(
+            {
+                "type": "ready",
+                "meshes": meshes,
+                "heartbeat_timeouts": timeouts,
+                "hosts": len(self._agents),
+            }
+        )
+
+    def _note(self, message: Message) -> None:
+        if not self._channel.closed:
+            try:
+                self._channel.send(message)
+            except ConnectionError:
+                pass
+
+    def _on_event(self, event: SupervisionEvent) -> None:
+        mesh, rank, host = self._locate(event)
+        self._note(
+            {
+                "type": "event",
+                "at": time.monotonic(),
+                "kind": event.kind,
+                "mesh": mesh,
+                "rank": rank,
+                "host": host,
+                "pid": event.pid,
+                "message": str(event),
+            }
+        )
+
+    def _locate(self, event: SupervisionEvent) -> tuple[str | None, int | None, int | None]:
+        """The target mesh, flat rank and host index that `event` concerns, where known."""
+        for name, target in self._targets.items():
+            for rank, peer in enumerate(target.actors._peers_in_region()):
+                if peer.proc_id == event.proc_id:
+                    return name, rank, self._host_of(peer.agent)
+        return event.mesh_name, None, None
+
+    def _host_of(self, agent: str | None) -> int | None:
+        return self._agents.index(agent) if agent in self._agents else None
+
+    def _on_message(self, message: Message) -> None:
+        if message["type"] == "closed":
+            self._finish.set()  # the harness is gone: end the workload
+        elif message["type"] == "request":
+            threading.Thread(target=self._serve, args=(message,), daemon=True).start()
+
+    def _serve(self, request: Message) -> None:
+        handler = getattr(self, f"_op_{request['op']}", None)
+        if handler is None:
+            self._channel.answer(request, error=f"unknown operation {request['op']!r}")
+            return
+        try:
+            value = handler(**request["args"])
+        except Exception as exc:
+            self._channel.answer(request, error=f"{type(exc).__name__}: {exc}")
+            return
+        self._channel.answer(request, value)
+
+    # -- operations the harness asks for ---------------------------------------------------------
+
+    def _rank(self, mesh: str, rank: int) -> ActorMesh[Any]:
+        return self._targets[mesh].actors.flatten("rank").slice(rank=rank)
+
+    def _op_resolve(self, mesh: str, rank: int, timeout: float) -> dict[str, Any]:
+        """The process that runs a rank now (waiting for it while it is being re-spawned)."""
+        peer = self._targets[mesh].actors._peers_in_region()[rank]
+        deadline = time.monotonic() + timeout
+        while peer.pid is None or peer.state != "ready":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"rank {rank} of {mesh!r} is not running ({peer.state})")
+            time.sleep(0.02)
+        return {"pid": peer.pid, "host": self._host_of(peer.agent)}
+
+    def _op_ranks_on(self, host: int) -> list[list[Any]]:
+        """Every target rank placed on `host`, with its current pid."""
+        found = []
+        for name, target in sorted(self._targets.items()):
+            for rank, peer in enumerate(target.actors._peers_in_region()):
+                if self._host_of(peer.agent) == host:
+                    found.append([name, rank, peer.pid])
+        return found
+
+    def _op_raise(self, mesh: str, rank: int, endpoint: str | None, fatal: bool) -> None:
+        error: BaseException = (
+            InjectedFault(f"chaos: injected into {endpoint or 'the next call'}")
+            if fatal
+            else InjectedError(f"chaos: injected into {endpoint or 'the next call'}")
+        )
+        fail_next_call(self._rank(mesh, rank), error, endpoint).get(timeout=PROBE_TIMEOUT_S * 5)
+
+    def _op_exit(self, mesh: str, rank: int, code: int) -> None:
+        exit_process(self._rank(mesh, rank), code)
+
+    def _op_links(
+        self,
+        mesh: str,
+        rank: int,
+        duration_s: float,
+        probability: float,
+        delay_s: float,
+        seed: int,
+    ) -> None:
+        break_links(
+            "client",
+            self._rank(mesh, rank),
+            duration_s=duration_s,
+            probability=probability,
+            delay_s=delay_s,
+            seed=seed,
+        )
+
+    def _op_partition(self, host: int, duration_s: float, seed: int) -> None:
+        break_links(self.hosts.slice(hosts=host), None, duration_s=duration_s, hold=True)
+
+    def _op_heartbeat_timeout(self, mesh: str) -> float:
+        return self._targets[mesh].heartbeat_timeout_s
+
+    def _op_wait_healthy(
+        self, ranks: list[list[Any]], exclude_pids: list[int], timeout: float
+    ) -> dict[str, Any]:
+        """Probe `ranks` until each answers from a process not in `exclude_pids`."""
+        deadline = time.monotonic() + timeout
+        pids = []
+        for mesh, rank in ranks:
+            pids.append(self._probe_until(self._rank(mesh, rank), set(exclude_pids), deadline))
+        return {"at": time.monotonic(), "pids": pids}
+
+    def _op_heal(self, timeout: float) -> dict[str, Any]:
+        """Remove every fault rule, then wait until every target rank answers."""
+        heal_links()
+        ranks = [
+            [name, rank]
+            for name, target in sorted(self._targets.items())
+            for rank in range(len(target.actors._peers_in_region()))
+        ]
+        return self._op_wait_healthy(ranks, [], timeout)
+
+    def _op_finish(self) -> None:
+        self._finish.set()
+
+    def _probe_until(self, actors: ActorMesh[Any], exclude: set[int], deadline: float) -> int:
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            try:
+                pid = next(iter(probe(actors).get(timeout=PROBE_TIMEOUT_S).values()))
+            except (SupervisionError, TimeoutError) as exc:
+                last = str(exc)
+            else:
+                if pid not in exclude:
+                    return int(pid)
+                last = f"still answered by process {pid}, which should be gone"
+            time.sleep(0.02)
+        raise TimeoutError(f"{actors.name} did not become healthy: {last}")
+
+    def _check_during(self) -> None:
+        for name, check, during in self._invariants:
+            if during:
+                result = _check(name, check)
+                if not result["held"]:
+                    result["detail"] = f"during the run: {result['detail']}"
+                    self._during_failures.append(result)
+
+
+def _check(name: str, check: Invariant) -> dict[str, Any]:
+    try:
+        outcome = check()
+    except Exception as exc:
+        return {"name": name, "held": False, "detail": f"raised {type(exc).__name__}: {exc}"}
+    if isinstance(outcome, str):
+        return {"name": name, "held": False, "detail": outcome}
+    held = outcome is None or bool(outcome)
+    return {"name": name, "held": held, "detail": "" if held else f"returned {outcome!r}"}
