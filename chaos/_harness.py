@@ -40,6 +40,8 @@ from ._schedule import Schedule
 
 #: Whether an expected event is optional ("none" among the expected kinds).
 NO_EVENT = "none"
+#: How long after a fault ends an event that may or may not come is still waited for.
+OPTIONAL_EVENT_GRACE_S = 1.0
 #: Event kinds after which the failed process is gone (a healthy answer must come from another).
 _DEADLY = frozenset({"signal", "exit", "hung", "unreachable"})
 
@@ -304,11 +306,20 @@ class Harness:
         else:
             _sleep_until_monotonic(injected + fault.duration_s)
         expected = [k for k in record.expected if k != NO_EVENT]
-        if expected:
-            deadline = injected + fault.duration_s + self.options.detect_timeout_s
-            follow.detected.wait(max(0.0, deadline - time.monotonic()))
+        window_end = injected + fault.duration_s
+        if expected and NO_EVENT in record.expected:
+            # An optional event can only come while the fault lasts, or just after: probe
+            # at once, and again if the event comes after all.
+            record.healthy_at_s = self._wait_healthy(follow)
+            follow.detected.wait(max(0.0, window_end + OPTIONAL_EVENT_GRACE_S - time.monotonic()))
+            if follow.detected.is_set():
+                record.healthy_at_s = self._wait_healthy(follow)
+        else:
+            if expected:
+                deadline = window_end + self.options.detect_timeout_s
+                follow.detected.wait(max(0.0, deadline - time.monotonic()))
+            record.healthy_at_s = self._wait_healthy(follow)
         self._judge_detection(record)
-        record.healthy_at_s = self._wait_healthy(follow)
         if record.verdict == "not_injected":
             record.verdict = "ok"
 
@@ -514,6 +525,7 @@ class Harness:
 
     def _restart_client(self) -> None:
         previous = self._require_client()
+        previous.channel.close()  # it was killed: nothing more can come
         self._done_steps = self._steps
         client = self._start_client(previous.generation + 1)
         self._wait_ready(client)

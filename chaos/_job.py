@@ -290,8 +290,9 @@ class Job:
         raise TimeoutError(f"{actors.name} did not become healthy: {last}")
 
     def _check_during(self) -> None:
+        broken = {result["name"] for result in self._during_failures}
         for name, check, during in self._invariants:
-            if during:
+            if during and name not in broken:  # the first breach of each is what matters
                 result = _check(name, check)
                 if not result["held"]:
                     result["detail"] = f"during the run: {result['detail']}"

@@ -16,6 +16,11 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser(
         "agent", help="run a host agent (options: meshvisor agent --help)", add_help=False
     )
+    commands.add_parser(
+        "chaos",
+        help="run a workload under fault injection (meshvisor chaos run --help)",
+        add_help=False,
+    )
     keys = commands.add_parser("keys", help="create CURVE keys for an allocation")
     keys.add_argument("directory", type=Path, help="where to write them (created private)")
     demo = commands.add_parser("demo", help="run the demo script from examples/")
@@ -28,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["agent"]:  # the agent parses its own options
         return _run_agent(argv[1:])
+    if argv[:1] == ["chaos"]:
+        return _run_chaos(argv[1:])
     args, rest = parser.parse_known_args(argv)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -51,6 +58,13 @@ def _run_agent(rest: list[str]) -> int:
 
     agent_main(rest, prog="meshvisor agent")
     return 0
+
+
+def _run_chaos(rest: list[str]) -> int:
+    # imported here: the chaos package builds on mesh, not the other way round
+    from chaos._cli import main as chaos_main
+
+    return chaos_main(rest, prog="meshvisor chaos")
 
 
 def _run_demo(script: Path | None) -> int:
