@@ -25,11 +25,19 @@ AGENT_START_TIMEOUT_S = 30.0
 class LocalAllocation:
     """Host agents started as daemons on this machine, one per simulated host."""
 
-    def __init__(self, hosts: int, *, owner_timeout_s: float = 1.5, verbose: bool = False) -> None:
+    def __init__(
+        self,
+        hosts: int,
+        *,
+        owner_timeout_s: float = 3.0,
+        preload: tuple[str, ...] = (),
+        verbose: bool = False,
+    ) -> None:
         if hosts < 1:
             raise ValueError(f"a chaos allocation needs at least one host, not {hosts}")
         self.hosts = hosts
         self.owner_timeout_s = owner_timeout_s
+        self.preload = preload
         self._verbose = verbose
         base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
         self.directory = Path(tempfile.mkdtemp(prefix="meshvisor-chaos-", dir=base))
@@ -67,6 +75,7 @@ class LocalAllocation:
                 str(ready),
                 "--owner-timeout",
                 str(self.owner_timeout_s),
+                *(["--preload", ",".join(self.preload)] if self.preload else []),
             ],
             stdout=output,
             stderr=output,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import socket
 import sys
@@ -49,10 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("workload")
     parser.add_argument("--agents", required=True, help="comma-separated agent addresses")
     parser.add_argument("--generation", type=int, default=0)
+    parser.add_argument("--params", default="{}", help="the workload's job.params, as JSON")
     args = parser.parse_args(argv)
     channel = socket.socket(fileno=int(os.environ.pop(CHANNEL_FD_ENV)))
     agents = args.agents.split(",")
-    job = Job(channel, attach(agents), agents, args.generation)
+    job = Job(channel, attach(agents), agents, args.generation, json.loads(args.params))
     try:
         workload = load_workload(args.workload)
         workload(job)

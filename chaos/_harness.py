@@ -12,6 +12,7 @@ invariants, and checks that nothing was left behind.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import shlex
 import signal
@@ -65,6 +66,10 @@ class ChaosOptions:
     restart_delay_s: float = 0.3
     #: How long the workload has to start and register its targets.
     start_timeout_s: float = 60.0
+    #: Modules the agents import before forking procs (e.g. ("torch",): procs start faster).
+    preload: tuple[str, ...] = ()
+    #: Parameters for the workload, as ``job.params`` (JSON values).
+    params: dict[str, Any] = field(default_factory=dict)
     #: Show the output of the workload's processes (clients, agents, procs).
     verbose: bool = False
     #: Called with one line of text for every fault injected, observed and healed.
@@ -115,6 +120,7 @@ class Harness:
         self._heartbeat_timeouts: dict[str, float] = {}
         self._done_steps = 0
         self._alloc: LocalAllocation | None = None
+        self._records: dict[str, Any] = {}  # what the workload recorded for the report
 
     # -- the run -----------------------------------------------------------------------------------
 
@@ -124,6 +130,7 @@ class Harness:
         with LocalAllocation(
             self.options.hosts,
             owner_timeout_s=self.options.owner_timeout_s,
+            preload=self.options.preload,
             verbose=self.options.verbose,
         ) as alloc:
             self._alloc = alloc
@@ -156,6 +163,7 @@ class Harness:
                 "steps": self._steps,
                 "max_step_gap_s": round(self._max_gap, 3),
                 "clients": self._clients_started,
+                **self._records,
             },
         )
         return report
@@ -467,6 +475,8 @@ class Harness:
                 ",".join(self._alloc.addresses),
                 "--generation",
                 str(generation),
+                "--params",
+                json.dumps(self.options.params),
             ],
             pass_fds=(theirs.fileno(),),
             env=env,
@@ -502,6 +512,9 @@ class Harness:
                 InvariantResult(r["name"], bool(r["held"]), r.get("detail", ""))
                 for r in message["results"]
             ]
+        elif kind == "record":
+            with self._lock:
+                self._records[message["key"]] = message["value"]
         elif kind == "crashed":
             client.crash = message["error"]
             client.ready.set()

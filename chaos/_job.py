@@ -49,9 +49,16 @@ class Job:
     """What a chaos workload is given: the hosts to run on, and the run's controls."""
 
     def __init__(
-        self, channel_socket: Any, hosts: HostMesh, agents: list[str], generation: int
+        self,
+        channel_socket: Any,
+        hosts: HostMesh,
+        agents: list[str],
+        generation: int,
+        params: dict[str, Any] | None = None,
     ) -> None:
         self.hosts = hosts
+        #: The workload's parameters (``ChaosOptions.params``).
+        self.params: dict[str, Any] = dict(params or {})
         #: 0 for the first client of the run; one more after each "kill_client" fault.
         self.generation = generation
         self._agents = agents
@@ -109,6 +116,10 @@ class Job:
     @property
     def steps(self) -> int:
         return self._steps
+
+    def record(self, key: str, value: Any) -> None:
+        """Put `value` (JSON) in the report's ``workload_stats[key]`` (the last one counts)."""
+        self._note({"type": "record", "key": key, "value": value})
 
     # -- the end ----------------------------------------------------------------------------------
 

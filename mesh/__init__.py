@@ -21,6 +21,12 @@ from ._meshes import HostMesh as HostMesh
 from ._meshes import ProcMesh as ProcMesh
 from ._meshes import this_host as this_host
 from ._meshes import this_proc as this_proc
+from ._replica import Replica as Replica
+from ._replica import replay_training as replay_training
+from ._replicas import Recovery as Recovery
+from ._replicas import ReplicaGroup as ReplicaGroup
+from ._replicas import ReplicaGroupError as ReplicaGroupError
+from ._replicas import StepOutcome as StepOutcome
 from ._shape import Extent as Extent
 from ._shape import Point as Point
 from ._supervised import supervised as supervised
@@ -38,6 +44,11 @@ __all__ = (
     "Party",
     "Point",
     "ProcMesh",
+    "Recovery",
+    "Replica",
+    "ReplicaGroup",
+    "ReplicaGroupError",
+    "StepOutcome",
     "ValueMesh",
     "attach",
     "break_links",
@@ -49,6 +60,7 @@ __all__ = (
     "fail_next_call",
     "heal_links",
     "probe",
+    "replay_training",
     "supervised",
     "this_host",
     "this_proc",

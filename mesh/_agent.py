@@ -32,7 +32,7 @@ from transport import (
 # Imported before the fork server is forked, so procs start with them loaded.
 from . import _proc_main  # noqa: F401
 from ._fault_rules import apply_fault_rules
-from ._forkserver import ForkServerClient, start_forkserver
+from ._forkserver import PRELOAD_ENV, ForkServerClient, start_forkserver
 from ._messages import (
     AgentAlive,
     Heartbeat,
@@ -467,6 +467,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
         help="add this agent's address to the named allocation (or file)",
     )
     parser.add_argument(
+        "--preload",
+        default=None,
+        help="modules (comma-separated) for the fork server to import before it forks procs, "
+        "so that they start with them loaded (e.g. torch)",
+    )
+    parser.add_argument(
         "--remove-rundir",
         action="store_true",
         help="remove the run directory if the owner dies without cleaning up",
@@ -484,6 +490,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
             check_exposure(address[len("tcp://") :].rsplit(":", 1)[0])
         except TransportError as error:
             parser.error(str(error))
+    if args.preload:
+        os.environ[PRELOAD_ENV] = args.preload
     forkserver = start_forkserver()
     agent = HostAgent(
         forkserver, address, rundir, args.owner_pid, args.orphan_timeout, args.owner_timeout

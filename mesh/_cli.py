@@ -23,18 +23,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     keys = commands.add_parser("keys", help="create CURVE keys for an allocation")
     keys.add_argument("directory", type=Path, help="where to write them (created private)")
-    demo = commands.add_parser("demo", help="run the demo script from examples/")
-    demo.add_argument(
-        "--script",
-        type=Path,
-        default=None,
-        help="the script to run (default: examples/demo.py of this checkout)",
+    commands.add_parser(
+        "demo",
+        help="train replicas under random kills (meshvisor demo --help)",
+        add_help=False,
     )
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["agent"]:  # the agent parses its own options
         return _run_agent(argv[1:])
     if argv[:1] == ["chaos"]:
         return _run_chaos(argv[1:])
+    if argv[:1] == ["demo"]:
+        return _run_demo(argv[1:])
     args, rest = parser.parse_known_args(argv)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "version":
         print(metadata.version("meshvisor"))
         return 0
-    return _run_demo(args.script)
+    raise AssertionError(f"unhandled command {args.command}")
 
 
 def _run_agent(rest: list[str]) -> int:
@@ -67,18 +67,18 @@ def _run_chaos(rest: list[str]) -> int:
     return chaos_main(rest, prog="meshvisor chaos")
 
 
-def _run_demo(script: Path | None) -> int:
-    path = script or Path(__file__).resolve().parents[1] / "examples" / "demo.py"
+def _run_demo(rest: list[str]) -> int:
+    """TorchFT-style replica training under the chaos harness (examples/replica_training.py)."""
+    path = Path(__file__).resolve().parents[1] / "examples" / "replica_training.py"
     if not path.is_file():
         print(
-            f"meshvisor demo: {path} does not exist; pass --script PATH, or install meshvisor "
-            "from a checkout (pip install -e .) so that examples/ is next to it.",
+            f"meshvisor demo: {path} does not exist; install meshvisor from a checkout "
+            "(pip install -e .) so that examples/ is next to it.",
             file=sys.stderr,
         )
         return 2
-    sys.argv = [str(path)]
-    runpy.run_path(str(path), run_name="__main__")
-    return 0
+    namespace = runpy.run_path(str(path), run_name="meshvisor_demo")
+    return int(namespace["main"](rest, prog="meshvisor demo"))
 
 
 if __name__ == "__main__":

@@ -479,9 +479,12 @@ class Runtime:
         it stops: a network owner has no pid they could watch)."""
         new = set(agents) - self._attached_agents
         self._attached_agents |= new
+        assert self._loop is not None
         if new and len(self._attached_agents) == len(new):
-            assert self._loop is not None
             self._loop.call_soon_threadsafe(self._send_owner_alive)
+        else:  # the loop runs already: greet the new ones now, so that their incarnation is
+            for agent in sorted(new):  # known before a restart could hide it
+                self._loop.call_soon_threadsafe(self.send_message, agent, OwnerAlive(self.address))
 
     def attached_agents(self) -> list[str]:
         """The network agents this process attached to (and keeps alive)."""

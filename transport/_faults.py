@@ -70,13 +70,22 @@ class NetworkFaults:
             for rule in rules:
                 active = _Active(rule, now + rule.duration_s, random.Random(rule.seed))
                 self._rules.append(active)
-            self.active = bool(self._rules)
+            self._refresh()
 
     def clear(self) -> None:
         """Remove every rule at once (messages already delayed still leave in order)."""
         with self._lock:
             self._rules = []
-            self.active = False
+            self._refresh()
+
+    def _refresh(self) -> None:
+        """Rules, or delayed messages still waiting, keep every send on the slow path: a
+        message must not overtake one delayed before it (call with the lock held)."""
+        self.active = bool(self._rules) or (self._line is not None and self._line.busy())
+
+    def _line_emptied(self) -> None:
+        with self._lock:
+            self._refresh()
 
     def rules(self) -> list[FaultRule]:
         with self._lock:
@@ -91,7 +100,10 @@ class NetworkFaults:
         line = self._line
         if delay > 0 or (line is not None and line.holds(address)):
             self.delayed += delay > 0
-            self._delay_line().push(address, _snapshot(frames), delay, send_now)
+            line = self._delay_line()
+            line.push(address, _snapshot(frames), delay, send_now)
+            with self._lock:
+                self._refresh()
             return
         send_now(address, frames)
 
@@ -103,7 +115,7 @@ class NetworkFaults:
             live = [a for a in self._rules if a.until > now]
             if len(live) != len(self._rules):
                 self._rules = live
-                self.active = bool(live)
+                self._refresh()
             for active in live:
                 rule = active.rule
                 if address not in rule.to:
@@ -116,7 +128,7 @@ class NetworkFaults:
     def _delay_line(self) -> _DelayLine:
         with self._lock:
             if self._line is None:
-                self._line = _DelayLine()
+                self._line = _DelayLine(self._line_emptied)
             return self._line
 
 
@@ -124,21 +136,29 @@ class _DelayLine:
     """A thread that sends delayed messages when they are due, keeping each destination's
     order (a message never overtakes one sent before it to the same address)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_empty: Callable[[], None]) -> None:
         self._heap: list[tuple[float, int, str, Sequence[Any], SendNow]] = []
         self._last_due: dict[str, float] = {}
+        self._pending: dict[str, int] = {}  # messages not sent yet, per address
+        self._on_empty = on_empty
         self._order = itertools.count()
         self._wake = threading.Condition()
         threading.Thread(target=self._run, name="meshvisor-delay-line", daemon=True).start()
 
     def holds(self, address: str) -> bool:
+        """Whether a message to `address` is still waiting here (a new one must queue)."""
         with self._wake:
-            return self._last_due.get(address, 0.0) > time.monotonic()
+            return self._pending.get(address, 0) > 0
+
+    def busy(self) -> bool:
+        with self._wake:
+            return bool(self._pending)
 
     def push(self, address: str, frames: Sequence[Any], delay_s: float, send_now: SendNow) -> None:
         with self._wake:
             due = max(time.monotonic() + delay_s, self._last_due.get(address, 0.0))
             self._last_due[address] = due
+            self._pending[address] = self._pending.get(address, 0) + 1
             heapq.heappush(self._heap, (due, next(self._order), address, frames, send_now))
             self._wake.notify()
 
@@ -153,6 +173,13 @@ class _DelayLine:
                 send_now(address, frames)
             except Exception:  # the destination went away meanwhile: as if lost on the wire
                 pass
+            with self._wake:
+                self._pending[address] -= 1
+                if not self._pending[address]:
+                    del self._pending[address]
+                emptied = not self._pending
+            if emptied:
+                self._on_empty()
 
 
 def _snapshot(frames: Sequence[Any]) -> list[bytes]:

@@ -1,6 +1,6 @@
 """A tour of meshvisor in one script: spawn 4 procs, call them every way, break one.
 
-Run it with ``python3 examples/demo.py`` (a few seconds on 2 cores). Set
+Run it with ``python3 examples/tour.py`` (a few seconds on 2 cores). Set
 ``MESHVISOR_LOG_LEVEL=info`` to watch the structured lifecycle logs as well.
 """
 

@@ -1,0 +1,244 @@
+"""`Replica`: the actor side of TorchFT-style replica training (needs torch).
+
+A replica holds a full copy of the model and its optimizer. Each step is two-phase: `prepare`
+computes the local gradient, gathers every participant's gradient over a gloo process group,
+averages them in a fixed order and applies the optimizer, keeping a backup; `commit` drops the
+backup, `abort` restores it. So a step is applied everywhere or nowhere, and every participant
+ends it with bitwise-identical parameters. A replacement replica heals by pulling the state of
+a live peer straight from that peer's actor (tensors travel out of band, zero-copy).
+
+The step arithmetic lives in plain functions shared with `replay_training`, which recomputes a
+run in one process from its history: the result must equal the replicas' parameters bit for
+bit, which is how the tests prove that no step was lost, applied twice or half-applied.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._actor import Actor, endpoint
+from ._context import context
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._meshes import ActorMesh
+
+
+class Replica(Actor):
+    """Base class of a training replica; subclass it and implement `build` and `loss`.
+
+    ``build()`` returns ``(model, optimizer)`` built deterministically (seed torch first), and
+    ``loss(model, step, shard)`` the loss of the batch that `shard` trains on at `step`
+    (deterministic in both). Shard ``replica_id * ranks_per_replica + rank`` is this rank's.
+    """
+
+    def __init__(self) -> None:
+        import torch
+
+        torch.set_num_threads(1)  # reductions in the same order everywhere: bitwise replays
+        self.model, self.optimizer = self.build()
+        self.committed_step = 0  # the number of steps committed so far
+        self.replica_id = -1
+        self.ranks_per_replica = 1
+        self._store: Any = None
+        self._group: Any = None
+        self._quorum = -1
+        self._backup: dict[str, Any] | None = None
+
+    def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        raise NotImplementedError("a Replica subclass must implement build()")
+
+    def loss(self, model: torch.nn.Module, step: int, shard: int) -> torch.Tensor:
+        raise NotImplementedError("a Replica subclass must implement loss(model, step, shard)")
+
+    # -- membership ---------------------------------------------------------------------------
+
+    @endpoint
+    def configure(self, replica_id: int, ranks_per_replica: int) -> None:
+        self.replica_id = replica_id
+        self.ranks_per_replica = ranks_per_replica
+
+    @endpoint
+    def join(
+        self, quorum: int, base: int, world: int, store: tuple[str, int], timeout_s: float
+    ) -> None:
+        """Enter the process group of `quorum` (a fresh one per membership): this replica's
+        ranks take the group ranks from `base` on."""
+        import torch.distributed as dist
+
+        rank = base + context().rank.rank
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if self._store is None:
+            self._store = dist.TCPStore(  # type: ignore[attr-defined]
+                store[0], store[1], is_master=False, timeout=timeout
+            )
+        self._group = None  # the old group: its peers may be gone
+        prefixed = dist.PrefixStore(f"quorum-{quorum}", self._store)  # type: ignore[attr-defined]
+        self._group = dist.ProcessGroupGloo(prefixed, rank, world, timeout)
+        self._quorum = quorum
+
+    # -- one step -----------------------------------------------------------------------------
+
+    @endpoint
+    def prepare(self, step: int, quorum: int, world: int) -> str:
+        """Phase one of `step`: gradient, gather, average, apply (with a backup). Returns the
+        digest of the resulting parameters."""
+        if quorum != self._quorum or self._group is None:
+            raise RuntimeError(f"replica {self.replica_id} is not in quorum {quorum}")
+        if step != self.committed_step + 1:
+            raise RuntimeError(
+                f"replica {self.replica_id} asked to prepare step {step} after committing "
+                f"{self.committed_step}"
+            )
+        shard = self.replica_id * self.ranks_per_replica + context().rank.rank
+        local = local_gradient(self.model, self.loss(self.model, step, shard))
+        gathered = _allgather(self._group, local, world)
+        self._backup = _snapshot(self.model, self.optimizer)
+        apply_gradient(self.model, self.optimizer, gathered)
+        return digest(self.model)
+
+    @endpoint
+    def commit(self, step: int) -> int:
+        if self._backup is None or step != self.committed_step + 1:
+            raise RuntimeError(f"replica {self.replica_id} has no prepared step {step}")
+        self._backup = None
+        self.committed_step = step
+        return self.committed_step
+
+    @endpoint
+    def abort(self, step: int) -> int:
+        """Undo a prepared step (if any): the parameters are those of the last commit."""
+        if self._backup is not None:
+            _restore(self.model, self.optimizer, self._backup)
+            self._backup = None
+        return self.committed_step
+
+    # -- state ----------------------------------------------------------------------------------
+
+    @endpoint
+    def state(self) -> dict[str, Any]:
+        """The committed state, for a replacement to heal from (tensors go out of band)."""
+        if self._backup is not None:
+            raise RuntimeError("a step is prepared but not committed: its state is not final")
+        return {
+            "step": self.committed_step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    @endpoint
+    def heal_from(self, peer: ActorMesh[Replica]) -> str:
+        """Take the committed state of `peer` (a live replica), straight from it."""
+        state = peer.state.call_one().get(timeout=60.0)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.committed_step = state["step"]
+        self._backup = None
+        return digest(self.model)
+
+    @endpoint
+    def status(self) -> tuple[int, str]:
+        """The committed step and the digest of the parameters."""
+        return self.committed_step, digest(self.model)
+
+    @endpoint
+    def parameters(self) -> dict[str, torch.Tensor]:
+        return dict(self.model.state_dict())
+
+
+# -- the step arithmetic, shared with the replay ---------------------------------------------
+
+
+def local_gradient(model: torch.nn.Module, loss: torch.Tensor) -> torch.Tensor:
+    """The gradient of `loss` over the model's parameters, flattened into one tensor."""
+    import torch
+
+    model.zero_grad(set_to_none=True)
+    loss.backward()  # type: ignore[no-untyped-call]
+    grads = [
+        p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
+        for p in model.parameters()
+    ]
+    return torch.cat(grads).detach()
+
+
+def apply_gradient(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, gathered: Sequence[torch.Tensor]
+) -> None:
+    """Average `gathered` (one flat gradient per participant, in participant order: the same
+    order everywhere, so the same bits everywhere) and take an optimizer step with it."""
+    total = gathered[0].clone()
+    for grad in gathered[1:]:
+        total += grad
+    total /= len(gathered)
+    offset = 0
+    for param in model.parameters():
+        count = param.numel()
+        param.grad = total[offset : offset + count].view_as(param).clone()
+        offset += count
+    optimizer.step()
+
+
+def digest(model: torch.nn.Module) -> str:
+    """A hash of the parameters' bits: equal digests, identical parameters."""
+    hasher = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        hasher.update(name.encode())
+        hasher.update(tensor.detach().contiguous().cpu().numpy().tobytes())
+    return hasher.hexdigest()
+
+
+def replay_training(
+    replica_class: type[Replica],
+    history: Sequence[tuple[int, Sequence[int]]],
+    ranks_per_replica: int = 1,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+) -> torch.nn.Module:
+    """Recompute a run in this process from its `history` of committed steps ((step,
+    participating replica ids), in order): the model a correct run must end with."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        replica = replica_class(*args, **(kwargs or {}))  # sets one thread, builds the model
+        for step, participants in history:
+            shards = [
+                r * ranks_per_replica + k for r in participants for k in range(ranks_per_replica)
+            ]
+            grads = [
+                local_gradient(replica.model, replica.loss(replica.model, step, shard))
+                for shard in shards
+            ]
+            apply_gradient(replica.model, replica.optimizer, grads)
+        return replica.model
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _allgather(group: Any, local: torch.Tensor, world: int) -> list[torch.Tensor]:
+    import torch
+
+    out = [torch.empty_like(local) for _ in range(world)]
+    group.allgather([out], [local]).wait()
+    return out
+
+
+def _snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    import copy
+
+    return {
+        "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "optimizer": copy.deepcopy(optimizer.state_dict()),
+    }
+
+
+def _restore(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, backup: dict[str, Any]
+) -> None:
+    model.load_state_dict(backup["model"])
+    optimizer.load_state_dict(backup["optimizer"])

@@ -1,0 +1,363 @@
+"""`ReplicaGroup`: the controller side of TorchFT-style replica training (needs torch).
+
+N replicas (each a proc mesh of one or more ranks holding a `Replica` actor) train on a
+persistent allocation. Every `step()` runs with the replicas that are up: if membership
+changed, they form a fresh gloo process group; each computes its gradient, they average them
+and stage the update (`prepare`); only if every participant succeeded is the step committed
+everywhere, else it is aborted everywhere and retried. A replica that fails (a
+`SupervisionEvent` reaches the group's handler, or its calls raise `SupervisionError`) is
+re-spawned on the same allocation in the background; between two steps it heals from a live
+peer (the peer's tensors go straight to it) and takes part from the next step on. Below
+`min_replicas` the group waits for replacements, within a bound, rather than train alone.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from supervision import ActorError, SupervisionError, SupervisionEvent
+from transport import get_logger
+
+from ._future import Future
+from ._meshes import ActorMesh, HostMesh, ProcMesh
+from ._replica import Replica
+
+
+class ReplicaGroupError(RuntimeError):
+    """The group cannot go on: too few replicas for too long, or replicas diverged."""
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What became of one attempt at a step."""
+
+    step: int
+    committed: bool
+    participants: tuple[int, ...]
+    seconds: float
+    reason: str = ""
+
+
+@dataclass
+class Recovery:
+    """The life of one replacement: when its replica failed, came back and committed again."""
+
+    replica: int
+    failed_at: float
+    event: str
+    respawned_at: float | None = None
+    healed_at: float | None = None
+    first_commit_at: float | None = None
+
+
+@dataclass
+class _Member:
+    index: int
+    procs: ProcMesh
+    actors: ActorMesh[Replica]
+    state: str = "live"  # live | failed | respawning
+    respawn: Future[None] | None = None
+    recovery: Recovery | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class ReplicaGroup:
+    """N training replicas on `hosts`, stepped together; see the module docstring."""
+
+    def __init__(
+        self,
+        hosts: HostMesh,
+        replica_class: type[Replica],
+        *args: Any,
+        replicas: int = 3,
+        per_replica: Mapping[str, int] | None = None,
+        min_replicas: int = 2,
+        name: str = "replica",
+        step_timeout_s: float = 30.0,
+        group_timeout_s: float = 10.0,
+        wait_for_replicas_s: float = 60.0,
+        store_host: str = "127.0.0.1",
+        heartbeat_timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not 1 <= min_replicas <= replicas:
+            raise ValueError(
+                f"min_replicas must be between 1 and replicas ({replicas}), not {min_replicas}"
+            )
+        if not (isinstance(replica_class, type) and issubclass(replica_class, Replica)):
+            raise TypeError(f"ReplicaGroup needs a Replica subclass, got {replica_class!r}")
+        import torch.distributed as dist
+
+        self.replica_class = replica_class
+        self.args, self.kwargs = args, kwargs
+        self.min_replicas = min_replicas
+        self.name = name
+        self.step_timeout_s = step_timeout_s
+        self.group_timeout_s = group_timeout_s
+        self.wait_for_replicas_s = wait_for_replicas_s
+        self._store = dist.TCPStore(  # type: ignore[attr-defined]
+            store_host, 0, is_master=True, wait_for_workers=False
+        )
+        self._store_address = (store_host, self._store.port)
+        self._per_replica = dict(per_replica or {"gpus": 1})
+        self.ranks_per_replica = 1
+        for size in self._per_replica.values():
+            self.ranks_per_replica *= size
+        self.history: list[tuple[int, tuple[int, ...]]] = []
+        self.outcomes: list[StepOutcome] = []
+        self.recoveries: list[Recovery] = []
+        self.events: list[SupervisionEvent] = []
+        self._quorum = 0
+        self._quorum_members: tuple[int, ...] | None = None
+        self._log = get_logger("mesh.replicas", group=name)
+        self._members = [
+            self._spawn(hosts, index, heartbeat_timeout_s) for index in range(replicas)
+        ]
+        self._start()
+
+    # -- the public face ------------------------------------------------------------------------
+
+    @property
+    def committed_steps(self) -> int:
+        return len(self.history)
+
+    @property
+    def replicas(self) -> list[ActorMesh[Replica]]:
+        """The actor mesh of each replica, by replica id."""
+        return [member.actors for member in self._members]
+
+    def live(self) -> tuple[int, ...]:
+        """The ids of the replicas that take part in the next step."""
+        return tuple(m.index for m in self._members if m.state == "live")
+
+    def step(self) -> StepOutcome:
+        """Attempt the next step with the replicas that are up; commit it everywhere or
+        nowhere. A discarded step is attempted again by the next call."""
+        started = time.monotonic()
+        step = self.committed_steps + 1
+        members = self._await_quorum()
+        if not self._form_group(members):
+            return self._outcome(step, False, members, started, "the process group did not form")
+        world = len(members) * self.ranks_per_replica
+        prepared = self._call_all(members, "prepare", step, self._quorum, world)
+        failed = {i: e for i, e in prepared.items() if isinstance(e, BaseException)}
+        if failed:
+            self._abort(members, step, failed)
+            reasons = "; ".join(f"replica {i}: {_short(e)}" for i, e in sorted(failed.items()))
+            return self._outcome(step, False, members, started, reasons)
+        digests = {d for values in prepared.values() for d in values}
+        if len(digests) != 1:
+            self._abort(members, step, {})
+            raise ReplicaGroupError(f"replicas {members} diverged at step {step}: {digests}")
+        committed = self._call_all(members, "commit", step)
+        for index, result in committed.items():  # the step is decided: a late death is a
+            if isinstance(result, BaseException):  # failure of that replica, not of the step
+                self._failed(index, f"died while committing: {_short(result)}")
+        self.history.append((step, members))
+        now = time.monotonic()
+        for index in members:
+            recovery = self._members[index].recovery
+            if recovery is not None and recovery.first_commit_at is None:
+                recovery.first_commit_at = now
+        return self._outcome(step, True, members, started)
+
+    def status(self) -> dict[int, list[tuple[int, str]]]:
+        """(committed step, parameter digest) of every rank of every live replica."""
+        found = self._call_all(self.live(), "status")
+        return {i: list(v) for i, v in found.items() if not isinstance(v, BaseException)}
+
+    def check_consistency(self) -> str | None:
+        """None if every live replica has committed every step and holds the same bits;
+        otherwise what is wrong."""
+        status = self.status()
+        states = {entry for entries in status.values() for entry in entries}
+        steps = {step for step, _ in states}
+        if steps != {self.committed_steps}:
+            return f"replicas are at steps {sorted(steps)}, {self.committed_steps} were committed"
+        if len({d for _, d in states}) != 1:
+            return f"live replicas hold different parameters: {status}"
+        return None
+
+    def close(self) -> None:
+        """Stop every replica."""
+        for member in self._members:
+            try:
+                member.procs.stop(grace_s=1.0).get(timeout=10.0)
+            except Exception:
+                pass
+
+    # -- membership ------------------------------------------------------------------------------
+
+    def _spawn(self, hosts: HostMesh, index: int, hb_timeout: float | None) -> _Member:
+        where = hosts
+        if "hosts" in hosts.extent.labels:
+            count = hosts.extent.sizes[hosts.extent.labels.index("hosts")]
+            where = hosts.slice(hosts=index % count)
+        procs = where.spawn_procs(
+            per_host=self._per_replica,
+            name=f"{self.name}{index}-procs",
+            heartbeat_timeout_s=hb_timeout,
+        )
+        actors = procs.spawn(f"{self.name}{index}", self.replica_class, *self.args, **self.kwargs)
+        member = _Member(index, procs, actors)
+
+        def on_failure(event: SupervisionEvent) -> bool:
+            return self._on_event(member, event)
+
+        procs.on_failure(on_failure)
+        actors.on_failure(on_failure)
+        return member
+
+    def _start(self) -> None:
+        """Configure every replica and give them all the state of replica 0."""
+        first = self._members[0]
+        for member in self._members:
+            member.actors.configure.call(member.index, self.ranks_per_replica).get(
+                timeout=self.step_timeout_s * 4
+            )
+        for member in self._members[1:]:
+            member.actors.heal_from.call(first.actors).get(timeout=self.step_timeout_s)
+
+    def _on_event(self, member: _Member, event: SupervisionEvent) -> bool:
+        """A failure of `member`, from the supervision tree (event loop thread): handled here."""
+        self.events.append(event)
+        self._failed(member.index, str(event))
+        return True
+
+    def _failed(self, index: int, why: str) -> None:
+        member = self._members[index]
+        with member.lock:
+            if member.state != "live":
+                return
+            member.state = "failed"
+            member.recovery = Recovery(index, time.monotonic(), why)
+            self.recoveries.append(member.recovery)
+        self._log.warning("replica_failed", replica=index, reason=why)
+
+    def _await_quorum(self) -> tuple[int, ...]:
+        """The live replicas, once there are at least `min_replicas` (bounded wait)."""
+        deadline = time.monotonic() + self.wait_for_replicas_s
+        while True:
+            self._recover()
+            live = self.live()
+            if len(live) >= self.min_replicas:
+                return live
+            if time.monotonic() > deadline:
+                raise ReplicaGroupError(
+                    f"only replicas {live} are up, {self.min_replicas} are needed, and no "
+                    f"replacement came within {self.wait_for_replicas_s:g} s"
+                )
+            time.sleep(0.01)
+
+    def _recover(self) -> None:
+        """Re-spawn failed replicas (in the background) and heal those that are back."""
+        for member in self._members:
+            if member.state == "failed" and member.respawn is None:
+                member.respawn = member.procs.respawn()
+            elif member.state == "failed" and member.respawn is not None and member.respawn.done():
+                self._heal(member)
+
+    def _heal(self, member: _Member) -> None:
+        respawn, member.respawn = member.respawn, None
+        assert respawn is not None and member.recovery is not None
+        if respawn.exception() is not None:
+            return  # failed again: the next _recover() re-spawns it
+        member.recovery.respawned_at = time.monotonic()
+        donors = [m for m in self._members if m.state == "live"]
+        if not donors:
+            return
+        try:
+            member.actors.configure.call(member.index, self.ranks_per_replica).get(
+                timeout=self.step_timeout_s
+            )
+            member.actors.heal_from.call(donors[0].actors).get(timeout=self.step_timeout_s)
+        except (SupervisionError, ActorError, TimeoutError) as exc:
+            self._log.warning("replica_heal_failed", replica=member.index, reason=_short(exc))
+            return
+        member.recovery.healed_at = time.monotonic()
+        with member.lock:
+            member.state = "live"
+        self._log.info("replica_healed", replica=member.index, donor=donors[0].index)
+
+    def _form_group(self, members: tuple[int, ...]) -> bool:
+        if members == self._quorum_members:
+            return True
+        self._quorum += 1
+        world = len(members) * self.ranks_per_replica
+        joined = self._call_all(
+            members,
+            "join",
+            self._quorum,
+            None,  # filled per member below
+            world,
+            self._store_address,
+            self.group_timeout_s,
+        )
+        failed = {i: e for i, e in joined.items() if isinstance(e, BaseException)}
+        if failed:
+            for index, error in failed.items():
+                if isinstance(error, SupervisionError):
+                    self._failed(index, _short(error))
+            self._quorum_members = None
+            return False
+        self._quorum_members = members
+        return True
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    def _call_all(self, members: tuple[int, ...], endpoint: str, *args: Any) -> dict[int, Any]:
+        """Call `endpoint` on every rank of each member at once; per member, the list of
+        values (rank order) or the error."""
+        futures = {}
+        for position, index in enumerate(members):
+            call_args = list(args)
+            if endpoint == "join":
+                call_args[1] = position * self.ranks_per_replica
+            mesh = self._members[index].actors
+            futures[index] = getattr(mesh, endpoint).call(*call_args)
+        deadline = time.monotonic() + self.step_timeout_s
+        results: dict[int, Any] = {}
+        for index, future in futures.items():
+            try:
+                values = future.get(timeout=max(0.0, deadline - time.monotonic()))
+                results[index] = list(values.values())
+            except (SupervisionError, ActorError, TimeoutError) as exc:
+                results[index] = exc
+        return results
+
+    def _abort(self, members: tuple[int, ...], step: int, failed: dict[int, Any]) -> None:
+        """Undo `step` everywhere it was prepared; replicas that died are re-spawned."""
+        for index, error in failed.items():
+            if isinstance(error, SupervisionError):
+                self._failed(index, _short(error))
+        survivors = tuple(i for i in members if i not in failed or _alive(failed[i]))
+        self._call_all(survivors, "abort", step)
+        self._quorum_members = None  # a collective failed: the group must be formed again
+
+    def _outcome(
+        self,
+        step: int,
+        committed: bool,
+        members: tuple[int, ...],
+        started: float,
+        reason: str = "",
+    ) -> StepOutcome:
+        outcome = StepOutcome(step, committed, members, time.monotonic() - started, reason)
+        self.outcomes.append(outcome)
+        if not committed:
+            self._log.warning("step_discarded", step=step, replicas=list(members), reason=reason)
+        return outcome
+
+
+def _alive(error: BaseException) -> bool:
+    """Whether a replica whose call raised `error` is still there (its endpoint raised)."""
+    return isinstance(error, (ActorError, TimeoutError))
+
+
+def _short(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
