@@ -59,11 +59,22 @@ class Future(Generic[T]):
         self._callbacks: list[Callable[[Future[T]], None]] = []
 
     def done(self) -> bool:
+        """Whether the value (or error) is there. Replies to calls made by this thread are
+        received here too, so polling ``done()`` without ever calling ``get()`` works."""
+        if self.finished():
+            return True
+        home = self._home
+        if home is not None and home.owned_by_current_thread():
+            home.receive_waiting()
+        return self.finished()
+
+    def finished(self) -> bool:
+        """Whether the value (or error) is there, without receiving anything (internal)."""
         return self._value is not _PENDING or self._error is not None
 
     def get(self, timeout: float | None = None) -> T:
         """Wait for the value (at most `timeout` seconds) and return it, or raise its error."""
-        if not self.done():
+        if not self.finished():
             if threading.get_ident() == _MAIN_THREAD:
                 self._wait_in_main_thread(timeout)
             else:
@@ -80,7 +91,7 @@ class Future(Generic[T]):
             self._home.pump_until(self, timeout)
         else:
             self.wait_briefly(timeout)
-        if not self.done():
+        if not self.finished():
             raise TimeoutError(
                 f"{self._description} did not finish within {timeout} s; "
                 "it is still running, call get() again to keep waiting."
@@ -108,7 +119,7 @@ class Future(Generic[T]):
         return self._error
 
     def __await__(self) -> Generator[Any, None, T]:
-        if not self.done():
+        if not self.finished():
             if threading.get_ident() != _MAIN_THREAD:
                 yield from self._wait_async().__await__()
             else:  # as in get(): failures this call raises need no other delivery
@@ -122,7 +133,7 @@ class Future(Generic[T]):
     async def _wait_async(self) -> None:
         home = self._home
         if home is not None:  # made in sync code: someone must pump its thread's inbox
-            while not self.done():
+            while not self.finished():
                 await anyio.to_thread.run_sync(home.pump_until, self, 0.1)
             return
         event = anyio.Event()
@@ -141,7 +152,7 @@ class Future(Generic[T]):
     def add_done_callback(self, callback: Callable[[Future[T]], None]) -> None:
         """Call `callback(self)` once done (at once if already done), on the resolving thread."""
         with _callbacks_lock:
-            if not self.done():
+            if not self.finished():
                 self._callbacks.append(callback)
                 return
         callback(self)
@@ -154,7 +165,7 @@ class Future(Generic[T]):
 
     def _finish(self, value: Any, error: BaseException | None) -> None:
         with _callbacks_lock:
-            if self.done():
+            if self.finished():
                 return
             self._value, self._error = value, error
             callbacks, self._callbacks = self._callbacks, []
@@ -163,7 +174,7 @@ class Future(Generic[T]):
             callback(self)
 
     def __repr__(self) -> str:
-        state = "pending" if not self.done() else ("failed" if self._error else "done")
+        state = "pending" if not self.finished() else ("failed" if self._error else "done")
         return f"<Future {self._description} {state}>"
 
 

@@ -55,6 +55,10 @@ class Replica(Actor):
     def loss(self, model: torch.nn.Module, step: int, shard: int) -> torch.Tensor:
         raise NotImplementedError("a Replica subclass must implement loss(model, step, shard)")
 
+    def on_phase(self, phase: str, step: int) -> None:
+        """Called as each phase of a step begins ("forward", "allreduce", "apply", "commit");
+        override to instrument a replica (or, in tests, to make it fail at a chosen point)."""
+
     # -- membership ---------------------------------------------------------------------------
 
     @endpoint
@@ -95,8 +99,11 @@ class Replica(Actor):
                 f"{self.committed_step}"
             )
         shard = self.replica_id * self.ranks_per_replica + context().rank.rank
+        self.on_phase("forward", step)
         local = local_gradient(self.model, self.loss(self.model, step, shard))
+        self.on_phase("allreduce", step)
         gathered = _allgather(self._group, local, world)
+        self.on_phase("apply", step)
         self._backup = _snapshot(self.model, self.optimizer)
         apply_gradient(self.model, self.optimizer, gathered)
         return digest(self.model)
@@ -105,6 +112,7 @@ class Replica(Actor):
     def commit(self, step: int) -> int:
         if self._backup is None or step != self.committed_step + 1:
             raise RuntimeError(f"replica {self.replica_id} has no prepared step {step}")
+        self.on_phase("commit", step)
         self._backup = None
         self.committed_step = step
         return self.committed_step
@@ -132,8 +140,11 @@ class Replica(Actor):
 
     @endpoint
     def heal_from(self, peer: ActorMesh[Replica]) -> str:
-        """Take the committed state of `peer` (a live replica), straight from it."""
-        state = peer.state.call_one().get(timeout=60.0)
+        """Take the committed state of `peer` (a live replica; its rank matching this one),
+        straight from it."""
+        ranks = peer.flatten("rank")
+        source = ranks.slice(rank=context().rank.rank % len(ranks._peers_in_region()))
+        state = source.state.call_one().get(timeout=60.0)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.committed_step = state["step"]

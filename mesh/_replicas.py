@@ -59,8 +59,9 @@ class _Member:
     index: int
     procs: ProcMesh
     actors: ActorMesh[Replica]
-    state: str = "live"  # live | failed | respawning
+    state: str = "live"  # live | failed
     respawn: Future[None] | None = None
+    up: Future[Any] | None = None  # done once the replacement runs (configured)
     recovery: Recovery | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -78,7 +79,7 @@ class ReplicaGroup:
         min_replicas: int = 2,
         name: str = "replica",
         step_timeout_s: float = 30.0,
-        group_timeout_s: float = 10.0,
+        group_timeout_s: float = 3.0,
         wait_for_replicas_s: float = 60.0,
         store_host: str = "127.0.0.1",
         heartbeat_timeout_s: float | None = None,
@@ -134,6 +135,17 @@ class ReplicaGroup:
         """The ids of the replicas that take part in the next step."""
         return tuple(m.index for m in self._members if m.state == "live")
 
+    def wait_for_all(self, timeout: float = 60.0) -> None:
+        """Wait until every replica is up and healed (replacements included)."""
+        deadline = time.monotonic() + timeout
+        while len(self.live()) < len(self._members):
+            if time.monotonic() > deadline:
+                raise ReplicaGroupError(
+                    f"only replicas {self.live()} are up after {timeout:g} s of waiting"
+                )
+            self._recover()
+            time.sleep(0.01)
+
     def step(self) -> StepOutcome:
         """Attempt the next step with the replicas that are up; commit it everywhere or
         nowhere. A discarded step is attempted again by the next call."""
@@ -160,8 +172,9 @@ class ReplicaGroup:
         self.history.append((step, members))
         now = time.monotonic()
         for index in members:
-            recovery = self._members[index].recovery
-            if recovery is not None and recovery.first_commit_at is None:
+            member = self._members[index]
+            recovery = member.recovery
+            if member.state == "live" and recovery is not None and recovery.first_commit_at is None:
                 recovery.first_commit_at = now
         return self._outcome(step, True, members, started)
 
@@ -254,26 +267,30 @@ class ReplicaGroup:
             time.sleep(0.01)
 
     def _recover(self) -> None:
-        """Re-spawn failed replicas (in the background) and heal those that are back."""
+        """Re-spawn failed replicas in the background; heal those that are up (here, between
+        two steps, so that they take the state of the last committed step)."""
         for member in self._members:
-            if member.state == "failed" and member.respawn is None:
+            if member.state != "failed":
+                continue
+            if member.respawn is None:
                 member.respawn = member.procs.respawn()
-            elif member.state == "failed" and member.respawn is not None and member.respawn.done():
+                # calls to a re-spawning rank wait for it: this one tells when it is up
+                member.up = member.actors.configure.call(member.index, self.ranks_per_replica)
+            elif member.up is not None and member.up.done():
                 self._heal(member)
 
     def _heal(self, member: _Member) -> None:
-        respawn, member.respawn = member.respawn, None
-        assert respawn is not None and member.recovery is not None
-        if respawn.exception() is not None:
-            return  # failed again: the next _recover() re-spawns it
+        up, member.up, member.respawn = member.up, None, None
+        assert up is not None and member.recovery is not None
+        error = up.exception()
+        if error is not None:  # failed again: the next _recover() re-spawns it
+            self._log.warning("replica_respawn_failed", replica=member.index, reason=_short(error))
+            return
         member.recovery.respawned_at = time.monotonic()
         donors = [m for m in self._members if m.state == "live"]
         if not donors:
             return
         try:
-            member.actors.configure.call(member.index, self.ranks_per_replica).get(
-                timeout=self.step_timeout_s
-            )
             member.actors.heal_from.call(donors[0].actors).get(timeout=self.step_timeout_s)
         except (SupervisionError, ActorError, TimeoutError) as exc:
             self._log.warning("replica_heal_failed", replica=member.index, reason=_short(exc))

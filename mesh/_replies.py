@@ -35,11 +35,12 @@ class ReplyInbox:
         self.inbox = Inbox(runtime.zmq_context, address)
         self.address = self.inbox.address
         self.lock = threading.Lock()
+        self.owner = threading.get_ident()  # the thread whose calls reply here
 
     def pump_until(self, future: Future[Any], timeout: float | None) -> None:
         """Receive replies until `future` is done or `timeout` passes."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not future.done():
+        while not future.finished():
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return
@@ -53,8 +54,7 @@ class ReplyInbox:
 
     def _receive_until(self, future: Future[Any], remaining: float | None) -> None:
         deadline = None if remaining is None else time.monotonic() + remaining
-        runtime = self.runtime
-        while not future.done():
+        while not future.finished():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return
@@ -62,15 +62,30 @@ class ReplyInbox:
             if not self.inbox.poll(None if left is None else max(1, int(left * 1000))):
                 continue
             envelope = self.inbox.receive_nowait()
-            if envelope is None:
-                continue
-            kind = type(envelope.header)
-            if kind is Reply:
-                runtime.on_reply(envelope)
-            elif kind is Failure:
-                runtime.on_failure(envelope)
-            elif kind is not Wake:
-                runtime.dispatch_elsewhere(envelope)
+            if envelope is not None:
+                self._handle(envelope)
+
+    def _handle(self, envelope: Any) -> None:
+        kind = type(envelope.header)
+        if kind is Reply:
+            self.runtime.on_reply(envelope)
+        elif kind is Failure:
+            self.runtime.on_failure(envelope)
+        elif kind is not Wake:
+            self.runtime.dispatch_elsewhere(envelope)
+
+    def owned_by_current_thread(self) -> bool:
+        return self.owner == threading.get_ident()
+
+    def receive_waiting(self) -> None:
+        """Handle the replies that are already here, without waiting (owner thread only)."""
+        if not self.lock.acquire(blocking=False):
+            return  # the owner is pumping further up its stack
+        try:
+            while (envelope := self.inbox.receive_nowait()) is not None:
+                self._handle(envelope)
+        finally:
+            self.lock.release()
 
     def wake(self) -> None:
         """Make a thread blocked on this inbox look at its future again."""

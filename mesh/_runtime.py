@@ -208,7 +208,7 @@ class Runtime:
         deadline = None if timeout is None else time.monotonic() + timeout
         self._nested += 1
         try:
-            while not future.done():
+            while not future.finished():
                 envelope = self.inbox.receive_nowait()
                 if envelope is not None:
                     self._dispatch(envelope)
@@ -539,7 +539,7 @@ class Runtime:
         self.call_later(RESTART_WAIT_S, self._restart_overdue, peer, ready)
 
     def _restart_overdue(self, peer: ProcPeer, ready: Future[None]) -> None:
-        if peer.ready is not ready or ready.done() or peer.state != "starting":
+        if peer.ready is not ready or ready.finished() or peer.state != "starting":
             return  # it came back (or failed, or was stopped) in time
         self.restarts.cancel(peer)
         message = f"its restart did not complete within {RESTART_WAIT_S} s"

@@ -1,0 +1,49 @@
+"""Replicas for tests/test_replicas.py (importable by procs: they unpickle these classes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import torch
+
+from mesh import Replica
+
+
+class Trainer(Replica):
+    """A small MLP regression on synthetic batches, deterministic in (step, shard)."""
+
+    def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    def loss(self, model: torch.nn.Module, step: int, shard: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(step * 1009 + shard)
+        inputs = torch.randn(16, 8, generator=generator)
+        return torch.nn.functional.mse_loss(model(inputs), inputs.sum(1, keepdim=True).cos())
+
+
+class DyingTrainer(Trainer):
+    """Kills its own process at chosen (step, phase) points, once each (a marker file in
+    `marks` remembers that it happened, so the replacement does not die again)."""
+
+    def __init__(self, plan: dict[int, list[tuple[int, str]]], marks: str) -> None:
+        super().__init__()
+        self.plan = plan
+        self.marks = Path(marks)
+
+    def on_phase(self, phase: str, step: int) -> None:
+        if (step, phase) not in [tuple(p) for p in self.plan.get(self.replica_id, [])]:
+            return
+        mark = self.marks / f"{self.replica_id}-{step}-{phase}"
+        try:
+            mark.touch(exist_ok=False)
+        except FileExistsError:
+            return
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class BrokenTrainer(Replica):
+    """A replica whose subclass forgot to implement build()."""

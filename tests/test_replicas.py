@@ -1,0 +1,172 @@
+"""TorchFT-style replica recovery (`mesh.ReplicaGroup`) with real procs, gloo and kills.
+
+Kills land at chosen points of a step (during the forward pass, during the gradient
+exchange, while applying, while committing, between steps). Whatever happens, the invariants
+of the design hold: every committed step was applied once by every participant, the
+participants hold bitwise-identical parameters, the step counter moves by one, and the final
+parameters equal a single-process replay of the committed steps with their participant sets.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import replica_actors as ra
+
+from mesh import Recovery, ReplicaGroup, ReplicaGroupError, probe, replay_training, this_host
+from mesh._replica import digest
+
+pytestmark = pytest.mark.timeout(240)
+
+HB = 1.0  # heartbeat timeout of the replicas' procs
+
+
+@pytest.fixture
+def groups() -> Iterator[list[ReplicaGroup]]:
+    """Groups made by a test; all stopped afterwards."""
+    made: list[ReplicaGroup] = []
+    yield made
+    for group in made:
+        group.close()
+
+
+def pid_of(group: ReplicaGroup, replica: int) -> int:
+    return int(next(iter(probe(group.replicas[replica]).get(timeout=30).values())))
+
+
+def assert_invariants(group: ReplicaGroup, ranks_per_replica: int = 1) -> None:
+    steps = [step for step, _ in group.history]
+    assert steps == list(range(1, len(steps) + 1)), "the step counter moves by one"
+    assert group.check_consistency() is None
+    replayed = replay_training(ra.Trainer, group.history, ranks_per_replica)
+    live = {d for entries in group.status().values() for _, d in entries}
+    assert live == {digest(replayed)}, "the replicas equal a single-process replay"
+
+
+def train(
+    group: ReplicaGroup,
+    steps: int,
+    between: dict[int, int] | None = None,
+    full_before: set[int] = frozenset(),  # type: ignore[assignment]
+) -> None:
+    """Step until `steps` are committed; `between` = {after committed step: replica to
+    SIGKILL from outside before the next step}; before the steps in `full_before`, wait for
+    every replica to be back."""
+    between = dict(between or {})
+    tried: set[int] = set()
+    attempts = 0
+    while group.committed_steps < steps:
+        if group.committed_steps + 1 in full_before - tried:  # not again when retrying it
+            group.wait_for_all()
+        tried.add(group.committed_steps + 1)
+        victim = between.pop(group.committed_steps, None)
+        if victim is not None:
+            os.kill(pid_of(group, victim), signal.SIGKILL)
+        group.step()
+        attempts += 1
+        assert attempts < steps * 3, f"too many discarded steps: {group.outcomes[-5:]}"
+
+
+def train_until_recovered(group: ReplicaGroup, timeout: float = 60.0) -> None:
+    """Go on stepping until the latest replacement of every replica has committed a step
+    (an earlier one may have died before it could)."""
+    deadline = time.monotonic() + timeout
+    while any(r.first_commit_at is None for r in latest_recoveries(group)):
+        assert time.monotonic() < deadline, group.recoveries
+        group.step()
+
+
+def latest_recoveries(group: ReplicaGroup) -> list[Recovery]:
+    latest = {r.replica: r for r in group.recoveries}
+    return list(latest.values())
+
+
+def test_kills_at_every_point_of_a_step_keep_the_invariants(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    plan = {1: [(4, "forward"), (16, "commit")], 2: [(8, "allreduce")], 0: [(12, "apply")]}
+    group = ReplicaGroup(
+        this_host(), ra.DyingTrainer, plan, str(tmp_path), replicas=3, heartbeat_timeout_s=HB
+    )
+    groups.append(group)
+    train(group, 24, between={19: 1}, full_before={4, 8, 12, 16, 20})
+    train_until_recovered(group)
+    assert_invariants(group)
+    assert len(group.recoveries) == 5
+    assert all(r.first_commit_at is not None for r in latest_recoveries(group))
+    assert group.live() == (0, 1, 2)
+    discarded = [o.step for o in group.outcomes if not o.committed]
+    # Survivors lose at most the one step in flight per kill, and the kill while committing
+    # costs none: that step was decided.
+    assert len(discarded) == len(set(discarded)), discarded
+    assert set(discarded) <= {4, 8, 12, 20}, discarded
+    by_step = dict(group.history)
+    assert 1 not in by_step[4] and 2 not in by_step[8] and 0 not in by_step[12]
+    assert by_step[16] == (0, 1, 2)  # replica 1 died committing it: still committed by all
+
+
+def test_below_min_replicas_the_group_waits_for_a_replacement(
+    groups: list[ReplicaGroup],
+) -> None:
+    group = ReplicaGroup(
+        this_host(), ra.Trainer, replicas=3, min_replicas=3, heartbeat_timeout_s=HB
+    )
+    groups.append(group)
+    train(group, 3, between={2: 2})
+    train_until_recovered(group)
+    assert all(len(members) == 3 for _, members in group.history), group.history
+    assert all(r.first_commit_at is not None for r in latest_recoveries(group))
+    assert_invariants(group)
+
+
+def test_the_wait_for_replacements_is_bounded(groups: list[ReplicaGroup]) -> None:
+    group = ReplicaGroup(
+        this_host(),
+        ra.Trainer,
+        replicas=2,
+        min_replicas=2,
+        wait_for_replicas_s=0.05,
+        heartbeat_timeout_s=HB,
+    )
+    groups.append(group)
+    group.step()
+    os.kill(pid_of(group, 1), signal.SIGKILL)
+    with pytest.raises(ReplicaGroupError, match="2 are needed"):
+        while True:  # the death may be noticed by the step itself, or before it
+            group.step()
+    group.wait_for_replicas_s = 60.0  # the replacement still comes, and training goes on
+    train(group, 3)
+    assert_invariants(group)
+
+
+def test_a_hung_replica_is_replaced(groups: list[ReplicaGroup]) -> None:
+    group = ReplicaGroup(this_host(), ra.Trainer, replicas=3, heartbeat_timeout_s=HB)
+    groups.append(group)
+    train(group, 2)
+    os.kill(pid_of(group, 0), signal.SIGSTOP)
+    train(group, 8)
+    assert [r.replica for r in group.recoveries] == [0]
+    assert "hung" in group.recoveries[0].event or "heartbeat" in group.recoveries[0].event
+    assert_invariants(group)
+
+
+def test_replicas_of_several_ranks(groups: list[ReplicaGroup]) -> None:
+    group = ReplicaGroup(
+        this_host(), ra.Trainer, replicas=2, per_replica={"gpus": 2}, heartbeat_timeout_s=HB
+    )
+    groups.append(group)
+    assert group.ranks_per_replica == 2
+    train(group, 3, between={1: 1})
+    assert_invariants(group, ranks_per_replica=2)
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="min_replicas"):
+        ReplicaGroup(this_host(), ra.Trainer, replicas=2, min_replicas=3)
+    with pytest.raises(TypeError, match="Replica subclass"):
+        ReplicaGroup(this_host(), object, replicas=2)  # type: ignore[arg-type]
