@@ -139,12 +139,18 @@ class Harness:
                 ready = self._wait_ready(client)
                 targets = TargetSet(tuple(ready["meshes"].items()), ready["hosts"], client=True)
                 self._heartbeat_timeouts = dict(ready["heartbeat_timeouts"])
-                plan = self.schedule.plan(targets)
+                try:
+                    plan = self.schedule.plan(targets)
+                except ValueError as exc:
+                    raise ChaosSetupError(f"the schedule does not fit the workload: {exc}") from exc
                 self._t0 = time.monotonic()
                 self._last_progress = self._t0
                 self._update(f"running {len(plan)} faults over {self._duration():g} s")
                 self._inject_all(plan)
                 self._final_heal_and_finish()
+            except BaseException:
+                self._tell_client_to_finish()  # so that it ends (and cleans up) on its own
+                raise
             finally:
                 self._stop_client()
             builtin = self._check_leftovers(alloc)
@@ -568,6 +574,14 @@ class Harness:
         except Exception:
             pass
         client.finished.wait(timeout)
+
+    def _tell_client_to_finish(self) -> None:
+        client = self._client
+        if client is not None and not client.channel.closed:
+            try:
+                client.channel.request("finish", 5.0)
+            except Exception:
+                pass  # it is gone already, or cannot answer: _stop_client kills it
 
     def _stop_client(self) -> None:
         client = self._client

@@ -145,6 +145,17 @@ class FailFast:
         elif self._undelivered and not self._waiting and not self._hand_to_scope():
             self._deliver()
 
+    def raised_in_main(self, error: BaseException) -> None:
+        """A call's get() raised `error` in the main thread: that delivered its failure."""
+        if not isinstance(error, SupervisionError):
+            return
+        with self._lock:
+            if error.event in self._delivered:
+                return
+            self._delivered.append(error.event)
+            if error.event in self._undelivered:
+                self._undelivered.remove(error.event)
+
     def _on_signal(self, signum: int, frame: object) -> None:
         self._deliver()
 

@@ -80,6 +80,8 @@ class Future(Generic[T]):
             else:
                 self._wait(timeout)
         if self._error is not None:
+            if threading.get_ident() == _MAIN_THREAD:  # delivered: fail-fast must not raise
+                FAIL_FAST.raised_in_main(self._error)  # it a second time
             raise self._error
         return self._value  # type: ignore[no-any-return]
 
