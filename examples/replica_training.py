@@ -85,6 +85,12 @@ def workload(job: Job) -> None:
         discarded += not outcome.committed
         job.record("training", _summary(group, discarded, time.monotonic() - started))
         job.sleep(pace)
+    # The run is over: let the last replacements rejoin, and end with a step of all replicas.
+    for _ in range(10):
+        group.wait_for_all(timeout=30.0)
+        outcome = group.step()
+        if outcome.committed and len(outcome.participants) == len(group.replicas):
+            break
     job.invariant("participants hold identical parameters", lambda: _consistent(group))
     job.invariant("the step counter moved by one", lambda: _contiguous(group))
     job.invariant("final parameters equal a replay", lambda: _replayed(group))
