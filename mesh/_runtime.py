@@ -86,6 +86,7 @@ class Runtime:
         self._attached_agents: set[str] = set()
         self._agent_heard: dict[str, float] = {}
         self._agent_incarnations: dict[str, str] = {}
+        self._silent_agents: set[str] = set()  # lost to silence, not heard from since
         self.replies = ReplyRoutes(self)
         self.host = ActorHost(self)
         self.peers: dict[str, ProcPeer] = {}
@@ -497,14 +498,16 @@ class Runtime:
         for agent in list(self._attached_agents):
             self.send_message(agent, OwnerAlive(self.address))
             heard = self._agent_heard.setdefault(agent, now)
-            if now - heard > AGENT_TIMEOUT_S and agent not in self._stopping_agents:
+            silent = now - heard > AGENT_TIMEOUT_S and agent not in self._stopping_agents
+            if silent and agent not in self._silent_agents:  # each silence once
+                self._silent_agents.add(agent)
                 self._agent_lost(agent, f"at {agent} gave no answer for {now - heard:.1f} s")
-                self._agent_heard[agent] = now  # report each silence once
         self.call_later(OWNER_ALIVE_INTERVAL_S, self._send_owner_alive)
 
     def _on_agent_alive(self, envelope: Envelope) -> None:
         header: AgentAlive = envelope.header
         self._agent_heard[header.agent] = time.monotonic()
+        self._silent_agents.discard(header.agent)
         known = self._agent_incarnations.setdefault(header.agent, header.incarnation)
         if known != header.incarnation:
             self._agent_incarnations[header.agent] = header.incarnation
