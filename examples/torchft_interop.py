@@ -11,12 +11,14 @@ itself (written against torchft 0.2.0, the optional extra ``meshvisor[torchft]``
   a deterministic synthetic batch, ``manager.allreduce`` per gradient (not torchft's DDP
   wrapper, which in 0.2.0 was seen crashing the survivors when a peer died mid-backward), then
   ``optimizer.step()`` only if ``manager.should_commit()``;
-- the controller (this script) drives the steps and SIGKILLs a replica's process in the middle
-  of chosen steps. The death reaches the controller as a ``SupervisionError`` (an
-  ``on_failure`` handler on each replica's proc mesh keeps meshvisor's fail-fast out of it);
-  meshvisor re-spawns the proc on the same host agent with ``procs.respawn()``, which rebuilds
-  the actor (a fresh Manager), and torchft heals it from a live peer through its own HTTP
-  checkpoint transport when it joins a quorum. The survivors train on meanwhile.
+- the controller (this script) drives the steps: every replica always has a ``train_step``
+  call in flight (the next one goes out as soon as the last one is back; torchft's quorums
+  keep the replicas in step). It SIGKILLs a replica's process in the middle of chosen steps.
+  The death reaches the controller as a ``SupervisionError`` (an ``on_failure`` handler on
+  each replica's proc mesh keeps meshvisor's fail-fast out of it); meshvisor re-spawns the proc
+  on the same host agent with ``procs.respawn()``, which rebuilds the actor (a fresh Manager),
+  and torchft heals it from a live peer through its own HTTP checkpoint transport when it joins
+  a quorum. The survivors train on meanwhile.
 
 At the end every replica must report the same ``manager.current_step()`` and bit-identical
 parameters, and every replacement must have committed a step; the exit status is 0 only then.
@@ -43,7 +45,7 @@ from typing import Any
 
 import torch
 
-from mesh import Actor, ActorMesh, Future, ProcMesh, endpoint, this_host
+from mesh import Actor, ActorMesh, Future, ProcMesh, endpoint, exit_process, this_host
 from supervision import ActorError, SupervisionError, SupervisionEvent
 
 #: The torchft version this example was written against.
@@ -62,14 +64,11 @@ LIGHTHOUSE_HEARTBEAT_TIMEOUT_MS = 1000
 LIGHTHOUSE_JOIN_TIMEOUT_MS = 2000
 LIGHTHOUSE_TICK_MS = 20
 
-#: The controller waits this long for a round (every live replica's step).
-ROUND_TIMEOUT_S = 60.0
-#: ... and, after the survivors are done, this long for a replacement in its first step: it
-#: ends with them if it made their quorum; otherwise it is waiting for the next one.
-JOINER_GRACE_S = 0.25
-#: A replacement's first step starts this much before the survivors' steps, so that its quorum
-#: request usually reaches the lighthouse first (if not, it joins one round later).
-JOINER_HEAD_START_S = 0.02
+#: The controller's limit on any one train_step (a quorum can take QUORUM_TIMEOUT_S).
+STEP_TIMEOUT_S = 60.0
+#: When every replica but some laggards has reached the target step and the laggards' steps
+#: have not come back for this long, they are waiting for a quorum: the others take a step more.
+LAGGARD_WAIT_S = 0.1
 
 
 def quiet_torchft() -> None:
@@ -128,14 +127,21 @@ def digest(model: torch.nn.Module) -> str:
 class TorchFTReplica(Actor):
     """One torchft replica group (of one rank): a Manager, a model, an optimizer."""
 
-    def __init__(self, index: int, lighthouse: str, min_replica_size: int, verbose: bool) -> None:
+    def __init__(
+        self,
+        index: int,
+        lighthouse: str,
+        min_replica_size: int,
+        compute_s: float = 0.0,
+        verbose: bool = False,
+    ) -> None:
         import torch.distributed as dist
         from torchft import Manager, ProcessGroupGloo
 
         if not verbose:
             quiet_torchft()
         torch.set_num_threads(1)
-        self.index = index
+        self.index, self.compute_s = index, compute_s
         self.model, self.optimizer = build_model()
         # torchft finds the ranks of a replica group through a TCPStore that the group hosts;
         # with one rank per group, each replica hosts its own.
@@ -177,6 +183,7 @@ class TorchFTReplica(Actor):
         inputs, targets = batch(manager.current_step(), self.index)
         loss = torch.nn.functional.mse_loss(self.model(inputs), targets)
         loss.backward()
+        time.sleep(self.compute_s)  # a real model's backward takes a while: kills land in it
         # Average each gradient over the quorum. An error (a peer died) is recorded by the
         # Manager, not raised: should_commit() then says no and the step is discarded.
         works = [manager.allreduce(p.grad) for p in self.model.parameters()]
@@ -200,11 +207,13 @@ class TorchFTReplica(Actor):
 
 
 @dataclass
-class Kill:
-    round: int
+class Outage:
+    """A replica's process lost: by our SIGKILL, or restarted after torchft raised."""
+
+    cause: str
+    step: int  # the furthest committed step when it happened
     replica: int
-    pid: int
-    at: float  # time.monotonic() of the SIGKILL
+    at: float  # time.monotonic() of the SIGKILL, or of the error
     detected_at: float | None = None  # the controller's call failed with SupervisionError
     respawned_at: float | None = None  # meshvisor had the new proc up
     committed_at: float | None = None  # the replacement's first committed step came back
@@ -222,24 +231,33 @@ class Replica:
     pid: Future[int]  # answered once the actor is built
     events: list[SupervisionEvent] = field(default_factory=list)
     call: Future[tuple[int, bool, float]] | None = None  # the train_step in flight
+    issued_at: float = 0.0
     done_at: float | None = None
+    steps: int = 0
     commits: int = 0
-    discarded: int = 0
-    last: tuple[int, bool, float] | None = None
-    joining: Kill | None = None  # killed or re-spawned, first commit still to come
-    grace: bool = False  # a replacement whose step may have made this round's quorum
+    last: tuple[int, bool, float] | None = None  # (step, committed, loss) of the last step
+    outage: Outage | None = None  # down, or back but its first commit is still to come
 
     def issue(self) -> None:
-        self.done_at = None
+        self.issued_at, self.done_at = time.monotonic(), None
         self.call = self.actor.train_step.call_one()
         self.call.add_done_callback(self._stamp)
 
     def _stamp(self, _: object) -> None:
         self.done_at = time.monotonic()
 
+    def on_failure(self, event: SupervisionEvent) -> bool:
+        """The proc mesh's failure handler: handled (we re-spawn it), so no fail-fast."""
+        self.events.append(event)
+        return True
+
+    def at(self, target: int) -> bool:
+        """Has it committed `target` (and is it not recovering)?"""
+        return self.outage is None and self.last is not None and self.last[:2] == (target, True)
+
 
 def plan_kills(rng: random.Random, steps: int, kills: int) -> list[int]:
-    """The rounds at which to kill: spread over the run, away from its ends."""
+    """The steps after which to kill: spread over the run, away from its ends."""
     if kills <= 0:
         return []
     first, last = 3, max(4, steps - 3)
@@ -251,12 +269,11 @@ def run(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     host = this_host()
     started = time.monotonic()
-
     lighthouse_procs = host.spawn_procs(per_host={"lighthouse": 1}, name="lighthouse")
     lighthouse = lighthouse_procs.spawn("lighthouse", Lighthouse, args.min_replicas)
     replicas: list[Replica] = []
-    kills: list[Kill] = []
-    rounds = 0
+    outages: list[Outage] = []
+    target = args.steps
     ok = True
     train_started = time.monotonic()
     try:
@@ -265,143 +282,135 @@ def run(args: argparse.Namespace) -> int:
         for i in range(args.replicas):
             procs = host.spawn_procs(per_host={"replica": 1}, name=f"replica{i}")
             actor = procs.spawn(
-                "trainer", TorchFTReplica, i, address, args.min_replicas, args.verbose
+                "trainer",
+                TorchFTReplica,
+                i,
+                address,
+                args.min_replicas,
+                compute_s=args.compute_ms / 1000,
+                verbose=args.verbose,
             )
             replica = Replica(i, procs, actor, actor.pid.call_one())
-            # Handled: the controller re-spawns it (without a handler, fail-fast would end us).
-            procs.on_failure(lambda event, r=replica: r.events.append(event) or True)
+            procs.on_failure(replica.on_failure)
             replicas.append(replica)
         pids = [r.pid.get(timeout=60) for r in replicas]
         print(
             f"{args.replicas} torchft replicas up (pids {pids}) "
             f"{time.monotonic() - started:.1f} s after start"
         )
-        kill_rounds = plan_kills(rng, args.steps, args.kills)
+        kill_steps = plan_kills(rng, args.steps, args.kills)
         deadline = time.monotonic() + args.time_limit
         train_started = time.monotonic()
         while True:
-            rounds += 1
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise TimeoutError(f"no consistent finish within {args.time_limit:g} s")
-            _issue_round(replicas)
-            if kill_rounds and rounds >= kill_rounds[0] and not any(r.joining for r in replicas):
-                kill_rounds.pop(0)
-                kills.append(_kill(rng, replicas, rounds))
-            _wait_round(replicas, rounds)
-            if not kill_rounds and _finished(replicas, args.steps):
-                break
+            for r in replicas:
+                if r.call is not None and r.call.done():
+                    _collect(r, outages)
+                elif r.call is not None and now - r.issued_at > STEP_TIMEOUT_S:
+                    raise TimeoutError(f"replica {r.index}'s step took over {STEP_TIMEOUT_S:g} s")
+            reached = max((r.last[0] for r in replicas if r.last and r.last[1]), default=0)
+            for r in replicas:  # the next step, for every replica short of the target
+                if r.call is None and not r.at(target):
+                    r.issue()
+            if (
+                kill_steps
+                and reached >= kill_steps[0]
+                and all(r.call is not None and not r.outage for r in replicas)
+            ):  # every replica has just been sent its step: kill one in the middle of it
+                kill_steps.pop(0)
+                outages.append(_kill(rng, replicas, reached, args.compute_ms / 1000))
+            busy = [r for r in replicas if r.call is not None]
+            if not busy and not kill_steps:
+                break  # all committed `target`
+            if not busy:  # the target came before the kills did: train on
+                target += 1
+            elif len(busy) < len(replicas) and _stalled(busy, now):
+                # The others are at the target; the laggards' steps wait for a quorum (a
+                # replacement's first, say): one step more for everybody.
+                target += 1
+            time.sleep(0.001)
     except Exception as exc:
-        print(f"FAILED in round {rounds}: {exc!r}")
+        print(f"FAILED: {exc!r}")
         ok = False
     finally:
         elapsed = time.monotonic() - train_started
         final = _final_states(replicas)
         _stop(replicas, lighthouse, lighthouse_procs)
-    return _report(args, replicas, kills, rounds, elapsed, final, ok)
+    return _report(args, replicas, outages, target, elapsed, final, ok)
 
 
-def _issue_round(replicas: list[Replica]) -> None:
-    """Start a step on every replica that has none in flight; replacements first."""
-    idle = [r for r in replicas if r.call is None]
-    first = [r for r in idle if r.joining and r.pid.done()]
-    for r in first:
-        r.grace = True  # built before the round started: it may make the survivors' quorum
-        r.issue()
-    if first:
-        time.sleep(JOINER_HEAD_START_S)
-    for r in idle:
-        if r.call is None:
-            r.grace = False
-            r.issue()
+def _stalled(busy: list[Replica], now: float) -> bool:
+    return all(now - r.issued_at > LAGGARD_WAIT_S for r in busy)
 
 
-def _kill(rng: random.Random, replicas: list[Replica], rounds: int) -> Kill:
-    """SIGKILL a random replica's process in the middle of its step."""
+def _kill(rng: random.Random, replicas: list[Replica], reached: int, compute_s: float) -> Outage:
+    """SIGKILL a random replica's process, in the middle of the step it was just sent."""
     victim = rng.choice(replicas)
     pid = victim.pid.get(timeout=30)
-    time.sleep(rng.uniform(0.0, 0.01))  # a step takes ~10 ms: land anywhere in it
+    # The step's quorum takes a few ms; then comes the backward pass, in which a peer's death
+    # used to take the survivors down with torchft's DDP wrapper.
+    time.sleep(rng.uniform(0.005, 0.005 + compute_s))
     os.kill(pid, signal.SIGKILL)
-    kill = Kill(rounds, victim.index, pid, time.monotonic())
-    victim.joining = kill
-    print(f"round {rounds}: SIGKILL replica {victim.index} (pid {pid})")
-    return kill
+    victim.outage = Outage(f"SIGKILL (pid {pid})", reached, victim.index, time.monotonic())
+    print(f"step {reached}: SIGKILL replica {victim.index} (pid {pid})")
+    return victim.outage
 
 
-def _wait_round(replicas: list[Replica], rounds: int) -> None:
-    """Wait until every replica's step is back, handling each answer as it comes. A
-    replacement still in its first step is waited for only briefly (`JOINER_GRACE_S`), and only
-    if it was built when the round began: otherwise it cannot be in this round's quorum, and
-    waiting for it would hold the survivors, whose next quorum it is waiting to join."""
-    deadline = time.monotonic() + ROUND_TIMEOUT_S
-    grace_until: float | None = None
-    while True:
-        for r in replicas:
-            if r.call is not None and r.call.done():
-                _collect(r, rounds)
-        if not any(r.call is not None and not r.joining for r in replicas):
-            if grace_until is None:
-                grace_until = time.monotonic() + JOINER_GRACE_S
-            if time.monotonic() > grace_until or not any(
-                r.call is not None and r.grace for r in replicas
-            ):
-                return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"round {rounds} took longer than {ROUND_TIMEOUT_S:g} s")
-        time.sleep(0.001)
-
-
-def _collect(r: Replica, rounds: int) -> None:
+def _collect(r: Replica, outages: list[Outage]) -> None:
     """Take in `r`'s finished step: a result, a torchft error, or the death of its proc."""
     assert r.call is not None
     call, done_at, r.call = r.call, r.done_at or time.monotonic(), None
+    r.steps += 1
     try:
         step, committed, loss = call.get(timeout=5)
     except SupervisionError as err:
-        # The proc died (our SIGKILL): meshvisor re-spawns it on the same host agent and
-        # rebuilds its actor from the same constructor arguments, with a fresh torchft Manager.
-        kill = r.joining
+        # The proc died: meshvisor re-spawns it on the same host agent and rebuilds its actor
+        # from the same constructor arguments, with a fresh torchft Manager.
         event = err.event
-        print(f"round {rounds}: replica {r.index} lost: {event.kind} {event.signal or ''}")
+        print(f"replica {r.index} lost: {event.kind} {event.signal or event.exit_code}")
+        if r.outage is None:  # not one of ours
+            r.outage = Outage(f"unexpected {event.kind}", _reached(r), r.index, done_at)
+            outages.append(r.outage)
         r.procs.respawn().get(timeout=60)
         r.pid = r.actor.pid.call_one()
-        if kill is not None:
-            kill.detected_at, kill.respawned_at = done_at, time.monotonic()
+        r.outage.detected_at, r.outage.respawned_at = done_at, time.monotonic()
         return
-    except ActorError as err:  # torchft raised (a quorum timeout, say): the actor lives on
-        print(f"round {rounds}: replica {r.index}'s step raised {err.exception_type}: {err}")
-        r.discarded += 1
+    except ActorError as err:
+        # torchft raised out of the step (a quorum RPC timed out, say). A torchft 0.2.0 Manager
+        # does not come back from that: each later start_quorum() raises the same error again.
+        # Let it crash: the proc exits, meshvisor reports it, and we re-spawn it as above.
+        print(f"replica {r.index}'s step raised {err.exception_type}: {err}")
+        if r.outage is None:
+            r.outage = Outage(f"torchft raised {err.exception_type}", _reached(r), r.index, done_at)
+            outages.append(r.outage)
+        exit_process(r.actor, 1)
         return
     r.last = (step, committed, loss)
     if not committed:
-        r.discarded += 1
         return
     r.commits += 1
-    kill, r.joining = r.joining, None
-    if kill is not None:
-        kill.committed_at, kill.committed_step = done_at, step
+    outage = r.outage
+    if outage is not None and outage.respawned_at is not None:  # not a step that beat the kill
+        r.outage = None
+        outage.committed_at, outage.committed_step = done_at, step
         print(
-            f"round {rounds}: replica {r.index}'s replacement committed step {step}, "
-            f"{done_at - kill.at:.2f} s after the kill"
+            f"replica {r.index}'s replacement committed step {step}, "
+            f"{done_at - outage.at:.2f} s after the {outage.cause.split()[0]}"
         )
 
 
-def _finished(replicas: list[Replica], steps: int) -> bool:
-    """Did every replica commit this round, all at the same step, at least `steps`?"""
-    if any(r.call is not None or r.joining or r.last is None for r in replicas):
-        return False
-    lasts = [r.last for r in replicas if r.last is not None]
-    reached = {step for step, _, _ in lasts}
-    return all(committed for _, committed, _ in lasts) and len(reached) == 1 and (
-        reached.pop() >= steps
-    )
+def _reached(r: Replica) -> int:
+    return r.last[0] if r.last else 0
 
 
 def _final_states(replicas: list[Replica]) -> list[tuple[int, str] | None]:
     out: list[tuple[int, str] | None] = []
     for r in replicas:
         try:
-            if r.call is not None:
-                r.call.get(timeout=ROUND_TIMEOUT_S)
+            if r.call is not None:  # only after a failure
+                r.call.get(timeout=QUORUM_TIMEOUT_S)
             out.append(r.actor.final_state.call_one().get(timeout=30))
         except Exception as exc:
             print(f"replica {r.index}: no final state ({exc!r})")
@@ -431,25 +440,29 @@ def _stop(replicas: list[Replica], lighthouse: ActorMesh[Lighthouse], procs: Pro
 def _report(
     args: argparse.Namespace,
     replicas: list[Replica],
-    kills: list[Kill],
-    rounds: int,
+    outages: list[Outage],
+    target: int,
     elapsed: float,
     final: list[tuple[int, str] | None],
     ok: bool,
 ) -> int:
     from importlib.metadata import version
 
+    kills = [o for o in outages if o.cause.startswith("SIGKILL")]
+    others = [o for o in outages if o not in kills]
     print("\nSummary")
     print(f"  torchft: {version('torchft')} (written against {TORCHFT_VERSION})")
-    print(f"  rounds: {rounds} in {elapsed:.1f} s")
+    print(f"  trained to step {target} (asked: {args.steps}) in {elapsed:.1f} s")
     for r in replicas:
-        print(f"  replica {r.index}: {r.commits} commits, {r.discarded} steps not committed")
-    print(f"  kills: {len(kills)}")
-    for k in kills:
+        print(f"  replica {r.index}: {r.steps} train_step calls, {r.commits} committed")
+    events = [f"{e.kind} ({e.signal or e.exit_code})" for r in replicas for e in r.events]
+    print(f"  supervision events handled: {len(events)}: {', '.join(events) or '-'}")
+    print(f"  kills: {len(kills)}, other restarts: {len(others)}")
+    for o in outages:
         print(
-            f"    round {k.round}, replica {k.replica} (pid {k.pid}): failure seen "
-            f"{k.after(k.detected_at)}, re-spawned {k.after(k.respawned_at)}, replacement's "
-            f"first commit {k.after(k.committed_at)} (step {k.committed_step}) after the kill"
+            f"    at step {o.step}, replica {o.replica}, {o.cause}: failure seen "
+            f"{o.after(o.detected_at)}, re-spawned {o.after(o.respawned_at)}, replacement's "
+            f"first commit {o.after(o.committed_at)} (step {o.committed_step}) after it"
         )
     recovered = [k.committed_at - k.at for k in kills if k.committed_at is not None]
     print(
@@ -475,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--min-replicas", type=int, default=2, help="torchft's min_replica_size (and lighthouse's)"
     )
+    parser.add_argument(
+        "--compute-ms", type=float, default=20.0, help="extra time per backward pass (ms)"
+    )
     parser.add_argument("--time-limit", type=float, default=300.0, help="seconds of training")
     parser.add_argument("--verbose", action="store_true", help="show torchft's own logs")
     args = parser.parse_args(argv)
@@ -488,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         quiet_torchft()
     # The fork server imports these once, before it forks any proc, so that a replacement
-    # replica starts in milliseconds, not a second and a half (torch.optim imports
+    # replica starts in milliseconds, not in a second (torch.optim imports
     # torch._dynamo on first use). torchft's Rust logger is set up there too, from RUST_LOG.
     os.environ.setdefault("MESHVISOR_PRELOAD", "torch,torch._dynamo,torchft")
     if not args.verbose:
