@@ -23,6 +23,7 @@ from mesh import (
     exit_process,
     fail_next_call,
     heal_links,
+    placement,
     probe,
 )
 from supervision import SupervisionError, SupervisionEvent, add_event_listener
@@ -142,7 +143,7 @@ class Job:
         if not self._targets:
             raise RuntimeError("a chaos workload must register a target: job.target(actors)")
         self._announced = True
-        meshes = {name: len(t.actors._peers_in_region()) for name, t in self._targets.items()}
+        meshes = {name: len(t.actors) for name, t in self._targets.items()}
         timeouts = {name: t.heartbeat_timeout_s for name, t in self._targets.items()}
         self._note(
             {
@@ -178,9 +179,9 @@ class Job:
     def _locate(self, event: SupervisionEvent) -> tuple[str | None, int | None, int | None]:
         """The target mesh, flat rank and host index that `event` concerns, where known."""
         for name, target in self._targets.items():
-            for rank, peer in enumerate(target.actors._peers_in_region()):
-                if peer.proc_id == event.proc_id:
-                    return name, rank, self._host_of(peer.agent)
+            for where in placement(target.actors):
+                if where.proc_id == event.proc_id:
+                    return name, where.rank, self._host_of(where.agent)
         return event.mesh_name, None, None
 
     def _host_of(self, agent: str | None) -> int | None:
@@ -211,21 +212,22 @@ class Job:
 
     def _op_resolve(self, mesh: str, rank: int, timeout: float) -> dict[str, Any]:
         """The process that runs a rank now (waiting for it while it is being re-spawned)."""
-        peer = self._targets[mesh].actors._peers_in_region()[rank]
         deadline = time.monotonic() + timeout
-        while peer.pid is None or peer.state != "ready":
+        while True:
+            where = placement(self._targets[mesh].actors)[rank]
+            if where.pid is not None and where.state == "ready":
+                return {"pid": where.pid, "host": self._host_of(where.agent)}
             if time.monotonic() > deadline:
-                raise RuntimeError(f"rank {rank} of {mesh!r} is not running ({peer.state})")
+                raise RuntimeError(f"rank {rank} of {mesh!r} is not running ({where.state})")
             time.sleep(0.02)
-        return {"pid": peer.pid, "host": self._host_of(peer.agent)}
 
     def _op_ranks_on(self, host: int) -> list[list[Any]]:
         """Every target rank placed on `host`, with its current pid."""
         found = []
         for name, target in sorted(self._targets.items()):
-            for rank, peer in enumerate(target.actors._peers_in_region()):
-                if self._host_of(peer.agent) == host:
-                    found.append([name, rank, peer.pid])
+            for where in placement(target.actors):
+                if self._host_of(where.agent) == host:
+                    found.append([name, where.rank, where.pid])
         return found
 
     def _op_raise(self, mesh: str, rank: int, endpoint: str | None, fatal: bool) -> None:
@@ -279,7 +281,7 @@ class Job:
         ranks = [
             [name, rank]
             for name, target in sorted(self._targets.items())
-            for rank in range(len(target.actors._peers_in_region()))
+            for rank in range(len(target.actors))
         ]
         return self._op_wait_healthy(ranks, [], timeout)
 

@@ -26,8 +26,7 @@ import torch
 
 from chaos import ChaosOptions, Job, RandomSchedule, run_chaos
 from chaos import render as render_report
-from mesh import Replica, ReplicaGroup, replay_training
-from mesh._replica import digest
+from mesh import Replica, ReplicaGroup, parameter_digest, replay_training
 
 #: Each step of this toy model takes a few milliseconds; a real step takes longer. The
 #: controller waits this long between steps so that faults land during training.
@@ -128,7 +127,7 @@ def _replayed(group: ReplicaGroup) -> bool | str:
     replayed = replay_training(Trainer, group.history)
     status = group.status()
     live = {d for entries in status.values() for _, d in entries}
-    if live != {digest(replayed)}:
+    if live != {parameter_digest(replayed)}:
         return "the replicas' parameters differ from the single-process replay"
     return True
 

@@ -21,7 +21,10 @@ from ._meshes import HostMesh as HostMesh
 from ._meshes import ProcMesh as ProcMesh
 from ._meshes import this_host as this_host
 from ._meshes import this_proc as this_proc
+from ._placement import Placement as Placement
+from ._placement import placement as placement
 from ._replica import Replica as Replica
+from ._replica import digest as parameter_digest
 from ._replica import replay_training as replay_training
 from ._replicas import Recovery as Recovery
 from ._replicas import ReplicaGroup as ReplicaGroup
@@ -42,6 +45,7 @@ __all__ = (
     "Future",
     "HostMesh",
     "Party",
+    "Placement",
     "Point",
     "ProcMesh",
     "Recovery",
@@ -59,6 +63,8 @@ __all__ = (
     "exit_process",
     "fail_next_call",
     "heal_links",
+    "parameter_digest",
+    "placement",
     "probe",
     "replay_training",
     "supervised",

@@ -143,7 +143,7 @@ class Replica(Actor):
         """Take the committed state of `peer` (a live replica; its rank matching this one),
         straight from it."""
         ranks = peer.flatten("rank")
-        source = ranks.slice(rank=context().rank.rank % len(ranks._peers_in_region()))
+        source = ranks.slice(rank=context().rank.rank % len(ranks))
         state = source.state.call_one().get(timeout=60.0)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])

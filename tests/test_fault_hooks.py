@@ -52,6 +52,7 @@ from mesh import (
     exit_process,
     fail_next_call,
     heal_links,
+    placement,
     probe,
 )
 from mesh._session import current_session
@@ -508,6 +509,19 @@ def test_probe_answers_pids_and_fails_for_a_killed_rank(watched: Callable[..., W
     with pytest.raises(SupervisionError):
         probe(w.actors.slice(gpus=1)).get(timeout=T)
     assert probe(w.actors.slice(gpus=0)).get(timeout=T).values() == (w.pids[0],)
+
+
+def test_placement_follows_the_procs_of_a_mesh(watched: Callable[..., Watched]) -> None:
+    w = watched()
+    where = placement(w.actors)
+    assert [p.rank for p in where] == [0, 1]
+    assert [p.pid for p in where] == w.pids
+    assert {p.state for p in where} == {"ready"}
+    assert len({p.proc_id for p in where}) == 2 and all(p.agent for p in where)
+    assert [p.pid for p in placement(w.actors.slice(gpus=1))] == [w.pids[1]]
+    os.kill(w.pids[1], signal.SIGKILL)
+    w.recorder.wait(1)
+    assert [p.state for p in placement(w.actors)] == ["ready", "failed"]
 
 
 def test_fail_next_call_fails_one_call_of_one_endpoint(watched: Callable[..., Watched]) -> None:

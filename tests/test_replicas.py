@@ -19,7 +19,7 @@ import pytest
 import replica_actors as ra
 
 from mesh import Recovery, ReplicaGroup, ReplicaGroupError, probe, replay_training, this_host
-from mesh._replica import digest
+from mesh import parameter_digest as digest
 
 pytestmark = pytest.mark.timeout(240)
 

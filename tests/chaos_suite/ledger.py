@@ -53,7 +53,7 @@ def ledger(job: Job) -> None:
     )
     ranks = job.target(procs.spawn("books", Ledger), heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
     flat = ranks.flatten("rank")
-    size = len(flat._peers_in_region())
+    size = len(flat)
     acked: dict[str, int] = defaultdict(int)  # actor -> increments it acknowledged
     seen: dict[str, int] = defaultdict(int)  # actor -> highest count it reported
     unanswered = 0
