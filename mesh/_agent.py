@@ -154,7 +154,7 @@ class HostAgent:
             if type(header) is SpawnProcs:
                 self._spawn(header)
             elif type(header) is StopProcs:
-                self._stop(header.proc_ids, header.grace_s)
+                self._stop(header.proc_ids, header.grace_s, header.reply_to)
             elif type(header) is Heartbeat:
                 self._on_heartbeat(header.proc_id)
             elif type(header) is OwnerAlive:
@@ -204,10 +204,12 @@ class HostAgent:
             point = dict(zip(spec.labels, _coords(spec.sizes, spec.rank)))
             self._forkserver.spawn(spec.proc_id, f"{spec.mesh_name} {point}", config)
 
-    def _stop(self, proc_ids: tuple[str, ...], grace_s: float) -> None:
+    def _stop(self, proc_ids: tuple[str, ...], grace_s: float, reply_to: str | None = None) -> None:
         now = time.monotonic()
         for proc_id in proc_ids:
             proc = self._procs.get(proc_id)
+            if proc is None and reply_to is not None:
+                self._send(reply_to, self._exited.get(proc_id) or self._unknown(proc_id))
             if proc is None or proc.stop_requested:
                 continue
             proc.stop_requested = True
@@ -341,6 +343,10 @@ class HostAgent:
         ):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+
+    def _unknown(self, proc_id: str) -> ProcExited:
+        """The report for a proc this agent never ran (it ran under a previous agent)."""
+        return ProcExited(proc_id, 0, self._hostname, None, None, requested=True)
 
     def _remember(self, report: ProcExited, watchers: set[str]) -> None:
         self._exited[report.proc_id] = report

@@ -41,8 +41,12 @@ class SpawnProcs:
 @message_type
 @dataclass(frozen=True, slots=True)
 class StopProcs:
+    """Owner → agent. `reply_to` hears of procs the agent no longer knows (they ended before,
+    or with a previous agent), so that a stop never waits for an exit report that cannot come."""
+
     proc_ids: tuple[str, ...]
     grace_s: float
+    reply_to: str | None = None
 
 
 @message_type

@@ -570,7 +570,7 @@ class Runtime:
                     peer.state, peer.event = "stopping", peer.stopped_event(why)
                     by_agent.setdefault(peer.agent, []).append(peer.proc_id)
         for agent, proc_ids in by_agent.items():
-            self.send_message(agent, StopProcs(tuple(proc_ids), grace_s))
+            self.send_message(agent, StopProcs(tuple(proc_ids), grace_s, self.address))
 
     def stop_owned_by(self, actor_id: str, grace_s: float = 5.0) -> None:
         """Stop every proc that actor `actor_id` spawned (a mesh never outlives its owner)."""

@@ -246,3 +246,29 @@ def test_curve_keys_admit_members_and_refuse_others(tmp_path: Path) -> None:
         agent.terminate()
         _, log = agent.communicate(timeout=T)
     assert "peer_refused" in log and "CURVE keys" in log, log
+
+
+def test_stopping_a_proc_the_agent_does_not_know_is_answered(
+    allocation: tuple[Path, list[int]],
+) -> None:
+    """A stop for a proc the agent never ran (it ran under a previous agent at the same
+    address) is answered as stopped, so the owner's stop() never waits for nothing."""
+    from mesh._messages import ProcExited, StopProcs
+    from transport import Inbox, Outbox, close_context, encode, new_context
+
+    agent = allocation[0].read_text().split()[0]
+    context = new_context()
+    inbox = Inbox(context, "tcp://127.0.0.1:*")
+    outbox = Outbox(context)
+    try:
+        outbox.send(agent, encode(StopProcs(("gone-proc",), 0.0, inbox.address)))
+        assert inbox.poll(int(T * 1000)), "the agent did not answer"
+        envelope = inbox.receive_nowait()
+        assert envelope is not None
+        report = envelope.header
+        assert isinstance(report, ProcExited)
+        assert report.proc_id == "gone-proc" and report.requested
+    finally:
+        outbox.close(0)
+        inbox.close()
+        close_context(context)
