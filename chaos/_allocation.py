@@ -75,6 +75,8 @@ class LocalAllocation:
                 str(ready),
                 "--owner-timeout",
                 str(self.owner_timeout_s),
+                "--parent-pid",  # a harness killed by SIGKILL leaves no agent behind
+                str(os.getpid()),
                 *(["--preload", ",".join(self.preload)] if self.preload else []),
             ],
             stdout=output,

@@ -85,6 +85,7 @@ class HostAgent:
         owner_pid: int | None,
         orphan_timeout_s: float = 0.0,
         owner_timeout_s: float = 3.0,
+        parent_pid: int | None = None,
     ) -> None:
         from transport import Inbox, Outbox, get_logger, new_context
 
@@ -98,7 +99,8 @@ class HostAgent:
         self._by_pid: dict[int, str] = {}
         self._exited: dict[str, ProcExited] = {}
         self._exited_watchers: dict[str, set[str]] = {}  # for a re-spawn to take over
-        self._owner_fd = os.pidfd_open(owner_pid) if owner_pid else None
+        watched = owner_pid or parent_pid  # when it exits, everything stops
+        self._owner_fd = os.pidfd_open(watched) if watched else None
         self._shutting_down = False
         self._orphan_timeout_s = orphan_timeout_s
         self._owner_timeout_s = owner_timeout_s
@@ -450,6 +452,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
         help="local owner process: when it exits, stop everything and exit",
     )
     parser.add_argument(
+        "--parent-pid",
+        type=int,
+        default=None,
+        help="a daemon that must not outlive this process (e.g. a test harness); its owners "
+        "are still the clients that spawn procs on it",
+    )
+    parser.add_argument(
         "--orphan-timeout",
         type=float,
         default=0.0,
@@ -500,7 +509,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
         os.environ[PRELOAD_ENV] = args.preload
     forkserver = start_forkserver()
     agent = HostAgent(
-        forkserver, address, rundir, args.owner_pid, args.orphan_timeout, args.owner_timeout
+        forkserver,
+        address,
+        rundir,
+        args.owner_pid,
+        args.orphan_timeout,
+        args.owner_timeout,
+        args.parent_pid,
     )
     signal.signal(signal.SIGTERM, lambda *_: agent.request_shutdown())
     if args.address_file:
