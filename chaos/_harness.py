@@ -285,7 +285,6 @@ class Harness:
                 10.0,
                 host=target.host,
                 duration_s=fault.duration_s,
-                seed=self._fault_seed(record),
             )
         elif fault.kind == "kill_agent":
             assert self._alloc is not None and target.host is not None

@@ -259,11 +259,8 @@ class Job:
             seed=seed,
         )
 
-    def _op_partition(self, host: int, duration_s: float, seed: int) -> None:
+    def _op_partition(self, host: int, duration_s: float) -> None:
         break_links(self.hosts.slice(hosts=host), None, duration_s=duration_s, hold=True)
-
-    def _op_heartbeat_timeout(self, mesh: str) -> float:
-        return self._targets[mesh].heartbeat_timeout_s
 
     def _op_wait_healthy(
         self, ranks: list[list[Any]], exclude_pids: list[int], timeout: float

@@ -154,3 +154,28 @@ def _stop_local_agent() -> None:
     session = mesh._session.session_if_started()
     if session is not None:
         session.shutdown_local_agent()
+
+
+@pytest.fixture
+def root_events() -> Iterator[list[Any]]:
+    """Failures that reached the client's unhandled-failure hook (recorded and handled)."""
+    import supervision
+
+    events: list[Any] = []
+
+    def record(event: Any) -> bool:
+        events.append(event)
+        return True
+
+    previous = supervision.set_unhandled_failure_hook(record)
+    try:
+        yield events
+    finally:
+        supervision.set_unhandled_failure_hook(previous)
+
+
+@pytest.fixture
+def no_failure_reaches_the_root(root_events: list[Any]) -> Iterator[None]:
+    """No failure may reach the client root unless the test expects it (and clears it)."""
+    yield
+    assert not root_events, f"unexpected failures reached the client: {root_events}"

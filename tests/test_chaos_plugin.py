@@ -3,16 +3,12 @@ through inner pytest runs in subprocesses (pytester) that run real chaos runs.""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from polling import pid_alive, wait_until
+from chaos_leftovers import nothing_left_behind, run_base  # noqa: F401 (autouse fixture)
 
 from chaos import validate_report
 
@@ -23,7 +19,6 @@ TESTS = Path(__file__).resolve().parent
 COUNTERS = f"{TESTS / 'chaos_workloads.py'}:counters"
 BROKEN = f"{TESTS / 'chaos_workloads_extra.py'}:broken_invariants"
 INNER_TIMEOUT_S = 120.0
-GONE_TIMEOUT_S = 15.0
 
 PASSING = f"""
 import pytest
@@ -51,62 +46,6 @@ import pytest
 def test_with_a_typo(chaos):
     chaos.run({COUNTERS!r})
 """
-
-
-def run_base() -> str:
-    return os.environ["XDG_RUNTIME_DIR"]
-
-
-def chaos_processes() -> list[int]:
-    """Live processes of a chaos allocation (agents, fork servers, procs, clients)."""
-    marker = f"{run_base()}/meshvisor-chaos-".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if marker in cmdline and pid_alive(int(entry.name)):
-            found.append(int(entry.name))
-    return found
-
-
-def leftover_dirs() -> list[Path]:
-    """Chaos allocation directories, and run directories of clients other than this process."""
-    found = []
-    for path in Path(run_base()).glob("meshvisor-*"):
-        try:
-            owner = int((path / "owner.pid").read_text().strip())
-        except (OSError, ValueError):
-            owner = None
-        if path.name.startswith("meshvisor-chaos-") or (owner is not None and owner != os.getpid()):
-            found.append(path)
-    return sorted(found)
-
-
-@pytest.fixture(autouse=True)
-def nothing_left_behind() -> Iterator[None]:
-    """After each test: no process and no directory of a chaos run (removed if there are, so
-    that a failing test leaves nothing behind either). What was there before is not ours."""
-    before_processes, before_dirs = set(chaos_processes()), set(leftover_dirs())
-
-    def processes() -> list[int]:
-        return [pid for pid in chaos_processes() if pid not in before_processes]
-
-    yield
-    with contextlib.suppress(AssertionError):
-        wait_until(lambda: not processes(), GONE_TIMEOUT_S, "chaos processes to exit")
-    left = processes()
-    for pid in left:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    dirs = [path for path in leftover_dirs() if path not in before_dirs]
-    for path in dirs:
-        shutil.rmtree(path, ignore_errors=True)
-    assert not left, f"chaos processes left behind: {left}"
-    assert not dirs, f"chaos directories left behind: {dirs}"
 
 
 def inner(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:

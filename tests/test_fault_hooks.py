@@ -41,6 +41,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from polling import wait_gone, wait_until
+from recording import Recorder
 
 import mesh._runtime
 import supervision
@@ -69,7 +70,7 @@ from transport import (
     new_context,
 )
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_failure_reaches_the_root")]
 
 T = 30.0  # the bound on every wait (never reached when things work)
 A, B, C = "ipc:///nowhere/a", "ipc:///nowhere/b", "ipc:///nowhere/c"
@@ -127,27 +128,6 @@ def rule(**kwargs: Any) -> FaultRule:
 # -- helpers: procs -----------------------------------------------------------------------------
 
 
-class Recorder:
-    """A failure handler that records every event it is given and handles it."""
-
-    def __init__(self) -> None:
-        self.events: list[SupervisionEvent] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, event: SupervisionEvent) -> bool:
-        with self._lock:
-            self.events.append(event)
-        return True
-
-    def wait(self, count: int = 1, timeout: float = T) -> list[SupervisionEvent]:
-        wait_until(
-            lambda: len(self.events) >= count,
-            timeout,
-            f"{count} supervision event(s), got {self.events}",
-        )
-        return list(self.events)
-
-
 @dataclass
 class Watched:
     procs: ProcMesh
@@ -175,24 +155,6 @@ def retry(attempt: Callable[[], Any], timeout: float = T) -> Any:
             if time.monotonic() > deadline:
                 raise
         time.sleep(0.005)
-
-
-@pytest.fixture
-def root_events() -> Iterator[list[SupervisionEvent]]:
-    """Failures that reached the client's unhandled-failure hook (recorded and handled)."""
-    events: list[SupervisionEvent] = []
-    previous = supervision.set_unhandled_failure_hook(lambda e: events.append(e) or True)
-    try:
-        yield events
-    finally:
-        assert supervision.set_unhandled_failure_hook(previous) is not None
-
-
-@pytest.fixture(autouse=True)
-def guard(root_events: list[SupervisionEvent]) -> Iterator[None]:
-    """No failure may reach the client root: every test handles what it provokes."""
-    yield
-    assert not root_events, f"unexpected failures reached the client: {root_events}"
 
 
 @pytest.fixture

@@ -23,7 +23,6 @@ import contextlib
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,12 +32,12 @@ import failing_actors as fa
 import pytest
 import restart_actors as ra
 from polling import pid_alive, wait_gone, wait_until
+from recording import Recorder
 
-import supervision
 from mesh import ActorMesh, ProcMesh, this_host, this_proc
 from supervision import ActorError, RestartPolicy, SupervisionError, SupervisionEvent
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("no_failure_reaches_the_root")]
 
 T = 20.0  # the bound on every wait (never reached when things work)
 STOP_TIMEOUT_S = 10.0
@@ -47,27 +46,6 @@ EAGER: dict[str, Any] = {"jitter": 0.0, "max_restarts": 10, "within_s": 60.0}
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-class Recorder:
-    """A failure handler that records every event it is given and handles it."""
-
-    def __init__(self) -> None:
-        self.events: list[SupervisionEvent] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, event: SupervisionEvent) -> bool:
-        with self._lock:
-            self.events.append(event)
-        return True
-
-    def wait(self, count: int = 1, timeout: float = T) -> list[SupervisionEvent]:
-        wait_until(
-            lambda: len(self.events) >= count,
-            timeout,
-            f"{count} supervision event(s), got {self.events}",
-        )
-        return list(self.events)
 
 
 def retry(
@@ -140,29 +118,6 @@ def proc_processes() -> set[int]:
     agents = {pid for pid, ppid in table.items() if ppid == os.getpid()}
     servers = {pid for pid, ppid in table.items() if ppid in agents}
     return {pid for pid in table if pid not in agents and pid not in servers}
-
-
-@pytest.fixture
-def root_events() -> Iterator[list[SupervisionEvent]]:
-    """Failures that reached the client's unhandled-failure hook (recorded and handled)."""
-    events: list[SupervisionEvent] = []
-
-    def record(event: SupervisionEvent) -> bool:
-        events.append(event)
-        return True
-
-    previous = supervision.set_unhandled_failure_hook(record)
-    try:
-        yield events
-    finally:
-        supervision.set_unhandled_failure_hook(previous)
-
-
-@pytest.fixture(autouse=True)
-def guard(root_events: list[SupervisionEvent]) -> Iterator[None]:
-    """No failure may reach the client root: every test handles what it provokes."""
-    yield
-    assert not root_events, f"unexpected failures reached the client: {root_events}"
 
 
 class Meshes:

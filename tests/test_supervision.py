@@ -17,9 +17,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,40 +26,17 @@ import anyio
 import failing_actors as fa
 import pytest
 from polling import pid_alive, wait_gone, wait_until
+from recording import Recorder
 
-import supervision
 from mesh import ActorMesh, ProcMesh
 from supervision import ActorError, SupervisionError, SupervisionEvent
 
+pytestmark = pytest.mark.usefixtures("no_failure_reaches_the_root")
 T = 30.0  # the bound on every wait (never reached when things work)
 FAST_HB = {"heartbeat_interval_s": 0.1, "heartbeat_timeout_s": 1.0}
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-class Recorder:
-    """A failure handler that records every event it is given and returns `decision`."""
-
-    def __init__(self, decision: Any = True) -> None:
-        self.decision = decision
-        self.events: list[SupervisionEvent] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, event: SupervisionEvent) -> Any:
-        with self._lock:
-            self.events.append(event)
-        if isinstance(self.decision, BaseException):
-            raise self.decision
-        return self.decision
-
-    def wait(self, count: int = 1, timeout: float = T) -> list[SupervisionEvent]:
-        wait_until(
-            lambda: len(self.events) >= count,
-            timeout,
-            f"{count} supervision event(s), got {self.events}",
-        )
-        return list(self.events)
 
 
 def barrier(mesh: ActorMesh[Any]) -> None:
@@ -80,24 +56,6 @@ class Watched:
     ) -> None:
         self.procs, self.recorder, self.actors, self.probe = procs, recorder, actors, probe
         self.pids: list[int] = list(probe.pid.call().get(timeout=T).values())
-
-
-@pytest.fixture
-def root_events() -> Iterator[list[SupervisionEvent]]:
-    """Failures that reached the client's unhandled-failure hook (recorded and handled)."""
-    events: list[SupervisionEvent] = []
-    previous = supervision.set_unhandled_failure_hook(lambda e: events.append(e) or True)
-    try:
-        yield events
-    finally:
-        assert supervision.set_unhandled_failure_hook(previous) is not None
-
-
-@pytest.fixture(autouse=True)
-def guard(root_events: list[SupervisionEvent]) -> Iterator[None]:
-    """No failure may reach the client root unless the test expects it (and clears it)."""
-    yield
-    assert not root_events, f"unexpected failures reached the client: {root_events}"
 
 
 @pytest.fixture
