@@ -41,6 +41,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "filterwarnings", "ignore:mypy_extensions.TypedDict is deprecated:DeprecationWarning"
     )
+    # tmp_path directories go under the private base too, removed with it at the end
+    # (pytest's default keeps the last runs' directories in /tmp/pytest-of-USER).
+    if config.option.basetemp is None:
+        config.option.basetemp = os.path.join(RUN_BASE, "tmp")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
