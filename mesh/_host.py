@@ -11,13 +11,24 @@ import inspect
 import os
 import traceback
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from supervision import SupervisionEvent, escalated, is_handled
-from transport import Envelope, Payload, SerializationError, dumps, get_logger
+from transport import (
+    Envelope,
+    MessageTooLarge,
+    Payload,
+    SerializationError,
+    TransportError,
+    dumps,
+    encode,
+    get_logger,
+    safe_str,
+)
 
 from ._actor import EndpointDef, endpoints_of
 from ._context import Context, enter_context, exit_context
@@ -370,8 +381,8 @@ class ActorHost:
             )
 
     def _fail(self, actor: HostedActor, exc: BaseException, what: str) -> SupervisionEvent:
-        text = "".join(traceback.format_exception(exc))
-        event = self._event(actor, "exception", f"{what} {type(exc).__name__}: {exc}", text)
+        message = _clip(f"{what} {type(exc).__name__}: {safe_str(exc)}")
+        event = self._event(actor, "exception", message, _clip(_safe_traceback(exc)))
         self._fail_with(actor, event)
         return event
 
@@ -392,32 +403,53 @@ class ActorHost:
     # -- replies -----------------------------------------------------------------------------
 
     def _reply(self, header: CallActor, result: Any) -> None:
+        """Send the result; one that cannot be sent (unpicklable, too large) fails the call."""
         if header.reply_to is None:
             return
-        try:
-            payload = Payload.dump(result)
-        except SerializationError as exc:
+        error = self._send_value(header.reply_to, Reply(header.call_id, header.rank), result)
+        if error is not None:
             actor = self._actors[header.actor_id]
-            self._send_exception(actor, header, exc)
-            return
-        self._runtime.send_message(header.reply_to, Reply(header.call_id, header.rank), payload)
+            self._send_exception(actor, header, _unsendable_result(header, error))
+
+    def _send_value(self, reply_to: str, header: Any, value: Any) -> Exception | None:
+        """Send `value` with `header`, or return why it cannot go (serialization, size)."""
+        try:
+            frames = encode(header, Payload.dump(value))
+        except Exception as exc:  # whatever pickling raises must not lose the call
+            return exc
+        self._runtime.send_frames(reply_to, header, frames)
+        return None
 
     def _send_exception(self, actor: HostedActor, header: CallActor, exc: BaseException) -> None:
-        point = self._point_of(header)
-        fields = {
+        """Tell the caller its call raised `exc`: the exception itself where it can travel,
+        else a description that surely can (an error that cannot be sent must not hang it)."""
+        fields = self._exception_fields(actor, header, exc)
+        failure = Failure(header.call_id, header.rank, "exception")
+        assert header.reply_to is not None
+        error: Exception | None = None
+        for detail in _exception_details(fields, exc):
+            error = self._send_value(header.reply_to, failure, detail)
+            if error is None:
+                return
+        self._log.error(
+            "reply_lost", actor_id=actor.actor_id, call_id=header.call_id, reason=safe_str(error)
+        )
+
+    def _exception_fields(
+        self, actor: HostedActor, header: CallActor, exc: BaseException
+    ) -> dict[str, Any]:
+        return {
             "exception_type": type(exc).__qualname__,
-            "message": str(exc),
-            "remote_traceback": "".join(traceback.format_exception(exc)),
+            "message": safe_str(exc),
+            "remote_traceback": _safe_traceback(exc),
             "mesh_name": actor.mesh_name,
             "rank": dict(actor.point),
-            "call_rank": dict(point),
+            "call_rank": dict(self._point_of(header)),
             "actor_id": actor.actor_id,
             "endpoint": header.endpoint,
             "host": self._runtime.hostname,
             "pid": self._runtime.pid,
         }
-        detail = (fields, _pickled_or_none(exc), _pickled_or_none(type(exc)))
-        self._send_failure(header.reply_to, header.call_id, header.rank, "exception", detail)
 
     def _send_failure(
         self, reply_to: str | None, call_id: int, rank: int, kind: str, detail: Any
@@ -493,9 +525,58 @@ def _pickled_or_none(value: object) -> bytes | None:
     """`value` pickled in-band, or None when it cannot be (the caller then does without)."""
     try:
         body, buffers = dumps(value)
-    except SerializationError:
+    except Exception:
         return None
     return None if buffers else body
+
+
+def _exception_details(fields: dict[str, Any], exc: BaseException) -> Iterator[tuple[Any, ...]]:
+    """What a caller is told of `exc`, from everything to what surely fits in a message."""
+    exception_class = _pickled_or_none(type(exc))
+    yield fields, _pickled_or_none(exc), exception_class
+    clipped = {
+        **fields,
+        "message": _clip(fields["message"]),
+        "remote_traceback": _clip(fields["remote_traceback"]),
+    }
+    yield clipped, None, exception_class
+    yield clipped, None, None
+
+
+def _unsendable_result(header: CallActor, error: Exception) -> TransportError:
+    """The error a caller gets for a result that could not be sent back; it keeps the
+    transport's error type (SerializationError, MessageTooLarge), so it can be caught as such."""
+    where = f"the result of endpoint {header.endpoint!r}"
+    wrapped: TransportError
+    if isinstance(error, MessageTooLarge):
+        wrapped = MessageTooLarge(f"{where} could not be sent back: {safe_str(error)}")
+    elif isinstance(error, SerializationError):
+        wrapped = SerializationError(f"{where} could not be serialized: {safe_str(error)}")
+    else:
+        why = f"{type(error).__name__}: {safe_str(error)}"
+        wrapped = SerializationError(f"{where} could not be serialized: {why}")
+    wrapped.__cause__ = error
+    return wrapped
+
+
+def _safe_traceback(exc: BaseException) -> str:
+    """The formatted traceback of `exc`, or why it could not be formatted."""
+    try:
+        return "".join(traceback.format_exception(exc))
+    except Exception as error:
+        return f"<the traceback could not be formatted: {type(error).__name__}>"
+
+
+#: The longest message or traceback text sent when the full one does not fit.
+_CLIP_CHARS = 8000
+
+
+def _clip(text: str) -> str:
+    """`text`, or its beginning and end when it is longer than `_CLIP_CHARS`."""
+    if len(text) <= _CLIP_CHARS:
+        return text
+    half = _CLIP_CHARS // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters left out ...]\n{text[-half:]}"
 
 
 _BUILTIN_ENDPOINTS = frozenset({"__ping__", "__fail_next__", "__exit_process__"})

@@ -253,7 +253,18 @@ class Runtime:
     def send_message(self, address: str, header: Any, payload: Payload | None = None) -> None:
         """Send one message; an unreachable address is logged, never raised to a handler."""
         try:
-            self.outbox.send(address, encode(header, payload))
+            frames = encode(header, payload)
+        except TransportError as exc:
+            self._log.warning(
+                "send_failed", to=address, kind=type(header).__name__, reason=str(exc)
+            )
+            return
+        self.send_frames(address, header, frames)
+
+    def send_frames(self, address: str, header: Any, frames: list[Any]) -> None:
+        """Send the frames `encode` made for `header`; an unreachable address is logged."""
+        try:
+            self.outbox.send(address, frames)
         except TransportError as exc:
             self._log.warning(
                 "send_failed", to=address, kind=type(header).__name__, reason=str(exc)
@@ -310,11 +321,17 @@ class Runtime:
 
     def on_failure(self, envelope: Envelope) -> None:
         header: Failure = envelope.header
-        detail = envelope.payload.load()  # type: ignore[union-attr]
-        if header.kind == "exception":
-            error: BaseException = _actor_error(*detail)
-        else:
-            error = SupervisionError(detail)
+        try:
+            detail = envelope.payload.load()  # type: ignore[union-attr]
+            if header.kind == "exception":
+                error: BaseException = _actor_error(*detail)
+            else:
+                error = SupervisionError(detail)
+        except Exception as exc:  # the call must end even when its error cannot be rebuilt
+            error = ActorError(
+                f"call {header.call_id} failed ({header.kind}), but the error could not be "
+                f"unpickled here: {exc!r}"
+            )
         self._settle(header.call_id, header.rank, error=error)
 
     def _settle(

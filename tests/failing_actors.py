@@ -317,3 +317,38 @@ class AsyncOwner(OwnerBase):
 
 class NoHandlerOwner(OwnerBase):
     """An owner without ``__supervise__``: every child failure escalates."""
+
+
+# -- replies that cannot be sent -----------------------------------------------------------------
+
+
+class UnprintableError(Exception):
+    """An exception whose ``str()`` itself raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ of UnprintableError is broken")
+
+
+class BadReplies(Actor):
+    """Endpoints whose return value or exception breaks the reply path, not the endpoint."""
+
+    @endpoint
+    def sized(self, nbytes: int) -> bytes:
+        """A result of `nbytes` bytes (over MESHVISOR_MAX_MESSAGE_BYTES when that is lower)."""
+        return b"x" * nbytes
+
+    @endpoint
+    def nested(self, depth: int) -> list[Any]:
+        """A list nested `depth` deep: too deep to pickle, or even to repr."""
+        value: list[Any] = []
+        for _ in range(depth):
+            value = [value]
+        return value
+
+    @endpoint
+    def raise_unprintable(self) -> None:
+        raise UnprintableError("the message is there, but str() cannot show it")
+
+    @endpoint
+    def ping(self) -> int:
+        return current_rank().rank

@@ -8,6 +8,7 @@ from ._errors import MalformedMessage as MalformedMessage
 from ._errors import MessageTooLarge as MessageTooLarge
 from ._errors import SerializationError as SerializationError
 from ._errors import TransportError as TransportError
+from ._errors import safe_str as safe_str
 from ._faults import FaultRule as FaultRule
 from ._faults import NetworkFaults as NetworkFaults
 from ._faults import network_faults as network_faults
@@ -59,6 +60,7 @@ __all__ = (
     "new_context",
     "private_runtime_dir",
     "reset_logging",
+    "safe_str",
     "tcp_address",
 )
 

@@ -28,3 +28,16 @@ class MessageTooLarge(TransportError, ValueError):
 
 class MalformedMessage(TransportError, ValueError):
     """Frames were received that do not form a valid meshvisor message."""
+
+
+def safe_str(exc: BaseException | None) -> str:
+    """``str(exc)``, or why it cannot be had: an exception whose ``__str__`` raises must
+    still be reportable (a broken description must never lose the error it describes)."""
+    try:
+        return str(exc)
+    except Exception as error:
+        try:
+            why = f"{type(error).__name__}: {error}"
+        except Exception:
+            why = type(error).__name__
+        return f"<exception str() failed: {why}>"

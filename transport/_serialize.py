@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import reprlib
 import sys
 import threading
 from collections.abc import Sequence
@@ -15,7 +16,7 @@ from typing import Any
 
 import cloudpickle
 
-from ._errors import SerializationError
+from ._errors import SerializationError, safe_str
 
 #: Buffers smaller than this are cheaper to copy into the pickle stream than to send alone.
 OUT_OF_BAND_MIN_BYTES = 2048
@@ -151,8 +152,9 @@ def _dump(pickler: _Pickler, value: Any) -> None:
         pickler.dump(_lift(value) if _has_large_bytes(value) else value)
     except Exception as exc:
         raise SerializationError(
-            f"cannot serialize {_describe(value)}: {exc}. Arguments and results must be "
-            "picklable by cloudpickle (no open files, sockets, locks or generators)."
+            f"cannot serialize {_describe(value)}: {type(exc).__name__}: "
+            f"{safe_str(exc).rstrip('.')}. Arguments and results must be picklable by "
+            "cloudpickle (no open files, sockets, locks or generators)."
         ) from exc
 
 
@@ -161,8 +163,18 @@ def loads(body: bytes | memoryview, buffers: Sequence[Any] = ()) -> Any:
     return pickle.loads(body, buffers=buffers)
 
 
+_short_repr = reprlib.Repr()
+_short_repr.maxlevel = 3
+_short_repr.maxother = _short_repr.maxstring = 80
+
+
 def _describe(value: Any) -> str:
-    text = repr(value)
+    """A short description of `value` that cannot fail: reprlib bounds the depth (a deeply
+    nested value) and survives a broken ``__repr__``."""
+    try:
+        text = _short_repr.repr(value)
+    except Exception as exc:  # reprlib falls back on repr() for some types
+        text = f"<repr() failed: {type(exc).__name__}>"
     return f"{type(value).__name__} value {text[:80]}{'...' if len(text) > 80 else ''}"
 
 
