@@ -352,3 +352,7 @@ class BadReplies(Actor):
     @endpoint
     def ping(self) -> int:
         return current_rank().rank
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()

@@ -5,18 +5,24 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 import uuid
 from typing import Any
 
 import failing_actors as fa
 import pytest
+from polling import wait_gone
 
+import transport
 from mesh import ProcMesh
+from mesh._messages import CallActor
 from supervision import ActorError
-from transport import SerializationError
+from transport import Outbox, Payload, SerializationError, TransportError, encode
 
 T = 30  # seconds: the bound on every wait in this module (never reached when things work)
 
@@ -87,3 +93,87 @@ def test_an_exception_whose_str_raises_reaches_the_caller(procs: ProcMesh) -> No
     assert "UnprintableError" in str(info.value)
     assert "str() failed" in str(info.value) and "RuntimeError" in str(info.value)
     assert actor.ping.call().get(timeout=T).values() == (0, 1)
+
+
+# -- malformed addresses -------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("address", [12345, None, b"ipc:///tmp/x", "no-scheme", ""])
+def test_an_invalid_address_is_refused_without_leaking_a_socket(address: Any) -> None:
+    """An address that is not a zmq endpoint string raises TransportError naming it, and
+    leaves no socket behind: the context still terminates (a leaked socket hangs term())."""
+    context = transport.new_context()
+    outbox = Outbox(context)
+    try:
+        with pytest.raises(TransportError, match="cannot send to"):
+            outbox.send(address, encode(CallActor(1, None, "a", "e", (), (), 0)))
+    finally:
+        outbox.close(linger_ms=0)
+    terminated = threading.Thread(target=transport.close_context, args=(context,), daemon=True)
+    terminated.start()
+    terminated.join(T)
+    assert not terminated.is_alive(), "zmq context.term() hangs: a socket was leaked"
+
+
+def test_a_call_with_a_non_string_reply_address_leaves_the_proc_working(
+    make_procs: Any, no_failure_reaches_the_root: None
+) -> None:
+    """A malformed call (reply_to is an int) to an async endpoint must not break the proc:
+    it answers the next message from the same sender, and later stops gracefully (before,
+    the error left a socket open and the proc hung at exit, in zmq's context.term())."""
+    procs = make_procs({"gpus": 1})
+    actor = procs.spawn("target", fa.Fragile)
+    pid = actor.pid.call_one().get(timeout=T)
+    actor_id, address = actor._state.actor_id, actor._peers_in_region()[0].address
+    folder = tempfile.mkdtemp(prefix="mvt-raw-")
+    context = transport.new_context()
+    inbox = transport.Inbox(context, f"ipc://{folder}/inbox")
+    outbox = Outbox(context)
+    try:
+        for reply_to in (12345, inbox.address):  # FIFO: the bad call is handled first
+            header = CallActor(1, reply_to, actor_id, "aping", ("gpus",), (1,), 0)
+            outbox.send(address, encode(header, Payload.dump(((), {}))))
+        assert inbox.poll(T * 1000), "the proc did not answer after the malformed call"
+        reply = inbox.receive_nowait()
+        assert reply is not None and reply.payload is not None and reply.payload.load() == 0
+    finally:
+        outbox.close(linger_ms=0)
+        inbox.close()
+        transport.close_context(context)
+        shutil.rmtree(folder, ignore_errors=True)
+    procs.stop(grace_s=120.0)  # graceful, long before the agent would SIGKILL it
+    wait_gone([pid], timeout=60)
+
+
+AGENT_SCRIPT = textwrap.dedent("""
+    import subprocess, sys, zmq
+    import mesh._session as session
+    from mesh import this_host
+    from mesh._messages import ShutdownAgent, StopProcs
+    from transport import encode
+
+    this_host()
+    agent = session.current_session()._agent_process
+    raw = zmq.Context.instance().socket(zmq.PUSH)
+    raw.setsockopt(zmq.LINGER, 5000)
+    raw.connect(session.current_session().agent_address())
+    raw.send_multipart(encode(StopProcs(("nobody",), 0.0, 12345)))  # reply_to is no address
+    raw.send_multipart(encode(ShutdownAgent(5.0)))
+    try:
+        print("AGENT EXIT", agent.wait(30), flush=True)
+    except subprocess.TimeoutExpired:
+        print("AGENT HANGS", flush=True)
+        agent.kill()
+        agent.wait()
+    raw.close()
+    session.shutdown_session()
+""")
+
+
+def test_an_agent_survives_a_non_string_reply_address(tmp_path: Any) -> None:
+    """The agent logs the bad address, serves the next request and exits cleanly."""
+    result = run_client_script(tmp_path, AGENT_SCRIPT)
+    assert "AGENT EXIT 0" in result.stdout, result.stdout + result.stderr
+    assert "not a meshvisor address" in result.stderr, result.stderr
+    assert result.returncode == 0, result.stderr

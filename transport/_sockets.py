@@ -170,18 +170,23 @@ class Outbox:
                 raise TransportError(f"cannot send to {address}: {exc}") from exc
 
     def _connect(self, address: str) -> zmq.Socket[Any]:
+        """A new PUSH socket connected to `address`; closed again if anything fails, since a
+        socket left open makes the context's ``term()`` (process exit) wait forever."""
+        _check_address(address)
         socket: zmq.Socket[Any] = self._context.socket(zmq.PUSH)
-        keys = configured_keys()
-        if keys is not None:
-            secure_client(socket, keys)
-        socket.setsockopt(zmq.SNDHWM, 0)
-        socket.setsockopt(zmq.LINGER, 2000)
-        socket.setsockopt(zmq.RECONNECT_IVL, RECONNECT_INTERVAL_MS)
         try:
+            keys = configured_keys()
+            if keys is not None:
+                secure_client(socket, keys)
+            socket.setsockopt(zmq.SNDHWM, 0)
+            socket.setsockopt(zmq.LINGER, 2000)
+            socket.setsockopt(zmq.RECONNECT_IVL, RECONNECT_INTERVAL_MS)
             socket.connect(address)
-        except zmq.ZMQError as exc:
+        except BaseException as exc:
             socket.close(linger=0)
-            raise TransportError(f"cannot connect to {address}: {exc}") from exc
+            if isinstance(exc, zmq.ZMQError):
+                raise TransportError(f"cannot connect to {address}: {exc}") from exc
+            raise
         self._sockets[address] = socket
         return socket
 
@@ -199,6 +204,20 @@ class Outbox:
             sockets, self._sockets = list(self._sockets.values()), {}
         for socket in sockets:
             socket.close(linger=linger_ms)
+
+
+#: The schemes of the zmq endpoints meshvisor sends to.
+_ADDRESS_SCHEMES = ("ipc://", "tcp://", "inproc://")
+
+
+def _check_address(address: object) -> None:
+    """Refuse what is not an address (a malformed header can carry anything) before a
+    socket is made for it."""
+    if type(address) is not str or not address.startswith(_ADDRESS_SCHEMES):
+        raise TransportError(
+            f"cannot send to {address!r}: not a meshvisor address (a string such as "
+            "ipc://PATH or tcp://HOST:PORT); the message that named it is malformed."
+        )
 
 
 _REFUSAL_LOG_INTERVAL_S = 10.0
