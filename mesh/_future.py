@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 from supervision import SupervisionEvent
 
 from ._failfast import FAIL_FAST
+from ._fork import check_not_forked
 
 T = TypeVar("T")
 _MAIN_THREAD = threading.main_thread().ident
@@ -75,6 +76,7 @@ class Future(Generic[T]):
     def get(self, timeout: float | None = None) -> T:
         """Wait for the value (at most `timeout` seconds) and return it, or raise its error."""
         if not self.finished():
+            self._check_process()
             if threading.get_ident() == _MAIN_THREAD:
                 self._wait_in_main_thread(timeout)
             else:
@@ -84,6 +86,11 @@ class Future(Generic[T]):
                 FAIL_FAST.raised_in_main(self._error)  # it a second time
             raise self._error
         return self._value  # type: ignore[no-any-return]
+
+    def _check_process(self) -> None:
+        """Waiting in a forked child of the caller would never end: raise instead."""
+        if self._runtime is not None:
+            check_not_forked(self._runtime.pid)
 
     def _wait(self, timeout: float | None) -> None:
         runtime = self._runtime
@@ -122,6 +129,7 @@ class Future(Generic[T]):
 
     def __await__(self) -> Generator[Any, None, T]:
         if not self.finished():
+            self._check_process()
             if threading.get_ident() != _MAIN_THREAD:
                 yield from self._wait_async().__await__()
             else:  # as in get(): failures this call raises need no other delivery

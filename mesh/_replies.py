@@ -17,6 +17,7 @@ import sniffio
 
 from transport import Inbox
 
+from ._fork import check_not_forked
 from ._messages import Failure, Reply, Wake
 
 if TYPE_CHECKING:
@@ -109,6 +110,7 @@ class ReplyRoutes:
     def for_current_thread(self) -> ReplyInbox | None:
         """This thread's reply inbox, or None when replies should go to the main inbox."""
         runtime = self._runtime
+        check_not_forked(runtime.pid)
         if runtime.on_loop_thread() or _in_async_code():
             return None
         found: ReplyInbox | None = getattr(self._local, "inbox", None)

@@ -34,6 +34,7 @@ from transport import (
 
 from ._calls import PendingCall, ResultSink
 from ._fault_rules import apply_fault_rules
+from ._fork import check_not_forked
 from ._future import Future
 from ._host import ActorHost
 from ._messages import (
@@ -283,6 +284,7 @@ class Runtime:
     ) -> None:
         """Send one header per peer (same payload). With a `sink`, each header's `rank` keys
         its reply."""
+        check_not_forked(self.pid)
         failed: list[tuple[int, BaseException]] = []
         with self._lock:
             if sink is not None:
@@ -580,6 +582,7 @@ class Runtime:
     def stop_peers(self, peers: list[ProcPeer], grace_s: float, why: str = "by its owner") -> None:
         """Stop these procs on purpose: gracefully, SIGKILL after `grace_s`; their exit is
         reported as "stopped", never as a failure."""
+        check_not_forked(self.pid)
         by_agent: dict[str, list[str]] = {}
         with self._lock:
             for peer in peers:

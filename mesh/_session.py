@@ -19,6 +19,7 @@ from typing import Any
 from transport import get_logger, private_runtime_dir
 
 from ._failfast import FAIL_FAST
+from ._fork import check_not_forked, forked_from
 from ._messages import ShutdownAgent
 from ._runtime import Runtime
 
@@ -136,6 +137,7 @@ def current_session() -> Session:
     """This process's session, created on first use in the client."""
     global _session
     if _session is not None:
+        check_not_forked(_session.runtime.pid)
         return _session
     with _session_lock:
         if _session is None:
@@ -175,7 +177,9 @@ def current_runtime() -> Runtime:
 def _close_client_session() -> None:
     global _session
     session, _session = _session, None
-    if session is not None and session.is_client:
+    if session is None or forked_from(session.runtime.pid):
+        return  # a forked child must not stop its parent's procs and agent at its exit
+    if session.is_client:
         session.close()
 
 

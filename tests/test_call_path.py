@@ -177,3 +177,63 @@ def test_an_agent_survives_a_non_string_reply_address(tmp_path: Any) -> None:
     assert "AGENT EXIT 0" in result.stdout, result.stdout + result.stderr
     assert "not a meshvisor address" in result.stderr, result.stderr
     assert result.returncode == 0, result.stderr
+
+
+# -- forked children ---------------------------------------------------------------------------
+
+FORK_SCRIPT = textwrap.dedent("""
+    import os, sys, time, warnings
+    sys.path.insert(0, {tests!r})
+    import failing_actors as fa
+    import mesh._session
+    from mesh import this_host
+
+    procs = this_host().spawn_procs(per_host={{"gpus": 1}})
+    actor = procs.spawn("target", fa.Fragile)
+    print("PARENT", actor.ping.call_one().get(timeout=30), flush=True)
+    pending = actor.park.call_one(1.0)  # made before the fork, awaited in the child
+    warnings.simplefilter("ignore", DeprecationWarning)  # fork() of a threaded process
+    child = os.fork()
+    if child == 0:
+        for name, attempt in [
+            ("call", lambda: actor.ping.call_one().get(timeout=5)),
+            ("get", lambda: pending.get(timeout=5)),
+            ("this_host", this_host),
+        ]:
+            try:
+                attempt()
+                print("CHILD", name, "no error", flush=True)
+            except RuntimeError as exc:
+                print("CHILD", name, "RuntimeError", exc, flush=True)
+            except BaseException as exc:
+                print("CHILD", name, "other", type(exc).__name__, exc, flush=True)
+        sys.exit(0)  # runs atexit handlers: they must leave the parent's session alone
+    deadline = time.monotonic() + 20
+    while os.waitpid(child, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            print("CHILD HUNG", flush=True)
+            os.kill(child, 9)
+            os.waitpid(child, 0)
+            break
+        time.sleep(0.05)
+    print("PENDING", pending.get(timeout=30), flush=True)
+    print("PARENT AGAIN", actor.ping.call_one().get(timeout=30), flush=True)
+    mesh._session.shutdown_session()
+""")
+
+
+def test_a_forked_child_of_the_client_gets_a_clear_error(tmp_path: Any) -> None:
+    """A forked child cannot use its parent's meshvisor: every use raises RuntimeError at
+    once, naming both pids; and the child's exit leaves the parent's session working."""
+    result = run_client_script(tmp_path, FORK_SCRIPT)
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "CHILD HUNG" not in out, out + result.stderr
+    lines = [line for line in out.splitlines() if line.startswith("CHILD ")]
+    assert [line.split()[1:3] for line in lines] == [
+        ["call", "RuntimeError"],
+        ["get", "RuntimeError"],
+        ["this_host", "RuntimeError"],
+    ], out
+    assert all("forked child" in line and "spawn" in line for line in lines), out
+    assert "PENDING 0" in out and "PARENT AGAIN 0" in out, out
