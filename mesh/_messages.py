@@ -4,6 +4,7 @@ Owner → agent: SpawnProcs, StopProcs, ShutdownAgent, WatchProcs.
 Agent → owner (and watchers): ProcExited, SpawnFailed.   Proc → agent: Heartbeat.
 Proc → owner: ProcReady, ActorFailed.   Caller → proc: SpawnActor, CallActor, StopActor, StopProc.
 Proc → caller: Reply (payload: the value) and Failure (payload: the error).
+Caller → procs it called: InboxClosed (a reply inbox is gone: drop the connection to it).
 """
 
 from __future__ import annotations
@@ -175,6 +176,15 @@ class ActorFailed:
 @dataclass(frozen=True, slots=True)
 class Wake:
     """To a reply inbox: a call of its thread was settled elsewhere; look at it again."""
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class InboxClosed:
+    """Caller → the procs it called from a thread that has ended: its reply inbox at
+    `address` is closed, so they drop their connection to it (two descriptors each)."""
+
+    address: str
 
 
 @message_type

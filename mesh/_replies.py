@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import threading
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import sniffio
@@ -18,10 +19,11 @@ import sniffio
 from transport import Inbox
 
 from ._fork import check_not_forked
-from ._messages import Failure, Reply, Wake
+from ._messages import Failure, InboxClosed, Reply, Wake
 
 if TYPE_CHECKING:
     from ._future import Future
+    from ._peers import ProcPeer
     from ._runtime import Runtime
 
 #: How long a thread waits on a future before checking again whether it can pump its inbox.
@@ -37,6 +39,8 @@ class ReplyInbox:
         self.address = self.inbox.address
         self.lock = threading.Lock()
         self.owner = threading.get_ident()  # the thread whose calls reply here
+        self.called: set[ProcPeer] = set()  # the procs that may have connected to reply here
+        self.closed = False
 
     def pump_until(self, future: Future[Any], timeout: float | None) -> None:
         """Receive replies until `future` is done or `timeout` passes."""
@@ -54,6 +58,9 @@ class ReplyInbox:
                 self.lock.release()
 
     def _receive_until(self, future: Future[Any], remaining: float | None) -> None:
+        if self.closed:  # its thread ended: nothing comes here, whoever settles it says so
+            future.wait_briefly(remaining)
+            return
         deadline = None if remaining is None else time.monotonic() + remaining
         while not future.finished():
             left = None if deadline is None else deadline - time.monotonic()
@@ -83,18 +90,48 @@ class ReplyInbox:
         if not self.lock.acquire(blocking=False):
             return  # the owner is pumping further up its stack
         try:
-            while (envelope := self.inbox.receive_nowait()) is not None:
+            while not self.closed and (envelope := self.inbox.receive_nowait()) is not None:
                 self._handle(envelope)
         finally:
             self.lock.release()
 
     def wake(self) -> None:
         """Make a thread blocked on this inbox look at its future again."""
-        self.runtime.send_message(self.address, Wake())
+        if not self.closed:
+            self.runtime.send_message(self.address, Wake())
 
     def close(self) -> None:
         with self.lock:
+            self._close()
+
+    def close_nowait(self) -> bool:
+        """Close it unless some thread is receiving on it right now; whether it closed."""
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            self._close()
+        finally:
+            self.lock.release()
+        return True
+
+    def _close(self) -> None:
+        if not self.closed:
+            self.closed = True
             self.inbox.close()
+
+
+class _ThreadEnd:
+    """Kept in a thread's local storage, so it is dropped when the thread ends: then the
+    thread's reply inbox is released."""
+
+    __slots__ = ("inbox", "routes")
+
+    def __init__(self, routes: ReplyRoutes, inbox: ReplyInbox) -> None:
+        self.routes = routes
+        self.inbox = inbox
+
+    def __del__(self) -> None:
+        self.routes.thread_ended(self.inbox)
 
 
 class ReplyRoutes:
@@ -104,6 +141,7 @@ class ReplyRoutes:
         self._runtime = runtime
         self._local = threading.local()
         self._all: list[ReplyInbox] = []
+        self._ended: deque[ReplyInbox] = deque()  # of threads that ended, not released yet
         self._names = itertools.count()
         self._lock = threading.Lock()
 
@@ -116,6 +154,7 @@ class ReplyRoutes:
         found: ReplyInbox | None = getattr(self._local, "inbox", None)
         tcp = runtime.tcp_host
         if found is None or (tcp is not None and not found.address.startswith("tcp://")):
+            self.release_ended()
             with self._lock:
                 if tcp is not None:  # reachable from procs on other hosts
                     address = f"tcp://{tcp}:*"
@@ -124,7 +163,42 @@ class ReplyRoutes:
                 found = ReplyInbox(runtime, address)
                 self._all.append(found)
             self._local.inbox = found
+            self._local.end = _ThreadEnd(self, found)  # replaces (so releases) an older one
         return found
+
+    def thread_ended(self, inbox: ReplyInbox) -> None:
+        """`inbox`'s thread has ended (this runs in its last moments): release it soon."""
+        self._ended.append(inbox)
+        self._runtime.call_soon_threadsafe(self.release_ended)
+
+    def release_ended(self) -> None:
+        """Release the inboxes of ended threads, except those that calls still reply to."""
+        if not self._ended:
+            return
+        awaited = self._runtime.inboxes_awaiting_replies()
+        kept = []
+        while self._ended:
+            try:
+                inbox = self._ended.popleft()
+            except IndexError:  # another thread released the last one
+                break
+            if id(inbox) in awaited or not self._release(inbox):
+                kept.append(inbox)
+        self._ended.extend(kept)
+
+    def _release(self, inbox: ReplyInbox) -> bool:
+        """Close `inbox` (and its socket file), and have every connection to it dropped."""
+        if not inbox.close_nowait():
+            return False
+        with self._lock:
+            if inbox in self._all:
+                self._all.remove(inbox)
+        runtime = self._runtime
+        runtime.outbox.forget(inbox.address)
+        called = {peer.address for peer in inbox.called if peer.alive and peer.address}
+        for address in sorted(called):
+            runtime.send_message(address, InboxClosed(inbox.address))
+        return True
 
     def addresses(self) -> list[str]:
         """Where replies to this process may be sent, besides its main inbox."""

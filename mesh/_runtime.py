@@ -42,6 +42,7 @@ from ._messages import (
     AgentAlive,
     CallActor,
     Failure,
+    InboxClosed,
     OwnerAlive,
     ProcExited,
     ProcReady,
@@ -119,6 +120,7 @@ class Runtime:
             AgentAlive: self._on_agent_alive,
             ProcReplaced: self._on_proc_replaced,
             SetFaultRules: apply_fault_rules,
+            InboxClosed: self._on_inbox_closed,
         }
 
     # -- the event loop ------------------------------------------------------------------------
@@ -200,6 +202,17 @@ class Runtime:
         """Run `function(*args)` on the loop thread after `delay_s` (loop thread only)."""
         assert self._loop is not None
         self._loop.call_later(delay_s, function, *args)
+
+    def call_soon_threadsafe(self, function: Callable[..., Any], *args: Any) -> None:
+        """Run `function(*args)` soon on the loop thread, from any thread (a no-op once the
+        loop has finished: close() cleans up then)."""
+        loop = self._loop
+        if loop is None or self._finished.is_set():
+            return
+        try:
+            loop.call_soon_threadsafe(function, *args)
+        except RuntimeError:  # the loop has just closed
+            pass
 
     def start_task(self, function: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Start a task on the event loop (loop thread only)."""
@@ -290,6 +303,8 @@ class Runtime:
             if sink is not None:
                 peers = {header.rank: peer for peer, header in messages}
                 self.calls[call_id] = PendingCall(call_id, sink, peers, home)
+                if home is not None:  # they will connect to it, and drop that when it closes
+                    home.called.update(peers.values())
             for peer, header in messages:
                 frames = encode(header, payload)
                 if not peer.alive:
@@ -335,6 +350,15 @@ class Runtime:
                 f"unpickled here: {exc!r}"
             )
         self._settle(header.call_id, header.rank, error=error)
+
+    def inboxes_awaiting_replies(self) -> set[int]:
+        """The ids of the reply inboxes that pending calls will be answered at."""
+        with self._lock:
+            return {id(call.home) for call in self.calls.values() if call.home is not None}
+
+    def _on_inbox_closed(self, envelope: Envelope) -> None:
+        """A caller's reply inbox is gone: drop the connection made to answer it."""
+        self.outbox.forget(envelope.header.address)
 
     def _settle(
         self, call_id: int, rank: int, *, value: Any = None, error: BaseException | None = None

@@ -16,8 +16,9 @@ from typing import Any
 
 import failing_actors as fa
 import pytest
-from polling import wait_gone
+from polling import wait_gone, wait_until
 
+import mesh._session
 import transport
 from mesh import ProcMesh
 from mesh._messages import CallActor
@@ -237,3 +238,51 @@ def test_a_forked_child_of_the_client_gets_a_clear_error(tmp_path: Any) -> None:
     ], out
     assert all("forked child" in line and "spawn" in line for line in lines), out
     assert "PENDING 0" in out and "PARENT AGAIN 0" in out, out
+
+
+# -- reply inboxes of threads ------------------------------------------------------------------
+
+
+def _open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _reply_socket_files() -> list[str]:
+    rundir = mesh._session.current_session().rundir
+    return [name for name in os.listdir(rundir) if re.fullmatch(r".*-r\d+", name)]
+
+
+def test_reply_inboxes_of_finished_threads_are_released(make_procs: Any) -> None:
+    """Each thread that makes calls gets a reply inbox; once the thread ends, its inbox, its
+    socket file and the procs' connections to it go too (300 threads must not cost ~1,200
+    descriptors in the client, and ~600 in the proc they called)."""
+    actor = make_procs({"gpus": 1}).spawn("target", fa.BadReplies)
+    pid = actor.pid.call_one().get(timeout=T)
+    errors: list[BaseException] = []
+
+    def one_call() -> None:
+        try:
+            actor.ping.call_one().get(timeout=T)
+        except BaseException as exc:
+            errors.append(exc)
+
+    def in_threads(count: int, at_once: int) -> None:
+        for _ in range(count // at_once):
+            threads = [threading.Thread(target=one_call) for _ in range(at_once)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(T)
+
+    in_threads(10, 10)  # warm up: the connections every call needs exist from now on
+    wait_until(lambda: len(_reply_socket_files()) <= 1, what="the warm-up inboxes to go")
+    client_fds, proc_fds = _open_fds(os.getpid()), _open_fds(pid)
+    in_threads(300, 10)
+    assert not errors, errors
+    wait_until(
+        lambda: _open_fds(os.getpid()) < client_fds + 40 and _open_fds(pid) < proc_fds + 40,
+        what=f"descriptors to be released (client {_open_fds(os.getpid())} of {client_fds} "
+        f"before, proc {_open_fds(pid)} of {proc_fds})",
+    )
+    wait_until(lambda: len(_reply_socket_files()) <= 1, what="the socket files to go")
+    assert actor.ping.call_one().get(timeout=T) == 0
