@@ -27,6 +27,7 @@ from transport import (
     close_context,
     configured_keys,
     private_runtime_dir,
+    raise_open_file_limit,
 )
 
 # Imported before the fork server is forked, so procs start with them loaded.
@@ -493,6 +494,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
         help="remove the run directory if the owner dies without cleaning up",
     )
     args = parser.parse_args(argv)
+    raise_open_file_limit()  # each proc costs the agent descriptors; procs inherit it
     if args.keys:
         os.environ[KEYS_ENV] = os.path.abspath(args.keys)  # procs inherit it
     signal.signal(signal.SIGINT, signal.SIG_IGN)

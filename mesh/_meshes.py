@@ -9,7 +9,7 @@ from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 from supervision import RestartPolicy, SupervisionError, SupervisionEvent
-from transport import Payload
+from transport import Payload, check_fd_headroom
 
 from ._actor import check_actor_class, resolve_endpoint
 from ._calls import GatherSink, ResultSink
@@ -36,6 +36,9 @@ M = TypeVar("M", bound="MeshBase")
 DEFAULT_STOP_GRACE_S = 5.0
 HEARTBEAT_INTERVAL_S = float(os.environ.get("MESHVISOR_HEARTBEAT_INTERVAL_S", 0.25))
 HEARTBEAT_TIMEOUT_S = float(os.environ.get("MESHVISOR_HEARTBEAT_TIMEOUT_S", 2.0))
+#: File descriptors one proc costs the process that owns and calls it (connections both
+#: ways, more while it starts), an upper bound measured on Linux.
+FDS_PER_PROC = 9
 
 
 class MeshBase:
@@ -133,6 +136,7 @@ class HostMesh(MeshBase):
         ):
             raise TypeError("env must map str to str")
         runtime = current_session().runtime
+        _check_fds_for_procs(runtime, extent.nelements)
         key = f"{name}-{secrets.token_hex(3)}"
         owner_actor = context().actor_id
         peers = tuple(
@@ -406,6 +410,13 @@ class ActorMesh(MeshBase, _Stoppable, Generic[A]):
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self.name!r} {self.sizes}>"
+
+
+def _check_fds_for_procs(runtime: Runtime, count: int) -> None:
+    """Refuse to spawn `count` procs when their connections would exhaust this process's file
+    descriptors (libzmq would abort it), counting the procs still starting too."""
+    starting = sum(1 for peer in list(runtime.peers.values()) if peer.state == "starting")
+    check_fd_headroom((count + starting) * FDS_PER_PROC, f"spawning {count} procs")
 
 
 def _wait_ready(peers: Iterable[ProcPeer], timeout: float = 60.0) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import sniffio
 
-from transport import Inbox
+from transport import Inbox, check_fd_headroom
 
 from ._fork import check_not_forked
 from ._messages import Failure, InboxClosed, Reply, Wake
@@ -155,6 +155,8 @@ class ReplyRoutes:
         tcp = runtime.tcp_host
         if found is None or (tcp is not None and not found.address.startswith("tcp://")):
             self.release_ended()
+            alive = sum(1 for peer in list(runtime.peers.values()) if peer.alive)
+            check_fd_headroom(2 + alive, "a reply inbox for this thread's calls")
             with self._lock:
                 if tcp is not None:  # reachable from procs on other hosts
                     address = f"tcp://{tcp}:*"

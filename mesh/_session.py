@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Any
 
-from transport import get_logger, private_runtime_dir
+from transport import get_logger, private_runtime_dir, raise_open_file_limit
 
 from ._failfast import FAIL_FAST
 from ._fork import check_not_forked, forked_from
@@ -141,6 +141,7 @@ def current_session() -> Session:
         return _session
     with _session_lock:
         if _session is None:
+            raise_open_file_limit()  # each proc costs descriptors; its agent inherits this
             rundir = private_runtime_dir()
             _sweep_stale_run_dirs(os.path.dirname(rundir))
             with open(os.path.join(rundir, OWNER_FILE), "w") as owner:

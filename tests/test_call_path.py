@@ -286,3 +286,68 @@ def test_reply_inboxes_of_finished_threads_are_released(make_procs: Any) -> None
     )
     wait_until(lambda: len(_reply_socket_files()) <= 1, what="the socket files to go")
     assert actor.ping.call_one().get(timeout=T) == 0
+
+
+# -- file descriptors --------------------------------------------------------------------------
+
+FD_LIMIT_SCRIPT = textwrap.dedent("""
+    import resource, sys
+    sys.path.insert(0, {tests!r})
+    import failing_actors as fa
+    import mesh._session
+    from mesh import this_host
+    from transport import TransportError
+
+    mode = sys.argv[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (160, 160))  # no room to raise it
+    meshes = []
+    try:
+        if mode == "at_once":
+            meshes.append(this_host().spawn_procs(per_host={{"gpus": 40}}))
+        for _ in range(40):  # "a_few_at_a_time", with calls, until the limit is near
+            actors = this_host().spawn_procs(per_host={{"gpus": 2}}).spawn("a", fa.BadReplies)
+            meshes.append(actors)
+            actors.ping.call().get(timeout=30)
+        print("RESULT never refused", flush=True)
+    except TransportError as exc:
+        print("REFUSED", len(meshes), exc, flush=True)
+    if not meshes:  # refused at once: a mesh that fits still can be spawned
+        meshes.append(this_host().spawn_procs(per_host={{"gpus": 2}}).spawn("a", fa.BadReplies))
+    print("STILL WORKS", meshes[-1].ping.call().get(timeout=30).values(), flush=True)
+    mesh._session.shutdown_session()
+""")
+
+
+@pytest.mark.parametrize("mode", ["at_once", "a_few_at_a_time"])
+def test_running_out_of_file_descriptors_is_a_clear_error(tmp_path: Any, mode: str) -> None:
+    """More procs than the descriptor limit allows: a TransportError that says so, before
+    libzmq would abort the client (SIGABRT, no report); what was spawned keeps working."""
+    script = FD_LIMIT_SCRIPT.replace("sys.argv[1]", repr(mode))
+    result = run_client_script(tmp_path, script)
+    out = result.stdout
+    assert result.returncode == 0, f"exit status {result.returncode}\n{out}{result.stderr}"
+    refused = next((line for line in out.splitlines() if line.startswith("REFUSED")), "")
+    assert "too many open files" in refused and "ulimit -n" in refused, out + result.stderr
+    assert "limit of 160" in refused, refused
+    assert "STILL WORKS" in out, out + result.stderr
+
+
+RAISED_LIMIT_SCRIPT = textwrap.dedent("""
+    import resource
+    import mesh._session
+    from mesh import this_host
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    hard = 4096 if hard == resource.RLIM_INFINITY else min(hard, 4096)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    this_host()
+    print("LIMIT", resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard, flush=True)
+    mesh._session.shutdown_session()
+""")
+
+
+def test_the_client_raises_its_soft_descriptor_limit_to_the_hard_one(tmp_path: Any) -> None:
+    result = run_client_script(tmp_path, RAISED_LIMIT_SCRIPT)
+    assert result.returncode == 0, result.stderr
+    soft, hard = next(x for x in result.stdout.splitlines() if x.startswith("LIMIT")).split()[1:]
+    assert soft == hard, result.stdout

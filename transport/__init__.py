@@ -12,6 +12,8 @@ from ._errors import safe_str as safe_str
 from ._faults import FaultRule as FaultRule
 from ._faults import NetworkFaults as NetworkFaults
 from ._faults import network_faults as network_faults
+from ._fds import check_fd_headroom as check_fd_headroom
+from ._fds import raise_open_file_limit as raise_open_file_limit
 from ._frames import DEFAULT_MAX_MESSAGE_BYTES as DEFAULT_MAX_MESSAGE_BYTES
 from ._frames import Envelope as Envelope
 from ._frames import Payload as Payload
@@ -48,6 +50,7 @@ __all__ = (
     "SerializationError",
     "TransportError",
     "check_exposure",
+    "check_fd_headroom",
     "close_context",
     "configured_keys",
     "decode",
@@ -59,6 +62,7 @@ __all__ = (
     "network_faults",
     "new_context",
     "private_runtime_dir",
+    "raise_open_file_limit",
     "reset_logging",
     "safe_str",
     "tcp_address",

@@ -173,7 +173,10 @@ class Outbox:
         """A new PUSH socket connected to `address`; closed again if anything fails, since a
         socket left open makes the context's ``term()`` (process exit) wait forever."""
         _check_address(address)
-        socket: zmq.Socket[Any] = self._context.socket(zmq.PUSH)
+        try:
+            socket: zmq.Socket[Any] = self._context.socket(zmq.PUSH)
+        except zmq.ZMQError as exc:  # EMFILE: no descriptor left for its mailbox
+            raise TransportError(f"cannot connect to {address}: {exc}") from exc
         try:
             keys = configured_keys()
             if keys is not None:
