@@ -3,6 +3,8 @@
 A thread blocked in ``Future.get()`` pumps its own reply inbox, so a reply goes from the socket
 to the waiting thread directly (no wake-up of the event loop thread, no second thread switch).
 Calls made from async code, or from the event loop thread, reply to the runtime's main inbox.
+When a thread ends, its inbox is released (once no call still replies there): its socket and
+socket file go, and the procs it called drop their connections to it.
 """
 
 from __future__ import annotations
