@@ -1,22 +1,22 @@
-"""Every call ends: what breaks on the way back (a result too large or too deep to send, an
-exception that cannot describe itself) reaches the caller as an error naming why."""
+"""Every call ends, whatever breaks on its way: a result too large or too deep to send, an
+exception that cannot describe itself, a malformed address, a call from a forked child, or
+running out of file descriptors (reply inboxes of ended threads are released) all give an error
+that names why, never a hang or an abort."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import textwrap
 import threading
-import uuid
 from typing import Any
 
 import failing_actors as fa
 import pytest
 from polling import wait_gone, wait_until
+from test_mesh import run_client_script
 
 import mesh._session
 import transport
@@ -26,17 +26,6 @@ from supervision import ActorError
 from transport import Outbox, Payload, SerializationError, TransportError, encode
 
 T = 30  # seconds: the bound on every wait in this module (never reached when things work)
-
-
-def run_client_script(tmp_path: Any, script: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run `script` (formatted with ``tests``, this directory) as a client of its own."""
-    path = tmp_path / f"client-{uuid.uuid4().hex[:6]}.py"
-    path.write_text(script.format(tests=os.path.dirname(fa.__file__)))
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("MESHVISOR_")}
-    environ.update(env)
-    return subprocess.run(
-        [sys.executable, str(path)], env=environ, capture_output=True, text=True, timeout=90
-    )
 
 
 # -- the reply path ------------------------------------------------------------------------------
