@@ -6,6 +6,7 @@ and procs inherit the client's ``sys.path``), so cloudpickle sends them by refer
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import threading
@@ -58,7 +59,8 @@ class FailsOnLoad:
 # -- gates: let a test decide when a waiting endpoint may finish -------------------------------
 #
 # Module globals are per process, so a `Gate` actor spawned on the same procs as a `Waiter`
-# can release it. No sleeps, no polling: pure message passing.
+# can release it. No sleeps, no polling: pure message passing. Gate's endpoints are async: an
+# event-loop event is set on the event loop (sync endpoints run on worker threads).
 
 _gates: dict[str, anyio.Event] = {}
 
@@ -72,11 +74,11 @@ def _gate(name: str) -> anyio.Event:
 
 class Gate(Actor):
     @endpoint
-    def open(self, name: str) -> None:
+    async def open(self, name: str) -> None:
         _gate(name).set()
 
     @endpoint
-    def reset(self, name: str) -> None:
+    async def reset(self, name: str) -> None:
         _gates.pop(name, None)
 
 
@@ -413,6 +415,32 @@ class LocalUser(Actor):
     @endpoint
     def local_pid(self) -> tuple[int, int]:
         return os.getpid(), self.local.pid_of.call_one().get(timeout=30)
+
+    @endpoint
+    def abump_blocking(self, how: str) -> int:
+        """A sync endpoint that blocks on an async endpoint of an actor in its own proc."""
+        method = getattr(self.local.aincr, how)  # call_one, or choose (lands here: one rank)
+        return method().get(timeout=10)
+
+
+class AsyncioUser(Actor):
+    """Sync endpoints that use asyncio the way libraries do: they need no running loop."""
+
+    @endpoint
+    def has_running_loop(self) -> bool:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return True
+
+    @endpoint
+    def run_coroutine(self, value: Any) -> Any:
+        async def later() -> Any:
+            await asyncio.sleep(0)
+            return value
+
+        return asyncio.run(later())
 
 
 class Where(Actor):
