@@ -55,10 +55,15 @@ class _Worker:
     def _serve(self) -> None:
         while True:
             self._go.acquire()
-            assert self._task is not None
-            (function, args), self._task = self._task, None
-            try:
-                function(*args)
-            except BaseException:  # a bug in meshvisor: tasks report their users' errors
-                get_logger("mesh.workers").exception("worker_task_failed")
+            self._run_task()
             self._pool.idle_again(self)
+
+    def _run_task(self) -> None:
+        """Run the task; its references go with this frame, so that an idle worker keeps
+        nothing alive (what only the interpreter's shutdown frees must be free to go then)."""
+        assert self._task is not None
+        (function, args), self._task = self._task, None
+        try:
+            function(*args)
+        except BaseException:  # a bug in meshvisor: tasks report their users' errors
+            get_logger("mesh.workers").exception("worker_task_failed")

@@ -7,6 +7,8 @@ and procs inherit the client's ``sys.path``), so cloudpickle sends them by refer
 from __future__ import annotations
 
 import asyncio
+import atexit
+import gc
 import os
 import sys
 import threading
@@ -449,3 +451,38 @@ class Where(Actor):
     @endpoint
     def where(self) -> tuple[int, dict[str, int]]:
         return os.getpid(), dict(current_rank())
+
+
+# -- exit ------------------------------------------------------------------------------------
+
+
+def _touch(path: str) -> None:
+    with open(path, "w"):
+        pass
+
+
+class _DelWitness:
+    """Garbage in a reference cycle: only a garbage collection frees it (and runs __del__)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.cycle = self
+        self.open = open  # at shutdown, module globals (builtins too) may be gone
+
+    def __del__(self) -> None:
+        self.open(self.path, "w").close()
+
+
+class ExitWitness(Actor):
+    """Leaves two files in `directory` when its proc exits normally: ``atexit-PID`` from an
+    atexit handler, ``del-PID`` from a ``__del__`` that only the interpreter's shutdown runs
+    (automatic garbage collection is off in this proc)."""
+
+    def __init__(self, directory: str) -> None:
+        gc.disable()
+        atexit.register(_touch, os.path.join(directory, f"atexit-{os.getpid()}"))
+        _DelWitness(os.path.join(directory, f"del-{os.getpid()}"))
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()

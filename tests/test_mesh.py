@@ -885,6 +885,18 @@ def test_sigkilled_proc_fails_in_flight_calls_at_once(procs: ProcMesh) -> None:
     assert other.slice(gpus=1).echo.call_one(1).get(timeout=T) == 1
 
 
+def test_a_graceful_stop_runs_the_procs_exit_handlers(
+    make_procs: Callable[..., Any], tmp_path: Any
+) -> None:
+    procs = make_procs({"gpus": 2})
+    witness = procs.spawn("witness", actors.ExitWitness, str(tmp_path))
+    pids = list(witness.pid.call().get(timeout=T).values())
+    procs.stop().get(timeout=T)
+    assert not any(pid_alive(pid) for pid in pids)
+    expected = {f"{what}-{pid}" for pid in pids for what in ("atexit", "del")}
+    assert {path.name for path in tmp_path.iterdir()} == expected
+
+
 def test_proc_exiting_unasked_fails_calls(procs: ProcMesh) -> None:
     echo = procs.spawn("echo", actors.Echo)
     with pytest.raises(SupervisionError) as info:
