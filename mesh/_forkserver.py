@@ -61,15 +61,33 @@ class ForkServerClient:
 
 
 def start_forkserver() -> ForkServerClient:
-    """Fork the fork server from the current (single-threaded) process."""
+    """Fork the fork server from the current (single-threaded) process.
+
+    A proc forked by the fork server comes back out of this call (and only its own stack
+    frames are left), runs, and leaves by ``SystemExit``: nothing around the call may catch
+    that, so that a gracefully stopped proc shuts its interpreter down normally.
+    """
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
         ours.close()
-        _serve(theirs)
+        try:
+            _serve(theirs)
+        except _ProcStart as start:
+            config = start.config
+        theirs.detach()  # its descriptor was closed by number in the proc; never close it again
+        _run_proc(config)
     theirs.close()
     ours.setblocking(False)
     return ForkServerClient(ours, pid)
+
+
+class _ProcStart(BaseException):
+    """Raised in a proc just forked by the fork server, to leave the fork server's frames."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config["proc_id"])
+        self.config = config
 
 
 class _Relay:
@@ -138,6 +156,8 @@ def _serve(control: socket.socket) -> NoReturn:
                 elif not key.data.pump():
                     selector.unregister(key.fd)
                     os.close(key.fd)
+    except _ProcStart:  # in a new proc, not in the fork server: its siblings are not its own
+        raise
     except BaseException:
         for pid in children:
             with contextlib.suppress(OSError):
@@ -192,7 +212,7 @@ def _fork_proc(
 def _become_proc(
     config: dict[str, Any], out_fd: int, err_fd: int, inherited: list[int]
 ) -> NoReturn:
-    code = 1
+    """In the forked child: drop what belongs to the fork server, then leave its frames."""
     try:
         die_with_parent()
         signal.set_wakeup_fd(-1)
@@ -207,18 +227,32 @@ def _become_proc(
         os.close(err_fd)
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    except BaseException:
+        _exit_now(1, print_error=True)
+    raise _ProcStart(config)
+
+
+def _run_proc(config: dict[str, Any]) -> NoReturn:
+    """Run the proc. After a graceful stop the interpreter exits normally (non-daemon threads
+    joined, atexit handlers and ``__del__`` run); a proc that fails leaves at once."""
+    try:
         from ._proc_main import run_proc
 
         code = run_proc(config)
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        _exit_now(exc.code if isinstance(exc.code, int) else 1)
     except BaseException:
+        _exit_now(1, print_error=True)
+    raise SystemExit(code)
+
+
+def _exit_now(code: int, *, print_error: bool = False) -> NoReturn:
+    if print_error:
         traceback.print_exc()
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def _reap(control: socket.socket, children: set[int]) -> None:

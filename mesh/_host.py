@@ -1,18 +1,21 @@
 """`ActorHost`: the actors living in this process, each with a FIFO mailbox.
 
-Sync endpoints run inline on the event loop when the actor is idle (the fast path); async
-endpoints, and anything arriving while a handler is waiting on a nested call, run in a task.
-One actor handles one message at a time, in arrival order.
+One actor handles one message at a time, in arrival order. Its sync code (constructor, sync
+endpoints) runs on a worker thread, so it sees no running event loop and may block, even on a
+call to another actor of this process; its async endpoints run in tasks on the event loop.
+``__supervise__`` is a control signal, not a message: it runs as soon as a child fails, beside
+an endpoint that is in progress (on another worker thread, or in another task when async), one
+failure at a time.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+import threading
 import traceback
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -34,18 +37,10 @@ from ._actor import EndpointDef, endpoints_of
 from ._context import Context, enter_context, exit_context
 from ._messages import ActorFailed, CallActor, Failure, Reply, SpawnActor, StopActor
 from ._shape import Extent, Point
+from ._workers import Workers
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
-
-
-@dataclass(frozen=True)
-class _Supervise:
-    """Mailbox item (never on the wire): let the actor decide about a child's failure."""
-
-    event: SupervisionEvent
-    event_owner: str
-
 
 #: How long a message for an actor that is not spawned here (yet) waits for its spawn message.
 EARLY_MESSAGE_WAIT_S = 30.0
@@ -59,12 +54,16 @@ class HostedActor:
         "endpoints",
         "event",
         "instance",
+        "lock",
         "mailbox",
         "mesh_name",
         "owner",
         "point",
         "restart_count",
+        "running",
         "state",
+        "supervising",
+        "to_supervise",
     )
 
     def __init__(self, header: SpawnActor, point: Point) -> None:
@@ -75,7 +74,11 @@ class HostedActor:
         self.instance: Any = None
         self.endpoints: dict[str, EndpointDef[Any]] = {}
         self.mailbox: deque[Envelope] = deque()
-        self.busy = False
+        self.busy = False  # a worker thread or a task is handling the mailbox
+        self.lock = threading.Lock()  # guards mailbox, busy, running and the supervision queue
+        self.running: CallActor | None = None  # the call in progress, if any
+        self.to_supervise: deque[SupervisionEvent] = deque()
+        self.supervising = False
         self.state = "starting"
         self.event: SupervisionEvent | None = None
         self.contexts: dict[tuple[tuple[str, ...], tuple[int, ...], int], Context] = {}
@@ -91,36 +94,35 @@ class ActorHost:
         self._early: dict[str, list[Envelope]] = {}  # messages that beat their actor's spawn
         self._points: dict[tuple[tuple[str, ...], tuple[int, ...], int], Point] = {}
         self._injected: dict[str, tuple[str | None, BaseException]] = {}  # chaos: next call raises
+        self._workers = Workers(f"meshvisor-actors-{runtime.proc_id}")
         self._log = get_logger("mesh.actor")
 
-    def deliver(self, envelope: Envelope, *, nested: bool = False) -> None:
-        """Queue a message for its actor and run it now if that is safe.
-
-        Sync handlers of an idle actor run inline, even when another actor's sync handler is
-        waiting further up the stack (`nested`): a busy actor is never re-entered.
-        """
+    def deliver(self, envelope: Envelope) -> None:
+        """Queue a message for its actor, and start handling its mailbox if it is idle
+        (loop thread)."""
         header = envelope.header
         if type(header) is SpawnActor:
             actor = HostedActor(header, self._point(header.labels, header.sizes, header.rank))
             self._actors[header.actor_id] = actor
             actor.mailbox.extend(self._early.pop(header.actor_id, ()))
             actor.mailbox.appendleft(envelope)
-        elif type(header) is _Supervise:
-            actor = self._actors[header.event_owner]  # type: ignore[attr-defined]
-            actor.mailbox.append(envelope)
         else:
-            actor = self._actors.get(header.actor_id)  # type: ignore[assignment]
-            if actor is None:
+            found = self._actors.get(header.actor_id)
+            if found is None:
                 self._hold_until_spawned(envelope)
                 return
-            actor.mailbox.append(envelope)
-        if actor.busy:
-            return
-        if self._needs_task(actor, actor.mailbox[0]):
+            actor = found
+        with actor.lock:
+            if type(header) is not SpawnActor:
+                actor.mailbox.append(envelope)
+            if actor.busy:
+                return
             actor.busy = True
+            needs_task = self._needs_task(actor, actor.mailbox[0])
+        if needs_task:
             self._runtime.start_task(self._drain_async, actor)
-        else:  # also while a sync handler of another actor here waits on this one (nested)
-            self._drain_inline(actor)
+        else:
+            self._workers.submit(self._drain_sync, actor)
 
     def _hold_until_spawned(self, envelope: Envelope) -> None:
         """A message for an actor not built here yet: its spawn message comes from another
@@ -137,12 +139,27 @@ class ActorHost:
 
     def supervise(self, actor_id: str, event: SupervisionEvent) -> bool:
         """Let actor `actor_id` decide about the failure of a mesh it owns; False if that
-        actor does not live here (any more)."""
+        actor does not live here (any more). The decision does not wait for its mailbox."""
         actor = self._actors.get(actor_id)
         if actor is None or actor.state not in ("starting", "running"):
             return False
-        self.deliver(Envelope(_Supervise(event, actor_id), None), nested=self._runtime.nested)
+        with actor.lock:
+            actor.to_supervise.append(event)
+        self._start_supervising(actor)
         return True
+
+    def _start_supervising(self, actor: HostedActor) -> None:
+        """Run `__supervise__` for the queued failures, unless that is already under way or
+        the actor is not built yet (its constructor finishing starts it then)."""
+        with actor.lock:
+            if actor.supervising or actor.state != "running" or not actor.to_supervise:
+                return
+            actor.supervising = True
+        handler = getattr(type(actor.instance), "__supervise__", None)
+        if inspect.iscoroutinefunction(handler):
+            self._runtime.call_soon(self._runtime.start_task, self._supervise_all_async, actor)
+        else:
+            self._workers.submit(self._supervise_all, actor)
 
     def stop_all(self) -> None:
         for actor in self._actors.values():
@@ -154,41 +171,49 @@ class ActorHost:
     # -- running handlers -------------------------------------------------------------------
 
     def _needs_task(self, actor: HostedActor, envelope: Envelope) -> bool:
+        """Whether `envelope` is a call of an async endpoint (run in a task on the loop)."""
         header = envelope.header
-        if actor.state != "running":
-            return False
-        if type(header) is _Supervise:
-            return inspect.iscoroutinefunction(getattr(type(actor.instance), "__supervise__", None))
-        if type(header) is not CallActor:
+        if actor.state != "running" or type(header) is not CallActor:
             return False
         found = actor.endpoints.get(header.endpoint)
         return found is not None and found.is_async
 
-    def _drain_inline(self, actor: HostedActor) -> None:
-        actor.busy = True
+    def _drain_sync(self, actor: HostedActor) -> None:
+        """Worker thread: handle the actor's messages, in order, until one is async."""
         try:
-            while actor.mailbox:
-                if self._needs_task(actor, actor.mailbox[0]):
-                    self._runtime.start_task(self._drain_async, actor)
-                    return
-                self._handle(actor, actor.mailbox.popleft())
+            while (envelope := self._next_message(actor, is_async=False)) is not None:
+                self._handle(actor, envelope)
         except BaseException:
-            actor.busy = False
+            self._idle(actor)
             raise
-        actor.busy = False
 
     async def _drain_async(self, actor: HostedActor) -> None:
+        """Event loop task: run the actor's async calls, in order, until a message is not."""
         try:
-            while actor.mailbox:
-                envelope = actor.mailbox.popleft()
-                if type(envelope.header) is _Supervise and self._needs_task(actor, envelope):
-                    await self._supervise_async(actor, envelope.header.event)
-                elif self._needs_task(actor, envelope):
-                    await self._call_async(actor, envelope)
-                else:
-                    self._handle(actor, envelope)
+            while (envelope := self._next_message(actor, is_async=True)) is not None:
+                await self._call_async(actor, envelope)
                 await anyio.lowlevel.checkpoint()
-        finally:
+        except BaseException:
+            self._idle(actor)
+            raise
+
+    def _next_message(self, actor: HostedActor, *, is_async: bool) -> Envelope | None:
+        """The next message for the caller's kind of lane (None when the mailbox is empty, or
+        after handing the mailbox over to the other kind of lane)."""
+        with actor.lock:
+            if not actor.mailbox:
+                actor.busy = False
+                return None
+            if self._needs_task(actor, actor.mailbox[0]) == is_async:
+                return actor.mailbox.popleft()
+        if is_async:
+            self._workers.submit(self._drain_sync, actor)
+        else:
+            self._runtime.call_soon(self._runtime.start_task, self._drain_async, actor)
+        return None
+
+    def _idle(self, actor: HostedActor) -> None:
+        with actor.lock:
             actor.busy = False
 
     def _handle(self, actor: HostedActor, envelope: Envelope) -> None:
@@ -199,10 +224,27 @@ class ActorHost:
             self._construct(actor, envelope)
         elif type(header) is StopActor:
             self._stop(actor, header)
-        elif type(header) is _Supervise:
-            self._supervise_sync(actor, header.event)
 
     # -- supervision of what an actor owns ---------------------------------------------------
+
+    def _supervise_all(self, actor: HostedActor) -> None:
+        """Worker thread: a sync ``__supervise__`` for each queued failure, in order."""
+        while (event := self._next_failure(actor)) is not None:
+            self._supervise_sync(actor, event)
+
+    async def _supervise_all_async(self, actor: HostedActor) -> None:
+        """Event loop task: an async ``__supervise__`` for each queued failure, in order."""
+        while (event := self._next_failure(actor)) is not None:
+            await self._supervise_async(actor, event)
+
+    def _next_failure(self, actor: HostedActor) -> SupervisionEvent | None:
+        with actor.lock:
+            if actor.to_supervise and actor.state == "running":
+                return actor.to_supervise.popleft()
+            if actor.state != "starting":  # failed or stopped: nobody is left to decide
+                actor.to_supervise.clear()
+            actor.supervising = False
+            return None
 
     def _supervise_sync(self, actor: HostedActor, event: SupervisionEvent) -> None:
         if actor.state != "running":
@@ -211,8 +253,6 @@ class ActorHost:
         token = enter_context(self._context(actor, actor.point))
         try:
             decision = handler(event) if handler is not None else False
-        except anyio.get_cancelled_exc_class():
-            raise
         except Exception as exc:
             self._escalate(actor, event, exc)
             return
@@ -253,8 +293,6 @@ class ActorHost:
             cls, args, kwargs = envelope.payload.load()  # type: ignore[union-attr]
             actor.endpoints = endpoints_of(cls)
             actor.instance = cls(*args, **kwargs)
-        except anyio.get_cancelled_exc_class():
-            raise
         except BaseException as exc:
             self._fail(actor, exc, f"the constructor of {actor.mesh_name!r} raised")
             return
@@ -264,6 +302,7 @@ class ActorHost:
         self._log.info(
             "actor_ready", actor_id=actor.actor_id, mesh=actor.mesh_name, rank=dict(actor.point)
         )
+        self._start_supervising(actor)  # children that failed while it was being built
 
     def _call_sync(self, actor: HostedActor, envelope: Envelope) -> None:
         header: CallActor = envelope.header
@@ -273,16 +312,17 @@ class ActorHost:
         if function is None:
             return
         token = enter_context(self._call_context(actor, header))
+        actor.running = header
         try:
             result = function()
-        except anyio.get_cancelled_exc_class():
-            raise
         except BaseException as exc:
-            self._endpoint_raised(actor, header, exc)
+            if self._call_ended(actor, header):
+                self._endpoint_raised(actor, header, exc)
             return
         finally:
             exit_context(token)
-        self._reply(header, result)
+        if self._call_ended(actor, header):
+            self._reply(header, result)
 
     async def _call_async(self, actor: HostedActor, envelope: Envelope) -> None:
         header: CallActor = envelope.header
@@ -292,16 +332,28 @@ class ActorHost:
         if function is None:
             return
         token = enter_context(self._call_context(actor, header))
+        actor.running = header
         try:
             result = await function()
         except anyio.get_cancelled_exc_class():
+            self._call_ended(actor, header)
             raise
         except BaseException as exc:
-            self._endpoint_raised(actor, header, exc)
+            if self._call_ended(actor, header):
+                self._endpoint_raised(actor, header, exc)
             return
         finally:
             exit_context(token)
-        self._reply(header, result)
+        if self._call_ended(actor, header):
+            self._reply(header, result)
+
+    def _call_ended(self, actor: HostedActor, header: CallActor) -> bool:
+        """The endpoint returned or raised: whether its caller still waits for the outcome
+        (not when the actor failed meanwhile: failing it answered the call already)."""
+        with actor.lock:
+            ours = actor.running is header
+            actor.running = None
+        return ours
 
     def _can_run(self, actor: HostedActor, header: CallActor) -> bool:
         if actor.state == "running":
@@ -394,11 +446,14 @@ class ActorHost:
         self._runtime.send_message(
             actor.owner, ActorFailed(actor.actor_id, actor.point.rank), Payload.dump(event)
         )
-        for envelope in actor.mailbox:
-            header = envelope.header
+        with actor.lock:  # the call in progress (failed by __supervise__), then those queued
+            waiting = [actor.running] if actor.running is not None else []
+            waiting += [envelope.header for envelope in actor.mailbox]
+            actor.running = None
+            actor.mailbox.clear()
+        for header in waiting:
             if type(header) is CallActor and header.reply_to is not None:
                 self._send_failure(header.reply_to, header.call_id, header.rank, "failed", event)
-        actor.mailbox.clear()
 
     # -- replies -----------------------------------------------------------------------------
 

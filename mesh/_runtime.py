@@ -1,13 +1,16 @@
 """`Runtime`: one per process. Owns the inbox, the outbox, the event loop and pending calls.
 
 In the client the event loop runs on a daemon thread, so user code on the main thread stays
-free; in a proc it runs on the main thread. A `Future.get()` made on the loop thread itself (a
-sync endpoint calling another actor) pumps the inbox instead of blocking it.
+free; in a proc it runs on the main thread. Actors' sync code runs on worker threads (see
+`mesh._workers`); a `Future.get()` made on the loop thread itself (blocking code in an async
+endpoint) pumps the inbox instead of blocking it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import itertools
 import os
 import socket
@@ -101,6 +104,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._loop_thread: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_context = contextvars.Context()  # the event loop's, for call_soon
         self._wakeup: anyio.Event | None = None
         self._task_group: Any = None
         self._started = threading.Event()
@@ -139,6 +143,7 @@ class Runtime:
     async def _main(self) -> None:
         self._loop_thread = threading.get_ident()
         self._loop = asyncio.get_running_loop()
+        self._loop_context = contextvars.copy_context()
         self._wakeup = anyio.Event()
         async with anyio.create_task_group() as task_group:
             self._task_group = task_group
@@ -170,7 +175,7 @@ class Runtime:
         kind = type(envelope.header)
         try:
             if kind is CallActor or kind is SpawnActor or kind is StopActor:
-                self.host.deliver(envelope, nested=self._nested > 0)
+                self.host.deliver(envelope)
                 return
             handler = self._handlers.get(kind)
             if handler is None:
@@ -190,10 +195,13 @@ class Runtime:
         if loop is not None:
             loop.call_soon_threadsafe(self._dispatch, envelope)
 
-    @property
-    def nested(self) -> bool:
-        """True while a Future.get() on the loop thread is pumping the inbox."""
-        return self._nested > 0
+    def call_soon(self, function: Callable[..., Any], *args: Any) -> None:
+        """Run `function(*args)` on the loop thread soon, from any thread, in the loop's own
+        context (where anyio finds its backend); a no-op once the loop has closed."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(function, *args, context=self._loop_context)
 
     def on_loop_thread(self) -> bool:
         return threading.get_ident() == self._loop_thread

@@ -6,6 +6,9 @@ and procs inherit the client's ``sys.path``), so cloudpickle sends them by refer
 
 from __future__ import annotations
 
+import asyncio
+import atexit
+import gc
 import os
 import sys
 import threading
@@ -58,7 +61,8 @@ class FailsOnLoad:
 # -- gates: let a test decide when a waiting endpoint may finish -------------------------------
 #
 # Module globals are per process, so a `Gate` actor spawned on the same procs as a `Waiter`
-# can release it. No sleeps, no polling: pure message passing.
+# can release it. No sleeps, no polling: pure message passing. Gate's endpoints are async: an
+# event-loop event is set on the event loop (sync endpoints run on worker threads).
 
 _gates: dict[str, anyio.Event] = {}
 
@@ -72,11 +76,11 @@ def _gate(name: str) -> anyio.Event:
 
 class Gate(Actor):
     @endpoint
-    def open(self, name: str) -> None:
+    async def open(self, name: str) -> None:
         _gate(name).set()
 
     @endpoint
-    def reset(self, name: str) -> None:
+    async def reset(self, name: str) -> None:
         _gates.pop(name, None)
 
 
@@ -414,6 +418,32 @@ class LocalUser(Actor):
     def local_pid(self) -> tuple[int, int]:
         return os.getpid(), self.local.pid_of.call_one().get(timeout=30)
 
+    @endpoint
+    def abump_blocking(self, how: str) -> int:
+        """A sync endpoint that blocks on an async endpoint of an actor in its own proc."""
+        method = getattr(self.local.aincr, how)  # call_one, or choose (lands here: one rank)
+        return method().get(timeout=10)
+
+
+class AsyncioUser(Actor):
+    """Sync endpoints that use asyncio the way libraries do: they need no running loop."""
+
+    @endpoint
+    def has_running_loop(self) -> bool:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return True
+
+    @endpoint
+    def run_coroutine(self, value: Any) -> Any:
+        async def later() -> Any:
+            await asyncio.sleep(0)
+            return value
+
+        return asyncio.run(later())
+
 
 class Where(Actor):
     """Says where it runs: its pid and its point."""
@@ -421,3 +451,38 @@ class Where(Actor):
     @endpoint
     def where(self) -> tuple[int, dict[str, int]]:
         return os.getpid(), dict(current_rank())
+
+
+# -- exit ------------------------------------------------------------------------------------
+
+
+def _touch(path: str) -> None:
+    with open(path, "w"):
+        pass
+
+
+class _DelWitness:
+    """Garbage in a reference cycle: only a garbage collection frees it (and runs __del__)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.cycle = self
+        self.open = open  # at shutdown, module globals (builtins too) may be gone
+
+    def __del__(self) -> None:
+        self.open(self.path, "w").close()
+
+
+class ExitWitness(Actor):
+    """Leaves two files in `directory` when its proc exits normally: ``atexit-PID`` from an
+    atexit handler, ``del-PID`` from a ``__del__`` that only the interpreter's shutdown runs
+    (automatic garbage collection is off in this proc)."""
+
+    def __init__(self, directory: str) -> None:
+        gc.disable()
+        atexit.register(_touch, os.path.join(directory, f"atexit-{os.getpid()}"))
+        _DelWitness(os.path.join(directory, f"del-{os.getpid()}"))
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()

@@ -255,6 +255,31 @@ class OwnerBase(Actor):
     def seen_events(self) -> list[SupervisionEvent]:
         return list(self.seen)
 
+    # -- endpoints in progress while a child fails -----------------------------------------
+    # Each first creates ``<record>.busy``: the test kills a child only once it exists.
+
+    def _busy(self) -> None:
+        with open(f"{self.record}.busy", "w"):
+            pass
+
+    @endpoint
+    def poll_failure(self, timeout: float) -> str:
+        """Poll (sync) until ``__supervise__`` has seen a failure: "seen", or "timed out"."""
+        self._busy()
+        deadline = time.monotonic() + timeout
+        while not self.seen:
+            if time.monotonic() > deadline:
+                return "timed out"
+            time.sleep(0.01)
+        return "seen"
+
+    @endpoint
+    def hold(self, seconds: float) -> str:
+        """Take `seconds` (sync), whatever happens meanwhile."""
+        self._busy()
+        time.sleep(seconds)
+        return "timed out"
+
     @endpoint
     def set_decision(self, decision: str) -> None:
         self.decision = decision
@@ -310,9 +335,30 @@ class SyncOwner(OwnerBase):
 
 
 class AsyncOwner(OwnerBase):
+    failure_seen: anyio.Event | None = None
+
     async def __supervise__(self, event: SupervisionEvent) -> bool:
         await anyio.lowlevel.checkpoint()
+        if self.failure_seen is not None:
+            self.failure_seen.set()
         return self._decide(event)
+
+    @endpoint
+    async def await_failure(self, seconds: float) -> str:
+        """Wait (async) until ``__supervise__`` has seen a failure: "seen", or "timed out"."""
+        self._busy()
+        self.failure_seen = anyio.Event()
+        with anyio.move_on_after(seconds):
+            await self.failure_seen.wait()
+            return "seen"
+        return "timed out"
+
+    @endpoint
+    async def ahold(self, seconds: float) -> str:
+        """Take `seconds` (async), whatever happens meanwhile."""
+        self._busy()
+        await anyio.sleep(seconds)
+        return "timed out"
 
 
 class NoHandlerOwner(OwnerBase):

@@ -755,6 +755,22 @@ def test_actor_calls_an_actor_it_spawned_in_its_own_proc(procs: ProcMesh) -> Non
         assert pid == local_pid != os.getpid()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["call_one", "choose"])
+def test_sync_endpoint_waits_on_an_async_endpoint_in_its_own_proc(
+    procs: ProcMesh, how: str
+) -> None:
+    user = procs.spawn("user", actors.LocalUser)
+    assert user.abump_blocking.call(how).get(timeout=T).values() == (101, 101)
+    assert user.bump.call().get(timeout=T).values() == (102, 102)  # sync to sync still works
+
+
+def test_sync_endpoints_see_no_running_event_loop(procs: ProcMesh) -> None:
+    user = procs.spawn("asyncio_user", actors.AsyncioUser)
+    assert user.has_running_loop.call().get(timeout=T).values() == (False, False)
+    assert user.run_coroutine.call("ran").get(timeout=T).values() == ("ran", "ran")
+
+
 def test_actor_spawns_and_calls_its_own_procs(make_procs: Any) -> None:
     parent = make_procs({"gpus": 1}).spawn("parent", actors.Parent)
     children = parent.spawn_children.call_one(2).get(timeout=T)
@@ -867,6 +883,18 @@ def test_sigkilled_proc_fails_in_flight_calls_at_once(procs: ProcMesh) -> None:
         waiter.ping.call().get(timeout=T)
     other = procs.spawn("other", actors.Echo)
     assert other.slice(gpus=1).echo.call_one(1).get(timeout=T) == 1
+
+
+def test_a_graceful_stop_runs_the_procs_exit_handlers(
+    make_procs: Callable[..., Any], tmp_path: Any
+) -> None:
+    procs = make_procs({"gpus": 2})
+    witness = procs.spawn("witness", actors.ExitWitness, str(tmp_path))
+    pids = list(witness.pid.call().get(timeout=T).values())
+    procs.stop().get(timeout=T)
+    assert not any(pid_alive(pid) for pid in pids)
+    expected = {f"{what}-{pid}" for pid in pids for what in ("atexit", "del")}
+    assert {path.name for path in tmp_path.iterdir()} == expected
 
 
 def test_proc_exiting_unasked_fails_calls(procs: ProcMesh) -> None:

@@ -475,6 +475,43 @@ def test_owner_handles_a_child_proc_death(make_procs: Callable[..., Any], tmp_pa
     assert recorder.events == []
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("cls", "endpoint"),
+    [(fa.AsyncOwner, "await_failure"), (fa.SyncOwner, "poll_failure")],
+    ids=["async", "sync"],
+)
+def test_supervise_runs_while_an_endpoint_waits_for_its_decision(
+    make_procs: Callable[..., Any], tmp_path: Path, cls: type, endpoint: str
+) -> None:
+    _, owner, recorder = _owner(make_procs, tmp_path, "handle", cls)
+    pids = owner.spawn_child.call_one("kids", 1).get(timeout=T)
+    waiting = getattr(owner, endpoint).call_one(15.0)
+    wait_until(lambda: (tmp_path / "record.jsonl.busy").exists(), what="the endpoint to start")
+    os.kill(pids[0], signal.SIGKILL)
+    assert waiting.get(timeout=T) == "seen"  # not "timed out": __supervise__ did not queue
+    assert recorder.events == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("cls", "endpoint"), [(fa.AsyncOwner, "ahold"), (fa.SyncOwner, "hold")], ids=["async", "sync"]
+)
+def test_a_call_in_progress_fails_at_once_when_its_actor_escalates(
+    make_procs: Callable[..., Any], tmp_path: Path, cls: type, endpoint: str
+) -> None:
+    _, owner, recorder = _owner(make_procs, tmp_path, "ignore", cls)
+    pids = owner.spawn_child.call_one("kids", 1).get(timeout=T)
+    holding = getattr(owner, endpoint).call_one(20.0)
+    wait_until(lambda: (tmp_path / "record.jsonl.busy").exists(), what="the endpoint to start")
+    os.kill(pids[0], signal.SIGKILL)
+    with pytest.raises(SupervisionError) as info:
+        holding.get(timeout=15)  # well before the endpoint itself returns
+    assert info.value.event.kind == "escalated"
+    assert info.value.event.cause is not None and info.value.event.cause.pid == pids[0]
+    assert [event.kind for event in recorder.wait(1)] == ["escalated"]
+
+
 @pytest.mark.parametrize(
     ("decision", "cls"),
     [

@@ -1,0 +1,69 @@
+"""`Workers`: the threads that run actors' sync code, so that the event loop never does.
+
+A sync endpoint may block (``Future.get()``, I/O, a torch collective, ``asyncio.run()``); on a
+worker thread it blocks only its own actor, while the event loop keeps receiving messages and
+running the async endpoints of every actor in the process. Threads are long-lived and reused:
+handing work to an idle one is a lock release, which keeps the call round trip short.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from transport import get_logger
+
+
+class Workers:
+    """A pool of daemon threads that grows to the number of tasks running at the same time."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._idle: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._numbers = itertools.count(1)
+
+    def submit(self, function: Callable[..., object], *args: Any) -> None:
+        """Run `function(*args)` on an idle worker thread, or on a new one if none is idle."""
+        with self._lock:
+            worker = self._idle.pop() if self._idle else None
+        if worker is None:
+            worker = _Worker(self, f"{self._name}-{next(self._numbers)}")
+        worker.start(function, args)
+
+    def idle_again(self, worker: _Worker) -> None:
+        with self._lock:
+            self._idle.append(worker)
+
+
+class _Worker:
+    """One thread; it sleeps on `_go` (a lock held while there is nothing to do)."""
+
+    def __init__(self, pool: Workers, name: str) -> None:
+        self._pool = pool
+        self._task: tuple[Callable[..., object], tuple[Any, ...]] | None = None
+        self._go = threading.Lock()
+        self._go.acquire()
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    def start(self, function: Callable[..., object], args: tuple[Any, ...]) -> None:
+        self._task = (function, args)
+        self._go.release()
+
+    def _serve(self) -> None:
+        while True:
+            self._go.acquire()
+            self._run_task()
+            self._pool.idle_again(self)
+
+    def _run_task(self) -> None:
+        """Run the task; its references go with this frame, so that an idle worker keeps
+        nothing alive (what only the interpreter's shutdown frees must be free to go then)."""
+        assert self._task is not None
+        (function, args), self._task = self._task, None
+        try:
+            function(*args)
+        except BaseException:  # a bug in meshvisor: tasks report their users' errors
+            get_logger("mesh.workers").exception("worker_task_failed")
