@@ -33,6 +33,7 @@ from transport import (
 from . import _proc_main  # noqa: F401
 from ._fault_rules import apply_fault_rules
 from ._forkserver import PRELOAD_ENV, ForkServerClient, start_forkserver
+from ._liveness import CpuSample, progressed, sample_cpu
 from ._messages import (
     AgentAlive,
     Heartbeat,
@@ -57,6 +58,8 @@ DEFAULT_GRACE_S = 5.0
 _EXITED_MEMORY = 10_000
 #: Extra time a new proc gets for its first heartbeat (imports, user __init__ of the runtime).
 _STARTUP_GRACE_S = 10.0
+#: A serve loop this much later than it planned means the agent itself was paused or starved.
+_ABSENCE_S = 0.1
 
 
 @dataclass
@@ -65,11 +68,16 @@ class _Proc:
     owner: str
     address: str
     heartbeat_timeout_s: float
+    busy_timeout_s: float
     pid: int | None = None
     stop_requested: bool = False
     hung: bool = False
+    why_hung: str = ""
     kill_at: float | None = None
     heartbeat_due: float = 0.0
+    silent_since: float = 0.0  # the last heartbeat (or the spawn)
+    cpu: CpuSample | None = None  # sampled with the last heartbeat, or the last check
+    cpu_at: float = 0.0
     owned_by_proc: set[str] = field(default_factory=set)
     watchers: set[str] = field(default_factory=set)
 
@@ -109,6 +117,7 @@ class HostAgent:
         self.address = self._inbox.address
         self.owner_died = False
         self._incarnation = f"{os.getpid()}-{time.time_ns()}"
+        self._last_check = time.monotonic()
         self._log = get_logger("mesh.agent", address=address)
         if owner_pid is None:  # a daemon: the run directory is its own
             _remove_stale_sockets(rundir, keep=self.address)
@@ -131,7 +140,8 @@ class HostAgent:
                 self._shutdown(DEFAULT_GRACE_S)
             if self._shutting_down and not self._procs:
                 break
-            for key, _ in selector.select(self._next_timeout()):
+            wait_s = self._next_timeout()
+            for key, _ in selector.select(wait_s):
                 if key.data == "forkserver":
                     self._drain_forkserver()
                 elif key.data == "refusals" and refusals is not None:
@@ -141,6 +151,8 @@ class HostAgent:
                     selector.unregister(key.fd)
                     self.owner_died = True
                     self._shutdown(grace_s=self._orphan_timeout_s)
+            self._drain_inbox()  # heartbeats that queued while it waited count first
+            self._forgive_absence(wait_s)
             self._enforce_deadlines()
             if self._shutting_down and not self._procs:
                 break
@@ -181,9 +193,16 @@ class HostAgent:
                 )
                 continue
             address = self._proc_address(spec.proc_id)
-            proc = _Proc(spec, request.owner, address, request.heartbeat_timeout_s)
+            proc = _Proc(
+                spec,
+                request.owner,
+                address,
+                request.heartbeat_timeout_s,
+                request.busy_timeout_s,
+            )
             proc.watchers = self._exited_watchers.pop(spec.replaces, set())
-            proc.heartbeat_due = time.monotonic() + _STARTUP_GRACE_S + request.heartbeat_timeout_s
+            proc.silent_since = time.monotonic() + _STARTUP_GRACE_S
+            proc.heartbeat_due = proc.silent_since + request.heartbeat_timeout_s
             self._procs[spec.proc_id] = proc
             for other in self._procs.values():
                 if other.address == request.owner:
@@ -261,7 +280,10 @@ class HostAgent:
     def _on_heartbeat(self, proc_id: str) -> None:
         proc = self._procs.get(proc_id)
         if proc is not None:
-            proc.heartbeat_due = time.monotonic() + proc.heartbeat_timeout_s
+            proc.silent_since = now = time.monotonic()
+            proc.heartbeat_due = now + proc.heartbeat_timeout_s
+            if proc.pid is not None:  # the baseline for judging a later silence
+                proc.cpu, proc.cpu_at = sample_cpu(proc.pid), now
 
     def _watch(self, request: WatchProcs) -> None:
         for proc_id in request.proc_ids:
@@ -301,6 +323,7 @@ class HostAgent:
     def _on_spawned(self, proc_id: str, pid: int) -> None:
         proc = self._procs[proc_id]
         proc.pid = pid
+        proc.cpu, proc.cpu_at = sample_cpu(pid), time.monotonic()
         self._by_pid[pid] = proc_id
         self._log.info("proc_spawned", proc=proc_id, pid=pid)
         if proc.stop_requested and proc.kill_at is not None and proc.kill_at <= time.monotonic():
@@ -331,6 +354,7 @@ class HostAgent:
             signame,
             proc.stop_requested and not proc.hung,
             proc.hung,
+            proc.why_hung,
         )
         for address in {proc.owner, *proc.watchers}:
             self._send(address, report)
@@ -373,14 +397,47 @@ class HostAgent:
             if proc.kill_at is not None and proc.kill_at <= now:
                 self._kill(proc)
             elif proc.pid is not None and not proc.stop_requested and proc.heartbeat_due <= now:
-                self._log.warning(
-                    "proc_hung",
-                    proc=proc.spec.proc_id,
-                    pid=proc.pid,
-                    timeout_s=proc.heartbeat_timeout_s,
-                )
-                proc.hung = proc.stop_requested = True
-                self._kill(proc)
+                self._judge_silence(proc, proc.pid, now)
+
+    def _judge_silence(self, proc: _Proc, pid: int, now: float) -> None:
+        """`proc` missed its heartbeats: kill it as hung, unless it is busy (it used CPU time
+        since the last sample and is not stopped), which buys it time up to its busy limit."""
+        sample = sample_cpu(pid)
+        silent_s = now - proc.silent_since
+        if sample is not None and sample.stopped:
+            why = f"no heartbeat for {silent_s:.1f} s, and it is stopped (SIGSTOP or a debugger)"
+        elif not progressed(proc.cpu, sample, now - proc.cpu_at):
+            why = f"no heartbeat for {silent_s:.1f} s, and it used no CPU time meanwhile"
+        elif silent_s >= proc.busy_timeout_s:
+            why = (
+                f"no heartbeat for {silent_s:.1f} s while it kept using CPU time: busy but "
+                f"unresponsive for longer than busy_timeout_s ({proc.busy_timeout_s:g} s)"
+            )
+        else:
+            self._log.info("proc_busy", proc=proc.spec.proc_id, pid=pid, silent_s=silent_s)
+            proc.cpu, proc.cpu_at = sample, now
+            busy_until = proc.silent_since + proc.busy_timeout_s
+            proc.heartbeat_due = min(now + proc.heartbeat_timeout_s, busy_until)
+            return
+        self._log.warning("proc_hung", proc=proc.spec.proc_id, pid=pid, reason=why)
+        proc.hung = proc.stop_requested = True
+        proc.why_hung = why
+        self._kill(proc)
+
+    def _forgive_absence(self, wait_s: float) -> None:
+        """Time the agent itself was away (paused, starved of CPU) beyond what it meant to
+        wait is not held against its procs or owners: their deadlines move by as much."""
+        now = time.monotonic()
+        absent_s = now - self._last_check - wait_s
+        self._last_check = now
+        if absent_s <= _ABSENCE_S:
+            return
+        self._log.info("agent_was_paused", seconds=round(absent_s, 3))
+        for proc in self._procs.values():
+            proc.heartbeat_due += absent_s
+            proc.silent_since += absent_s
+        for owner in self._owners_seen:
+            self._owners_seen[owner] += absent_s
 
     def _next_timeout(self) -> float:
         deadlines = [

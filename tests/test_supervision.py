@@ -360,6 +360,37 @@ def test_hung_process_is_killed_and_reported(watched: Callable[..., Watched], ho
     assert w.actors.slice(gpus=0).ping.call_one().get(timeout=T) == 0
 
 
+def local_agent_pid() -> int:
+    """The pid of the host agent that `this_host()` started for this client."""
+    import mesh._session
+
+    agent = mesh._session.current_session()._agent_process
+    assert agent is not None and agent.poll() is None
+    return agent.pid
+
+
+@pytest.mark.timeout(60)
+def test_a_paused_agent_kills_no_healthy_proc_when_it_resumes(
+    watched: Callable[..., Watched],
+) -> None:
+    """A pause of the supervisor is not a hang of the supervised: heartbeats that queued while
+    the agent was stopped count, and the agent's own absence is not held against its procs."""
+    w = watched(hb=True)
+    agent = local_agent_pid()
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        time.sleep(3 * FAST_HB["heartbeat_timeout_s"])  # the pause itself is the fault
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    assert w.probe.pid.call().get(timeout=T).values() == tuple(w.pids)
+    barrier(w.probe)
+    assert w.recorder.events == []
+    os.kill(w.pids[1], signal.SIGSTOP)  # the agent still watches: a real hang is still one
+    (event,) = w.recorder.wait(1)
+    assert (event.kind, event.pid) == ("hung", w.pids[1])
+    assert w.probe.slice(gpus=0).pid.call_one().get(timeout=T) == w.pids[0]
+
+
 def test_blocking_sleep_is_not_a_hang(make_procs: Callable[..., Any]) -> None:
     procs = make_procs({"gpus": 1}, heartbeat_interval_s=0.1, heartbeat_timeout_s=0.5)
     recorder = Recorder()
