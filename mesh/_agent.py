@@ -58,8 +58,8 @@ DEFAULT_GRACE_S = 5.0
 _EXITED_MEMORY = 10_000
 #: Extra time a new proc gets for its first heartbeat (imports, user __init__ of the runtime).
 _STARTUP_GRACE_S = 10.0
-#: A serve loop this much later than it planned means the agent itself was paused or starved.
-_ABSENCE_S = 0.1
+#: A serve loop this much later than it planned means the agent itself was paused.
+_PAUSE_S = 0.5
 
 
 @dataclass
@@ -132,6 +132,7 @@ class HostAgent:
         if refusals is not None:
             selector.register(refusals.fileno(), selectors.EVENT_READ, "refusals")
         self._log.info("agent_started", pid=os.getpid())
+        self._last_check = time.monotonic()
         while True:
             self._drain_inbox()
             if refusals is not None:  # edge-triggered like the inbox: drain every time
@@ -425,19 +426,23 @@ class HostAgent:
         self._kill(proc)
 
     def _forgive_absence(self, wait_s: float) -> None:
-        """Time the agent itself was away (paused, starved of CPU) beyond what it meant to
-        wait is not held against its procs or owners: their deadlines move by as much."""
+        """The agent's own absence (paused, starved of CPU) is not its procs' silence: their
+        deadlines move by as long as the loop overslept; after a real pause, when messages
+        sent meanwhile may still be on their way in, each restarts from now."""
         now = time.monotonic()
-        absent_s = now - self._last_check - wait_s
+        late_s = max(0.0, now - self._last_check - wait_s)
         self._last_check = now
-        if absent_s <= _ABSENCE_S:
-            return
-        self._log.info("agent_was_paused", seconds=round(absent_s, 3))
+        paused = late_s > _PAUSE_S
+        if paused:
+            self._log.info("agent_was_paused", seconds=round(late_s, 3))
         for proc in self._procs.values():
-            proc.heartbeat_due += absent_s
-            proc.silent_since += absent_s
-        for owner in self._owners_seen:
-            self._owners_seen[owner] += absent_s
+            proc.heartbeat_due += late_s
+            proc.silent_since += late_s
+            if paused:
+                proc.silent_since = max(proc.silent_since, now)
+                proc.heartbeat_due = max(proc.heartbeat_due, now + proc.heartbeat_timeout_s)
+        for owner, seen in self._owners_seen.items():
+            self._owners_seen[owner] = max(seen + late_s, now) if paused else seen + late_s
 
     def _next_timeout(self) -> float:
         deadlines = [
