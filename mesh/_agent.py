@@ -401,14 +401,18 @@ class HostAgent:
                 self._judge_silence(proc, proc.pid, now)
 
     def _judge_silence(self, proc: _Proc, pid: int, now: float) -> None:
-        """`proc` missed its heartbeats: kill it as hung, unless it is busy (it used CPU time
-        since the last sample and is not stopped), which buys it time up to its busy limit."""
-        sample = sample_cpu(pid)
+        """`proc` missed its heartbeats: kill it as hung, unless it is busy (not stopped, and
+        it used CPU time since the last sample or waits for a core): that buys it time, up to
+        its busy limit."""
+        sample = sample_cpu(pid, threads=True)
         silent_s = now - proc.silent_since
         if sample is not None and sample.stopped:
             why = f"no heartbeat for {silent_s:.1f} s, and it is stopped (SIGSTOP or a debugger)"
         elif not progressed(proc.cpu, sample, now - proc.cpu_at):
-            why = f"no heartbeat for {silent_s:.1f} s, and it used no CPU time meanwhile"
+            why = (
+                f"no heartbeat for {silent_s:.1f} s, and it used no CPU time meanwhile "
+                "(blocked or deadlocked)"
+            )
         elif silent_s >= proc.busy_timeout_s:
             why = (
                 f"no heartbeat for {silent_s:.1f} s while it kept using CPU time: busy but "
