@@ -143,6 +143,7 @@ def _trial(fault: str) -> tuple[float, float]:
     victim = procs.spawn("victim", Victim, *victim_args)
     if fault != "init":
         pid = victim.pid.call_one().get(timeout=30)
+        fault_at = time.time() + 0.2  # from now: spawning may take long on a busy machine
     if fault == "exit":
         victim.exit_at.call_one(fault_at, 3).get(timeout=30)
     in_flight = victim.sleep.call_one(60.0)
