@@ -405,21 +405,12 @@ class HostAgent:
         it used CPU time since the last sample or waits for a core): that buys it time, up to
         its busy limit."""
         sample = sample_cpu(pid, threads=True)
-        silent_s = now - proc.silent_since
-        if sample is not None and sample.stopped:
-            why = f"no heartbeat for {silent_s:.1f} s, and it is stopped (SIGSTOP or a debugger)"
-        elif not progressed(proc.cpu, sample, now - proc.cpu_at):
-            why = (
-                f"no heartbeat for {silent_s:.1f} s, and it used no CPU time meanwhile "
-                "(blocked or deadlocked)"
-            )
-        elif silent_s >= proc.busy_timeout_s:
-            why = (
-                f"no heartbeat for {silent_s:.1f} s while it kept using CPU time: busy but "
-                f"unresponsive for longer than busy_timeout_s ({proc.busy_timeout_s:g} s)"
-            )
-        else:
-            self._log.info("proc_busy", proc=proc.spec.proc_id, pid=pid, silent_s=silent_s)
+        if sample is not None and sample.exited:  # its exit report is on the way: not hung
+            proc.heartbeat_due = now + proc.heartbeat_timeout_s
+            return
+        why = _why_hung(proc, sample, now)
+        if why is None:
+            self._log.info("proc_busy", proc=proc.spec.proc_id, pid=pid)
             proc.cpu, proc.cpu_at = sample, now
             busy_until = proc.silent_since + proc.busy_timeout_s
             proc.heartbeat_due = min(now + proc.heartbeat_timeout_s, busy_until)
@@ -471,6 +462,25 @@ class HostAgent:
         self._outbox.close(linger_ms=1000)
         self._inbox.close()
         close_context(self._zmq)
+
+
+def _why_hung(proc: _Proc, sample: CpuSample | None, now: float) -> str | None:
+    """Why `proc`, silent since `proc.silent_since` and sampled `sample` now, is hung; None
+    while it is busy (it progresses, and its busy limit is not reached)."""
+    silent_s = now - proc.silent_since
+    if sample is not None and sample.stopped:
+        return f"no heartbeat for {silent_s:.1f} s, and it is stopped (SIGSTOP or a debugger)"
+    if not progressed(proc.cpu, sample, now - proc.cpu_at):
+        return (
+            f"no heartbeat for {silent_s:.1f} s, and it used no CPU time meanwhile "
+            "(blocked or deadlocked)"
+        )
+    if silent_s >= proc.busy_timeout_s:
+        return (
+            f"no heartbeat for {silent_s:.1f} s while it kept using CPU time: busy but "
+            f"unresponsive for longer than busy_timeout_s ({proc.busy_timeout_s:g} s)"
+        )
+    return None
 
 
 def _coords(sizes: tuple[int, ...], rank: int) -> list[int]:

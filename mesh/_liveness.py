@@ -35,6 +35,11 @@ class CpuSample:
         """Stopped by a signal (T) or by a tracer (t): it cannot progress until continued."""
         return self.state in ("T", "t")
 
+    @property
+    def exited(self) -> bool:
+        """A zombie (Z) or dying (X): it exited and its parent has yet to reap it."""
+        return self.state in ("Z", "X")
+
 
 def sample_cpu(pid: int, threads: bool = False) -> CpuSample | None:
     """`pid`'s state and CPU time from ``/proc/PID/stat`` (with `threads`, also whether a
