@@ -34,6 +34,7 @@ from transport import (
 from . import _proc_main  # noqa: F401
 from ._fault_rules import apply_fault_rules
 from ._forkserver import PRELOAD_ENV, ForkServerClient, start_forkserver
+from ._liveness import CpuSample, progressed, sample_cpu
 from ._messages import (
     AgentAlive,
     Heartbeat,
@@ -58,6 +59,8 @@ DEFAULT_GRACE_S = 5.0
 _EXITED_MEMORY = 10_000
 #: Extra time a new proc gets for its first heartbeat (imports, user __init__ of the runtime).
 _STARTUP_GRACE_S = 10.0
+#: A serve loop this much later than it planned means the agent itself was paused.
+_PAUSE_S = 0.5
 
 
 @dataclass
@@ -66,11 +69,16 @@ class _Proc:
     owner: str
     address: str
     heartbeat_timeout_s: float
+    busy_timeout_s: float
     pid: int | None = None
     stop_requested: bool = False
     hung: bool = False
+    why_hung: str = ""
     kill_at: float | None = None
     heartbeat_due: float = 0.0
+    silent_since: float = 0.0  # the last heartbeat (or the spawn)
+    cpu: CpuSample | None = None  # sampled with the last heartbeat, or the last check
+    cpu_at: float = 0.0
     owned_by_proc: set[str] = field(default_factory=set)
     watchers: set[str] = field(default_factory=set)
 
@@ -110,6 +118,7 @@ class HostAgent:
         self.address = self._inbox.address
         self.owner_died = False
         self._incarnation = f"{os.getpid()}-{time.time_ns()}"
+        self._last_check = time.monotonic()
         self._log = get_logger("mesh.agent", address=address)
         if owner_pid is None:  # a daemon: the run directory is its own
             _remove_stale_sockets(rundir, keep=self.address)
@@ -124,6 +133,7 @@ class HostAgent:
         if refusals is not None:
             selector.register(refusals.fileno(), selectors.EVENT_READ, "refusals")
         self._log.info("agent_started", pid=os.getpid())
+        self._last_check = time.monotonic()
         while True:
             self._drain_inbox()
             if refusals is not None:  # edge-triggered like the inbox: drain every time
@@ -132,7 +142,8 @@ class HostAgent:
                 self._shutdown(DEFAULT_GRACE_S)
             if self._shutting_down and not self._procs:
                 break
-            for key, _ in selector.select(self._next_timeout()):
+            wait_s = self._next_timeout()
+            for key, _ in selector.select(wait_s):
                 if key.data == "forkserver":
                     self._drain_forkserver()
                 elif key.data == "refusals" and refusals is not None:
@@ -142,6 +153,8 @@ class HostAgent:
                     selector.unregister(key.fd)
                     self.owner_died = True
                     self._shutdown(grace_s=self._orphan_timeout_s)
+            self._drain_inbox()  # heartbeats that queued while it waited count first
+            self._forgive_absence(wait_s)
             self._enforce_deadlines()
             if self._shutting_down and not self._procs:
                 break
@@ -182,9 +195,16 @@ class HostAgent:
                 )
                 continue
             address = self._proc_address(spec.proc_id)
-            proc = _Proc(spec, request.owner, address, request.heartbeat_timeout_s)
+            proc = _Proc(
+                spec,
+                request.owner,
+                address,
+                request.heartbeat_timeout_s,
+                request.busy_timeout_s,
+            )
             proc.watchers = self._exited_watchers.pop(spec.replaces, set())
-            proc.heartbeat_due = time.monotonic() + _STARTUP_GRACE_S + request.heartbeat_timeout_s
+            proc.silent_since = time.monotonic() + _STARTUP_GRACE_S
+            proc.heartbeat_due = proc.silent_since + request.heartbeat_timeout_s
             self._procs[spec.proc_id] = proc
             for other in self._procs.values():
                 if other.address == request.owner:
@@ -262,7 +282,10 @@ class HostAgent:
     def _on_heartbeat(self, proc_id: str) -> None:
         proc = self._procs.get(proc_id)
         if proc is not None:
-            proc.heartbeat_due = time.monotonic() + proc.heartbeat_timeout_s
+            proc.silent_since = now = time.monotonic()
+            proc.heartbeat_due = now + proc.heartbeat_timeout_s
+            if proc.pid is not None:  # the baseline for judging a later silence
+                proc.cpu, proc.cpu_at = sample_cpu(proc.pid), now
 
     def _watch(self, request: WatchProcs) -> None:
         for proc_id in request.proc_ids:
@@ -302,6 +325,7 @@ class HostAgent:
     def _on_spawned(self, proc_id: str, pid: int) -> None:
         proc = self._procs[proc_id]
         proc.pid = pid
+        proc.cpu, proc.cpu_at = sample_cpu(pid), time.monotonic()
         self._by_pid[pid] = proc_id
         self._log.info("proc_spawned", proc=proc_id, pid=pid)
         if proc.stop_requested and proc.kill_at is not None and proc.kill_at <= time.monotonic():
@@ -332,6 +356,7 @@ class HostAgent:
             signame,
             proc.stop_requested and not proc.hung,
             proc.hung,
+            proc.why_hung,
         )
         for address in {proc.owner, *proc.watchers}:
             self._send(address, report)
@@ -374,14 +399,46 @@ class HostAgent:
             if proc.kill_at is not None and proc.kill_at <= now:
                 self._kill(proc)
             elif proc.pid is not None and not proc.stop_requested and proc.heartbeat_due <= now:
-                self._log.warning(
-                    "proc_hung",
-                    proc=proc.spec.proc_id,
-                    pid=proc.pid,
-                    timeout_s=proc.heartbeat_timeout_s,
-                )
-                proc.hung = proc.stop_requested = True
-                self._kill(proc)
+                self._judge_silence(proc, proc.pid, now)
+
+    def _judge_silence(self, proc: _Proc, pid: int, now: float) -> None:
+        """`proc` missed its heartbeats: kill it as hung, unless it is busy (not stopped, and
+        it used CPU time since the last sample or waits for a core): that buys it time, up to
+        its busy limit."""
+        sample = sample_cpu(pid, threads=True)
+        if sample is not None and sample.exited:  # its exit report is on the way: not hung
+            proc.heartbeat_due = now + proc.heartbeat_timeout_s
+            return
+        why = _why_hung(proc, sample, now)
+        if why is None:
+            self._log.info("proc_busy", proc=proc.spec.proc_id, pid=pid)
+            proc.cpu, proc.cpu_at = sample, now
+            busy_until = proc.silent_since + proc.busy_timeout_s
+            proc.heartbeat_due = min(now + proc.heartbeat_timeout_s, busy_until)
+            return
+        self._log.warning("proc_hung", proc=proc.spec.proc_id, pid=pid, reason=why)
+        proc.hung = proc.stop_requested = True
+        proc.why_hung = why
+        self._kill(proc)
+
+    def _forgive_absence(self, wait_s: float) -> None:
+        """The agent's own absence (paused, starved of CPU) is not its procs' silence: their
+        deadlines move by as long as the loop overslept; after a real pause, when messages
+        sent meanwhile may still be on their way in, each restarts from now."""
+        now = time.monotonic()
+        late_s = max(0.0, now - self._last_check - wait_s)
+        self._last_check = now
+        paused = late_s > _PAUSE_S
+        if paused:
+            self._log.info("agent_was_paused", seconds=round(late_s, 3))
+        for proc in self._procs.values():
+            proc.heartbeat_due += late_s
+            proc.silent_since += late_s
+            if paused:
+                proc.silent_since = max(proc.silent_since, now)
+                proc.heartbeat_due = max(proc.heartbeat_due, now + proc.heartbeat_timeout_s)
+        for owner, seen in self._owners_seen.items():
+            self._owners_seen[owner] = max(seen + late_s, now) if paused else seen + late_s
 
     def _next_timeout(self) -> float:
         deadlines = [
@@ -406,6 +463,25 @@ class HostAgent:
         self._outbox.close(linger_ms=1000)
         self._inbox.close()
         close_context(self._zmq)
+
+
+def _why_hung(proc: _Proc, sample: CpuSample | None, now: float) -> str | None:
+    """Why `proc`, silent since `proc.silent_since` and sampled `sample` now, is hung; None
+    while it is busy (it progresses, and its busy limit is not reached)."""
+    silent_s = now - proc.silent_since
+    if sample is not None and sample.stopped:
+        return f"no heartbeat for {silent_s:.1f} s, and it is stopped (SIGSTOP or a debugger)"
+    if not progressed(proc.cpu, sample, now - proc.cpu_at):
+        return (
+            f"no heartbeat for {silent_s:.1f} s, and it used no CPU time meanwhile "
+            "(blocked or deadlocked)"
+        )
+    if silent_s >= proc.busy_timeout_s:
+        return (
+            f"no heartbeat for {silent_s:.1f} s while it kept using CPU time: busy but "
+            f"unresponsive for longer than busy_timeout_s ({proc.busy_timeout_s:g} s)"
+        )
+    return None
 
 
 def _coords(sizes: tuple[int, ...], rank: int) -> list[int]:

@@ -37,6 +37,7 @@ class SpawnProcs:
     cwd: str
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
+    busy_timeout_s: float = 60.0
 
 
 @message_type
@@ -68,7 +69,8 @@ class ProcReady:
 @message_type
 @dataclass(frozen=True, slots=True)
 class ProcExited:
-    """Agent → owner and watchers. `hung`: the agent killed it for missing heartbeats."""
+    """Agent → owner and watchers. `hung`: the agent killed it for missing heartbeats, and
+    `why_hung` says how it told a hang from a busy proc."""
 
     proc_id: str
     pid: int
@@ -77,6 +79,7 @@ class ProcExited:
     signal: str | None
     requested: bool
     hung: bool = False
+    why_hung: str = ""
 
 
 @message_type

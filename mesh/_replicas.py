@@ -226,14 +226,22 @@ class ReplicaGroup:
         return member
 
     def _start(self) -> None:
-        """Configure every replica and give them all the state of replica 0."""
-        first = self._members[0]
+        """Configure every replica and give them all the state of the first one that is up. A
+        replica that fails meanwhile is replaced and healed like any failed replica."""
         for member in self._members:
-            member.actors.configure.call(member.index, self.ranks_per_replica).get(
-                timeout=self.step_timeout_s * 4
-            )
-        for member in self._members[1:]:
-            member.actors.heal_from.call(first.actors).get(timeout=self.step_timeout_s)
+            configured = member.actors.configure.call(member.index, self.ranks_per_replica)
+            self._while_starting(member, configured, self.step_timeout_s * 4)
+        live = [m for m in self._members if m.state == "live"]
+        for member in live[1:]:
+            healed = member.actors.heal_from.call(live[0].actors)
+            self._while_starting(member, healed, self.step_timeout_s)
+
+    def _while_starting(self, member: _Member, call: Future[Any], timeout_s: float) -> None:
+        """Wait for a start-up `call` to `member`; if it fails, so has the member."""
+        try:
+            call.get(timeout=timeout_s)
+        except (SupervisionError, ActorError, TimeoutError) as exc:
+            self._failed(member.index, f"failed while the group started: {_short(exc)}")
 
     def _on_event(self, member: _Member, event: SupervisionEvent) -> bool:
         """A failure of `member`, from the supervision tree (event loop thread): handled here."""
@@ -288,6 +296,10 @@ class ReplicaGroup:
             return
         member.recovery.respawned_at = time.monotonic()
         donors = [m for m in self._members if m.state == "live"]
+        if not donors and not self.history:  # nothing committed yet: as built, it is current
+            with member.lock:
+                member.state = "live"
+            return
         if not donors:
             return
         try:

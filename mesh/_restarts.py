@@ -54,6 +54,7 @@ class ProcMeshRecord:
     env: tuple[tuple[str, str], ...]
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
+    busy_timeout_s: float
     tracker: RestartTracker | None = None
     actor_meshes: list[ActorMeshRecord] = field(default_factory=list)
     generation: int = 0
@@ -116,6 +117,7 @@ class Restarts:
                     os.getcwd(),
                     record.heartbeat_interval_s,
                     record.heartbeat_timeout_s,
+                    record.busy_timeout_s,
                 ),
             )
         for actors in record.actor_meshes:

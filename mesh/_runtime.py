@@ -436,6 +436,8 @@ class Runtime:
             kind, message = "stopped", "by its owner"
         elif header.hung:
             kind, message = "hung", f"it was killed by the host agent ({header.signal})"
+            if header.why_hung:
+                message = f"{header.why_hung}; {message}"
         elif header.signal is not None:
             kind, message = "signal", ""
         else:

@@ -399,6 +399,18 @@ class Sleeper(Actor):
             count += 1
         return count
 
+    @endpoint
+    def crunch(self, cpu_seconds: float) -> float:
+        """At least `cpu_seconds` of CPU work in one C call that never lets the GIL go (so no
+        heartbeat meanwhile), like a long native kernel; returns the CPU seconds it took."""
+        sample = 5_000_000
+        started = time.process_time()
+        sum(range(sample))  # builtin sum over a range: a C loop, the GIL held throughout
+        per_item = max(time.process_time() - started, 1e-4) / sample
+        started = time.process_time()
+        sum(range(int(cpu_seconds / per_item)))
+        return time.process_time() - started
+
 
 class LocalUser(Actor):
     """Spawns an actor in its own proc (this_proc) and calls it from its endpoints."""

@@ -45,5 +45,22 @@ class DyingTrainer(Trainer):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class DiesWhileBuilt(Trainer):
+    """The first replica built (per `marks` directory) kills its own process in build(), so
+    the group loses it while it starts."""
+
+    def __init__(self, marks: str) -> None:
+        self.marks = Path(marks)
+        super().__init__()
+
+    def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        try:
+            (self.marks / "died-in-build").touch(exist_ok=False)
+        except FileExistsError:
+            return super().build()
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable: SIGKILL cannot be caught")
+
+
 class BrokenTrainer(Replica):
     """A replica whose subclass forgot to implement build()."""

@@ -131,7 +131,6 @@ def test_the_wait_for_replacements_is_bounded(groups: list[ReplicaGroup]) -> Non
         replicas=2,
         min_replicas=2,
         wait_for_replicas_s=0.05,
-        heartbeat_timeout_s=HB,
     )
     groups.append(group)
     group.step()
@@ -141,6 +140,19 @@ def test_the_wait_for_replacements_is_bounded(groups: list[ReplicaGroup]) -> Non
             group.step()
     group.wait_for_replicas_s = 60.0  # the replacement still comes, and training goes on
     train(group, 3)
+    assert_invariants(group)
+
+
+def test_a_replica_failing_while_the_group_starts_is_replaced(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    group = ReplicaGroup(this_host(), ra.DiesWhileBuilt, str(tmp_path), replicas=3)
+    groups.append(group)
+    assert len(group.recoveries) == 1, group.recoveries
+    assert "SIGKILL" in group.recoveries[0].event
+    train(group, 3)
+    train_until_recovered(group)
+    assert group.live() == (0, 1, 2)
     assert_invariants(group)
 
 

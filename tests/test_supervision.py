@@ -22,13 +22,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import actors
 import anyio
 import failing_actors as fa
 import pytest
 from polling import pid_alive, wait_gone, wait_until
 from recording import Recorder
 
-from mesh import ActorMesh, ProcMesh
+from mesh import ActorMesh, ProcMesh, probe
 from supervision import ActorError, SupervisionError, SupervisionEvent
 
 pytestmark = pytest.mark.usefixtures("no_failure_reaches_the_root")
@@ -355,9 +356,72 @@ def test_hung_process_is_killed_and_reported(watched: Callable[..., Watched], ho
     assert dict(event.rank or {}) == {"gpus": 1} and event.pid == w.pids[1]
     assert_names_where(event, "workers", 1, w.pids[1])
     assert "heartbeat" in str(event)
+    assert ("is stopped" if how == "sigstop" else "used no CPU time") in event.message
     assert w.recorder.wait(1) == [event]
     wait_gone([w.pids[1]])  # the agent killed it
     assert w.actors.slice(gpus=0).ping.call_one().get(timeout=T) == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_busy_proc_is_not_hung(make_procs: Callable[..., Any]) -> None:
+    """A long C call that holds the GIL starves the heartbeat thread, but the proc keeps using
+    CPU time: it is busy, not hung, and its call returns."""
+    procs = make_procs({"gpus": 1}, **FAST_HB)
+    recorder = Recorder()
+    procs.on_failure(recorder)
+    worker = procs.spawn("cruncher", actors.Sleeper)
+    silent_s = worker.crunch.call_one(3 * FAST_HB["heartbeat_timeout_s"]).get(timeout=T)
+    assert silent_s > FAST_HB["heartbeat_timeout_s"]  # CPU time: the silence was at least this
+    assert worker.sleep.call_one(0).get(timeout=T) == "slept"
+    assert recorder.events == []
+
+
+@pytest.mark.timeout(60)
+def test_a_proc_busy_past_its_busy_timeout_is_hung(make_procs: Callable[..., Any]) -> None:
+    """Busy is no excuse forever: past `busy_timeout_s` without a heartbeat it is hung, and
+    the event says it was busy."""
+    procs = make_procs({"gpus": 1}, busy_timeout_s=3.0, **FAST_HB)
+    recorder = Recorder()
+    procs.on_failure(recorder)
+    worker = procs.spawn("cruncher", actors.Sleeper)
+    (pid,) = probe(worker).get(timeout=T).values()
+    with pytest.raises(SupervisionError) as info:
+        worker.crunch.call_one(600).get(timeout=T)
+    event = info.value.event
+    assert (event.kind, event.pid) == ("hung", pid)
+    assert "kept using CPU time" in event.message and "busy_timeout_s (3 s)" in event.message
+    assert recorder.wait(1) == [event]
+
+
+def local_agent_pid() -> int:
+    """The pid of the host agent that `this_host()` started for this client."""
+    import mesh._session
+
+    agent = mesh._session.current_session()._agent_process
+    assert agent is not None and agent.poll() is None
+    return agent.pid
+
+
+@pytest.mark.timeout(60)
+def test_a_paused_agent_kills_no_healthy_proc_when_it_resumes(
+    watched: Callable[..., Watched],
+) -> None:
+    """A pause of the supervisor is not a hang of the supervised: heartbeats that queued while
+    the agent was stopped count, and the agent's own absence is not held against its procs."""
+    w = watched(hb=True)
+    agent = local_agent_pid()
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        time.sleep(3 * FAST_HB["heartbeat_timeout_s"])  # the pause itself is the fault
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    assert w.probe.pid.call().get(timeout=T).values() == tuple(w.pids)
+    barrier(w.probe)
+    assert w.recorder.events == []
+    os.kill(w.pids[1], signal.SIGSTOP)  # the agent still watches: a real hang is still one
+    (event,) = w.recorder.wait(1)
+    assert (event.kind, event.pid) == ("hung", w.pids[1])
+    assert w.probe.slice(gpus=0).pid.call_one().get(timeout=T) == w.pids[0]
 
 
 def test_blocking_sleep_is_not_a_hang(make_procs: Callable[..., Any]) -> None:

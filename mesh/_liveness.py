@@ -1,0 +1,81 @@
+"""Is a silent proc hung, or busy? What the host agent asks the kernel before killing one.
+
+A proc's heartbeats come from a Python thread, so they stop whenever the process cannot run
+Python code: when it is stopped (SIGSTOP, a debugger), blocked holding the GIL, deadlocked, but
+also when it is merely slow: a long C call that holds the GIL, or a machine so oversubscribed
+that the thread is not scheduled in time. The kernel tells these apart: a stopped process is in
+state T (t when traced), one that makes progress uses CPU time, and one starved of CPU has a
+runnable thread waiting for a core. Linux only (``/proc``); elsewhere there is no sample, and a
+silent proc is hung as soon as its heartbeats are late.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+#: CPU time a proc must use to count as progressing: at least two clock ticks, and this share
+#: of the wall time since the last sample (a proc sharing a core with 50 others still gets 2 %).
+_MIN_PROGRESS_S = 2 * _TICK_S
+_MIN_PROGRESS_SHARE = 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class CpuSample:
+    """A process's scheduler state, the CPU time all its threads have used so far, and
+    whether one of its threads is running or waiting for a core (when that was asked)."""
+
+    state: str
+    cpu_s: float
+    runnable: bool = False
+
+    @property
+    def stopped(self) -> bool:
+        """Stopped by a signal (T) or by a tracer (t): it cannot progress until continued."""
+        return self.state in ("T", "t")
+
+    @property
+    def exited(self) -> bool:
+        """A zombie (Z) or dying (X): it exited and its parent has yet to reap it."""
+        return self.state in ("Z", "X")
+
+
+def sample_cpu(pid: int, threads: bool = False) -> CpuSample | None:
+    """`pid`'s state and CPU time from ``/proc/PID/stat`` (with `threads`, also whether a
+    thread is runnable); None where there is no such file (not Linux, or the process is gone)."""
+    fields = _stat_fields(f"/proc/{pid}/stat")
+    try:  # fields after the command name: state is the 3rd of the line, utime/stime 14 and 15
+        state, cpu_s = fields[0].decode(), (int(fields[11]) + int(fields[12])) * _TICK_S
+    except (IndexError, ValueError):
+        return None
+    return CpuSample(state, cpu_s, threads and _thread_runnable(pid))
+
+
+def _thread_runnable(pid: int) -> bool:
+    """Whether a thread of `pid` is running or in a run queue (state R)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    return any(_stat_fields(f"/proc/{pid}/task/{tid}/stat")[:1] == [b"R"] for tid in tids)
+
+
+def _stat_fields(path: str) -> list[bytes]:
+    """The fields of a ``/proc`` stat file after the command name; empty if unreadable."""
+    try:
+        with open(path, "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def progressed(before: CpuSample | None, after: CpuSample | None, elapsed_s: float) -> bool:
+    """Whether a process sampled `before` and, `elapsed_s` later, `after` is not stopped and
+    used CPU time meanwhile, or waits for a core. Without both samples: no."""
+    if before is None or after is None or after.stopped:
+        return False
+    if after.runnable:
+        return True
+    used = after.cpu_s - before.cpu_s
+    return used >= max(_MIN_PROGRESS_S, _MIN_PROGRESS_SHARE * elapsed_s)
