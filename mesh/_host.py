@@ -20,7 +20,7 @@ from supervision import SupervisionEvent, escalated, is_handled
 from transport import Envelope, Payload, SerializationError, dumps, get_logger
 
 from ._actor import EndpointDef, endpoints_of
-from ._context import Context, enter_context, exit_context
+from ._context import Context, actor_identity, enter_context, exit_context
 from ._messages import ActorFailed, CallActor, Failure, Reply, SpawnActor, StopActor
 from ._shape import Extent, Point
 
@@ -33,7 +33,7 @@ class _Supervise:
     """Mailbox item (never on the wire): let the actor decide about a child's failure."""
 
     event: SupervisionEvent
-    event_owner: str
+    event_owner: str  # the owner's actor mesh id (its key in this proc)
 
 
 #: How long a message for an actor that is not spawned here (yet) waits for its spawn message.
@@ -49,6 +49,7 @@ class HostedActor:
         "event",
         "instance",
         "mailbox",
+        "mesh_id",
         "mesh_name",
         "owner",
         "point",
@@ -57,7 +58,8 @@ class HostedActor:
     )
 
     def __init__(self, header: SpawnActor, point: Point) -> None:
-        self.actor_id = header.actor_id
+        self.mesh_id = header.actor_id  # one actor per mesh and proc: its key here
+        self.actor_id = actor_identity(header.actor_id, header.rank)
         self.mesh_name = header.mesh_name
         self.owner = header.owner
         self.point = point
@@ -127,10 +129,11 @@ class ActorHost:
     def supervise(self, actor_id: str, event: SupervisionEvent) -> bool:
         """Let actor `actor_id` decide about the failure of a mesh it owns; False if that
         actor does not live here (any more)."""
-        actor = self._actors.get(actor_id)
+        actor = next((a for a in self._actors.values() if a.actor_id == actor_id), None)
         if actor is None or actor.state not in ("starting", "running"):
             return False
-        self.deliver(Envelope(_Supervise(event, actor_id), None), nested=self._runtime.nested)
+        envelope = Envelope(_Supervise(event, actor.mesh_id), None)
+        self.deliver(envelope, nested=self._runtime.nested)
         return True
 
     def stop_all(self) -> None:
@@ -381,7 +384,7 @@ class ActorHost:
         self._log.warning("actor_failed", **event.to_dict())
         self._runtime.stop_owned_by(actor.actor_id)
         self._runtime.send_message(
-            actor.owner, ActorFailed(actor.actor_id, actor.point.rank), Payload.dump(event)
+            actor.owner, ActorFailed(actor.mesh_id, actor.point.rank), Payload.dump(event)
         )
         for envelope in actor.mailbox:
             header = envelope.header

@@ -110,9 +110,9 @@ def assert_reports(outcome: Outcome, *fragments: str) -> None:
 
 def signal_event(event: dict[str, Any], pid: int, signame: str = "SIGKILL") -> None:
     assert event["kind"] == "signal" and event["signal"] == signame
-    assert event["mesh"] == "workers" and event["rank"] == {"gpus": 1}
+    assert event["mesh"] == "workers-actors" and event["rank"] == {"gpus": 1}  # the actor's
     assert event["pid"] == pid and event["host"] == socket.gethostname()
-    for fragment in ('"workers"', "{'gpus': 1}", str(pid), socket.gethostname(), signame):
+    for fragment in ('"workers-actors"', "{'gpus': 1}", str(pid), socket.gethostname(), signame):
         assert fragment in event["str"]
 
 
@@ -180,8 +180,8 @@ def test_async_awaited_call_raises_its_failure_once(xdg: Path, library: str) -> 
 @pytest.mark.parametrize(
     ("kind", "fragments"),
     [
-        ("sigkill", ["killed by SIGKILL", '"workers"']),
-        ("exit0", ["exited with code 0", '"workers"']),
+        ("sigkill", ["killed by SIGKILL", '"workers-actors"']),
+        ("exit0", ["exited with code 0", '"workers-actors"']),
         ("broadcast_raise", ["failed with an exception", '"workers-actors"', "broadcast"]),
         ("hung", ["hung", "heartbeat"]),
     ],
@@ -210,7 +210,7 @@ def test_uncaught_failure_of_the_awaited_call(xdg: Path) -> None:
 
 def test_escalated_failure_report_shows_the_path(xdg: Path) -> None:
     outcome = run_client(xdg, "escalated", str(xdg / "record.jsonl"))
-    assert_reports(outcome, "level3", "killed by SIGKILL")
+    assert_reports(outcome, '"leaf"', "killed by SIGKILL")  # the actor mesh on level3
     err = outcome.stderr
     report = err[err.index("Supervision report") :]
     assert "Propagated up the tree:" in report
@@ -268,7 +268,7 @@ def test_agent_loss_makes_its_procs_unreachable(xdg: Path) -> None:
     events = result["events"]
     assert sorted(e["rank"]["gpus"] for e in events) == [0, 1], "each rank once"
     assert {e["kind"] for e in events} == {"unreachable"}
-    assert all(e["mesh"] == "workers" for e in events)
+    assert all(e["mesh"] == "workers-actors" for e in events)
     assert all(str(result["agent"]) in e["str"] for e in events)
     assert result["later_call"] == "unreachable"
     assert result["respawned"] == [0, 1]  # a new agent serves new procs
