@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import failing_actors as fa
 import pytest
 from polling import pid_alive, wait_until
 
@@ -206,6 +207,23 @@ def test_uncaught_failure_of_the_awaited_call(xdg: Path) -> None:
     outcome = run_client(xdg, "uncaught_in_get")
     assert_reports(outcome, "killed by SIGSEGV", "{'gpus': 0}", str(outcome.procs[0]))
     assert "segfault.call_one().get(" in outcome.stderr  # raised by the get() itself
+
+
+def test_uncaught_actor_error_shows_the_remote_traceback(xdg: Path) -> None:
+    """A program that dies of an ActorError prints where the endpoint raised, not only where
+    the caller waited for it."""
+    outcome = run_client(xdg, "uncaught_actor_error")
+    assert outcome.returncode == 1, outcome
+    err = outcome.stderr
+    assert ".raise_error.call_one(" in err, outcome  # the caller's own traceback
+    assert "EndpointError: no such input" in err, outcome
+    remote = err[err.index("Remote traceback (process ") :]
+    assert str(outcome.procs[1]) in remote.splitlines()[0], outcome
+    source = Path(fa.__file__).read_text().splitlines()
+    line = next(i for i, text in enumerate(source, 1) if "raise EndpointError(message)" in text)
+    assert f'failing_actors.py", line {line}, in raise_error' in remote, outcome
+    assert "Supervision report" not in err, outcome  # an ActorError is no supervision failure
+    assert "ATEXIT" in outcome.stdout.splitlines(), outcome
 
 
 def test_escalated_failure_report_shows_the_path(xdg: Path) -> None:
