@@ -11,7 +11,7 @@ from ._shape import Extent
 from ._values import ValueMesh
 
 if TYPE_CHECKING:
-    from ._peers import ProcPeer
+    from ._peers import ActorMeshView, ProcPeer
     from ._replies import ReplyInbox
 
 
@@ -23,17 +23,24 @@ class ResultSink(Protocol):
 
 
 class PendingCall:
-    """The recipients of one call that have not answered, keyed by the rank each was sent."""
+    """The recipients of one call that have not answered, keyed by the rank each was sent.
+    `mesh` is the actor mesh called, so that a proc's failure is told about its actor."""
 
-    __slots__ = ("call_id", "home", "peers", "sink")
+    __slots__ = ("call_id", "home", "mesh", "peers", "sink")
 
     def __init__(
-        self, call_id: int, sink: ResultSink, peers: dict[int, ProcPeer], home: ReplyInbox | None
+        self,
+        call_id: int,
+        sink: ResultSink,
+        peers: dict[int, ProcPeer],
+        home: ReplyInbox | None,
+        mesh: ActorMeshView | None = None,
     ) -> None:
         self.call_id = call_id
         self.sink = sink
         self.peers = peers
         self.home = home
+        self.mesh = mesh
 
 
 class OneSink:

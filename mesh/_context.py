@@ -12,7 +12,8 @@ from ._shape import Extent, Point
 
 @dataclass(frozen=True)
 class Context:
-    """The running context. In the client, `actor_id` is None and `rank` is the empty point."""
+    """The running context. `actor_id` names this actor (its mesh and rank); in the client it
+    is None and `rank` is the empty point."""
 
     actor_id: str | None
     mesh_name: str | None
@@ -25,6 +26,12 @@ class Context:
 
 _EMPTY_POINT = Point((), Extent((), ()))
 _current: contextvars.ContextVar[Context] = contextvars.ContextVar("meshvisor_context")
+
+
+def actor_identity(mesh_id: str, rank: int) -> str:
+    """The id of the actor at flat `rank` of the actor mesh `mesh_id`: one per actor, kept
+    when the actor is rebuilt after a failure (`Context.restart_count` tells them apart)."""
+    return f"{mesh_id}[{rank}]"
 
 
 def client_context() -> Context:

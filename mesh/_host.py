@@ -34,7 +34,7 @@ from transport import (
 )
 
 from ._actor import EndpointDef, endpoints_of
-from ._context import Context, enter_context, exit_context
+from ._context import Context, actor_identity, enter_context, exit_context
 from ._messages import ActorFailed, CallActor, Failure, Reply, SpawnActor, StopActor
 from ._shape import Extent, Point
 from ._workers import Workers
@@ -56,6 +56,7 @@ class HostedActor:
         "instance",
         "lock",
         "mailbox",
+        "mesh_id",
         "mesh_name",
         "owner",
         "point",
@@ -67,7 +68,8 @@ class HostedActor:
     )
 
     def __init__(self, header: SpawnActor, point: Point) -> None:
-        self.actor_id = header.actor_id
+        self.mesh_id = header.actor_id  # one actor per mesh and proc: its key here
+        self.actor_id = actor_identity(header.actor_id, header.rank)
         self.mesh_name = header.mesh_name
         self.owner = header.owner
         self.point = point
@@ -140,7 +142,7 @@ class ActorHost:
     def supervise(self, actor_id: str, event: SupervisionEvent) -> bool:
         """Let actor `actor_id` decide about the failure of a mesh it owns; False if that
         actor does not live here (any more). The decision does not wait for its mailbox."""
-        actor = self._actors.get(actor_id)
+        actor = next((a for a in self._actors.values() if a.actor_id == actor_id), None)
         if actor is None or actor.state not in ("starting", "running"):
             return False
         with actor.lock:
@@ -444,7 +446,7 @@ class ActorHost:
         self._log.warning("actor_failed", **event.to_dict())
         self._runtime.stop_owned_by(actor.actor_id)
         self._runtime.send_message(
-            actor.owner, ActorFailed(actor.actor_id, actor.point.rank), Payload.dump(event)
+            actor.owner, ActorFailed(actor.mesh_id, actor.point.rank), Payload.dump(event)
         )
         with actor.lock:  # the call in progress (failed by __supervise__), then those queued
             waiting = [actor.running] if actor.running is not None else []

@@ -14,7 +14,7 @@ from transport import Payload, check_fd_headroom
 
 from ._actor import check_actor_class, resolve_endpoint
 from ._calls import GatherSink, ResultSink
-from ._context import context
+from ._context import actor_identity, context
 from ._endpoint import EndpointRef
 from ._future import Future, all_done, resolved
 from ._messages import (
@@ -24,7 +24,7 @@ from ._messages import (
     StopActor,
     WatchProcs,
 )
-from ._peers import ProcPeer
+from ._peers import ActorMeshView, ProcPeer
 from ._replies import ReplyInbox
 from ._restarts import ActorMeshRecord, ProcMeshRecord
 from ._runtime import Runtime
@@ -302,9 +302,8 @@ class ProcMesh(MeshBase, _Stoppable):
             ActorMeshRecord(actor_id, name, payload, extent, peers, context().actor_id)
         )
         self._runtime.send_to_procs(messages, payload, None)
-        return ActorMesh(
-            self._runtime, _ActorMeshState(name, actor_id, actor_class, peers), Region.full(extent)
-        )
+        state = _ActorMeshState(name, actor_id, actor_class, peers, extent)
+        return ActorMesh(self._runtime, state, Region.full(extent))
 
     def respawn(self) -> Future[None]:
         """Re-spawn the failed procs of this mesh (and rebuild failed actors) on the agents
@@ -349,10 +348,15 @@ class ProcMesh(MeshBase, _Stoppable):
 class _ActorMeshState:
     """What all slices of one actor mesh share."""
 
-    __slots__ = ("actor_class", "actor_id", "endpoints", "name", "peers", "stopped")
+    __slots__ = ("actor_class", "actor_id", "endpoints", "name", "peers", "stopped", "view")
 
     def __init__(
-        self, name: str, actor_id: str, actor_class: type, peers: tuple[ProcPeer, ...]
+        self,
+        name: str,
+        actor_id: str,
+        actor_class: type,
+        peers: tuple[ProcPeer, ...],
+        extent: Extent,
     ) -> None:
         self.name = name
         self.actor_id = actor_id
@@ -360,6 +364,7 @@ class _ActorMeshState:
         self.peers = peers
         self.stopped = False
         self.endpoints: dict[str, str] = {}
+        self.view = ActorMeshView(actor_id, name, extent, peers)
 
 
 class ActorMesh(MeshBase, _Stoppable, Generic[A]):
@@ -412,7 +417,7 @@ class ActorMesh(MeshBase, _Stoppable, Generic[A]):
             )
             for i in indices
         ]
-        runtime.send_to_procs(messages, payload, sink, call_id, home)
+        runtime.send_to_procs(messages, payload, sink, call_id, home, state.view)
 
     def on_failure(self, handler: FailureHandler) -> None:
         """Call `handler(event)` when an actor of this mesh fails; truthy return = handled."""
@@ -425,9 +430,11 @@ class ActorMesh(MeshBase, _Stoppable, Generic[A]):
     def _covers(self, event: SupervisionEvent) -> bool:
         """Whether `event` concerns an actor or proc that a call on this mesh reaches."""
         state = self._state
-        if event.actor_id == state.actor_id:
-            return True
-        return any(state.peers[r].proc_id == event.proc_id for r in self._region.ranks)
+        return any(
+            state.peers[r].proc_id == event.proc_id
+            or event.actor_id == actor_identity(state.actor_id, r)
+            for r in self._region.ranks
+        )
 
     def stop(self) -> Future[None]:
         """Stop these actors after the messages already sent to them; later calls fail."""
@@ -445,7 +452,7 @@ class ActorMesh(MeshBase, _Stoppable, Generic[A]):
         if not messages:
             return resolved(None)
         sink = GatherSink(future, Extent(("actors",), (len(peers),)), expected=len(messages))
-        runtime.send_to_procs(messages, None, sink, call_id)
+        runtime.send_to_procs(messages, None, sink, call_id, mesh=state.view)
         done: Future[None] = Future(runtime, f"stop of {state.name}")
         future.add_done_callback(lambda f: done.set_result(None))
         return done
@@ -459,6 +466,7 @@ class ActorMesh(MeshBase, _Stoppable, Generic[A]):
             state.actor_class,
             self._region,
             _peer_infos(state.peers),
+            state.view.extent,
         )
 
     def __repr__(self) -> str:
@@ -507,10 +515,15 @@ def _rebuild_proc_mesh(name: str, region: Region, infos: tuple[tuple[Any, ...], 
 
 
 def _rebuild_actor_mesh(
-    name: str, actor_id: str, actor_class: type, region: Region, infos: tuple[tuple[Any, ...], ...]
+    name: str,
+    actor_id: str,
+    actor_class: type,
+    region: Region,
+    infos: tuple[tuple[Any, ...], ...],
+    extent: Extent,
 ) -> ActorMesh[Any]:
     runtime = current_session().runtime
-    state = _ActorMeshState(name, actor_id, actor_class, _adopt_peers(runtime, infos))
+    state = _ActorMeshState(name, actor_id, actor_class, _adopt_peers(runtime, infos), extent)
     return ActorMesh(runtime, state, region)
 
 

@@ -1,13 +1,19 @@
-"""`ProcPeer`: a proc as one process sees it: where it listens and whether it is alive."""
+"""`ProcPeer`: a proc as one process sees it: where it listens and whether it is alive.
+
+`ActorMeshView`: an actor mesh as one process sees it, to tell of its actors' failures.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from supervision import EventKind, SupervisionError, SupervisionEvent
 
+from ._context import actor_identity
 from ._future import Future
-from ._shape import Point
+from ._shape import Extent, Point
 
 
 class ProcPeer:
@@ -95,3 +101,26 @@ class ProcPeer:
 
     def __repr__(self) -> str:
         return f"<ProcPeer {self.proc_id} {self.state} {self.address}>"
+
+
+@dataclass(frozen=True, eq=False)
+class ActorMeshView:
+    """An actor mesh: its id, name, full extent and the proc each rank runs on."""
+
+    mesh_id: str
+    name: str
+    extent: Extent
+    peers: tuple[ProcPeer, ...]
+
+    def proc_failed(self, peer: ProcPeer, event: SupervisionEvent) -> SupervisionEvent:
+        """`event` (about `peer`'s proc) as told about the actor of this mesh on that proc: it
+        names this mesh and the actor; proc, pid and host still say which process ended."""
+        rank = next((r for r, p in enumerate(self.peers) if p is peer), None)
+        if rank is None:
+            return event
+        return dataclasses.replace(
+            event,
+            mesh_name=self.name,
+            rank=self.extent.point(rank),
+            actor_id=actor_identity(self.mesh_id, rank),
+        )

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING
 from supervision import RestartPolicy, RestartTracker, SupervisionEvent
 from transport import Payload, get_logger
 
+from ._context import actor_identity
 from ._future import Future, all_done
 from ._messages import ProcSpec, SpawnActor, SpawnProcs
-from ._peers import ProcPeer
+from ._peers import ActorMeshView, ProcPeer
 from ._shape import Extent
 
 if TYPE_CHECKING:
@@ -41,6 +42,9 @@ class ActorMeshRecord:
 
     def __post_init__(self) -> None:
         self.restarts = [0] * len(self.peers)
+
+    def view(self) -> ActorMeshView:
+        return ActorMeshView(self.actor_id, self.name, self.extent, self.peers)
 
 
 @dataclass
@@ -129,8 +133,8 @@ class Restarts:
 
     def _rebuild_actors(self, actors: ActorMeshRecord, ranks: list[int]) -> None:
         messages = []
-        self._runtime.supervisor.forget(actors.actor_id)
         for rank in ranks:
+            self._runtime.supervisor.forget(actor_identity(actors.actor_id, rank))
             actors.restarts[rank] += 1
             actors.failed.discard(rank)
             messages.append(

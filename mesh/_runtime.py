@@ -58,7 +58,7 @@ from ._messages import (
     StopProc,
     StopProcs,
 )
-from ._peers import ProcPeer
+from ._peers import ActorMeshView, ProcPeer
 from ._replies import ReplyInbox, ReplyRoutes
 from ._restarts import Restarts
 from ._supervisor import Supervisor
@@ -302,21 +302,23 @@ class Runtime:
         sink: ResultSink | None,
         call_id: int = 0,
         home: ReplyInbox | None = None,
+        mesh: ActorMeshView | None = None,
     ) -> None:
         """Send one header per peer (same payload). With a `sink`, each header's `rank` keys
-        its reply."""
+        its reply. `mesh`: the actor mesh addressed, named in the errors of gone procs."""
         check_not_forked(self.pid)
         failed: list[tuple[int, BaseException]] = []
         with self._lock:
             if sink is not None:
                 peers = {header.rank: peer for peer, header in messages}
-                self.calls[call_id] = PendingCall(call_id, sink, peers, home)
+                self.calls[call_id] = PendingCall(call_id, sink, peers, home, mesh)
                 if home is not None:  # they will connect to it, and drop that when it closes
                     home.called.update(peers.values())
             for peer, header in messages:
                 frames = encode(header, payload)
                 if not peer.alive:
-                    failed.append((header.rank, peer.error()))
+                    assert peer.event is not None
+                    failed.append((header.rank, _gone_error(peer, peer.event, mesh)))
                     continue
                 if sink is not None:
                     peer.calls.add(call_id)
@@ -475,7 +477,7 @@ class Runtime:
         ready, gone = peer.ready, peer.gone
         escalate: SupervisionEvent | None = None
         if state == "failed" and peer.owned and not self.closing:
-            self.supervisor.observe(event)
+            self.supervisor.observe(self._told_to_owner(peer, event)[0])
             # decide (and hold the peer for a restart) before anyone hears of the failure
             escalate = self.restarts.on_proc_failure(peer, event)
         ready.set_exception(error)
@@ -483,14 +485,30 @@ class Runtime:
         for call_id, pending in waiting:
             for rank, target in list(pending.peers.items()):
                 if target is peer:
-                    self._settle(call_id, rank, error=error)
+                    self._settle(call_id, rank, error=_gone_error(peer, event, pending.mesh))
             if pending.home is not None:
                 pending.home.wake()
         if escalate is not None:
+            subject, told = self._told_to_owner(peer, escalate)
             keys = self.supervisor.handlers_for_proc(peer.proc_id, peer.mesh_key)
-            self.supervisor.handle(escalate, peer.owner_actor, keys)
+            self.supervisor.handle(subject, peer.owner_actor, keys, told)
         elif state == "stopped":
             self._log.info("proc_stopped", proc=peer.proc_id, pid=event.pid)
+
+    def _told_to_owner(
+        self, peer: ProcPeer, event: SupervisionEvent
+    ) -> tuple[SupervisionEvent, dict[str, SupervisionEvent]]:
+        """What the owner hears of `peer`'s proc failing: the event of the first actor mesh
+        on it (the proc's own if none), and the event each handler key hears (an actor mesh's
+        handler: its actor's; the proc mesh's handler: the proc's)."""
+        told: dict[str, SupervisionEvent] = {}
+        for mesh_id in self.supervisor.actor_meshes_on.get(peer.proc_id, ()):
+            record = self.restarts.actor_meshes.get(mesh_id)
+            if record is not None:
+                told[mesh_id] = record.view().proc_failed(peer, event)
+        subject = next(iter(told.values()), event)
+        told[peer.mesh_key] = event
+        return subject, told
 
     def _on_actor_failed(self, envelope: Envelope) -> None:
         header: ActorFailed = envelope.header
@@ -635,6 +653,14 @@ class Runtime:
     def _on_stop_proc(self, envelope: Envelope) -> None:
         self.host.stop_all()
         self._request_stop()
+
+
+def _gone_error(
+    peer: ProcPeer, event: SupervisionEvent, mesh: ActorMeshView | None
+) -> SupervisionError:
+    """The error for a call to an actor on `peer`, whose proc failed or was stopped (`event`):
+    about the actor when the actor mesh called is known, else about the proc."""
+    return SupervisionError(event if mesh is None else mesh.proc_failed(peer, event))
 
 
 def _actor_error(

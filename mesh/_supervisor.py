@@ -8,7 +8,7 @@ fail-fast (a `SupervisionError` in the client's main thread).
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from supervision import SupervisionEvent, event_listeners, is_handled, unhandled_failure_hook
@@ -40,9 +40,14 @@ class Supervisor:
         return (*self.actor_meshes_on.get(proc_id, ()), mesh_key)
 
     def handle(
-        self, event: SupervisionEvent, owner_actor: str | None, keys: tuple[str, ...]
+        self,
+        event: SupervisionEvent,
+        owner_actor: str | None,
+        keys: tuple[str, ...],
+        told: Mapping[str, SupervisionEvent] | None = None,
     ) -> None:
-        """Decide what `event` (a failure of something owned here) leads to. Loop thread."""
+        """Decide what `event` (a failure of something owned here) leads to. Loop thread.
+        The handler of a key hears `told[key]` where given (its mesh's view), else `event`."""
         identity = (event.actor_id, event.proc_id, event.kind)
         self.observe(event)
         if identity in self._seen:
@@ -50,7 +55,8 @@ class Supervisor:
         self._seen.add(identity)
         for key in keys:
             handler = self.handlers.get(key)
-            if handler is not None and self._run_handler(handler, event):
+            heard = event if told is None else told.get(key, event)
+            if handler is not None and self._run_handler(handler, heard):
                 return
         if owner_actor is not None and self._runtime.host.supervise(owner_actor, event):
             return

@@ -35,7 +35,11 @@ class SupervisionError(RuntimeError):
 
 
 class ActorError(Exception):
-    """An endpoint raised `exception` on one actor; the actor itself is still alive."""
+    """An endpoint raised `exception` on one actor; the actor itself is still alive.
+
+    `str()` is one line; the remote traceback is a note (PEP 678), so that Python prints it
+    under the exception wherever it goes uncaught or is logged with its traceback.
+    """
 
     exception: BaseException | None
     exception_type: str
@@ -71,6 +75,8 @@ class ActorError(Exception):
         self.endpoint = endpoint
         self.host = host
         self.pid = pid
+        if remote_traceback:  # it holds the original's notes: those copied by wrap() go
+            self.__notes__ = [_remote_note(remote_traceback, host, pid)]
 
     @classmethod
     def wrap(
@@ -93,6 +99,13 @@ class ActorError(Exception):
     def __reduce__(self) -> tuple[Any, ...]:
         fields = {k: getattr(self, k) for k in ActorError.__annotations__}
         return _rebuild_actor_error, (str(self), fields)
+
+
+def _remote_note(remote_traceback: str, host: str | None, pid: int | None) -> str:
+    """The remote traceback as a note: a heading naming the process, then the text indented."""
+    where = f" (process {pid} on host {host})" if pid is not None else ""
+    lines = remote_traceback.rstrip().splitlines()
+    return "\n".join([f"Remote traceback{where}:", *(f"  {line}" for line in lines)])
 
 
 def _rebuild_actor_error(message: str, fields: dict[str, Any]) -> ActorError:

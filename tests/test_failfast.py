@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import failing_actors as fa
 import pytest
 from polling import pid_alive, wait_until
 
@@ -110,9 +111,9 @@ def assert_reports(outcome: Outcome, *fragments: str) -> None:
 
 def signal_event(event: dict[str, Any], pid: int, signame: str = "SIGKILL") -> None:
     assert event["kind"] == "signal" and event["signal"] == signame
-    assert event["mesh"] == "workers" and event["rank"] == {"gpus": 1}
+    assert event["mesh"] == "workers-actors" and event["rank"] == {"gpus": 1}  # the actor's
     assert event["pid"] == pid and event["host"] == socket.gethostname()
-    for fragment in ('"workers"', "{'gpus': 1}", str(pid), socket.gethostname(), signame):
+    for fragment in ('"workers-actors"', "{'gpus': 1}", str(pid), socket.gethostname(), signame):
         assert fragment in event["str"]
 
 
@@ -180,8 +181,8 @@ def test_async_awaited_call_raises_its_failure_once(xdg: Path, library: str) -> 
 @pytest.mark.parametrize(
     ("kind", "fragments"),
     [
-        ("sigkill", ["killed by SIGKILL", '"workers"']),
-        ("exit0", ["exited with code 0", '"workers"']),
+        ("sigkill", ["killed by SIGKILL", '"workers-actors"']),
+        ("exit0", ["exited with code 0", '"workers-actors"']),
         ("broadcast_raise", ["failed with an exception", '"workers-actors"', "broadcast"]),
         ("hung", ["hung", "heartbeat"]),
     ],
@@ -208,9 +209,26 @@ def test_uncaught_failure_of_the_awaited_call(xdg: Path) -> None:
     assert "segfault.call_one().get(" in outcome.stderr  # raised by the get() itself
 
 
+def test_uncaught_actor_error_shows_the_remote_traceback(xdg: Path) -> None:
+    """A program that dies of an ActorError prints where the endpoint raised, not only where
+    the caller waited for it."""
+    outcome = run_client(xdg, "uncaught_actor_error")
+    assert outcome.returncode == 1, outcome
+    err = outcome.stderr
+    assert ".raise_error.call_one(" in err, outcome  # the caller's own traceback
+    assert "EndpointError: no such input" in err, outcome
+    remote = err[err.index("Remote traceback (process ") :]
+    assert str(outcome.procs[1]) in remote.splitlines()[0], outcome
+    source = Path(fa.__file__).read_text().splitlines()
+    line = next(i for i, text in enumerate(source, 1) if "raise EndpointError(message)" in text)
+    assert f'failing_actors.py", line {line}, in raise_error' in remote, outcome
+    assert "Supervision report" not in err, outcome  # an ActorError is no supervision failure
+    assert "ATEXIT" in outcome.stdout.splitlines(), outcome
+
+
 def test_escalated_failure_report_shows_the_path(xdg: Path) -> None:
     outcome = run_client(xdg, "escalated", str(xdg / "record.jsonl"))
-    assert_reports(outcome, "level3", "killed by SIGKILL")
+    assert_reports(outcome, '"leaf"', "killed by SIGKILL")  # the actor mesh on level3
     err = outcome.stderr
     report = err[err.index("Supervision report") :]
     assert "Propagated up the tree:" in report
@@ -268,7 +286,7 @@ def test_agent_loss_makes_its_procs_unreachable(xdg: Path) -> None:
     events = result["events"]
     assert sorted(e["rank"]["gpus"] for e in events) == [0, 1], "each rank once"
     assert {e["kind"] for e in events} == {"unreachable"}
-    assert all(e["mesh"] == "workers" for e in events)
+    assert all(e["mesh"] == "workers-actors" for e in events)
     assert all(str(result["agent"]) in e["str"] for e in events)
     assert result["later_call"] == "unreachable"
     assert result["respawned"] == [0, 1]  # a new agent serves new procs

@@ -463,6 +463,21 @@ def test_context_rank_and_size_inside_actors(procs: ProcMesh) -> None:
     assert [a["rank"] for a in asynchronous] == [{"gpus": 0}, {"gpus": 1}]
 
 
+def test_each_actor_has_its_own_id(procs: ProcMesh) -> None:
+    """`context().actor_id` names the actor (its mesh and rank), the same in a call on a
+    slice; errors from an actor name that actor too."""
+    who = procs.spawn("who", actors.WhoAmI)
+    ids = [i["actor_id"] for i in who.whoami.call().get(timeout=T).values()]
+    assert ids[0].startswith("who-") and ids[0].endswith("[0]") and ids[1].endswith("[1]")
+    assert ids[0][:-3] == ids[1][:-3]  # one mesh
+    assert who.slice(gpus=1).whoami.call_one().get(timeout=T)["actor_id"] == ids[1]
+    raiser = procs.spawn("raiser", actors.Raiser)
+    with pytest.raises(ActorError) as info:
+        raiser.slice(gpus=1).raise_value_error.call_one("x").get(timeout=T)
+    actor_id = info.value.actor_id
+    assert actor_id is not None and actor_id.startswith("raiser-") and actor_id.endswith("[1]")
+
+
 def test_context_in_the_client() -> None:
     ctx = context()
     assert ctx.actor_id is None

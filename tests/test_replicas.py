@@ -9,8 +9,11 @@ parameters equal a single-process replay of the committed steps with their parti
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -182,3 +185,46 @@ def test_bad_arguments_are_refused() -> None:
         ReplicaGroup(this_host(), ra.Trainer, replicas=2, min_replicas=3)
     with pytest.raises(TypeError, match="Replica subclass"):
         ReplicaGroup(this_host(), object, replicas=2)  # type: ignore[arg-type]
+
+
+NUMPY_BLOCKER = """\
+import importlib.machinery
+import sys
+import warnings
+
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch warns once
+
+
+class _PathFinderWithoutNumpy(importlib.machinery.PathFinder):
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name.partition(".")[0] == "numpy":
+            return None  # as if it were not installed
+        return super().find_spec(name, path, target)
+
+
+sys.meta_path[:] = [
+    _PathFinderWithoutNumpy if f is importlib.machinery.PathFinder else f for f in sys.meta_path
+]
+"""
+
+
+def test_torch_alone_is_enough(tmp_path: Path) -> None:
+    """Without numpy (hidden from a client and all its processes by a sitecustomize), a
+    group trains, heals a killed replica and checks its parameter digests."""
+    (tmp_path / "sitecustomize.py").write_text(NUMPY_BLOCKER)
+    path = os.pathsep.join(p for p in [str(tmp_path), os.environ.get("PYTHONPATH")] if p)
+    script = Path(__file__).parent / "scripts" / "replicas_without_numpy.py"
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        env=dict(os.environ, PYTHONPATH=path),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, (done.stdout, done.stderr[-4000:])
+    result = json.loads(lines[-1][len("RESULT ") :])
+    assert result["numpy_here"] is False and result["numpy_in_proc"] is False, result
+    assert result["consistency"] is None and result["healed"] >= 1, result
+    assert result["digests"] == [result["replayed"]], result

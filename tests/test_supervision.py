@@ -84,6 +84,20 @@ def assert_names_where(event: SupervisionEvent, mesh: str, rank: int, pid: int) 
     assert text.endswith(".") and "\n" not in text
 
 
+def assert_told_about_the_actor(
+    event: SupervisionEvent, proc_event: SupervisionEvent, actors: str, rank: int
+) -> None:
+    """`event` tells of a proc's death to someone concerned with actor mesh `actors`: it names
+    that mesh and the actor at `rank`; `proc_event` (what the proc mesh's handler heard) names
+    the proc mesh. Both say which process ended, and how."""
+    assert event.mesh_name == actors and dict(event.rank or {}) == {"gpus": rank}
+    assert event.actor_id is not None and event.actor_id.startswith(f"{actors}-")
+    assert event.actor_id.endswith(f"[{rank}]")
+    assert proc_event.mesh_name != actors and proc_event.actor_id is None
+    same = ("kind", "proc_id", "pid", "host", "exit_code", "signal", "message", "time")
+    assert {f: getattr(event, f) for f in same} == {f: getattr(proc_event, f) for f in same}
+
+
 # -- an endpoint raising an Exception: only the call fails ------------------------------------
 
 
@@ -279,9 +293,8 @@ def test_process_death_fails_calls_at_once(watched: Callable[..., Watched], how:
     assert event.proc_id and abs(event.time - time.time()) < 60
     for field, value in expected.items():
         assert getattr(event, field) == value, (field, event)
-    assert event.mesh_name == "workers" and dict(event.rank or {}) == {"gpus": 1}
     assert event.pid == w.pids[1] and event.host == socket.gethostname()
-    assert_names_where(event, "workers", 1, w.pids[1])
+    assert_names_where(event, "workers-actors", 1, w.pids[1])
     reason = f"code {expected['exit_code']}" if "exit_code" in expected else expected["signal"]
     assert reason in str(event)
     assert str(event) in str(info.value)
@@ -298,7 +311,8 @@ def test_process_death_fails_calls_at_once(watched: Callable[..., Watched], how:
     assert w.actors.slice(gpus=0).ping.call_one().get(timeout=T) == 0
     assert w.probe.slice(gpus=0).aping.call_one().get(timeout=T) == 0
     (reported,) = w.recorder.wait(1)
-    assert reported == event
+    assert reported.mesh_name == "workers"
+    assert_told_about_the_actor(event, reported, "workers-actors", 1)
     assert not pid_alive(w.pids[1])
 
 
@@ -323,6 +337,29 @@ def test_actor_mesh_on_failure_hears_of_its_procs_dying(
     wait_until(lambda: actor_handler.events or root_events, what="any handler")
     root_events.clear()
     assert [e.kind for e in actor_handler.events] == ["signal"]
+
+
+def test_each_handler_hears_of_a_proc_death_about_its_own_mesh(
+    watched: Callable[..., Watched],
+) -> None:
+    """Actor mesh handlers hear of their actor, the proc mesh's handler of the proc, and a
+    caller of an actor mesh gets its handler's event: the mesh and actor it called."""
+    w = watched()
+    on_actors, on_probe = Recorder(decision=False), Recorder(decision=False)
+    w.actors.on_failure(on_actors)
+    w.probe.on_failure(on_probe)
+    in_flight = w.probe.park.call(T, rank=1)
+    os.kill(w.pids[1], signal.SIGKILL)
+    with pytest.raises(SupervisionError) as info:
+        in_flight.get(timeout=T)
+    (proc_event,) = w.recorder.wait(1)
+    assert proc_event.mesh_name == "workers" and dict(proc_event.rank or {}) == {"gpus": 1}
+    (actors_event,), (probe_event,) = on_actors.events, on_probe.events
+    assert_told_about_the_actor(actors_event, proc_event, "workers-actors", 1)
+    assert_told_about_the_actor(probe_event, proc_event, "workers-probe", 1)
+    assert info.value.event == probe_event
+    assert_names_where(probe_event, "workers-probe", 1, w.pids[1])
+    assert "SIGKILL" in str(probe_event)
 
 
 def test_actor_mesh_handler_comes_before_the_proc_mesh_handler(
@@ -354,10 +391,11 @@ def test_hung_process_is_killed_and_reported(watched: Callable[..., Watched], ho
     event = info.value.event
     assert event.kind == "hung"
     assert dict(event.rank or {}) == {"gpus": 1} and event.pid == w.pids[1]
-    assert_names_where(event, "workers", 1, w.pids[1])
+    assert_names_where(event, "workers-actors", 1, w.pids[1])
     assert "heartbeat" in str(event)
     assert ("is stopped" if how == "sigstop" else "used no CPU time") in event.message
-    assert w.recorder.wait(1) == [event]
+    (reported,) = w.recorder.wait(1)
+    assert_told_about_the_actor(event, reported, "workers-actors", 1)
     wait_gone([w.pids[1]])  # the agent killed it
     assert w.actors.slice(gpus=0).ping.call_one().get(timeout=T) == 0
 
@@ -530,7 +568,10 @@ def test_owner_handles_a_child_proc_death(make_procs: Callable[..., Any], tmp_pa
     wait_until(lambda: owner.seen_events.call_one().get(timeout=T) != [])
     (event,) = owner.seen_events.call_one().get(timeout=T)
     assert (event.kind, event.signal, event.pid) == ("signal", "SIGKILL", pids[0])
-    assert event.mesh_name == "kids-procs"
+    # It names the actor mesh the owner spawned, and the actor; the proc id says which proc.
+    assert event.mesh_name == "kids" and dict(event.rank or {}) == {"gpus": 0}
+    assert event.actor_id is not None and event.actor_id.endswith("[0]")
+    assert event.proc_id is not None and event.proc_id.startswith("kids-procs-")
     # The owner lives on; a call to the whole child mesh fails at once (rank 0 is gone),
     # and the other child proc lives on.
     assert owner.call_child.call_one("kids", "ping").get(timeout=T)[0] == "SupervisionError"
@@ -599,6 +640,8 @@ def test_owner_that_does_not_handle_fails_and_escalates(
     child = event.cause
     assert child is not None and child.cause is None
     assert (child.kind, child.signal, child.pid) == ("signal", "SIGKILL", pids[1])
+    assert child.mesh_name == "kids" and dict(child.rank or {}) == {"gpus": 1}
+    assert child.actor_id is not None and child.actor_id.endswith("[1]")
     assert event.root_cause() == child
     assert "owner" in str(event) and str(owner_pid) in str(event)
     if decision == "raise":
@@ -606,7 +649,7 @@ def test_owner_that_does_not_handle_fails_and_escalates(
         assert "the handler at level 1 gives up" in event.message
         assert "gives up" in (event.traceback or "")
     else:
-        assert "kids-procs" in event.message
+        assert "'kids'" in event.message
     report = event.report()
     assert (
         report.index("Root cause:") < report.index("SIGKILL") < report.index(f"Process {owner_pid}")

@@ -186,6 +186,14 @@ def uncaught_in_get() -> None:
     sys.exit(3)
 
 
+def uncaught_actor_error() -> None:
+    """An endpoint raises and nothing catches the ActorError: the program dies of it."""
+    atexit.register(lambda: print("ATEXIT", flush=True))
+    _, workers, _ = start()
+    workers.slice(gpus=1).raise_error.call_one("no such input").get(timeout=T)
+    sys.exit(3)
+
+
 def escalated(record: str) -> None:
     """A two-level tree whose owners both decline: the root report shows the whole path."""
     atexit.register(lambda: print("ATEXIT", flush=True))
@@ -413,6 +421,7 @@ SCENARIOS: dict[str, Callable[..., None]] = {
     "interrupt": interrupt,
     "uncaught": uncaught,
     "uncaught_in_get": uncaught_in_get,
+    "uncaught_actor_error": uncaught_actor_error,
     "escalated": escalated,
     "hook": hook,
     "on_failure": on_failure,
