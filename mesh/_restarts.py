@@ -118,6 +118,7 @@ class Restarts:
                     record.heartbeat_timeout_s,
                 ),
             )
+            runtime.check_agent(agent)  # a gone agent never answers: fail its procs now
         for actors in record.actor_meshes:
             self._rebuild_actors(
                 actors, [r for r, p in enumerate(actors.peers) if record.peers.index(p) in ranks]

@@ -87,6 +87,7 @@ class Runtime:
         self._agent_heard: dict[str, float] = {}
         self._agent_incarnations: dict[str, str] = {}
         self._silent_agents: set[str] = set()  # lost to silence, not heard from since
+        self._lost_agents: dict[str, str] = {}  # agent -> why it cannot spawn anything now
         self.replies = ReplyRoutes(self)
         self.host = ActorHost(self)
         self.peers: dict[str, ProcPeer] = {}
@@ -459,7 +460,9 @@ class Runtime:
             assert self._loop is not None
             self._loop.remove_reader(fd)
             os.close(fd)
-            if address not in self._stopping_agents:
+            if address in self._stopping_agents:
+                self._lost_agents[address] = f"(pid {pid}) was shut down"
+            else:
                 self._agent_lost(address, f"(pid {pid}) died")
 
         assert self._loop is not None
@@ -468,6 +471,20 @@ class Runtime:
     def agent_stopping(self, address: str) -> None:
         """The agent at `address` is being shut down on purpose: its exit is no failure."""
         self._stopping_agents.add(address)
+
+    def check_agent(self, agent: str) -> None:
+        """Procs were just requested from `agent`: if it is known to be gone, fail them now
+        (from the loop thread), since no answer will ever come."""
+        if agent in self._lost_agents or agent in self._stopping_agents:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._fail_procs_of_gone_agent, agent)
+
+    def _fail_procs_of_gone_agent(self, agent: str) -> None:
+        why = self._lost_agents.get(agent)
+        if why is None and agent in self._stopping_agents:
+            why = "was shut down by this process"
+        if why is not None:
+            self._fail_procs_of(agent, why)
 
     def listen_on_tcp(self, host: str) -> None:
         """Also listen on tcp (for procs on other hosts); replies and ownership use it."""
@@ -506,17 +523,26 @@ class Runtime:
 
     def _on_agent_alive(self, envelope: Envelope) -> None:
         header: AgentAlive = envelope.header
+        if header.agent not in self._attached_agents:
+            return  # not an agent this process keeps alive: nothing to learn
         self._agent_heard[header.agent] = time.monotonic()
         self._silent_agents.discard(header.agent)
+        self._lost_agents.pop(header.agent, None)
         known = self._agent_incarnations.setdefault(header.agent, header.incarnation)
         if known != header.incarnation:
             self._agent_incarnations[header.agent] = header.incarnation
             self._agent_lost(header.agent, "was restarted, and its procs died with the old one")
+            self._lost_agents.pop(header.agent, None)  # the new one serves
 
     def _agent_lost(self, agent: str, why: str) -> None:
         """Every live proc of `agent` failed with kind "unreachable"."""
         self._log.error("agent_lost", agent=agent, reason=why)
-        lost = [p for p in self.peers.values() if p.agent == agent and p.alive]
+        self._lost_agents[agent] = why
+        self._fail_procs_of(agent, why)
+
+    def _fail_procs_of(self, agent: str, why: str) -> None:
+        with self._lock:
+            lost = [p for p in self.peers.values() if p.agent == agent and p.alive]
         for peer in lost:
             self.mark_peer_gone(
                 peer, peer.make_event("unreachable", f"its host agent {why}"), "failed"
