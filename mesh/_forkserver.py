@@ -3,7 +3,8 @@
 The host agent forks it before creating any zmq context or thread, so each proc starts as a
 copy of an interpreter that has already imported meshvisor (a few milliseconds instead of a
 full interpreter start). The fork server is the procs' parent: it reaps them the moment they
-exit and relays their stdout/stderr line by line with a ``[mesh rank]`` prefix.
+exit and relays their stdout/stderr line by line with a ``[mesh rank]`` prefix, never
+blocking on it: output that nobody reads is dropped (with a notice) rather than delay reaping.
 
 Protocol over a SOCK_SEQPACKET pair, one pickled tuple per packet:
   agent → server  ("spawn", proc_id, prefix, config) | ("signal", pid, signum)
@@ -21,6 +22,7 @@ import pickle
 import selectors
 import signal
 import socket
+import stat
 import sys
 import traceback
 from typing import Any, NoReturn
@@ -72,10 +74,67 @@ def start_forkserver() -> ForkServerClient:
     return ForkServerClient(ours, pid)
 
 
+class _Output:
+    """One of the fork server's stdout/stderr, written without ever blocking: what a full pipe
+    (a reader that stopped reading) cannot take is dropped and counted, so that relaying
+    output never keeps the fork server from reaping procs."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = _nonblocking_copy(fd)
+        self.dropped = 0
+        self._socket: socket.socket | None = None
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):  # e.g. the journal: send, never wait
+                self._socket = socket.socket(fileno=os.dup(fd))
+                self.fd = self._socket.fileno()
+
+    def write(self, data: bytes) -> None:
+        if self.dropped:
+            notice = (
+                f"[meshvisor] {self.dropped} bytes of proc output were dropped: nobody was "
+                "reading this output\n"
+            ).encode()
+            if not self._write_all(notice):
+                self.dropped += len(data)
+                return
+            self.dropped = 0
+        self._write_all(data)
+
+    def _write_all(self, data: bytes) -> bool:
+        """Write `data`; False (and the rest counted as dropped) when it does not fit now."""
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[self._send(view) :]
+            except (BlockingIOError, InterruptedError):
+                self.dropped += len(view)
+                return False
+            except OSError:  # the output is gone (closed pipe): nothing to tell anyone
+                return True
+        return True
+
+    def _send(self, data: memoryview) -> int:
+        if self._socket is not None:
+            return self._socket.send(data, socket.MSG_DONTWAIT)
+        return os.write(self.fd, data)
+
+
+def _nonblocking_copy(fd: int) -> int:
+    """A non-blocking descriptor for what `fd` writes to (pipes, terminals), opened anew so
+    that the client sharing `fd` keeps its blocking one; `fd` itself for regular files (they
+    never block, and share the client's offset) and where no copy can be opened."""
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+        return os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return fd
+
+
 class _Relay:
     """Copies one child pipe to our stdout or stderr, prefixing every line."""
 
-    def __init__(self, fd: int, target: int, prefix: bytes) -> None:
+    def __init__(self, fd: int, target: _Output, prefix: bytes) -> None:
         self.fd, self.target, self.prefix, self.partial = fd, target, prefix, b""
 
     def pump(self) -> bool:
@@ -94,9 +153,8 @@ class _Relay:
     def _emit(self, data: bytes) -> None:
         if data and not data.startswith(self.prefix):
             data = self.prefix + data
-        with contextlib.suppress(OSError):
-            while data:
-                data = data[os.write(self.target, data) :]
+        if data:
+            self.target.write(data)
 
 
 #: Modules the fork server imports before forking anything (comma-separated), so that procs
@@ -125,11 +183,12 @@ def _serve(control: socket.socket) -> NoReturn:
     selector.register(control, selectors.EVENT_READ, "control")
     selector.register(wake_read, selectors.EVENT_READ, "wake")
     children: set[int] = set()
+    outputs = (_Output(1), _Output(2))
     try:
         while True:
             for key, _ in selector.select():
                 if key.data == "control":
-                    if not _handle_request(control, selector, children, wake_read):
+                    if not _handle_request(control, selector, children, wake_read, outputs):
                         raise SystemExit
                 elif key.data == "wake":
                     with contextlib.suppress(BlockingIOError):
@@ -146,7 +205,11 @@ def _serve(control: socket.socket) -> NoReturn:
 
 
 def _handle_request(
-    control: socket.socket, selector: selectors.BaseSelector, children: set[int], wake_read: int
+    control: socket.socket,
+    selector: selectors.BaseSelector,
+    children: set[int],
+    wake_read: int,
+    outputs: tuple[_Output, _Output],
 ) -> bool:
     data = control.recv(_MAX_PACKET)
     if not data:
@@ -158,7 +221,7 @@ def _handle_request(
         return True
     _, proc_id, prefix, config = request
     try:
-        pid, relays = _fork_proc(config, prefix, control, selector, wake_read)
+        pid, relays = _fork_proc(config, prefix, control, selector, wake_read, outputs)
     except OSError as exc:
         control.send(pickle.dumps(("spawn_failed", proc_id, f"fork failed: {exc}")))
         return True
@@ -175,6 +238,7 @@ def _fork_proc(
     control: socket.socket,
     selector: selectors.BaseSelector,
     wake_read: int,
+    outputs: tuple[_Output, _Output],
 ) -> tuple[int, list[_Relay]]:
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
@@ -182,11 +246,12 @@ def _fork_proc(
     if pid == 0:
         inherited = [control.fileno(), wake_read, out_read, err_read]
         inherited += [key.fd for key in selector.get_map().values()]
+        inherited += [output.fd for output in outputs if output.fd > 2]
         _become_proc(config, out_write, err_write, inherited)
     os.close(out_write)
     os.close(err_write)
     tag = f"[{prefix}] ".encode()
-    return pid, [_Relay(out_read, 1, tag), _Relay(err_read, 2, tag)]
+    return pid, [_Relay(out_read, outputs[0], tag), _Relay(err_read, outputs[1], tag)]
 
 
 def _become_proc(
