@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from transport import (
     KEYS_ENV,
+    Envelope,
     TransportError,
     check_exposure,
     close_context,
@@ -48,6 +49,7 @@ from ._messages import (
     StopProc,
     StopProcs,
     WatchProcs,
+    invalid_request,
 )
 
 DEFAULT_GRACE_S = 5.0
@@ -152,25 +154,39 @@ class HostAgent:
 
     def _drain_inbox(self) -> None:
         while (envelope := self._inbox.receive_nowait()) is not None:
-            header = envelope.header
-            if type(header) is SpawnProcs:
-                self._spawn(header)
-            elif type(header) is StopProcs:
-                self._stop(header.proc_ids, header.grace_s, header.reply_to)
-            elif type(header) is Heartbeat:
-                self._on_heartbeat(header.proc_id)
-            elif type(header) is OwnerAlive:
-                self._on_owner_alive(header.owner)
-            elif type(header) is ProcReady:
-                self._on_proc_ready(header)
-            elif type(header) is WatchProcs:
-                self._watch(header)
-            elif type(header) is ShutdownAgent:
-                self._shutdown(header.grace_s)
-            elif type(header) is SetFaultRules:
-                apply_fault_rules(envelope)
-            else:
-                self._log.warning("message_ignored", kind=type(header).__name__)
+            reason = invalid_request(envelope.header)
+            if reason is not None:
+                self._log.warning(
+                    "message_rejected", kind=type(envelope.header).__name__, reason=reason
+                )
+                continue
+            try:
+                self._handle(envelope)
+            except Exception as exc:  # one bad request never takes the host down
+                self._log.exception(
+                    "message_handling_failed", kind=type(envelope.header).__name__, reason=repr(exc)
+                )
+
+    def _handle(self, envelope: Envelope) -> None:
+        header = envelope.header
+        if type(header) is SpawnProcs:
+            self._spawn(header)
+        elif type(header) is StopProcs:
+            self._stop(header.proc_ids, header.grace_s, header.reply_to)
+        elif type(header) is Heartbeat:
+            self._on_heartbeat(header.proc_id)
+        elif type(header) is OwnerAlive:
+            self._on_owner_alive(header.owner)
+        elif type(header) is ProcReady:
+            self._on_proc_ready(header)
+        elif type(header) is WatchProcs:
+            self._watch(header)
+        elif type(header) is ShutdownAgent:
+            self._shutdown(header.grace_s)
+        elif type(header) is SetFaultRules:
+            apply_fault_rules(envelope)
+        else:
+            self._log.warning("message_ignored", kind=type(header).__name__)
 
     def _spawn(self, request: SpawnProcs) -> None:
         for spec in request.procs:
@@ -178,6 +194,12 @@ class HostAgent:
                 self._send(
                     request.owner,
                     SpawnFailed(spec.proc_id, self._hostname, "the host agent is shutting down"),
+                )
+                continue
+            if spec.proc_id in self._procs:
+                self._send(
+                    request.owner,
+                    SpawnFailed(spec.proc_id, self._hostname, "a proc with this id runs already"),
                 )
                 continue
             address = self._proc_address(spec.proc_id)
@@ -299,7 +321,10 @@ class HostAgent:
                     self._send(proc.owner, SpawnFailed(report[1], self._hostname, report[2]))
 
     def _on_spawned(self, proc_id: str, pid: int) -> None:
-        proc = self._procs[proc_id]
+        proc = self._procs.get(proc_id)
+        if proc is None:  # not ours (any more): nobody would ever stop it
+            self._forkserver.signal(pid, signal.SIGKILL)
+            return
         proc.pid = pid
         self._by_pid[pid] = proc_id
         self._log.info("proc_spawned", proc=proc_id, pid=pid)

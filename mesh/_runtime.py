@@ -605,6 +605,9 @@ class Runtime:
         self.stop_peers(owned, grace_s, "because its owner stopped or failed")
 
     def _on_stop_proc(self, envelope: Envelope) -> None:
+        if self.supervisor.is_root:  # only procs are stopped by their agent; a client ends itself
+            self._log.warning("message_ignored", kind="StopProc", reason="the client has no agent")
+            return
         self.host.stop_all()
         self._request_stop()
 

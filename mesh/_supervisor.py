@@ -35,6 +35,11 @@ class Supervisor:
         self._observed: set[tuple[str | None, str | None, str]] = set()
         self._log = get_logger("supervision", proc=runtime.proc_id)
 
+    @property
+    def is_root(self) -> bool:
+        """Whether this is the client's supervisor, the root of the tree."""
+        return self._is_root
+
     def handlers_for_proc(self, proc_id: str, mesh_key: str) -> tuple[str, ...]:
         """Handler keys for a proc's death: the actor meshes on it, then its proc mesh."""
         return (*self.actor_meshes_on.get(proc_id, ()), mesh_key)

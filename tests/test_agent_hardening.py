@@ -21,13 +21,16 @@ from typing import Any
 
 import actors
 import pytest
+import zmq
 from conftest import RUN_BASE, meshvisor_processes
 from polling import wait_until
 from test_fault_hooks import DaemonAgent, make_daemon  # noqa: F401 (a fixture)
 
+import mesh._messages as messages
 import mesh._session
 from mesh import attach, this_host
 from supervision import SupervisionError
+from transport import Envelope, Inbox, close_context, encode, new_context
 
 T = 30.0  # the bound on every wait (never reached when things work)
 
@@ -146,3 +149,92 @@ def test_undrained_stdout_does_not_stop_reaping(tmp_path: Path) -> None:
     result = next(line.split() for line in err.splitlines() if line.startswith("RESULT"))
     assert result[1] == "failed", err
     assert float(result[2]) < 20, "the SIGKILL was noticed only when something else happened"
+
+
+# -- 12: wrongly typed messages are rejected, never fatal ------------------------------------------
+
+
+class RawPeer:
+    """A raw PUSH socket to one inbox (any bytes, any header), and an inbox of our own that
+    hears the answers to barrier requests: FIFO per sender, so once a barrier is answered the
+    target has handled everything sent before it."""
+
+    def __init__(self, address: str, home: Path) -> None:
+        self._zmq = new_context()
+        self._push = self._zmq.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._push.connect(address)
+        self.inbox = Inbox(self._zmq, f"ipc://{home}/raw-{len(os.listdir(home))}")
+
+    def send(self, frames: list[Any]) -> None:
+        self._push.send_multipart(frames)
+
+    def answer(self, barrier: Any) -> Envelope:
+        """Send `barrier` and return the first message that comes back."""
+        self.send(encode(barrier))
+        assert self.inbox.poll(int(T * 1000)), f"no answer to {barrier}"
+        envelope = self.inbox.receive_nowait()
+        assert envelope is not None
+        return envelope
+
+    def close(self) -> None:
+        self._push.close(linger=0)
+        self.inbox.close()
+        close_context(self._zmq)
+
+
+@contextlib.contextmanager
+def raw_peer(address: str) -> Iterator[RawPeer]:
+    with client_home() as home:
+        peer = RawPeer(address, home)
+        try:
+            yield peer
+        finally:
+            peer.close()
+
+
+def agent_barrier(peer: RawPeer) -> None:
+    """The agent answers a stop of a proc it never ran with an exit report."""
+    answer = peer.answer(messages.StopProcs(("never-ran-0",), 0.0, peer.inbox.address))
+    assert type(answer.header) is messages.ProcExited, answer
+
+
+def local_agent() -> tuple[str, int]:
+    """The address and pid of the client's local host agent (started if need be)."""
+    session = mesh._session.current_session()
+    address = session.agent_address()
+    assert session._agent_process is not None
+    return address, session._agent_process.pid
+
+
+WRONGLY_TYPED = [
+    messages.SpawnProcs("ipc://x", [1], (), (), "/", 0.25, 2.0),  # type: ignore[arg-type]
+    messages.SpawnProcs(
+        "ipc://x", (messages.ProcSpec("../escape", "m", (), (), 0),), (), (), "/", 0.25, 2.0
+    ),
+    messages.StopProcs(7, 1.0),  # type: ignore[arg-type]
+    messages.StopProcs(("a",), float("nan")),
+    messages.Heartbeat(["a"]),  # type: ignore[arg-type]
+    messages.OwnerAlive({"a": 1}),  # type: ignore[arg-type]
+    messages.ProcReady(1, 2, "3", 4),  # type: ignore[arg-type]
+    messages.WatchProcs(None, 5),  # type: ignore[arg-type]
+    messages.ShutdownAgent("soon"),  # type: ignore[arg-type]
+    messages.SetFaultRules(5),  # type: ignore[arg-type]
+]
+
+
+@pytest.mark.timeout(60)
+def test_wrongly_typed_messages_do_not_kill_the_agent(make_procs: Any) -> None:
+    procs = make_procs({"gpus": 1})
+    echo = procs.spawn("echo", actors.Echo)
+    assert echo.echo.call_one(1).get(timeout=T) == 1
+    address, pid = local_agent()
+    with raw_peer(address) as peer:
+        for header in WRONGLY_TYPED:
+            peer.send(encode(header))
+        agent_barrier(peer)
+    assert mesh._session.current_session()._agent_process.poll() is None  # type: ignore[union-attr]
+    assert echo.echo.call_one(2).get(timeout=T) == 2
+    with this_host().spawn_procs(per_host={"gpus": 1}) as more:
+        assert more.spawn("echo", actors.Echo).echo.call_one(3).get(timeout=T) == 3
+    assert local_agent() == (address, pid)
