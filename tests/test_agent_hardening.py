@@ -8,6 +8,7 @@ the `root_events` fixture (so they never interrupt pytest) and looked at where t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,12 +25,14 @@ import actors
 import pytest
 import zmq
 from conftest import RUN_BASE, meshvisor_processes
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from polling import wait_until
 from test_fault_hooks import DaemonAgent, make_daemon  # noqa: F401 (a fixture)
 
 import mesh._messages as messages
 import mesh._session
-from mesh import attach, this_host
+from mesh import ActorMesh, attach, placement, this_host, this_proc
 from supervision import SupervisionError
 from transport import Envelope, Inbox, close_context, encode, new_context
 
@@ -238,3 +242,164 @@ def test_wrongly_typed_messages_do_not_kill_the_agent(make_procs: Any) -> None:
     with this_host().spawn_procs(per_host={"gpus": 1}) as more:
         assert more.spawn("echo", actors.Echo).echo.call_one(3).get(timeout=T) == 3
     assert local_agent() == (address, pid)
+
+
+# -- the fuzz test: random frames and randomly typed headers of every message type -----------------
+
+MESSAGE_TYPES = sorted(
+    (
+        cls
+        for cls in vars(messages).values()
+        if isinstance(cls, type)
+        and dataclasses.is_dataclass(cls)
+        and cls.__module__ == messages.__name__
+    ),
+    key=lambda cls: cls.__name__,
+)
+ANY_VALUE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=12),
+    st.binary(max_size=12),
+    st.lists(st.integers(), max_size=3),
+    st.tuples(st.text(max_size=4)),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.frozensets(st.text(max_size=4), max_size=2),
+)
+
+
+def typed(hint: Any) -> st.SearchStrategy[Any]:
+    """Values of the declared type `hint` (any content)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union or origin is __import__("types").UnionType:
+        return st.one_of(*map(typed, args))
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return st.lists(typed(args[0]), max_size=3).map(tuple)
+    if origin is tuple:
+        return st.tuples(*map(typed, args))
+    if origin is frozenset:
+        return st.frozensets(typed(args[0]), max_size=3)
+    simple = {
+        type(None): st.none(),
+        str: st.text(max_size=20),
+        int: st.integers(),
+        float: st.floats(),
+        bool: st.booleans(),
+        bytes: st.binary(max_size=20),
+    }
+    return simple[hint] if hint in simple else instances(hint)
+
+
+def instances(cls: type) -> st.SearchStrategy[Any]:
+    """Instances of dataclass `cls` whose fields are of the declared type or of any other."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    values = st.tuples(*(st.one_of(typed(hints[n]), ANY_VALUE) for n in names))
+    return values.map(lambda vs: _unchecked(cls, dict(zip(names, vs, strict=True))))
+
+
+def _unchecked(cls: type, fields: dict[str, Any]) -> Any:
+    """An instance built without running its constructor's checks, as a decoder would."""
+    instance = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(instance, name, value)
+    return instance
+
+
+PREFIX = encode(messages.Wake())[0][:3]  # the magic bytes that start every frame
+RAW_FRAMES = st.one_of(
+    st.lists(st.binary(max_size=64), min_size=1, max_size=3),
+    st.binary(max_size=64).map(lambda body: [PREFIX + body]),
+)
+
+
+def disruptive(header: Any, target: str) -> bool:
+    """Valid commands that legitimately end or reconfigure `target` (not what this tests)."""
+    if type(header) is messages.SetFaultRules:
+        return messages.invalid_fields(header) is None
+    if target == "agent":
+        return type(header) is messages.ShutdownAgent and messages.invalid_request(header) is None
+    return target == "proc" and type(header) is messages.StopProc
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+def fuzz(peer: RawPeer, target: str) -> None:
+    """Send random frames and random headers of every message type to `peer`'s target."""
+    headers = st.sampled_from(MESSAGE_TYPES).flatmap(instances)
+
+    @settings(
+        max_examples=200,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(st.one_of(headers, RAW_FRAMES))
+    def send_one(message: Any) -> None:
+        if isinstance(message, list):
+            peer.send(message)
+        elif not disruptive(message, target):
+            peer.send(encode(message))
+
+    send_one()
+
+
+def ping(actor_id: str, reply_to: str) -> messages.CallActor:
+    """A call of the builtin ``__ping__`` endpoint of actor `actor_id`."""
+    return messages.CallActor(1, reply_to, actor_id, "__ping__", (), (), 0)
+
+
+MAX_GROWTH = 64 << 20  # bytes of RSS a fuzzed process may gain (a leak per frame would not fit)
+
+
+@pytest.mark.timeout(120)
+def test_fuzzed_agent_keeps_serving(make_procs: Any) -> None:
+    address, pid = local_agent()
+    with raw_peer(address) as peer:
+        agent_barrier(peer)
+        before = rss_bytes(pid)
+        fuzz(peer, "agent")
+        agent_barrier(peer)
+        assert rss_bytes(pid) - before < MAX_GROWTH
+    procs = make_procs({"gpus": 1})
+    assert procs.spawn("echo", actors.Echo).echo.call_one(1).get(timeout=T) == 1
+    assert local_agent() == (address, pid)
+
+
+@pytest.mark.timeout(120)
+def test_fuzzed_proc_keeps_serving(make_procs: Any) -> None:
+    who = make_procs({"gpus": 1}).spawn("who", actors.WhoAmI)
+    found = who.whoami.call_one().get(timeout=T)
+    (where,) = placement(who)
+    address = f"ipc://{mesh._session.current_session().rundir}/{where.proc_id}"
+    with raw_peer(address) as peer:
+        assert peer.answer(ping(found["actor_id"], peer.inbox.address)).header.rank == 0
+        before = rss_bytes(found["pid"])
+        fuzz(peer, "proc")
+        assert type(peer.answer(ping(found["actor_id"], peer.inbox.address)).header) is (
+            messages.Reply
+        )
+        assert rss_bytes(found["pid"]) - before < MAX_GROWTH
+    assert who.whoami.call_one().get(timeout=T)["pid"] == found["pid"]
+
+
+@pytest.mark.timeout(120)
+def test_fuzzed_client_keeps_serving(make_procs: Any, root_events: list[Any]) -> None:
+    local: ActorMesh[actors.WhoAmI] = this_proc().spawn("who", actors.WhoAmI)
+    actor_id = local.whoami.call_one().get(timeout=T)["actor_id"]
+    runtime = mesh._session.current_session().runtime
+    with raw_peer(runtime.address) as peer:
+        peer.answer(ping(actor_id, peer.inbox.address))
+        before = rss_bytes(os.getpid())
+        fuzz(peer, "client")
+        assert type(peer.answer(ping(actor_id, peer.inbox.address)).header) is messages.Reply
+        assert rss_bytes(os.getpid()) - before < MAX_GROWTH
+    echo = make_procs({"gpus": 1}).spawn("echo", actors.Echo)
+    assert echo.echo.call_one(5).get(timeout=T) == 5
+    assert not root_events, root_events
