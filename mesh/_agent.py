@@ -50,6 +50,7 @@ from ._messages import (
     StopProcs,
     WatchProcs,
     invalid_request,
+    refusable_spawn,
 )
 
 DEFAULT_GRACE_S = 5.0
@@ -133,9 +134,13 @@ class HostAgent:
                 self._shutdown(DEFAULT_GRACE_S)
             if self._shutting_down and not self._procs:
                 break
-            for key, _ in selector.select(self._next_timeout()):
+            self._watch_forkserver(selector)
+            for key, mask in selector.select(self._next_timeout()):
                 if key.data == "forkserver":
-                    self._drain_forkserver()
+                    if mask & selectors.EVENT_WRITE:
+                        self._forkserver.flush()
+                    if mask & selectors.EVENT_READ:
+                        self._drain_forkserver()
                 elif key.data == "refusals" and refusals is not None:
                     refusals.drain()
                 elif key.data == "owner":
@@ -150,15 +155,20 @@ class HostAgent:
             refusals.close()
         self._close()
 
+    def _watch_forkserver(self, selector: selectors.BaseSelector) -> None:
+        """Read the fork server's reports; also wait for room to send while requests queue."""
+        events = selectors.EVENT_READ
+        if self._forkserver.pending:
+            events |= selectors.EVENT_WRITE
+        selector.modify(self._forkserver.socket, events, "forkserver")
+
     # -- requests ------------------------------------------------------------------------------
 
     def _drain_inbox(self) -> None:
         while (envelope := self._inbox.receive_nowait()) is not None:
             reason = invalid_request(envelope.header)
             if reason is not None:
-                self._log.warning(
-                    "message_rejected", kind=type(envelope.header).__name__, reason=reason
-                )
+                self._reject(envelope.header, reason)
                 continue
             try:
                 self._handle(envelope)
@@ -166,6 +176,16 @@ class HostAgent:
                 self._log.exception(
                     "message_handling_failed", kind=type(envelope.header).__name__, reason=repr(exc)
                 )
+
+    def _reject(self, header: object, reason: str) -> None:
+        """Log a request this agent cannot act on; tell its sender where it can be told."""
+        self._log.warning("message_rejected", kind=type(header).__name__, reason=reason)
+        refused = refusable_spawn(header)
+        if refused is not None:  # its owner waits for these procs: each call must end
+            owner, proc_ids = refused
+            why = f"the host agent refused the request: {reason}"
+            for proc_id in proc_ids:
+                self._send(owner, SpawnFailed(proc_id, self._hostname, why))
 
     def _handle(self, envelope: Envelope) -> None:
         header = envelope.header
@@ -203,6 +223,10 @@ class HostAgent:
                 )
                 continue
             address = self._proc_address(spec.proc_id)
+            too_long = _socket_path_too_long(address)
+            if too_long is not None:
+                self._send(request.owner, SpawnFailed(spec.proc_id, self._hostname, too_long))
+                continue
             proc = _Proc(spec, request.owner, address, request.heartbeat_timeout_s)
             proc.watchers = self._exited_watchers.pop(spec.replaces, set())
             proc.heartbeat_due = time.monotonic() + _STARTUP_GRACE_S + request.heartbeat_timeout_s
@@ -368,7 +392,7 @@ class HostAgent:
             os.path.join(self._rundir, proc_id),
             *glob.glob(os.path.join(glob.escape(self._rundir), f"{glob.escape(proc_id)}-r*")),
         ):
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 os.unlink(path)
 
     def _unknown(self, proc_id: str) -> ProcExited:
@@ -430,6 +454,25 @@ class HostAgent:
         self._outbox.close(linger_ms=1000)
         self._inbox.close()
         close_context(self._zmq)
+
+
+#: The longest unix socket path (sun_path holds 108 bytes with the NUL), less the room a
+#: proc's reply inboxes add to its own ("-r" and a number).
+_MAX_SOCKET_PATH = 107 - 6
+
+
+def _socket_path_too_long(address: str) -> str | None:
+    """Why a proc cannot listen at ipc `address` (a path too long for a unix socket), or None."""
+    if not address.startswith("ipc://"):
+        return None
+    length = len(os.fsencode(address[len("ipc://") :]))
+    if length <= _MAX_SOCKET_PATH:
+        return None
+    return (
+        f"its socket path {address[len('ipc://') :]!r} is {length} bytes long, over the "
+        f"{_MAX_SOCKET_PATH}-byte limit of unix socket paths; give the host agent a shorter "
+        "run directory (--rundir, or a shorter XDG_RUNTIME_DIR or TMPDIR)"
+    )
 
 
 def _coords(sizes: tuple[int, ...], rank: int) -> list[int]:

@@ -6,10 +6,13 @@ full interpreter start). The fork server is the procs' parent: it reaps them the
 exit and relays their stdout/stderr line by line with a ``[mesh rank]`` prefix, never
 blocking on it: output that nobody reads is dropped (with a notice) rather than delay reaping.
 
-Protocol over a SOCK_SEQPACKET pair, one pickled tuple per packet:
+Protocol over a SOCK_SEQPACKET pair, pickled tuples:
   agent → server  ("spawn", proc_id, prefix, config) | ("signal", pid, signum)
   server → agent  ("spawned", proc_id, pid) | ("spawn_failed", proc_id, reason)
                   | ("exited", pid, status)
+Requests travel in packets of at most `_CHUNK` bytes, each starting with b"+" (more follow)
+or b"." (the last), so that a request of any size fits; the agent queues them and sends as
+the socket takes them, never blocking. Reports are small: one packet each.
 """
 
 from __future__ import annotations
@@ -25,10 +28,13 @@ import socket
 import stat
 import sys
 import traceback
+from collections import deque
 from typing import Any, NoReturn
 
 _PR_SET_PDEATHSIG = 1
 _MAX_PACKET = 1 << 20
+_CHUNK = 32 * 1024
+_MORE, _LAST = b"+", b"."
 
 
 def die_with_parent() -> None:
@@ -43,6 +49,7 @@ class ForkServerClient:
     def __init__(self, sock: socket.socket, pid: int) -> None:
         self.socket = sock
         self.pid = pid
+        self._outgoing: deque[bytes] = deque()
 
     def spawn(self, proc_id: str, prefix: str, config: dict[str, Any]) -> None:
         self._send(("spawn", proc_id, prefix, config))
@@ -58,8 +65,27 @@ class ForkServerClient:
             return ()
         return pickle.loads(data) if data else None
 
+    @property
+    def pending(self) -> bool:
+        """Whether requests wait for room in the socket (call `flush` once it is writable)."""
+        return bool(self._outgoing)
+
+    def flush(self) -> None:
+        """Send queued packets until the socket is full (the fork server reads them)."""
+        while self._outgoing:
+            try:
+                self.socket.send(self._outgoing[0])
+            except BlockingIOError:
+                return
+            self._outgoing.popleft()
+
     def _send(self, request: tuple[Any, ...]) -> None:
-        self.socket.send(pickle.dumps(request))
+        data = pickle.dumps(request)
+        last = max(0, (len(data) - 1) // _CHUNK)
+        for index in range(last + 1):
+            flag = _LAST if index == last else _MORE
+            self._outgoing.append(flag + data[index * _CHUNK : (index + 1) * _CHUNK])
+        self.flush()
 
 
 def start_forkserver() -> ForkServerClient:
@@ -184,12 +210,14 @@ def _serve(control: socket.socket) -> NoReturn:
     selector.register(wake_read, selectors.EVENT_READ, "wake")
     children: set[int] = set()
     outputs = (_Output(1), _Output(2))
+    partial: list[bytes] = []  # the packets of a request still arriving
     try:
         while True:
             for key, _ in selector.select():
                 if key.data == "control":
-                    if not _handle_request(control, selector, children, wake_read, outputs):
-                        raise SystemExit
+                    request = _receive_request(control, partial)
+                    if request is not None:
+                        _handle_request(request, control, selector, children, wake_read, outputs)
                 elif key.data == "wake":
                     with contextlib.suppress(BlockingIOError):
                         os.read(wake_read, 4096)
@@ -204,32 +232,42 @@ def _serve(control: socket.socket) -> NoReturn:
     os._exit(0)
 
 
+def _receive_request(control: socket.socket, partial: list[bytes]) -> Any:
+    """The request completed by the next packet, None while more packets are to come; exits
+    when the agent is gone."""
+    packet = control.recv(_MAX_PACKET)
+    if not packet:
+        raise SystemExit
+    partial.append(packet[1:])
+    if packet[:1] == _MORE:
+        return None
+    data = b"".join(partial)
+    partial.clear()
+    return pickle.loads(data)
+
+
 def _handle_request(
+    request: Any,
     control: socket.socket,
     selector: selectors.BaseSelector,
     children: set[int],
     wake_read: int,
     outputs: tuple[_Output, _Output],
-) -> bool:
-    data = control.recv(_MAX_PACKET)
-    if not data:
-        return False
-    request = pickle.loads(data)
+) -> None:
     if request[0] == "signal":
         with contextlib.suppress(ProcessLookupError):
             os.kill(request[1], request[2])
-        return True
+        return
     _, proc_id, prefix, config = request
     try:
         pid, relays = _fork_proc(config, prefix, control, selector, wake_read, outputs)
     except OSError as exc:
         control.send(pickle.dumps(("spawn_failed", proc_id, f"fork failed: {exc}")))
-        return True
+        return
     children.add(pid)
     for relay in relays:
         selector.register(relay.fd, selectors.EVENT_READ, relay)
     control.send(pickle.dumps(("spawned", proc_id, pid)))
-    return True
 
 
 def _fork_proc(

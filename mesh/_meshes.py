@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from collections.abc import Iterable, Mapping
 from types import TracebackType
@@ -36,6 +37,30 @@ M = TypeVar("M", bound="MeshBase")
 DEFAULT_STOP_GRACE_S = 5.0
 HEARTBEAT_INTERVAL_S = float(os.environ.get("MESHVISOR_HEARTBEAT_INTERVAL_S", 0.25))
 HEARTBEAT_TIMEOUT_S = float(os.environ.get("MESHVISOR_HEARTBEAT_TIMEOUT_S", 2.0))
+
+
+#: The longest mesh name spawn_procs and spawn accept.
+MAX_NAME_LEN = 255
+
+
+def check_name(what: str, name: object) -> None:
+    """Refuse a mesh name that is not a short, printable string without '/'."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a {what} needs a non-empty name (a str), got {name!r}")
+    if len(name) > MAX_NAME_LEN:
+        raise ValueError(
+            f"the {what} name {name[:40]!r}... is {len(name)} characters long; "
+            f"use at most {MAX_NAME_LEN}"
+        )
+    if "/" in name or not name.isprintable():
+        raise ValueError(
+            f"the {what} name {name!r} contains '/' or a control character; use a name without them"
+        )
+
+
+def _file_safe(name: str) -> str:
+    """A short prefix for proc ids (which name socket files) that reads like `name`."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:20].lstrip(".-") or "procs"
 
 
 class MeshBase:
@@ -118,6 +143,7 @@ class HostMesh(MeshBase):
                 f"heartbeat_timeout_s ({timeout}) must be longer than "
                 f"heartbeat_interval_s ({interval})"
             )
+        check_name("proc mesh", name)
         per_host = dict(per_host or {})
         overlap = set(per_host) & set(self.extent.labels)
         if overlap:
@@ -132,8 +158,14 @@ class HostMesh(MeshBase):
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()
         ):
             raise TypeError("env must map str to str")
+        for key, value in (env or {}).items():
+            if not key or "=" in key or "\0" in key or "\0" in value:
+                raise ValueError(
+                    f"env variable {key[:40]!r} cannot be set: names must be non-empty without "
+                    "'=' or NUL, and values without NUL"
+                )
         runtime = current_session().runtime
-        key = f"{name}-{secrets.token_hex(3)}"
+        key = f"{_file_safe(name)}-{secrets.token_hex(3)}"
         owner_actor = context().actor_id
         peers = tuple(
             runtime.add_peer(
@@ -222,8 +254,7 @@ class ProcMesh(MeshBase, _Stoppable):
     def spawn(self, name: str, actor_class: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
         """One `actor_class(*args, **kwargs)` per proc; returns at once, calls wait for it."""
         check_actor_class(actor_class)
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"an actor mesh needs a non-empty name, got {name!r}")
+        check_name("actor mesh", name)
         payload = Payload.dump((actor_class, args, kwargs))
         actor_id = f"{name}-{secrets.token_hex(4)}"
         extent = self.extent

@@ -237,7 +237,7 @@ class ProcReplaced:
 
 #: What a proc id may look like: it names socket files in a run directory, so no separators,
 #: nothing hidden, and short enough for a unix socket path.
-PROC_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+PROC_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 _ADDRESS_PREFIXES = ("tcp://", "ipc://")
 _MAX_ADDRESS_LEN = 4096
 
@@ -315,10 +315,27 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else f"{text[:57]}..."
 
 
+def refusable_spawn(header: object) -> tuple[str, tuple[str, ...]] | None:
+    """(owner, proc ids) of a refused SpawnProcs when they can be told so, else None."""
+    if type(header) is not SpawnProcs or _bad_address("", header.owner) is not None:
+        return None
+    procs = header.procs
+    if type(procs) is not tuple or not all(type(p) is ProcSpec for p in procs):
+        return None
+    ids = tuple(p.proc_id for p in procs)
+    if not all(type(i) is str for i in ids):
+        return None
+    return header.owner, ids
+
+
 def _bad_address(what: str, address: str | None) -> str | None:
     if address is None:
         return None
-    if not address.startswith(_ADDRESS_PREFIXES) or len(address) > _MAX_ADDRESS_LEN:
+    if (
+        type(address) is not str
+        or not address.startswith(_ADDRESS_PREFIXES)
+        or len(address) > _MAX_ADDRESS_LEN
+    ):
         return f"{what} {_short(address)} is not a tcp:// or ipc:// address"
     return None
 
@@ -334,7 +351,7 @@ def _bad_proc_id(proc_id: str) -> str | None:
     if PROC_ID_PATTERN.fullmatch(proc_id) is None:
         return (
             f"proc id {_short(proc_id)} is not 1 to 100 letters, digits, '_', '.' or '-' "
-            "(it names socket files)"
+            "(not starting with '.' or '-': it names socket files)"
         )
     return None
 

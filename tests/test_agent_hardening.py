@@ -403,3 +403,60 @@ def test_fuzzed_client_keeps_serving(make_procs: Any, root_events: list[Any]) ->
     echo = make_procs({"gpus": 1}).spawn("echo", actors.Echo)
     assert echo.echo.call_one(5).get(timeout=T) == 5
     assert not root_events, root_events
+
+
+# -- 13: large requests work or are refused clearly ------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_a_large_env_reaches_every_proc(make_procs: Any) -> None:
+    agent = local_agent()
+    big = "x" * 1_000_000  # several times what one fork-server packet can hold
+    procs = make_procs({"gpus": 2}, env={"BIG": big})
+    values = procs.spawn("echo", actors.Echo).getenv.call("BIG").get(timeout=T).values()
+    assert [len(value) for value in values] == [len(big)] * 2
+    assert local_agent() == agent
+
+
+@pytest.mark.timeout(120)
+def test_a_burst_of_spawn_requests_waits_for_the_fork_server(make_procs: Any) -> None:
+    agent = local_agent()
+    procs = make_procs({"gpus": 12}, env={"PAD": "p" * 30_000})  # more than its socket holds
+    pids = procs.spawn("echo", actors.Echo).pid.call().get(timeout=60).values()
+    assert len(set(pids)) == 12
+    assert local_agent() == agent
+
+
+@pytest.mark.timeout(60)
+def test_long_and_odd_mesh_names(make_procs: Any) -> None:
+    agent = local_agent()
+    host = this_host()
+    with pytest.raises(ValueError, match="300 characters long; use at most 255"):
+        host.spawn_procs(per_host={"gpus": 1}, name="n" * 300)
+    with pytest.raises(ValueError, match="'/'"):
+        host.spawn_procs(per_host={"gpus": 1}, name="../../outside")
+    with pytest.raises(ValueError, match="non-empty name"):
+        host.spawn_procs(per_host={"gpus": 1}, name="")
+    odd = "Ünïcode .. names-with spaces " * 8  # long, but under the limit
+    procs = make_procs({"gpus": 1}, name=odd)
+    with pytest.raises(ValueError, match="'/'"):
+        procs.spawn("a/b", actors.Echo)
+    who = procs.spawn(odd, actors.WhoAmI).whoami.call_one().get(timeout=T)
+    assert who["mesh_name"] == odd
+    rundir = mesh._session.current_session().rundir
+    assert os.path.exists(os.path.join(rundir, who["proc_id"]))  # its socket, in the run dir
+    assert local_agent() == agent
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_spawn_request_fails_its_procs(root_events: list[Any]) -> None:
+    """The agent refuses a request it cannot act on, and says so to the owner, whose procs
+    fail at once (this client checks its own requests, so a raw one plays a bad client)."""
+    address, _ = local_agent()
+    spec = messages.ProcSpec("refused-0", "refused", ("gpus",), (1,), 0)
+    with raw_peer(address) as peer:
+        bad = messages.SpawnProcs(peer.inbox.address, (spec,), (("A=B", "x"),), (), "/", 0.25, 2.0)
+        answer = peer.answer(bad)
+        assert type(answer.header) is messages.SpawnFailed
+        assert answer.header.proc_id == "refused-0" and "'='" in answer.header.reason
+    assert not root_events
