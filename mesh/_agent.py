@@ -72,6 +72,7 @@ class _Proc:
     stop_requested: bool = False
     hung: bool = False
     kill_at: float | None = None
+    failure: str | None = None  # why it could not start, as it said before exiting
     heartbeat_due: float = 0.0
     owned_by_proc: set[str] = field(default_factory=set)
     watchers: set[str] = field(default_factory=set)
@@ -203,6 +204,8 @@ class HostAgent:
             self._watch(header)
         elif type(header) is ShutdownAgent:
             self._shutdown(header.grace_s)
+        elif type(header) is SpawnFailed:
+            self._on_start_failed(header)
         elif type(header) is SetFaultRules:
             apply_fault_rules(envelope)
         else:
@@ -286,6 +289,12 @@ class HostAgent:
             for watcher in proc.watchers:
                 self._send(watcher, moved)
 
+    def _on_start_failed(self, failed: SpawnFailed) -> None:
+        """A proc says why it cannot start (it exits next): its exit report will say so."""
+        proc = self._procs.get(failed.proc_id)
+        if proc is not None:
+            proc.failure = failed.reason[:2000]
+
     def _on_owner_alive(self, owner: str) -> None:
         self._owners_seen[owner] = time.monotonic()
         self._send(owner, AgentAlive(self.address, self._incarnation))
@@ -338,6 +347,7 @@ class HostAgent:
             if report[0] == "spawned":
                 self._on_spawned(report[1], report[2])
             elif report[0] == "exited":
+                self._drain_inbox()  # what the proc said before it exited comes first
                 self._on_exited(report[1], report[2])
             elif report[0] == "spawn_failed":
                 proc = self._procs.pop(report[1], None)
@@ -382,6 +392,8 @@ class HostAgent:
             proc.hung,
         )
         for address in {proc.owner, *proc.watchers}:
+            if proc.failure is not None:
+                self._send(address, SpawnFailed(proc.spec.proc_id, self._hostname, proc.failure))
             self._send(address, report)
         self._remember(report, proc.watchers)
         self._stop(tuple(proc.owned_by_proc), 0.0)  # a mesh never outlives its owner

@@ -460,3 +460,53 @@ def test_a_refused_spawn_request_fails_its_procs(root_events: list[Any]) -> None
         assert type(answer.header) is messages.SpawnFailed
         assert answer.header.proc_id == "refused-0" and "'='" in answer.header.reason
     assert not root_events
+
+
+# -- 18: run directories, socket paths and bookkeeping ---------------------------------------------
+
+
+def start_daemon(home: Path, rundir: Path, *extra: str) -> tuple[str, subprocess.Popen[bytes]]:
+    """A daemon agent listening at a short ipc path in `home`, its procs' sockets in `rundir`."""
+    address = f"ipc://{home}/a{len(os.listdir(home))}"
+    address_file = home / f"address-{len(os.listdir(home))}"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "mesh._agent", "--listen", address, "--rundir", str(rundir)]
+        + ["--address-file", str(address_file), *extra]
+    )
+    wait_until(address_file.exists, T, "the agent to listen")
+    return address, agent
+
+
+def spawn_failure(address: str) -> str:
+    """The error of a call to a proc spawned on the agent at `address`."""
+    procs = attach([address]).spawn_procs(per_host={"gpus": 1}, name="nowhere")
+    try:
+        with pytest.raises(SupervisionError) as info:
+            procs.spawn("echo", actors.Echo).echo.call_one(1).get(timeout=T)
+        return str(info.value)
+    finally:
+        procs.stop().get(timeout=T)
+
+
+@pytest.mark.timeout(60)
+def test_a_proc_that_cannot_listen_says_why(root_events: list[Any]) -> None:
+    with client_home() as home:
+        long_rundir = home / ("r" * 90)
+        long_rundir.mkdir(mode=0o700)
+        address, agent = start_daemon(home, long_rundir)
+        try:
+            error = spawn_failure(address)
+            assert "bytes long, over the" in error and "--rundir" in error, error
+            os.rmdir(long_rundir)  # now the socket path is short but cannot be bound
+            short = home / "gone"
+            address, second = start_daemon(home, short)
+            try:
+                error = spawn_failure(address)
+                assert "could not start" in error and "No such file or directory" in error, error
+            finally:
+                second.terminate()
+                second.wait(T)
+        finally:
+            agent.terminate()
+            agent.wait(T)
+    assert {event.kind for event in root_events} == {"spawn_failed"}
