@@ -576,7 +576,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
     if args.keys:
         os.environ[KEYS_ENV] = os.path.abspath(args.keys)  # procs inherit it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    rundir = args.rundir or private_runtime_dir("meshvisor-agent-")
+    rundir = args.rundir or _own_run_dir()
     address = (
         args.address.replace(":0", ":*") if args.address.startswith("tcp://") else args.address
     )
@@ -614,6 +614,17 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
         if (args.remove_rundir and agent.owner_died) or args.rundir is None:
             shutil.rmtree(rundir, ignore_errors=True)
     sys.exit(0)
+
+
+def _own_run_dir() -> str:
+    """A new private run directory for a daemon, marked as this process's so that the next
+    meshvisor process sweeps it if this one is killed; stale ones are swept now."""
+    from ._session import sweep_stale_run_dirs, write_owner_file
+
+    rundir = private_runtime_dir("meshvisor-agent-")
+    write_owner_file(rundir)
+    sweep_stale_run_dirs(os.path.dirname(rundir))
+    return rundir
 
 
 def _write_atomically(path: str, text: str) -> None:

@@ -469,10 +469,8 @@ def start_daemon(home: Path, rundir: Path, *extra: str) -> tuple[str, subprocess
     """A daemon agent listening at a short ipc path in `home`, its procs' sockets in `rundir`."""
     address = f"ipc://{home}/a{len(os.listdir(home))}"
     address_file = home / f"address-{len(os.listdir(home))}"
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "mesh._agent", "--listen", address, "--rundir", str(rundir)]
-        + ["--address-file", str(address_file), *extra]
-    )
+    command = [sys.executable, "-m", "mesh._agent", "--listen", address, "--rundir", str(rundir)]
+    agent = subprocess.Popen([*command, "--address-file", str(address_file), *extra])
     wait_until(address_file.exists, T, "the agent to listen")
     return address, agent
 
@@ -510,3 +508,58 @@ def test_a_proc_that_cannot_listen_says_why(root_events: list[Any]) -> None:
             agent.terminate()
             agent.wait(T)
     assert {event.kind for event in root_events} == {"spawn_failed"}
+
+
+SESSION_CLIENT = textwrap.dedent("""
+    from mesh import this_host
+    try:
+        this_host()
+    except OSError as error:
+        print("RESULT", type(error).__name__, error, flush=True)
+""")
+
+
+@pytest.mark.timeout(60)
+def test_a_session_that_cannot_start_says_why_and_leaves_nothing(tmp_path: Path) -> None:
+    script = tmp_path / "client.py"
+    script.write_text(SESSION_CLIENT)
+    with client_home() as home:
+        deep = home / ("t" * 120)  # a run directory here is too long for the client's socket
+        deep.mkdir()
+        env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+        result = subprocess.run(
+            [sys.executable, str(script)],
+            env={**env, "TMPDIR": str(deep)},
+            capture_output=True,
+            text=True,
+            timeout=T,
+        )
+        assert result.stdout.startswith("RESULT OSError"), result.stdout + result.stderr
+        assert "cannot start a meshvisor session" in result.stdout
+        assert "TMPDIR" in result.stdout
+        assert os.listdir(deep) == [], "the run directory was left behind"
+
+
+@pytest.mark.timeout(60)
+def test_the_run_dir_of_a_killed_daemon_is_swept() -> None:
+    with client_home() as home:
+        env = {**os.environ, "XDG_RUNTIME_DIR": str(home)}
+        killed = subprocess.Popen(
+            [sys.executable, "-m", "mesh._agent", "--listen", f"ipc://{home}/a"], env=env
+        )
+        wait_until(lambda: list(home.glob("meshvisor-agent-*/owner.pid")), T, "its run dir")
+        (stale,) = home.glob("meshvisor-agent-*")
+        killed.kill()
+        killed.wait(T)
+        assert stale.exists()
+        address_file = home / "address"
+        command = [sys.executable, "-m", "mesh._agent", "--listen", f"ipc://{home}/b"]
+        alive = subprocess.Popen([*command, "--address-file", str(address_file)], env=env)
+        try:
+            wait_until(address_file.exists, T, "the next agent to listen")
+            assert not stale.exists(), "the killed daemon's run directory is still there"
+            assert len(list(home.glob("meshvisor-agent-*"))) == 1  # its own
+        finally:
+            alive.terminate()
+            alive.wait(T)
+        assert not list(home.glob("meshvisor-agent-*"))
