@@ -285,6 +285,8 @@ class ProcMesh(MeshBase, _Stoppable):
         they ran on: same name, points and constructor arguments; healthy ranks untouched.
         The future is done when the new procs are up; calls made meanwhile wait for them."""
         record = self._runtime.restarts.proc_meshes.get(self._peers[0].mesh_key)
+        if record is None and all(peer.state == "stopped" for peer in self._peers):
+            return resolved(None)  # stopped on purpose: nothing failed, nothing to re-spawn
         if record is None:
             raise ValueError(
                 f"proc mesh {self.name!r} was not spawned by this process, so it "

@@ -242,6 +242,19 @@ class Restarts:
         if ranks:
             self.launch(record, ranks)
 
+    def forget_stopped(self, peer: ProcPeer) -> ProcMeshRecord | None:
+        """Drop the record of `peer`'s proc mesh (and of the actor meshes on it) once all its
+        procs are stopped: none can be re-spawned any more. Returns the record dropped."""
+        record = self._by_proc.get(id(peer))
+        if record is None or any(p.state != "stopped" for p in record.peers):
+            return None
+        self.proc_meshes.pop(record.key, None)
+        for each in record.peers:
+            self._by_proc.pop(id(each), None)
+        for actors in record.actor_meshes:
+            self.actor_meshes.pop(actors.actor_id, None)
+        return record
+
     def cancel(self, peer: ProcPeer) -> bool:
         """`peer` is being stopped: drop a restart pending for it. True if one was."""
         record = self._by_proc.get(id(peer))

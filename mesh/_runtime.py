@@ -439,6 +439,22 @@ class Runtime:
             self.supervisor.handle(escalate, peer.owner_actor, keys)
         elif state == "stopped":
             self._log.info("proc_stopped", proc=peer.proc_id, pid=event.pid)
+            self._forget_if_stopped(peer)
+
+    def _forget_if_stopped(self, peer: ProcPeer) -> None:
+        """Drop the bookkeeping of a stopped proc (of its whole mesh, for one spawned here):
+        handles the user still holds keep working, and say it was stopped."""
+        record = self.restarts.forget_stopped(peer) if peer.owned else None
+        if peer.owned and record is None:
+            return
+        gone = record.peers if record is not None else (peer,)
+        with self._lock:
+            for each in gone:
+                if self.peers.get(each.proc_id) is each:
+                    del self.peers[each.proc_id]
+        if record is not None:
+            actor_ids = [actors.actor_id for actors in record.actor_meshes]
+            self.supervisor.forget_mesh(record.key, actor_ids, [p.proc_id for p in gone])
 
     def _on_actor_failed(self, envelope: Envelope) -> None:
         header: ActorFailed = envelope.header

@@ -84,6 +84,14 @@ class Supervisor:
                     "event_listener_raised", listener=repr(listener), error=traceback.format_exc()
                 )
 
+    def forget_mesh(self, key: str, actor_ids: list[str], proc_ids: list[str]) -> None:
+        """A stopped proc mesh (and the actor meshes on it) will never fail again."""
+        for name in (key, *actor_ids):
+            self.handlers.pop(name, None)
+            self.actor_mesh_owners.pop(name, None)
+        for proc_id in proc_ids:
+            self.actor_meshes_on.pop(proc_id, None)
+
     def forget(self, actor_id: str) -> None:
         """Failures of `actor_id` seen so far are history: it is being rebuilt."""
         self._seen = {seen for seen in self._seen if seen[0] != actor_id}

@@ -563,3 +563,22 @@ def test_the_run_dir_of_a_killed_daemon_is_swept() -> None:
             alive.terminate()
             alive.wait(T)
         assert not list(home.glob("meshvisor-agent-*"))
+
+
+@pytest.mark.timeout(120)
+def test_stopped_meshes_leave_no_bookkeeping(make_procs: Any) -> None:
+    runtime = mesh._session.current_session().runtime
+    warm = make_procs({"gpus": 1})  # keeps the agent (and what it brings) up meanwhile
+    warm.spawn("echo", actors.Echo).echo.call_one(0).get(timeout=T)
+    before = len(runtime.peers), len(runtime.restarts.proc_meshes)
+    for cycle in range(40):
+        procs = this_host().spawn_procs(per_host={"gpus": 2}, name="cycle")
+        procs.on_failure(lambda event: False)
+        echo = procs.spawn("echo", actors.Echo)
+        if cycle % 10 == 0:
+            assert echo.echo.call(cycle).get(timeout=T).values() == (cycle, cycle)
+        procs.stop().get(timeout=T)
+    assert (len(runtime.peers), len(runtime.restarts.proc_meshes)) == before
+    with pytest.raises(SupervisionError, match="stopped"):
+        echo.echo.call(1).get(timeout=T)  # a handle to a stopped mesh still says so
+    assert procs.respawn().get(timeout=T) is None
