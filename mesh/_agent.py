@@ -607,6 +607,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
     try:
         agent.serve()
     finally:
+        if args.allocation:
+            from ._attach import remove_from_allocation
+
+            with contextlib.suppress(OSError):
+                remove_from_allocation(args.allocation, agent.address)
         with contextlib.suppress(OSError):
             forkserver.socket.close()
         with contextlib.suppress(ChildProcessError):

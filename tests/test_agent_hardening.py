@@ -582,3 +582,24 @@ def test_stopped_meshes_leave_no_bookkeeping(make_procs: Any) -> None:
     with pytest.raises(SupervisionError, match="stopped"):
         echo.echo.call(1).get(timeout=T)  # a handle to a stopped mesh still says so
     assert procs.respawn().get(timeout=T) is None
+
+
+@pytest.mark.timeout(60)
+def test_allocation_files_drop_agents_that_are_gone() -> None:
+    with client_home() as home:
+        alloc = home / "alloc"
+        alloc.write_text(f"ipc://{home}/never-listened\n")
+        run = home / "run"
+        run.mkdir(mode=0o700)
+        killed, first = start_daemon(home, run, "--allocation", str(alloc))
+        assert alloc.read_text().split() == [killed]
+        first.kill()  # its socket file stays behind, refusing connections
+        first.wait(T)
+        address, second = start_daemon(home, run, "--allocation", str(alloc))
+        try:
+            assert alloc.read_text().split() == [address]
+            assert len(attach(str(alloc))) == 1
+        finally:
+            second.terminate()
+            second.wait(T)
+        assert alloc.read_text().split() == [], "a stopped agent leaves its allocation"
