@@ -592,11 +592,13 @@ def test_allocation_files_drop_agents_that_are_gone() -> None:
         run = home / "run"
         run.mkdir(mode=0o700)
         killed, first = start_daemon(home, run, "--allocation", str(alloc))
+        wait_until(lambda: killed in alloc.read_text().split(), T, "the agent to join")
         assert alloc.read_text().split() == [killed]
         first.kill()  # its socket file stays behind, refusing connections
         first.wait(T)
         address, second = start_daemon(home, run, "--allocation", str(alloc))
         try:
+            wait_until(lambda: address in alloc.read_text().split(), T, "the agent to join")
             assert alloc.read_text().split() == [address]
             assert len(attach(str(alloc))) == 1
         finally:
