@@ -87,7 +87,7 @@ class Runtime:
         self._agent_heard: dict[str, float] = {}
         self._agent_incarnations: dict[str, str] = {}
         self._silent_agents: set[str] = set()  # lost to silence, not heard from since
-        self._lost_agents: dict[str, str] = {}  # agent -> why it cannot spawn anything now
+        self._lost_agents: dict[str, str] = {}  # local agent -> why its process is gone
         self.replies = ReplyRoutes(self)
         self.host = ActorHost(self)
         self.peers: dict[str, ProcPeer] = {}
@@ -476,10 +476,10 @@ class Runtime:
             assert self._loop is not None
             self._loop.remove_reader(fd)
             os.close(fd)
-            if address in self._stopping_agents:
-                self._lost_agents[address] = f"(pid {pid}) was shut down"
-            else:
-                self._agent_lost(address, f"(pid {pid}) died")
+            stopping = address in self._stopping_agents
+            self._lost_agents[address] = f"(pid {pid}) {'was shut down' if stopping else 'died'}"
+            if not stopping:
+                self._agent_lost(address, self._lost_agents[address])
 
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._loop.add_reader, fd, on_exit)
@@ -489,18 +489,31 @@ class Runtime:
         self._stopping_agents.add(address)
 
     def check_agent(self, agent: str) -> None:
-        """Procs were just requested from `agent`: if it is known to be gone, fail them now
-        (from the loop thread), since no answer will ever come."""
-        if agent in self._lost_agents or agent in self._stopping_agents:
+        """Procs were just requested from `agent`: if its process is known to be gone, fail
+        them now; if it is silent or being shut down, fail them unless it answers within
+        AGENT_TIMEOUT_S (a partition may heal). Either way the request ends."""
+        doubtful = agent in self._silent_agents or agent in self._stopping_agents
+        if doubtful or agent in self._lost_agents:
             assert self._loop is not None
-            self._loop.call_soon_threadsafe(self._fail_procs_of_gone_agent, agent)
+            self._loop.call_soon_threadsafe(self._check_gone_agent, agent, time.monotonic())
 
-    def _fail_procs_of_gone_agent(self, agent: str) -> None:
+    def _check_gone_agent(self, agent: str, requested_at: float) -> None:
         why = self._lost_agents.get(agent)
-        if why is None and agent in self._stopping_agents:
-            why = "was shut down by this process"
         if why is not None:
             self._fail_procs_of(agent, why)
+        else:
+            self.call_later(AGENT_TIMEOUT_S, self._fail_if_still_silent, agent, requested_at)
+
+    def _fail_if_still_silent(self, agent: str, requested_at: float) -> None:
+        heard = self._agent_heard.get(agent, requested_at)
+        if heard > requested_at:
+            return  # it answered since: the request reached it
+        if agent in self._stopping_agents:
+            self._fail_procs_of(agent, f"at {agent} was shut down by this process")
+        elif agent in self._silent_agents:
+            self._fail_procs_of(
+                agent, f"at {agent} gave no answer for {time.monotonic() - heard:.1f} s"
+            )
 
     def listen_on_tcp(self, host: str) -> None:
         """Also listen on tcp (for procs on other hosts); replies and ownership use it."""
@@ -543,17 +556,14 @@ class Runtime:
             return  # not an agent this process keeps alive: nothing to learn
         self._agent_heard[header.agent] = time.monotonic()
         self._silent_agents.discard(header.agent)
-        self._lost_agents.pop(header.agent, None)
         known = self._agent_incarnations.setdefault(header.agent, header.incarnation)
         if known != header.incarnation:
             self._agent_incarnations[header.agent] = header.incarnation
             self._agent_lost(header.agent, "was restarted, and its procs died with the old one")
-            self._lost_agents.pop(header.agent, None)  # the new one serves
 
     def _agent_lost(self, agent: str, why: str) -> None:
         """Every live proc of `agent` failed with kind "unreachable"."""
         self._log.error("agent_lost", agent=agent, reason=why)
-        self._lost_agents[agent] = why
         self._fail_procs_of(agent, why)
 
     def _fail_procs_of(self, agent: str, why: str) -> None:
