@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from transport import (
     KEYS_ENV,
+    Envelope,
     TransportError,
     check_exposure,
     close_context,
@@ -50,6 +51,8 @@ from ._messages import (
     StopProc,
     StopProcs,
     WatchProcs,
+    invalid_request,
+    refusable_spawn,
 )
 
 DEFAULT_GRACE_S = 5.0
@@ -75,6 +78,7 @@ class _Proc:
     hung: bool = False
     why_hung: str = ""
     kill_at: float | None = None
+    failure: str | None = None  # why it could not start, as it said before exiting
     heartbeat_due: float = 0.0
     silent_since: float = 0.0  # the last heartbeat (or the spawn)
     cpu: CpuSample | None = None  # sampled with the last heartbeat, or the last check
@@ -142,10 +146,14 @@ class HostAgent:
                 self._shutdown(DEFAULT_GRACE_S)
             if self._shutting_down and not self._procs:
                 break
+            self._watch_forkserver(selector)
             wait_s = self._next_timeout()
-            for key, _ in selector.select(wait_s):
+            for key, mask in selector.select(wait_s):
                 if key.data == "forkserver":
-                    self._drain_forkserver()
+                    if mask & selectors.EVENT_WRITE:
+                        self._forkserver.flush()
+                    if mask & selectors.EVENT_READ:
+                        self._drain_forkserver()
                 elif key.data == "refusals" and refusals is not None:
                     refusals.drain()
                 elif key.data == "owner":
@@ -162,29 +170,60 @@ class HostAgent:
             refusals.close()
         self._close()
 
+    def _watch_forkserver(self, selector: selectors.BaseSelector) -> None:
+        """Read the fork server's reports; also wait for room to send while requests queue."""
+        events = selectors.EVENT_READ
+        if self._forkserver.pending:
+            events |= selectors.EVENT_WRITE
+        selector.modify(self._forkserver.socket, events, "forkserver")
+
     # -- requests ------------------------------------------------------------------------------
 
     def _drain_inbox(self) -> None:
         while (envelope := self._inbox.receive_nowait()) is not None:
-            header = envelope.header
-            if type(header) is SpawnProcs:
-                self._spawn(header)
-            elif type(header) is StopProcs:
-                self._stop(header.proc_ids, header.grace_s, header.reply_to)
-            elif type(header) is Heartbeat:
-                self._on_heartbeat(header.proc_id)
-            elif type(header) is OwnerAlive:
-                self._on_owner_alive(header.owner)
-            elif type(header) is ProcReady:
-                self._on_proc_ready(header)
-            elif type(header) is WatchProcs:
-                self._watch(header)
-            elif type(header) is ShutdownAgent:
-                self._shutdown(header.grace_s)
-            elif type(header) is SetFaultRules:
-                apply_fault_rules(envelope)
-            else:
-                self._log.warning("message_ignored", kind=type(header).__name__)
+            reason = invalid_request(envelope.header)
+            if reason is not None:
+                self._reject(envelope.header, reason)
+                continue
+            try:
+                self._handle(envelope)
+            except Exception as exc:  # one bad request never takes the host down
+                self._log.exception(
+                    "message_handling_failed", kind=type(envelope.header).__name__, reason=repr(exc)
+                )
+
+    def _reject(self, header: object, reason: str) -> None:
+        """Log a request this agent cannot act on; tell its sender where it can be told."""
+        self._log.warning("message_rejected", kind=type(header).__name__, reason=reason)
+        refused = refusable_spawn(header)
+        if refused is not None:  # its owner waits for these procs: each call must end
+            owner, proc_ids = refused
+            why = f"the host agent refused the request: {reason}"
+            for proc_id in proc_ids:
+                self._send(owner, SpawnFailed(proc_id, self._hostname, why))
+
+    def _handle(self, envelope: Envelope) -> None:
+        header = envelope.header
+        if type(header) is SpawnProcs:
+            self._spawn(header)
+        elif type(header) is StopProcs:
+            self._stop(header.proc_ids, header.grace_s, header.reply_to)
+        elif type(header) is Heartbeat:
+            self._on_heartbeat(header.proc_id)
+        elif type(header) is OwnerAlive:
+            self._on_owner_alive(header.owner)
+        elif type(header) is ProcReady:
+            self._on_proc_ready(header)
+        elif type(header) is WatchProcs:
+            self._watch(header)
+        elif type(header) is ShutdownAgent:
+            self._shutdown(header.grace_s)
+        elif type(header) is SpawnFailed:
+            self._on_start_failed(header)
+        elif type(header) is SetFaultRules:
+            apply_fault_rules(envelope)
+        else:
+            self._log.warning("message_ignored", kind=type(header).__name__)
 
     def _spawn(self, request: SpawnProcs) -> None:
         for spec in request.procs:
@@ -194,7 +233,17 @@ class HostAgent:
                     SpawnFailed(spec.proc_id, self._hostname, "the host agent is shutting down"),
                 )
                 continue
+            if spec.proc_id in self._procs:
+                self._send(
+                    request.owner,
+                    SpawnFailed(spec.proc_id, self._hostname, "a proc with this id runs already"),
+                )
+                continue
             address = self._proc_address(spec.proc_id)
+            too_long = _socket_path_too_long(address)
+            if too_long is not None:
+                self._send(request.owner, SpawnFailed(spec.proc_id, self._hostname, too_long))
+                continue
             proc = _Proc(
                 spec,
                 request.owner,
@@ -261,6 +310,12 @@ class HostAgent:
             for watcher in proc.watchers:
                 self._send(watcher, moved)
 
+    def _on_start_failed(self, failed: SpawnFailed) -> None:
+        """A proc says why it cannot start (it exits next): its exit report will say so."""
+        proc = self._procs.get(failed.proc_id)
+        if proc is not None:
+            proc.failure = failed.reason[:2000]
+
     def _on_owner_alive(self, owner: str) -> None:
         self._owners_seen[owner] = time.monotonic()
         self._send(owner, AgentAlive(self.address, self._incarnation))
@@ -316,6 +371,7 @@ class HostAgent:
             if report[0] == "spawned":
                 self._on_spawned(report[1], report[2])
             elif report[0] == "exited":
+                self._drain_inbox()  # what the proc said before it exited comes first
                 self._on_exited(report[1], report[2])
             elif report[0] == "spawn_failed":
                 proc = self._procs.pop(report[1], None)
@@ -323,7 +379,10 @@ class HostAgent:
                     self._send(proc.owner, SpawnFailed(report[1], self._hostname, report[2]))
 
     def _on_spawned(self, proc_id: str, pid: int) -> None:
-        proc = self._procs[proc_id]
+        proc = self._procs.get(proc_id)
+        if proc is None:  # not ours (any more): nobody would ever stop it
+            self._forkserver.signal(pid, signal.SIGKILL)
+            return
         proc.pid = pid
         proc.cpu, proc.cpu_at = sample_cpu(pid), time.monotonic()
         self._by_pid[pid] = proc_id
@@ -359,6 +418,8 @@ class HostAgent:
             proc.why_hung,
         )
         for address in {proc.owner, *proc.watchers}:
+            if proc.failure is not None:
+                self._send(address, SpawnFailed(proc.spec.proc_id, self._hostname, proc.failure))
             self._send(address, report)
         self._remember(report, proc.watchers)
         self._stop(tuple(proc.owned_by_proc), 0.0)  # a mesh never outlives its owner
@@ -369,7 +430,7 @@ class HostAgent:
             os.path.join(self._rundir, proc_id),
             *glob.glob(os.path.join(glob.escape(self._rundir), f"{glob.escape(proc_id)}-r*")),
         ):
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 os.unlink(path)
 
     def _unknown(self, proc_id: str) -> ProcExited:
@@ -484,6 +545,25 @@ def _why_hung(proc: _Proc, sample: CpuSample | None, now: float) -> str | None:
     return None
 
 
+#: The longest unix socket path (sun_path holds 108 bytes with the NUL), less the room a
+#: proc's reply inboxes add to its own ("-r" and a number).
+_MAX_SOCKET_PATH = 107 - 6
+
+
+def _socket_path_too_long(address: str) -> str | None:
+    """Why a proc cannot listen at ipc `address` (a path too long for a unix socket), or None."""
+    if not address.startswith("ipc://"):
+        return None
+    length = len(os.fsencode(address[len("ipc://") :]))
+    if length <= _MAX_SOCKET_PATH:
+        return None
+    return (
+        f"its socket path {address[len('ipc://') :]!r} is {length} bytes long, over the "
+        f"{_MAX_SOCKET_PATH}-byte limit of unix socket paths; give the host agent a shorter "
+        "run directory (--rundir, or a shorter XDG_RUNTIME_DIR or TMPDIR)"
+    )
+
+
 def _coords(sizes: tuple[int, ...], rank: int) -> list[int]:
     coords = []
     for size in reversed(sizes):
@@ -574,7 +654,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
     if args.keys:
         os.environ[KEYS_ENV] = os.path.abspath(args.keys)  # procs inherit it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    rundir = args.rundir or private_runtime_dir("meshvisor-agent-")
+    rundir = args.rundir or _own_run_dir()
     address = (
         args.address.replace(":0", ":*") if args.address.startswith("tcp://") else args.address
     )
@@ -605,6 +685,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
     try:
         agent.serve()
     finally:
+        if args.allocation:
+            from ._attach import remove_from_allocation
+
+            with contextlib.suppress(OSError):
+                remove_from_allocation(args.allocation, agent.address)
         with contextlib.suppress(OSError):
             forkserver.socket.close()
         with contextlib.suppress(ChildProcessError):
@@ -612,6 +697,17 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
         if (args.remove_rundir and agent.owner_died) or args.rundir is None:
             shutil.rmtree(rundir, ignore_errors=True)
     sys.exit(0)
+
+
+def _own_run_dir() -> str:
+    """A new private run directory for a daemon, marked as this process's so that the next
+    meshvisor process sweeps it if this one is killed; stale ones are swept now."""
+    from ._session import sweep_stale_run_dirs, write_owner_file
+
+    rundir = private_runtime_dir("meshvisor-agent-")
+    write_owner_file(rundir)
+    sweep_stale_run_dirs(os.path.dirname(rundir))
+    return rundir
 
 
 def _write_atomically(path: str, text: str) -> None:

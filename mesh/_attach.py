@@ -5,14 +5,21 @@ An allocation is a small text file, one agent address per line, kept in
 --allocation NAME`` adds the agent to it; ``attach("NAME")`` (or a list of addresses, or a path)
 gives a `HostMesh` over those agents with extent ``{"hosts": N}``. The agents outlive clients: a
 client that exits or dies has its procs stopped, and the next client attaches again.
+
+An agent leaves the file when it stops; the addresses of agents that died without doing so
+(SIGKILL, a lost host) are dropped when the next agent joins, if nothing listens there any more.
+Clients only read the file: a dead agent they attach to is reported as unreachable.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
-from collections.abc import Sequence
+import socket
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from ._meshes import HostMesh
 from ._session import current_session
@@ -35,11 +42,74 @@ def allocation_file(name_or_path: str) -> Path:
 
 
 def add_to_allocation(name_or_path: str, address: str) -> None:
-    """Record that the agent at `address` belongs to the allocation."""
-    path = allocation_file(name_or_path)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        handle.write(address + "\n")
+    """Record that the agent at `address` belongs to the allocation, dropping the addresses of
+    agents that are gone (nothing listens there any more: killed, or their host rebooted)."""
+    with _locked(allocation_file(name_or_path)) as path:
+        kept = [a for a in _addresses_in(path) if a != address and not agent_gone(a)]
+        _write_addresses(path, [*kept, address])
+
+
+def remove_from_allocation(name_or_path: str, address: str) -> None:
+    """The agent at `address` leaves the allocation (it is stopping)."""
+    with _locked(allocation_file(name_or_path)) as path:
+        kept = [a for a in _addresses_in(path) if a != address]
+        _write_addresses(path, kept)
+
+
+def agent_gone(address: str) -> bool:
+    """Whether nothing listens at an agent address any more: its socket file is missing, or the
+    connection is refused. An address that does not answer in time may only be cut off: kept."""
+    if address.startswith("ipc://") and not os.path.exists(address[len("ipc://") :]):
+        return True
+    found = _probe_target(address)
+    if found is None:
+        return False
+    family, target = found
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.settimeout(_PROBE_TIMEOUT_S)
+        try:
+            probe.connect(target)
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False
+    return False
+
+
+def _probe_target(address: str) -> tuple[socket.AddressFamily, Any] | None:
+    """(family, connect argument) for a plain connection to `address`, None if it has none."""
+    if address.startswith("ipc://"):
+        return socket.AF_UNIX, address[len("ipc://") :]
+    host, _, port = address[len("tcp://") :].rpartition(":")
+    if not address.startswith("tcp://") or not port.isdigit():
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return family, (host.strip("[]"), int(port))
+
+
+_PROBE_TIMEOUT_S = 1.0
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[Path]:
+    """Hold the allocation's lock file while its file is rewritten (readers see either the
+    old file or the new one: it is replaced atomically)."""
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield path
+
+
+def _addresses_in(path: Path) -> list[str]:
+    try:
+        return list(dict.fromkeys(path.read_text().split()))
+    except FileNotFoundError:
+        return []
+
+
+def _write_addresses(path: Path, addresses: list[str]) -> None:
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temporary.write_text("".join(f"{a}\n" for a in addresses))
+    os.replace(temporary, path)
 
 
 def read_allocation(name_or_path: str) -> list[str]:

@@ -3,12 +3,16 @@
 The host agent forks it before creating any zmq context or thread, so each proc starts as a
 copy of an interpreter that has already imported meshvisor (a few milliseconds instead of a
 full interpreter start). The fork server is the procs' parent: it reaps them the moment they
-exit and relays their stdout/stderr line by line with a ``[mesh rank]`` prefix.
+exit and relays their stdout/stderr line by line with a ``[mesh rank]`` prefix, never
+blocking on it: output that nobody reads is dropped (with a notice) rather than delay reaping.
 
-Protocol over a SOCK_SEQPACKET pair, one pickled tuple per packet:
+Protocol over a SOCK_SEQPACKET pair, pickled tuples:
   agent → server  ("spawn", proc_id, prefix, config) | ("signal", pid, signum)
   server → agent  ("spawned", proc_id, pid) | ("spawn_failed", proc_id, reason)
                   | ("exited", pid, status)
+Requests travel in packets of at most `_CHUNK` bytes, each starting with b"+" (more follow)
+or b"." (the last), so that a request of any size fits; the agent queues them and sends as
+the socket takes them, never blocking. Reports are small: one packet each.
 """
 
 from __future__ import annotations
@@ -21,12 +25,16 @@ import pickle
 import selectors
 import signal
 import socket
+import stat
 import sys
 import traceback
+from collections import deque
 from typing import Any, NoReturn
 
 _PR_SET_PDEATHSIG = 1
 _MAX_PACKET = 1 << 20
+_CHUNK = 32 * 1024
+_MORE, _LAST = b"+", b"."
 
 
 def die_with_parent() -> None:
@@ -41,6 +49,7 @@ class ForkServerClient:
     def __init__(self, sock: socket.socket, pid: int) -> None:
         self.socket = sock
         self.pid = pid
+        self._outgoing: deque[bytes] = deque()
 
     def spawn(self, proc_id: str, prefix: str, config: dict[str, Any]) -> None:
         self._send(("spawn", proc_id, prefix, config))
@@ -56,8 +65,27 @@ class ForkServerClient:
             return ()
         return pickle.loads(data) if data else None
 
+    @property
+    def pending(self) -> bool:
+        """Whether requests wait for room in the socket (call `flush` once it is writable)."""
+        return bool(self._outgoing)
+
+    def flush(self) -> None:
+        """Send queued packets until the socket is full (the fork server reads them)."""
+        while self._outgoing:
+            try:
+                self.socket.send(self._outgoing[0])
+            except BlockingIOError:
+                return
+            self._outgoing.popleft()
+
     def _send(self, request: tuple[Any, ...]) -> None:
-        self.socket.send(pickle.dumps(request))
+        data = pickle.dumps(request)
+        last = max(0, (len(data) - 1) // _CHUNK)
+        for index in range(last + 1):
+            flag = _LAST if index == last else _MORE
+            self._outgoing.append(flag + data[index * _CHUNK : (index + 1) * _CHUNK])
+        self.flush()
 
 
 def start_forkserver() -> ForkServerClient:
@@ -90,10 +118,67 @@ class _ProcStart(BaseException):
         self.config = config
 
 
+class _Output:
+    """One of the fork server's stdout/stderr, written without ever blocking: what a full pipe
+    (a reader that stopped reading) cannot take is dropped and counted, so that relaying
+    output never keeps the fork server from reaping procs."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = _nonblocking_copy(fd)
+        self.dropped = 0
+        self._socket: socket.socket | None = None
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):  # e.g. the journal: send, never wait
+                self._socket = socket.socket(fileno=os.dup(fd))
+                self.fd = self._socket.fileno()
+
+    def write(self, data: bytes) -> None:
+        if self.dropped:
+            notice = (
+                f"[meshvisor] {self.dropped} bytes of proc output were dropped: nobody was "
+                "reading this output\n"
+            ).encode()
+            if not self._write_all(notice):
+                self.dropped += len(data)
+                return
+            self.dropped = 0
+        self._write_all(data)
+
+    def _write_all(self, data: bytes) -> bool:
+        """Write `data`; False (and the rest counted as dropped) when it does not fit now."""
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[self._send(view) :]
+            except (BlockingIOError, InterruptedError):
+                self.dropped += len(view)
+                return False
+            except OSError:  # the output is gone (closed pipe): nothing to tell anyone
+                return True
+        return True
+
+    def _send(self, data: memoryview) -> int:
+        if self._socket is not None:
+            return self._socket.send(data, socket.MSG_DONTWAIT)
+        return os.write(self.fd, data)
+
+
+def _nonblocking_copy(fd: int) -> int:
+    """A non-blocking descriptor for what `fd` writes to (pipes, terminals), opened anew so
+    that the client sharing `fd` keeps its blocking one; `fd` itself for regular files (they
+    never block, and share the client's offset) and where no copy can be opened."""
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+        return os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return fd
+
+
 class _Relay:
     """Copies one child pipe to our stdout or stderr, prefixing every line."""
 
-    def __init__(self, fd: int, target: int, prefix: bytes) -> None:
+    def __init__(self, fd: int, target: _Output, prefix: bytes) -> None:
         self.fd, self.target, self.prefix, self.partial = fd, target, prefix, b""
 
     def pump(self) -> bool:
@@ -112,9 +197,8 @@ class _Relay:
     def _emit(self, data: bytes) -> None:
         if data and not data.startswith(self.prefix):
             data = self.prefix + data
-        with contextlib.suppress(OSError):
-            while data:
-                data = data[os.write(self.target, data) :]
+        if data:
+            self.target.write(data)
 
 
 #: Modules the fork server imports before forking anything (comma-separated), so that procs
@@ -143,12 +227,15 @@ def _serve(control: socket.socket) -> NoReturn:
     selector.register(control, selectors.EVENT_READ, "control")
     selector.register(wake_read, selectors.EVENT_READ, "wake")
     children: set[int] = set()
+    outputs = (_Output(1), _Output(2))
+    partial: list[bytes] = []  # the packets of a request still arriving
     try:
         while True:
             for key, _ in selector.select():
                 if key.data == "control":
-                    if not _handle_request(control, selector, children, wake_read):
-                        raise SystemExit
+                    request = _receive_request(control, partial)
+                    if request is not None:
+                        _handle_request(request, control, selector, children, wake_read, outputs)
                 elif key.data == "wake":
                     with contextlib.suppress(BlockingIOError):
                         os.read(wake_read, 4096)
@@ -165,28 +252,42 @@ def _serve(control: socket.socket) -> NoReturn:
     os._exit(0)
 
 
+def _receive_request(control: socket.socket, partial: list[bytes]) -> Any:
+    """The request completed by the next packet, None while more packets are to come; exits
+    when the agent is gone."""
+    packet = control.recv(_MAX_PACKET)
+    if not packet:
+        raise SystemExit
+    partial.append(packet[1:])
+    if packet[:1] == _MORE:
+        return None
+    data = b"".join(partial)
+    partial.clear()
+    return pickle.loads(data)
+
+
 def _handle_request(
-    control: socket.socket, selector: selectors.BaseSelector, children: set[int], wake_read: int
-) -> bool:
-    data = control.recv(_MAX_PACKET)
-    if not data:
-        return False
-    request = pickle.loads(data)
+    request: Any,
+    control: socket.socket,
+    selector: selectors.BaseSelector,
+    children: set[int],
+    wake_read: int,
+    outputs: tuple[_Output, _Output],
+) -> None:
     if request[0] == "signal":
         with contextlib.suppress(ProcessLookupError):
             os.kill(request[1], request[2])
-        return True
+        return
     _, proc_id, prefix, config = request
     try:
-        pid, relays = _fork_proc(config, prefix, control, selector, wake_read)
+        pid, relays = _fork_proc(config, prefix, control, selector, wake_read, outputs)
     except OSError as exc:
         control.send(pickle.dumps(("spawn_failed", proc_id, f"fork failed: {exc}")))
-        return True
+        return
     children.add(pid)
     for relay in relays:
         selector.register(relay.fd, selectors.EVENT_READ, relay)
     control.send(pickle.dumps(("spawned", proc_id, pid)))
-    return True
 
 
 def _fork_proc(
@@ -195,6 +296,7 @@ def _fork_proc(
     control: socket.socket,
     selector: selectors.BaseSelector,
     wake_read: int,
+    outputs: tuple[_Output, _Output],
 ) -> tuple[int, list[_Relay]]:
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
@@ -202,11 +304,12 @@ def _fork_proc(
     if pid == 0:
         inherited = [control.fileno(), wake_read, out_read, err_read]
         inherited += [key.fd for key in selector.get_map().values()]
+        inherited += [output.fd for output in outputs if output.fd > 2]
         _become_proc(config, out_write, err_write, inherited)
     os.close(out_write)
     os.close(err_write)
     tag = f"[{prefix}] ".encode()
-    return pid, [_Relay(out_read, 1, tag), _Relay(err_read, 2, tag)]
+    return pid, [_Relay(out_read, outputs[0], tag), _Relay(err_read, outputs[1], tag)]
 
 
 def _become_proc(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import secrets
 from collections.abc import Iterable, Mapping
 from types import TracebackType
@@ -95,6 +96,30 @@ def _seconds_from_env(variable: str, default: float) -> float:
         ) from None
 
 
+#: The longest mesh name spawn_procs and spawn accept.
+MAX_NAME_LEN = 255
+
+
+def check_name(what: str, name: object) -> None:
+    """Refuse a mesh name that is not a short, printable string without '/'."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a {what} needs a non-empty name (a str), got {name!r}")
+    if len(name) > MAX_NAME_LEN:
+        raise ValueError(
+            f"the {what} name {name[:40]!r}... is {len(name)} characters long; "
+            f"use at most {MAX_NAME_LEN}"
+        )
+    if "/" in name or not name.isprintable():
+        raise ValueError(
+            f"the {what} name {name!r} contains '/' or a control character; use a name without them"
+        )
+
+
+def _file_safe(name: str) -> str:
+    """A short prefix for proc ids (which name socket files) that reads like `name`."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:20].lstrip(".-") or "procs"
+
+
 class MeshBase:
     """What every mesh shares: an extent and array-like slicing."""
 
@@ -174,6 +199,7 @@ class HostMesh(MeshBase):
         interval, timeout, busy = heartbeat_settings(
             heartbeat_interval_s, heartbeat_timeout_s, busy_timeout_s
         )
+        check_name("proc mesh", name)
         per_host = dict(per_host or {})
         overlap = set(per_host) & set(self.extent.labels)
         if overlap:
@@ -188,9 +214,15 @@ class HostMesh(MeshBase):
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()
         ):
             raise TypeError("env must map str to str")
+        for key, value in (env or {}).items():
+            if not key or "=" in key or "\0" in key or "\0" in value:
+                raise ValueError(
+                    f"env variable {key[:40]!r} cannot be set: names must be non-empty without "
+                    "'=' or NUL, and values without NUL"
+                )
         runtime = current_session().runtime
         _check_fds_for_procs(runtime, extent.nelements)
-        key = f"{name}-{secrets.token_hex(3)}"
+        key = f"{_file_safe(name)}-{secrets.token_hex(3)}"
         owner_actor = context().actor_id
         peers = tuple(
             runtime.add_peer(
@@ -279,8 +311,7 @@ class ProcMesh(MeshBase, _Stoppable):
     def spawn(self, name: str, actor_class: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
         """One `actor_class(*args, **kwargs)` per proc; returns at once, calls wait for it."""
         check_actor_class(actor_class)
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"an actor mesh needs a non-empty name, got {name!r}")
+        check_name("actor mesh", name)
         payload = Payload.dump((actor_class, args, kwargs))
         actor_id = f"{name}-{secrets.token_hex(4)}"
         extent = self.extent
@@ -310,6 +341,8 @@ class ProcMesh(MeshBase, _Stoppable):
         they ran on: same name, points and constructor arguments; healthy ranks untouched.
         The future is done when the new procs are up; calls made meanwhile wait for them."""
         record = self._runtime.restarts.proc_meshes.get(self._peers[0].mesh_key)
+        if record is None and all(peer.state == "stopped" for peer in self._peers):
+            return resolved(None)  # stopped on purpose: nothing failed, nothing to re-spawn
         if record is None:
             raise ValueError(
                 f"proc mesh {self.name!r} was not spawned by this process, so it "

@@ -9,7 +9,13 @@ Caller → procs it called: InboxClosed (a reply inbox is gone: drop the connect
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import re
+import types
+import typing
 from dataclasses import dataclass
+from typing import Any
 
 from transport import FaultRule, message_type
 
@@ -238,3 +244,162 @@ class ProcReplaced:
     address: str
     pid: int
     host: str
+
+
+# -- validation of what a peer sent ------------------------------------------------------------
+
+#: What a proc id may look like: it names socket files in a run directory, so no separators,
+#: nothing hidden, and short enough for a unix socket path.
+PROC_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+_ADDRESS_PREFIXES = ("tcp://", "ipc://")
+_MAX_ADDRESS_LEN = 4096
+
+
+def invalid_fields(header: object) -> str | None:
+    """Why `header` (a decoded message) does not hold the types its class declares, or None.
+
+    Headers are decoded from whatever a peer sent, so a well-framed message may still carry a
+    list where a str belongs; receivers check before acting on it."""
+    for name, hint in _hints(type(header)).items():
+        value = getattr(header, name, None)
+        if not _conforms(value, hint):
+            return (
+                f"field {name!r} of {type(header).__name__} must be {_describe(hint)}, "
+                f"not {type(value).__name__} {_short(value)}"
+            )
+    return None
+
+
+def invalid_request(header: object) -> str | None:
+    """Why an agent must refuse `header`: wrongly typed fields or values it cannot act on."""
+    reason = invalid_fields(header)
+    if reason is not None:
+        return reason
+    check = _VALUE_CHECKS.get(type(header))
+    return check(header) if check is not None else None
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """The declared type of each field of a dataclass (none for other classes), cached."""
+    found = _HINTS.get(cls)
+    if found is None:
+        found = _HINTS[cls] = {}
+        if dataclasses.is_dataclass(cls):
+            hints = typing.get_type_hints(cls)
+            found.update((f.name, hints[f.name]) for f in dataclasses.fields(cls))
+    return found
+
+
+def _conforms(value: object, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_conforms(value, option) for option in typing.get_args(hint))
+    if origin is tuple:
+        return type(value) is tuple and _items_conform(value, typing.get_args(hint))
+    if origin is frozenset:
+        (item,) = typing.get_args(hint)
+        return type(value) is frozenset and all(_conforms(v, item) for v in value)
+    if hint is type(None) or hint is None:
+        return value is None
+    if hint is float:
+        return type(value) in (float, int)
+    if hint in (int, str, bool, bytes):
+        return type(value) is hint
+    return type(value) is hint and invalid_fields(value) is None
+
+
+def _items_conform(value: tuple[Any, ...], args: tuple[Any, ...]) -> bool:
+    if len(args) == 2 and args[1] is Ellipsis:
+        return all(_conforms(item, args[0]) for item in value)
+    return len(value) == len(args) and all(map(_conforms, value, args))
+
+
+def _describe(hint: Any) -> str:
+    if typing.get_origin(hint) is None and hasattr(hint, "__name__"):
+        return str(hint.__name__)
+    return re.sub(r"\b(?:[A-Za-z_]\w*\.)+(\w+)", r"\1", str(hint))  # without module paths
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def refusable_spawn(header: object) -> tuple[str, tuple[str, ...]] | None:
+    """(owner, proc ids) of a refused SpawnProcs when they can be told so, else None."""
+    if type(header) is not SpawnProcs or _bad_address("", header.owner) is not None:
+        return None
+    procs = header.procs
+    if type(procs) is not tuple or not all(type(p) is ProcSpec for p in procs):
+        return None
+    ids = tuple(p.proc_id for p in procs)
+    if not all(type(i) is str for i in ids):
+        return None
+    return header.owner, ids
+
+
+def _bad_address(what: str, address: str | None) -> str | None:
+    if address is None:
+        return None
+    if (
+        type(address) is not str
+        or not address.startswith(_ADDRESS_PREFIXES)
+        or len(address) > _MAX_ADDRESS_LEN
+    ):
+        return f"{what} {_short(address)} is not a tcp:// or ipc:// address"
+    return None
+
+
+def _bad_duration(what: str, seconds: float, *, positive: bool = False) -> str | None:
+    if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
+        sign = "positive" if positive else "non-negative"
+        return f"{what} must be a finite, {sign} number of seconds, not {seconds!r}"
+    return None
+
+
+def _bad_proc_id(proc_id: str) -> str | None:
+    if PROC_ID_PATTERN.fullmatch(proc_id) is None:
+        return (
+            f"proc id {_short(proc_id)} is not 1 to 100 letters, digits, '_', '.' or '-' "
+            "(not starting with '.' or '-': it names socket files)"
+        )
+    return None
+
+
+def _bad_spec(spec: ProcSpec) -> str | None:
+    if len(spec.labels) != len(spec.sizes) or any(size < 1 for size in spec.sizes):
+        return f"proc {_short(spec.proc_id)}: labels {spec.labels!r} and sizes {spec.sizes!r}"
+    if not 0 <= spec.rank < math.prod(spec.sizes):
+        return f"proc {_short(spec.proc_id)}: rank {spec.rank} is outside sizes {spec.sizes!r}"
+    if "\0" in spec.mesh_name or len(spec.mesh_name) > 1000:
+        return f"proc {_short(spec.proc_id)}: mesh name {_short(spec.mesh_name)} is not valid"
+    return _bad_proc_id(spec.proc_id) or (_bad_proc_id(spec.replaces) if spec.replaces else None)
+
+
+def _bad_spawn(request: SpawnProcs) -> str | None:
+    texts = (request.cwd, *request.sys_path, *(item for pair in request.env for item in pair))
+    if any("\0" in text for text in texts) or any(not key or "=" in key for key, _ in request.env):
+        return "env, sys_path and cwd must hold no NUL characters, env names no '='"
+    if request.heartbeat_timeout_s <= request.heartbeat_interval_s:
+        return "heartbeat_timeout_s must be longer than heartbeat_interval_s"
+    return (
+        _bad_address("owner", request.owner)
+        or _bad_duration("heartbeat_interval_s", request.heartbeat_interval_s, positive=True)
+        or _bad_duration("heartbeat_timeout_s", request.heartbeat_timeout_s, positive=True)
+        or next(filter(None, map(_bad_spec, request.procs)), None)
+    )
+
+
+_VALUE_CHECKS: dict[type, Any] = {
+    SpawnProcs: _bad_spawn,
+    StopProcs: lambda h: (
+        _bad_duration("grace_s", h.grace_s) or _bad_address("reply_to", h.reply_to)
+    ),
+    ShutdownAgent: lambda h: _bad_duration("grace_s", h.grace_s),
+    WatchProcs: lambda h: _bad_address("watcher", h.watcher),
+    OwnerAlive: lambda h: _bad_address("owner", h.owner),
+    ProcReady: lambda h: _bad_address("address", h.address),
+}

@@ -7,9 +7,17 @@ import sys
 import threading
 from typing import Any
 
-from transport import TransportError, encode, get_logger, reset_logging
+from transport import (
+    Outbox,
+    TransportError,
+    close_context,
+    encode,
+    get_logger,
+    new_context,
+    reset_logging,
+)
 
-from ._messages import Heartbeat, ProcReady
+from ._messages import Heartbeat, ProcReady, SpawnFailed
 from ._runtime import Runtime
 from ._session import Session, install_session
 
@@ -35,13 +43,30 @@ def start_heartbeats(runtime: Runtime, agent: str, proc_id: str, interval_s: flo
     threading.Thread(target=loop, name="meshvisor-heartbeat", daemon=True).start()
 
 
+def report_start_failure(config: dict[str, Any], reason: str) -> None:
+    """Tell the agent why this proc could not start, before exiting: its exit report then
+    carries the reason (otherwise only in this proc's stderr)."""
+    context = new_context()
+    outbox = Outbox(context)
+    try:
+        outbox.send(config["agent"], encode(SpawnFailed(config["proc_id"], "", reason)))
+    except TransportError:
+        pass
+    outbox.close(linger_ms=2000)
+    close_context(context)
+
+
 def run_proc(config: dict[str, Any]) -> int:
     """Run a proc described by `config` (built by the host agent); returns the exit code."""
     os.environ.update(config["env"])
     sys.path[:] = list(config["sys_path"])
     os.chdir(config["cwd"])
     reset_logging()
-    runtime = Runtime(config["address"], proc_id=config["proc_id"], agent=config["agent"])
+    try:
+        runtime = Runtime(config["address"], proc_id=config["proc_id"], agent=config["agent"])
+    except TransportError as error:  # e.g. no space left for its socket file
+        report_start_failure(config, f"the proc could not start: {error}")
+        return 1
     session = Session(
         runtime,
         rundir=config["rundir"],

@@ -124,6 +124,7 @@ class Restarts:
                     record.busy_timeout_s,
                 ),
             )
+            runtime.check_agent(agent)  # a gone agent never answers: fail its procs now
         for actors in record.actor_meshes:
             self._rebuild_actors(
                 actors, [r for r, p in enumerate(actors.peers) if record.peers.index(p) in ranks]
@@ -246,6 +247,19 @@ class Restarts:
         ranks = [r for r in ranks if r in record.restarting]
         if ranks:
             self.launch(record, ranks)
+
+    def forget_stopped(self, peer: ProcPeer) -> ProcMeshRecord | None:
+        """Drop the record of `peer`'s proc mesh (and of the actor meshes on it) once all its
+        procs are stopped: none can be re-spawned any more. Returns the record dropped."""
+        record = self._by_proc.get(id(peer))
+        if record is None or any(p.state != "stopped" for p in record.peers):
+            return None
+        self.proc_meshes.pop(record.key, None)
+        for each in record.peers:
+            self._by_proc.pop(id(each), None)
+        for actors in record.actor_meshes:
+            self.actor_meshes.pop(actors.actor_id, None)
+        return record
 
     def cancel(self, peer: ProcPeer) -> bool:
         """`peer` is being stopped: drop a restart pending for it. True if one was."""

@@ -92,6 +92,7 @@ class Runtime:
         self._agent_heard: dict[str, float] = {}
         self._agent_incarnations: dict[str, str] = {}
         self._silent_agents: set[str] = set()  # lost to silence, not heard from since
+        self._lost_agents: dict[str, str] = {}  # local agent -> why its process is gone
         self.replies = ReplyRoutes(self)
         self.host = ActorHost(self)
         self.peers: dict[str, ProcPeer] = {}
@@ -494,6 +495,22 @@ class Runtime:
             self.supervisor.handle(subject, peer.owner_actor, keys, told)
         elif state == "stopped":
             self._log.info("proc_stopped", proc=peer.proc_id, pid=event.pid)
+            self._forget_if_stopped(peer)
+
+    def _forget_if_stopped(self, peer: ProcPeer) -> None:
+        """Drop the bookkeeping of a stopped proc (of its whole mesh, for one spawned here):
+        handles the user still holds keep working, and say it was stopped."""
+        record = self.restarts.forget_stopped(peer) if peer.owned else None
+        if peer.owned and record is None:
+            return
+        gone = record.peers if record is not None else (peer,)
+        with self._lock:
+            for each in gone:
+                if self.peers.get(each.proc_id) is each:
+                    del self.peers[each.proc_id]
+        if record is not None:
+            actor_ids = [actors.actor_id for actors in record.actor_meshes]
+            self.supervisor.forget_mesh(record.key, actor_ids, [p.proc_id for p in gone])
 
     def _told_to_owner(
         self, peer: ProcPeer, event: SupervisionEvent
@@ -530,8 +547,10 @@ class Runtime:
             assert self._loop is not None
             self._loop.remove_reader(fd)
             os.close(fd)
-            if address not in self._stopping_agents:
-                self._agent_lost(address, f"(pid {pid}) died")
+            stopping = address in self._stopping_agents
+            self._lost_agents[address] = f"(pid {pid}) {'was shut down' if stopping else 'died'}"
+            if not stopping:
+                self._agent_lost(address, self._lost_agents[address])
 
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._loop.add_reader, fd, on_exit)
@@ -539,6 +558,33 @@ class Runtime:
     def agent_stopping(self, address: str) -> None:
         """The agent at `address` is being shut down on purpose: its exit is no failure."""
         self._stopping_agents.add(address)
+
+    def check_agent(self, agent: str) -> None:
+        """Procs were just requested from `agent`: if its process is known to be gone, fail
+        them now; if it is silent or being shut down, fail them unless it answers within
+        AGENT_TIMEOUT_S (a partition may heal). Either way the request ends."""
+        doubtful = agent in self._silent_agents or agent in self._stopping_agents
+        if doubtful or agent in self._lost_agents:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._check_gone_agent, agent, time.monotonic())
+
+    def _check_gone_agent(self, agent: str, requested_at: float) -> None:
+        why = self._lost_agents.get(agent)
+        if why is not None:
+            self._fail_procs_of(agent, why)
+        else:
+            self.call_later(AGENT_TIMEOUT_S, self._fail_if_still_silent, agent, requested_at)
+
+    def _fail_if_still_silent(self, agent: str, requested_at: float) -> None:
+        heard = self._agent_heard.get(agent, requested_at)
+        if heard > requested_at:
+            return  # it answered since: the request reached it
+        if agent in self._stopping_agents:
+            self._fail_procs_of(agent, f"at {agent} was shut down by this process")
+        elif agent in self._silent_agents:
+            self._fail_procs_of(
+                agent, f"at {agent} gave no answer for {time.monotonic() - heard:.1f} s"
+            )
 
     def listen_on_tcp(self, host: str) -> None:
         """Also listen on tcp (for procs on other hosts); replies and ownership use it."""
@@ -577,6 +623,8 @@ class Runtime:
 
     def _on_agent_alive(self, envelope: Envelope) -> None:
         header: AgentAlive = envelope.header
+        if header.agent not in self._attached_agents:
+            return  # not an agent this process keeps alive: nothing to learn
         self._agent_heard[header.agent] = time.monotonic()
         self._silent_agents.discard(header.agent)
         known = self._agent_incarnations.setdefault(header.agent, header.incarnation)
@@ -587,7 +635,11 @@ class Runtime:
     def _agent_lost(self, agent: str, why: str) -> None:
         """Every live proc of `agent` failed with kind "unreachable"."""
         self._log.error("agent_lost", agent=agent, reason=why)
-        lost = [p for p in self.peers.values() if p.agent == agent and p.alive]
+        self._fail_procs_of(agent, why)
+
+    def _fail_procs_of(self, agent: str, why: str) -> None:
+        with self._lock:
+            lost = [p for p in self.peers.values() if p.agent == agent and p.alive]
         for peer in lost:
             self.mark_peer_gone(
                 peer, peer.make_event("unreachable", f"its host agent {why}"), "failed"
@@ -651,6 +703,9 @@ class Runtime:
         self.stop_peers(owned, grace_s, "because its owner stopped or failed")
 
     def _on_stop_proc(self, envelope: Envelope) -> None:
+        if self.supervisor.is_root:  # only procs are stopped by their agent; a client ends itself
+            self._log.warning("message_ignored", kind="StopProc", reason="the client has no agent")
+            return
         self.host.stop_all()
         self._request_stop()
 

@@ -8,6 +8,7 @@ session from its agent's configuration.
 from __future__ import annotations
 
 import atexit
+import errno
 import os
 import secrets
 import shutil
@@ -16,7 +17,7 @@ import sys
 import threading
 from typing import Any
 
-from transport import get_logger, private_runtime_dir, raise_open_file_limit
+from transport import TransportError, get_logger, private_runtime_dir, raise_open_file_limit
 
 from ._failfast import FAIL_FAST
 from ._fork import check_not_forked, forked_from
@@ -142,11 +143,7 @@ def current_session() -> Session:
     with _session_lock:
         if _session is None:
             raise_open_file_limit()  # each proc costs descriptors; its agent inherits this
-            rundir = private_runtime_dir()
-            _sweep_stale_run_dirs(os.path.dirname(rundir))
-            with open(os.path.join(rundir, OWNER_FILE), "w") as owner:
-                owner.write(str(os.getpid()))
-            runtime = Runtime(f"ipc://{rundir}/client", proc_id="client", is_root=True)
+            rundir, runtime = _start_client_runtime()
             runtime.start_in_thread()
             FAIL_FAST.install()
             _session = Session(runtime, rundir=rundir)
@@ -154,9 +151,40 @@ def current_session() -> Session:
     return _session
 
 
-def _sweep_stale_run_dirs(base: str) -> None:
-    """Remove run directories of clients that died without cleaning up (killed by SIGKILL
-    with no local agent left to do it)."""
+def _start_client_runtime() -> tuple[str, Runtime]:
+    """The client's run directory and runtime; a clear OSError, and nothing left behind, when
+    they cannot be made (a full disk, a socket path too long)."""
+    try:
+        rundir = private_runtime_dir()
+    except OSError as error:
+        raise _session_error("cannot create its run directory", error) from error
+    try:
+        sweep_stale_run_dirs(os.path.dirname(rundir))
+        write_owner_file(rundir)
+        return rundir, Runtime(f"ipc://{rundir}/client", proc_id="client", is_root=True)
+    except (OSError, TransportError) as error:
+        shutil.rmtree(rundir, ignore_errors=True)
+        raise _session_error(f"cannot set up its run directory {rundir}", error) from error
+
+
+def _session_error(what: str, error: BaseException) -> OSError:
+    code = getattr(error, "errno", None) or errno.EIO
+    return OSError(
+        code,
+        f"cannot start a meshvisor session: it {what}: {error}; free some space, or point "
+        "XDG_RUNTIME_DIR or TMPDIR at a writable directory with a short path",
+    )
+
+
+def write_owner_file(rundir: str) -> None:
+    """Name this process as the owner of `rundir`, so a later one can sweep it once we die."""
+    with open(os.path.join(rundir, OWNER_FILE), "w") as owner:
+        owner.write(str(os.getpid()))
+
+
+def sweep_stale_run_dirs(base: str) -> None:
+    """Remove run directories of clients and daemon agents that died without cleaning up
+    (killed by SIGKILL with no local agent left to do it)."""
     for entry in os.scandir(base):
         if not entry.name.startswith("meshvisor-") or not entry.is_dir(follow_symlinks=False):
             continue

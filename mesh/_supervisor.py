@@ -35,6 +35,11 @@ class Supervisor:
         self._observed: set[tuple[str | None, str | None, str]] = set()
         self._log = get_logger("supervision", proc=runtime.proc_id)
 
+    @property
+    def is_root(self) -> bool:
+        """Whether this is the client's supervisor, the root of the tree."""
+        return self._is_root
+
     def handlers_for_proc(self, proc_id: str, mesh_key: str) -> tuple[str, ...]:
         """Handler keys for a proc's death: the actor meshes on it, then its proc mesh."""
         return (*self.actor_meshes_on.get(proc_id, ()), mesh_key)
@@ -84,6 +89,14 @@ class Supervisor:
                 self._log.error(
                     "event_listener_raised", listener=repr(listener), error=traceback.format_exc()
                 )
+
+    def forget_mesh(self, key: str, actor_ids: list[str], proc_ids: list[str]) -> None:
+        """A stopped proc mesh (and the actor meshes on it) will never fail again."""
+        for name in (key, *actor_ids):
+            self.handlers.pop(name, None)
+            self.actor_mesh_owners.pop(name, None)
+        for proc_id in proc_ids:
+            self.actor_meshes_on.pop(proc_id, None)
 
     def forget(self, actor_id: str) -> None:
         """Failures of `actor_id` seen so far are history: it is being rebuilt."""
