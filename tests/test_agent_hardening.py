@@ -351,8 +351,10 @@ def fuzz(peer: RawPeer, target: str) -> None:
 
 
 def ping(actor_id: str, reply_to: str) -> messages.CallActor:
-    """A call of the builtin ``__ping__`` endpoint of actor `actor_id`."""
-    return messages.CallActor(1, reply_to, actor_id, "__ping__", (), (), 0)
+    """A call of the builtin ``__ping__`` endpoint of actor `actor_id` (``mesh[rank]``: calls
+    address the actor mesh, which is the id without the rank)."""
+    mesh_id = actor_id.rsplit("[", 1)[0]
+    return messages.CallActor(1, reply_to, mesh_id, "__ping__", (), (), 0)
 
 
 MAX_GROWTH = 64 << 20  # bytes of RSS a fuzzed process may gain (a leak per frame would not fit)
