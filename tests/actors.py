@@ -421,3 +421,13 @@ class Where(Actor):
     @endpoint
     def where(self) -> tuple[int, dict[str, int]]:
         return os.getpid(), dict(current_rank())
+
+
+class Exposed(Actor):
+    """Says how a raw socket reaches it: its pid, its proc's inbox address and its actor id."""
+
+    @endpoint
+    def reach(self) -> tuple[int, str, str | None]:
+        from mesh._session import current_runtime
+
+        return os.getpid(), current_runtime().address, context().actor_id
