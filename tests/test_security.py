@@ -375,9 +375,9 @@ def test_keys_are_private_from_creation_even_with_umask_0(
     finally:
         os.umask(previous)
     seen.extend((f.name, stat.S_IMODE(f.stat().st_mode)) for f in directory.iterdir())
-    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     secrets = [mode for name, mode in seen if name.endswith("key_secret")]
     assert secrets and all(mode & 0o077 == 0 for mode in secrets), seen
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
 
 
 def test_meshvisor_keys_refuses_to_overwrite_or_follow_links(tmp_path: Path) -> None:
