@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,9 +104,12 @@ def reply_inbox(context: zmq.Context[Any]) -> Iterator[Inbox]:
 
 
 def next_header(inbox: Inbox) -> Any:
-    assert inbox.poll(int(T * 1000)), "no answer came"
-    envelope = inbox.receive_nowait()
-    assert envelope is not None
+    """The header of the next valid message `inbox` receives (invalid ones are dropped)."""
+    deadline = time.monotonic() + T
+    while (envelope := inbox.receive_nowait()) is None:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, "no answer came"
+        inbox.poll(max(1, int(remaining * 1000)))
     return envelope.header
 
 
@@ -395,3 +399,25 @@ def test_meshvisor_keys_refuses_to_overwrite_or_follow_links(tmp_path: Path) -> 
     linked = keys(tmp_path / "link")
     assert linked.returncode == 2 and "refusing to keep CURVE keys" in linked.stderr
     assert not list((tmp_path / "elsewhere").iterdir())
+
+
+def test_an_inbox_refuses_frames_over_the_size_limit_at_the_socket(
+    context: zmq.Context[Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A frame larger than the message limit plus a header never reaches the receiver: zmq
+    disconnects its sender (ZMQ_MAXMSGSIZE) instead of buffering it whole. The sender's next
+    message, after it reconnects, arrives."""
+    monkeypatch.setattr(transport._log, "_root", None)  # log to this test's captured stderr
+    folder = private_runtime_dir()
+    inbox = Inbox(context, f"ipc://{folder}/small", max_bytes=1000)
+    raw = raw_socket(context, inbox.address)
+    try:
+        raw.send(b"\0" * (transport._frames.MAX_HEADER_BYTES + 64 * 1024))
+        raw.send_multipart(encode(AgentAlive("after", "the big one")))
+        assert next_header(inbox) == AgentAlive("after", "the big one")
+        assert inbox.receive_nowait() is None
+    finally:
+        raw.close(0)
+        inbox.close()
+        os.rmdir(folder)
+    assert "message_dropped" not in capsys.readouterr().err  # not even read to be dropped
