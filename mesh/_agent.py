@@ -19,9 +19,11 @@ import stat
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from transport import (
     KEYS_ENV,
+    CurveKeys,
     Envelope,
     TransportError,
     check_exposure,
@@ -631,7 +633,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
         "--keys",
         default=None,
         help="directory of the allocation's CURVE keys (meshvisor keys DIR): authenticate and "
-        "encrypt every connection, refusing peers without them",
+        "encrypt every tcp connection, refusing peers without them. Default on tcp: "
+        "$MESHVISOR_CURVE_KEYS, else keys made for the allocation (or address file) F in F.keys",
     )
     parser.add_argument(
         "--allocation",
@@ -653,16 +656,17 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
     raise_open_file_limit()  # each proc costs the agent descriptors; procs inherit it
     if args.keys:
         os.environ[KEYS_ENV] = os.path.abspath(args.keys)  # procs inherit it
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    rundir = args.rundir or _own_run_dir()
     address = (
         args.address.replace(":0", ":*") if args.address.startswith("tcp://") else args.address
     )
     if address.startswith("tcp://"):
         try:
+            _use_keys(args)
             check_exposure(address[len("tcp://") :].rsplit(":", 1)[0])
         except TransportError as error:
             parser.error(str(error))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    rundir = args.rundir or _own_run_dir()
     if args.preload:
         os.environ[PRELOAD_ENV] = args.preload
     forkserver = start_forkserver()
@@ -708,6 +712,33 @@ def _own_run_dir() -> str:
     write_owner_file(rundir)
     sweep_stale_run_dirs(os.path.dirname(rundir))
     return rundir
+
+
+def _use_keys(args: argparse.Namespace) -> None:
+    """Set the CURVE keys this tcp agent and its procs use: --keys, else MESHVISOR_CURVE_KEYS,
+    else a key pair made for its allocation (or address file) F, in the private F.keys."""
+    if args.keys:
+        os.environ[KEYS_ENV] = os.path.abspath(args.keys)  # procs inherit it
+        return
+    if os.environ.get(KEYS_ENV):
+        return
+    if args.allocation:
+        from ._attach import allocation_keys_dir
+
+        directory = allocation_keys_dir(args.allocation).absolute()
+    elif args.address_file:
+        directory = Path(os.path.abspath(args.address_file) + ".keys")
+    else:
+        return  # check_exposure explains what to pass
+    CurveKeys.create_or_load(directory)
+    os.environ[KEYS_ENV] = str(directory)
+    print(
+        f"meshvisor agent: no --keys given: every tcp connection is authenticated with the "
+        f"CURVE keys in {directory} (attach() by allocation finds them; elsewhere set "
+        f"{KEYS_ENV}={directory})",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _write_atomically(path: str, text: str) -> None:

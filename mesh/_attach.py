@@ -9,6 +9,10 @@ client that exits or dies has its procs stopped, and the next client attaches ag
 An agent leaves the file when it stops; the addresses of agents that died without doing so
 (SIGKILL, a lost host) are dropped when the next agent joins, if nothing listens there any more.
 Clients only read the file: a dead agent they attach to is reported as unreachable.
+
+tcp agents are always authenticated. Agents started without keys make a CURVE key pair for
+their allocation file F in the private directory ``F.keys``; ``attach`` finds it there unless
+``MESHVISOR_CURVE_KEYS`` names the keys to use.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import socket
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from transport import KEYS_ENV
 
 from ._meshes import HostMesh
 from ._session import current_session
@@ -124,11 +130,50 @@ def read_allocation(name_or_path: str) -> list[str]:
     return list(dict.fromkeys(line for line in lines if line))
 
 
+def allocation_keys_dir(name_or_path: str) -> Path:
+    """Where the CURVE keys made for allocation `name_or_path` are kept: ``F.keys`` beside its
+    file F."""
+    path = allocation_file(name_or_path)
+    return path.with_name(path.name + ".keys")
+
+
+#: The keys directory attach() chose for this process (None: none, or the user's own choice).
+_chosen_keys: str | None = None
+
+
+def use_allocation_keys(agents: str | Sequence[str]) -> None:
+    """Make this process authenticate with the keys of the allocation it attaches to over tcp:
+    those named by MESHVISOR_CURVE_KEYS if the user set it, else those made for the allocation."""
+    global _chosen_keys
+    current = os.environ.get(KEYS_ENV)
+    if current and current != _chosen_keys:
+        return  # the user's choice
+    own = allocation_keys_dir(agents) if isinstance(agents, str) else None
+    if own is not None and (own / "allocation.key_secret").exists():
+        if current and current != str(own):
+            raise ValueError(
+                f"cannot attach to {agents!r} with its keys in {own}: this client already "
+                f"uses those of another allocation ({current}), and one process uses one key "
+                f"pair; make shared keys with 'meshvisor keys DIR' and start both "
+                f"allocations' agents with --keys DIR"
+            )
+        os.environ[KEYS_ENV] = _chosen_keys = str(own)
+    elif not current:
+        where = f" (none were made in {own})" if own is not None else ""
+        raise ValueError(
+            f"cannot attach to tcp agents {agents!r} without their allocation's CURVE "
+            f"keys{where}: set {KEYS_ENV}=DIR to the directory the agents got with --keys "
+            "DIR, or attach by allocation name or file so that the keys made for it are found"
+        )
+
+
 def attach(agents: str | Sequence[str], *, listen_host: str = "127.0.0.1") -> HostMesh:
     """A `HostMesh` over running host agents: an allocation name or file, or addresses.
 
     The client listens on tcp at `listen_host` so that procs on those hosts can reach it
     (loopback by default: pass the address of this machine's interface for other hosts).
+    Connections to tcp agents are authenticated with the allocation's CURVE keys (see
+    `use_allocation_keys`).
     """
     addresses = read_allocation(agents) if isinstance(agents, str) else list(agents)
     if not addresses:
@@ -136,6 +181,8 @@ def attach(agents: str | Sequence[str], *, listen_host: str = "127.0.0.1") -> Ho
     for address in addresses:
         if not address.startswith(("tcp://", "ipc://")):
             raise ValueError(f"{address!r} is not an agent address (tcp://HOST:PORT or ipc://)")
+    if any(address.startswith("tcp://") for address in addresses):
+        use_allocation_keys(agents)
     runtime = current_session().runtime
     if any(address.startswith("tcp://") for address in addresses):
         runtime.listen_on_tcp(listen_host)

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
         add_help=False,
     )
     keys = commands.add_parser("keys", help="create CURVE keys for an allocation")
-    keys.add_argument("directory", type=Path, help="where to write them (created private)")
+    keys.add_argument("directory", type=Path, help="where to write them (made private: mode 0700)")
     commands.add_parser(
         "demo",
         help="train replicas under random kills (meshvisor demo --help)",
@@ -39,18 +39,27 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "keys":
-        from transport import KEYS_ENV, CurveKeys
-
-        CurveKeys.create(args.directory)
-        print(
-            f"created CURVE keys in {args.directory}; start agents with --keys "
-            f"{args.directory} and clients with {KEYS_ENV}={args.directory}"
-        )
-        return 0
+        return _make_keys(args.directory)
     if args.command == "version":
         print(metadata.version("meshvisor"))
         return 0
     raise AssertionError(f"unhandled command {args.command}")
+
+
+def _make_keys(directory: Path) -> int:
+    """``meshvisor keys DIR``: a new key pair, private from the start, in a private DIR."""
+    from transport import KEYS_ENV, CurveKeys, TransportError
+
+    try:
+        CurveKeys.create(directory)
+    except TransportError as error:
+        print(f"meshvisor keys: {error}", file=sys.stderr)
+        return 2
+    print(
+        f"created CURVE keys in {directory} (mode 0700; the secret key file is 0600); start "
+        f"agents with --keys {directory} and clients with {KEYS_ENV}={directory}"
+    )
+    return 0
 
 
 def _run_agent(rest: list[str]) -> int:

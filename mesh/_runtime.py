@@ -23,6 +23,7 @@ import anyio
 
 from supervision import ActorError, EventKind, SupervisionError, SupervisionEvent
 from transport import (
+    KEYS_ENV,
     Envelope,
     Inbox,
     Outbox,
@@ -618,8 +619,20 @@ class Runtime:
             silent = now - heard > AGENT_TIMEOUT_S and agent not in self._stopping_agents
             if silent and agent not in self._silent_agents:  # each silence once
                 self._silent_agents.add(agent)
-                self._agent_lost(agent, f"at {agent} gave no answer for {now - heard:.1f} s")
+                why = self._refused_by(agent) or f"gave no answer for {now - heard:.1f} s"
+                self._agent_lost(agent, f"at {agent} {why}")
         self.call_later(OWNER_ALIVE_INTERVAL_S, self._send_owner_alive)
+
+    def _refused_by(self, agent: str) -> str | None:
+        """Why `agent` refuses this process (its CURVE keys), in words, or None."""
+        reason = self.outbox.refusal(agent)
+        if reason is None:
+            return None
+        return (
+            f"refused this process: {reason} (wrong or missing CURVE keys: this process uses "
+            f"those in {os.environ.get(KEYS_ENV)}; use the keys of the agent's allocation, the "
+            f"directory of its --keys, or attach by allocation name)"
+        )
 
     def _on_agent_alive(self, envelope: Envelope) -> None:
         header: AgentAlive = envelope.header

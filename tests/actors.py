@@ -498,3 +498,13 @@ class ExitWitness(Actor):
     @endpoint
     def pid(self) -> int:
         return os.getpid()
+
+
+class Exposed(Actor):
+    """Says how a raw socket reaches it: its pid, its proc's inbox address and its actor id."""
+
+    @endpoint
+    def reach(self) -> tuple[int, str, str | None]:
+        from mesh._session import current_runtime
+
+        return os.getpid(), current_runtime().address, context().actor_id

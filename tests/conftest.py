@@ -25,6 +25,11 @@ RUN_BASE = tempfile.mkdtemp(prefix="mvt-")
 os.chmod(RUN_BASE, 0o700)
 os.environ["XDG_RUNTIME_DIR"] = RUN_BASE
 os.environ.pop("MESHVISOR_LOG_LEVEL", None)  # the suite checks that logs are quiet by default
+# Every tcp connection is authenticated: this process (a client) and the agents the tests start
+# share one CURVE key pair. Tests of keys give their subprocesses other keys, or none.
+SUITE_KEYS = os.path.join(RUN_BASE, "keys")
+transport.CurveKeys.create(SUITE_KEYS)
+os.environ[transport.KEYS_ENV] = SUITE_KEYS
 
 # meshvisor's structlog logger writes to the `sys.stderr` object it finds on first use. Create it
 # now, while pytest's session-wide capture is in place, so that it never binds to the stream of a

@@ -186,17 +186,19 @@ KEYED_CLIENT = textwrap.dedent("""
         def hello(self) -> str:
             return "hello"
 
-    procs = attach([{address!r}]).spawn_procs(per_host={{"gpus": 1}})
     try:
+        procs = attach([{address!r}]).spawn_procs(per_host={{"gpus": 1}})
         print("RESULT", procs.spawn("hello", Hello).hello.call_one().get(timeout=20))
     except Exception as error:  # the failure is what the test looks at
         print("RESULT", type(error).__name__)
+        print("MESSAGE", error)
 """)
 
 
 def test_curve_keys_admit_members_and_refuse_others(tmp_path: Path) -> None:
     """An agent started with the allocation's CURVE keys serves clients holding them and
-    refuses, with a logged reason, clients with other keys or none."""
+    refuses, with a logged reason, clients with other keys; the refused client is told why
+    (not only "no answer"). A client without keys is refused before it sends anything."""
     keys, others = tmp_path / "keys", tmp_path / "other-keys"
     for directory in (keys, others):
         subprocess.run(
@@ -227,21 +229,25 @@ def test_curve_keys_admit_members_and_refuse_others(tmp_path: Path) -> None:
         script = tmp_path / "client.py"
         script.write_text(KEYED_CLIENT.format(address=address_file.read_text().strip()))
 
-        def run(keys_dir: Path | None) -> str:
+        def run(keys_dir: Path | None) -> tuple[str, str]:
             env = {k: v for k, v in os.environ.items() if k != "MESHVISOR_CURVE_KEYS"}
             if keys_dir is not None:
                 env["MESHVISOR_CURVE_KEYS"] = str(keys_dir)
             done = subprocess.run(
                 [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60
             )
-            return next(
-                (line for line in done.stdout.splitlines() if line.startswith("RESULT")),
-                done.stdout + done.stderr,
-            )
+            lines = done.stdout.splitlines()
+            result = next((x for x in lines if x.startswith("RESULT")), done.stdout + done.stderr)
+            return result, next((x for x in lines if x.startswith("MESSAGE")), "")
 
-        assert run(keys) == "RESULT hello"
-        assert run(others) == "RESULT SupervisionError"  # nothing comes back: unreachable
-        assert run(None) == "RESULT SupervisionError"
+        assert run(keys)[0] == "RESULT hello"
+        result, message = run(others)
+        assert result == "RESULT SupervisionError", message
+        assert "unreachable" in message and "refused this process" in message, message
+        assert "CURVE keys" in message and str(others) in message, message
+        result, message = run(None)
+        assert result == "RESULT ValueError", message
+        assert "MESHVISOR_CURVE_KEYS=DIR" in message, message
     finally:
         agent.terminate()
         _, log = agent.communicate(timeout=T)

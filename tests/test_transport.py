@@ -254,7 +254,7 @@ def test_tensor_received_over_zmq_is_writable_and_owned() -> None:
     finally:
         outbox.close(0)
         inbox.close()
-        context.term()
+        transport.close_context(context)
 
 
 def test_small_tensor_uses_torch_pickling() -> None:
@@ -524,7 +524,7 @@ def ipc_dir() -> Iterator[str]:
 def zmq_context() -> Iterator[zmq.Context[Any]]:
     context = new_context()
     yield context
-    context.term()
+    transport.close_context(context)  # also stops the CURVE authenticator of tcp inboxes
 
 
 def test_private_runtime_dir_is_private(ipc_dir: str) -> None:
@@ -563,9 +563,11 @@ def test_inbox_drops_garbage_and_receives_the_next_valid_message(
     assert "unknown type NotRegistered" in err
 
 
-def test_inbox_drops_oversized_message_and_receives_the_next(zmq_context: zmq.Context[Any]) -> None:
+def test_inbox_drops_oversized_message_and_receives_the_next(
+    ipc_dir: str, zmq_context: zmq.Context[Any]
+) -> None:
     """DESIGN: oversized frames are rejected and logged, never crash the receiver."""
-    inbox = Inbox(zmq_context, transport.tcp_address(), max_bytes=10_000)
+    inbox = Inbox(zmq_context, f"ipc://{ipc_dir}/inbox", max_bytes=10_000)
     raw = zmq_context.socket(zmq.PUSH)
     raw.setsockopt(zmq.LINGER, 0)
     try:

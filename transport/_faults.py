@@ -17,7 +17,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._frames import message_type
 
+
+@message_type  # SetFaultRules carries rules in its header
 @dataclass(frozen=True)
 class FaultRule:
     """Drop (with `probability`) or delay (by `delay_s`) messages this process sends to any of

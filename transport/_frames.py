@@ -3,16 +3,25 @@
 Wire layout of one message (a zmq multipart message)::
 
     frame 0   b"MV" + version byte + header length (u32 little-endian) + codec byte +
-              the header (a registered message type: marshal of its name and fields when
-              they are plain values, else pickle) + the payload's pickle body (may be empty)
+              the header (a registered message type: marshal of its name and fields, see
+              below) + the payload's pickle body (may be empty)
     frame 1.. the payload's out-of-band buffers, one zero-copy frame each
 
 Small messages are therefore a single frame, the cheapest thing zmq can move.
 
-Headers are decoded eagerly and must be of a registered message type; payloads are decoded
-lazily by whoever handles the message, so a payload that cannot be unpickled is reported to its
-sender instead of crashing the receiver. (Pickle runs code: peers are trusted, which is why tcp
-across hosts is authenticated.)
+Headers are decoded eagerly, never with pickle: a header is the marshal of a tuple
+``(type name, *fields)`` of plain values (None, bool, int, float, str, bytes, tuple, list,
+dict, set, frozenset). Codec ``m`` holds only plain values; codec ``n`` also holds registered
+messages nested in its fields, each written as the tuple ``(..., type name, *fields)``. Before
+marshal reads a header, a scan of its bytes rejects every marshal type outside that set (code
+objects included) and every declared length or item count larger than the bytes left, so a
+header can neither run code nor make the receiver allocate more than a small multiple of its
+size (at most MAX_HEADER_BYTES). Only registered message types come out.
+
+Payloads are decoded lazily by whoever handles the message, so a payload that cannot be
+unpickled is reported to its sender instead of crashing the receiver. Pickle runs code, so
+payloads come only from authenticated peers: every tcp inbox is a CURVE server, and ipc
+sockets live in private directories.
 """
 
 from __future__ import annotations
@@ -21,20 +30,23 @@ import dataclasses
 import marshal
 import operator
 import os
-import pickle
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import _serialize
-from ._errors import MalformedMessage, MessageTooLarge
+from ._errors import MalformedMessage, MessageTooLarge, SerializationError
 
 MAGIC = b"MV\x03"
 _LENGTH = struct.Struct("<I")
 _PREFIX = len(MAGIC) + _LENGTH.size + 1
-_MARSHAL, _PICKLE = b"m", b"p"
+_MARSHAL, _NESTED = b"m", b"n"
 DEFAULT_MAX_MESSAGE_BYTES = int(os.environ.get("MESHVISOR_MAX_MESSAGE_BYTES", 1 << 30))
+#: The largest header a receiver decodes (a SpawnProcs of thousands of procs is far smaller).
+MAX_HEADER_BYTES = 4 << 20
+#: Headers nest registered messages at most this deep (SpawnProcs → ProcSpec is 1).
+_MAX_NESTING = 8
 
 _T = TypeVar("_T", bound=type)
 _registered: set[type] = set()
@@ -61,26 +73,131 @@ def message_type(cls: _T) -> _T:
 
 
 def _encode_header(header: Any) -> tuple[bytes, bytes]:
-    """(codec, bytes): marshal for headers of plain values, the fast common case."""
+    """(codec, bytes): marshal of the header's name and fields; nested messages as tuples."""
     fields = _fields_of.get(type(header))
+    if fields is None:
+        raise SerializationError(
+            f"cannot send a {type(header).__qualname__} header: only types registered with "
+            "@message_type can be headers"
+        )
+    values = fields(header)
+    try:
+        return _MARSHAL, marshal.dumps(values)
+    except ValueError:  # a field holds a nested message (or something a header cannot hold)
+        pass
+    try:
+        return _NESTED, marshal.dumps(_plain(values))
+    except ValueError:
+        raise SerializationError(
+            f"cannot send a {type(header).__qualname__} header: its fields must hold plain "
+            "values (None, bool, int, float, str, bytes, tuple, list, dict, set, frozenset) "
+            f"or registered messages, not {values!r}"
+        ) from None
+
+
+def _plain(value: Any) -> Any:
+    """`value` with every registered message in it replaced by ``(..., name, *fields)``."""
+    fields = _fields_of.get(type(value))
     if fields is not None:
-        try:
-            return _MARSHAL, marshal.dumps(fields(header))
-        except ValueError:  # a field holds something marshal cannot write (nested messages)
-            pass
-    return _PICKLE, pickle.dumps(header, protocol=5)
+        return (..., *(_plain(v) for v in fields(value)))
+    if type(value) is tuple:
+        return tuple(_plain(v) for v in value)
+    if type(value) is list:
+        return [_plain(v) for v in value]
+    if type(value) is dict:
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def _decode_header(codec: bytes | memoryview, data: memoryview) -> Any:
-    if codec == _MARSHAL:
-        values = marshal.loads(data)
-        cls = _by_name.get(values[0]) if type(values) is tuple and values else None
-        if cls is None:
-            raise MalformedMessage(f"received a header of unknown type {values[:1]!r}")
-        return cls(*values[1:])
-    if codec == _PICKLE:
-        return pickle.loads(data)
-    raise MalformedMessage(f"unknown header encoding {codec!r}")
+    if codec != _MARSHAL and codec != _NESTED:
+        raise MalformedMessage(f"unknown header encoding {bytes(codec)!r}")
+    check_marshal(data)
+    values = marshal.loads(data)
+    if codec == _NESTED:
+        return _rebuilt((..., *values) if type(values) is tuple else values, 0)
+    return _message(values, 0)
+
+
+def _message(values: Any, start: int) -> Any:
+    """The registered message `values[start:]` names, built from the fields that follow."""
+    cls = _by_name.get(values[start]) if type(values) is tuple and len(values) > start else None
+    if cls is None:
+        raise MalformedMessage(f"received a header of unknown type {values[start : start + 1]!r}")
+    return cls(*values[start + 1 :])
+
+
+def _rebuilt(value: Any, depth: int) -> Any:
+    """`value` with every ``(..., name, *fields)`` tuple turned back into its message."""
+    if depth > _MAX_NESTING:
+        raise MalformedMessage(f"a header nests messages deeper than {_MAX_NESTING} levels")
+    kind = type(value)
+    if kind is tuple:
+        if value and value[0] is ...:
+            return _message(tuple(_rebuilt(v, depth + 1) for v in value), 1)
+        return tuple(_rebuilt(v, depth + 1) for v in value)
+    if kind is list:
+        return [_rebuilt(v, depth + 1) for v in value]
+    if kind is dict:
+        return {k: _rebuilt(v, depth + 1) for k, v in value.items()}
+    return value
+
+
+# How the scan treats each marshal type code (with or without the FLAG_REF bit 0x80):
+# > 0: a token of that many bytes; _SHORT: a string with a one-byte length; _SIZED: a
+# string with a four-byte length; _COUNTED: a container with a four-byte item count; _LONG:
+# an int with a four-byte digit count; 0: a type a header never holds (code, complex...).
+_SHORT, _SIZED, _COUNTED, _LONG = -1, -2, -3, -4
+_I32 = struct.Struct("<i")
+
+
+def _token_table() -> tuple[int, ...]:
+    table = [0] * 256
+    kinds = {"0NFT.{": 1, "ir": 5, "g": 9, ")": 2, "zZ": _SHORT}
+    kinds |= {"stuaA": _SIZED, "([<>": _COUNTED, "l": _LONG}
+    for codes, kind in kinds.items():
+        for code in codes:
+            table[ord(code)] = table[ord(code) | 0x80] = kind
+    return tuple(table)
+
+
+_TOKENS = _token_table()
+
+
+def check_marshal(data: bytes | memoryview) -> None:
+    """Raise MalformedMessage unless `data` is marshal of plain values whose declared sizes
+    fit in `data` (so that ``marshal.loads`` runs no code and allocates within bounds)."""
+    position, end, table = 0, len(data), _TOKENS
+    while position < end:
+        step = table[data[position]]
+        if step > 0:
+            position += step
+        elif step == _SHORT:
+            position += 2 + data[position + 1] if position + 1 < end else 2
+        else:
+            position = _sized_token(data, position, step, end)
+    if position != end:
+        raise MalformedMessage("a truncated header: its last value runs past its end")
+
+
+def _sized_token(data: bytes | memoryview, position: int, kind: int, end: int) -> int:
+    """Where the token at `position` ends (its items follow it, for a container)."""
+    if kind == 0:
+        raise MalformedMessage(
+            f"a header holds marshal type {chr(data[position] & 0x7F)!r}, which is not a plain "
+            "value a header may hold"
+        )
+    if position + 5 > end:
+        raise MalformedMessage("a truncated header: a length runs past its end")
+    (count,) = _I32.unpack_from(data, position + 1)
+    position += 5
+    size = 2 * abs(count) if kind == _LONG else count
+    if size < 0 or size > end - position:
+        raise MalformedMessage(
+            f"a header declares {count} items or bytes, more than its {end - position} "
+            "remaining bytes could hold"
+        )
+    return position if kind == _COUNTED else position + size
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +233,11 @@ def encode(
 ) -> list[Any]:
     """Frames for `header` and `payload`; raises MessageTooLarge past `max_bytes`."""
     codec, head = _encode_header(header)
+    if len(head) > MAX_HEADER_BYTES:
+        raise MessageTooLarge(
+            f"a {type(header).__name__} header of {len(head)} bytes exceeds the limit of "
+            f"{MAX_HEADER_BYTES} bytes on headers; put large values in the payload"
+        )
     if payload is None:
         return [MAGIC + _LENGTH.pack(len(head)) + codec + head]
     size = payload.nbytes
@@ -142,6 +264,10 @@ def decode(frames: Sequence[Any], *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES)
             f"received a frame without the meshvisor header (starts with {bytes(first[:8])!r})"
         )
     (length,) = _LENGTH.unpack_from(first, len(MAGIC))
+    if length > MAX_HEADER_BYTES:
+        raise MessageTooLarge(
+            f"received a header of {length} bytes, over the limit of {MAX_HEADER_BYTES}"
+        )
     if _PREFIX + length > first.nbytes:
         raise MalformedMessage(
             f"truncated message: the header claims {length} bytes but the "

@@ -2,14 +2,22 @@
 
 Every process of an allocation (client, agents, procs) shares one CURVE key pair, found in the
 directory named by ``MESHVISOR_CURVE_KEYS`` (made by ``meshvisor keys DIR``; agents take
-``--keys DIR``). When it is set, every inbox is a CURVE server that admits only peers holding
-that key pair, and refuses others with a logged reason; every outgoing connection authenticates
-with it. Without it, meshvisor only listens on loopback and private ipc directories.
+``--keys DIR``, or make a pair per allocation). Every tcp inbox, loopback included, is a CURVE
+server that admits only peers holding that key pair and refuses others with a logged reason;
+every outgoing tcp connection authenticates with it. Listening or connecting on tcp without
+keys is refused: on a shared machine another user can reach loopback too. ipc sockets need no
+keys: they live in directories only their user can enter.
+
+Key files are created private (mode 0600 from the first byte, in a directory forced to 0700):
+never written first and chmodded afterwards.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import os
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +32,12 @@ from ._log import get_logger
 
 KEYS_ENV = "MESHVISOR_CURVE_KEYS"
 _KEY_NAME = "allocation"
+_CERTIFICATE = """#   Generated on {now} by meshvisor: an allocation's ZeroMQ CURVE {what}.
+{warning}
+metadata
+curve
+    public-key = "{public}"
+{secret}"""
 
 
 @dataclass(frozen=True)
@@ -35,12 +49,39 @@ class CurveKeys:
 
     @classmethod
     def create(cls, directory: str | os.PathLike[str]) -> CurveKeys:
-        """Make a new key pair in `directory` (created private)."""
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        zmq.auth.create_certificates(str(path), _KEY_NAME)
-        os.chmod(path / f"{_KEY_NAME}.key_secret", 0o600)
-        return cls.load(path)
+        """Make a new key pair in `directory` (made private; refused if it holds one)."""
+        path = private_directory(directory)
+        keys = cls(*zmq.curve_keypair())
+        try:
+            _write_new(path / f"{_KEY_NAME}.key_secret", keys._certificate(secret=True), 0o600)
+        except FileExistsError:
+            raise TransportError(
+                f"{path} already holds CURVE keys; use them (--keys {path}, {KEYS_ENV}={path}) "
+                "or remove that directory first"
+            ) from None
+        with contextlib.suppress(FileExistsError):
+            _write_new(path / f"{_KEY_NAME}.key", keys._certificate(secret=False), 0o644)
+        return keys
+
+    @classmethod
+    def create_or_load(cls, directory: str | os.PathLike[str]) -> CurveKeys:
+        """The key pair in `directory`, made first if there is none (agents of one allocation
+        starting together agree on one pair: the first to write it wins)."""
+        path = private_directory(directory)
+        if (path / f"{_KEY_NAME}.key_secret").exists():
+            return cls.load(path)
+        keys = cls(*zmq.curve_keypair())
+        staged = path / f".{_KEY_NAME}.key_secret.{os.getpid()}"
+        _write_new(staged, keys._certificate(secret=True), 0o600)
+        try:
+            os.link(staged, path / f"{_KEY_NAME}.key_secret")  # atomic: fails if one exists
+        except FileExistsError:
+            return cls.load(path)
+        finally:
+            staged.unlink()
+        with contextlib.suppress(FileExistsError):
+            _write_new(path / f"{_KEY_NAME}.key", keys._certificate(secret=False), 0o644)
+        return keys
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> CurveKeys:
@@ -54,7 +95,49 @@ class CurveKeys:
             ) from exc
         if secret is None:
             raise TransportError(f"{secret_file} holds no secret key")
+        mode = stat.S_IMODE(secret_file.stat().st_mode)
+        if mode & 0o077:
+            raise TransportError(
+                f"refusing to use {secret_file}: other users may read it (mode {mode:o}), and "
+                f"anyone who can may join the allocation; make it private (chmod 600 "
+                f"{secret_file}) or create new keys"
+            )
         return cls(public, secret)
+
+    def _certificate(self, *, secret: bool) -> str:
+        return _CERTIFICATE.format(
+            now=datetime.datetime.now().isoformat(timespec="seconds"),
+            what="secret key: keep it private" if secret else "public key",
+            warning="#   Anyone who reads this file can join the allocation.\n" if secret else "",
+            public=self.public.decode(),
+            secret=f'    secret-key = "{self.secret.decode()}"\n' if secret else "",
+        )
+
+
+def private_directory(directory: str | os.PathLike[str]) -> Path:
+    """`directory`, made with mode 0700 or, if it exists, checked to be ours and forced to
+    0700; refused if it is a symbolic link or belongs to another user."""
+    path = Path(directory)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        what = "a directory" if stat.S_ISDIR(info.st_mode) else "a link or file"
+        raise TransportError(
+            f"refusing to keep CURVE keys in {path}: it is {what} of uid {info.st_uid}, not a "
+            f"directory of this user (uid {os.getuid()}); choose another directory"
+        )
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path
+
+
+def _write_new(path: Path, text: str, mode: int) -> None:
+    """Write a file that must not exist yet, created with `mode` from the start."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(text)
 
 
 _loaded: dict[str, CurveKeys | None] = {}
@@ -71,25 +154,28 @@ def configured_keys() -> CurveKeys | None:
 
 
 def check_exposure(host: str) -> None:
-    """Refuse to listen beyond loopback unless the allocation's CURVE keys are configured."""
-    if _is_loopback(host) or configured_keys() is not None:
+    """Refuse to listen on tcp at `host` (loopback included) without the allocation's keys."""
+    if configured_keys() is not None:
         return
     raise TransportError(
-        f"refusing to listen on {host} without authentication: across hosts every connection "
-        f"must be authenticated; create keys with 'meshvisor keys DIR' and pass --keys DIR to "
-        f"agents and {KEYS_ENV}=DIR to clients (or listen on 127.0.0.1)"
+        f"refusing to listen on tcp://{host} without authentication: every tcp listener, "
+        "loopback included, must be authenticated (any local user can reach loopback and "
+        f"would run code here); create keys with 'meshvisor keys DIR' and pass --keys DIR to "
+        f"agents and {KEYS_ENV}=DIR to clients, or start agents with --allocation NAME, which "
+        "makes keys for that allocation"
     )
 
 
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host in ("localhost", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+def required_keys(address: str) -> CurveKeys:
+    """The keys to connect to tcp `address` with; TransportError saying how to get them."""
+    keys = configured_keys()
+    if keys is None:
+        raise TransportError(
+            f"cannot connect to {address} without the allocation's CURVE keys: every tcp "
+            f"connection is authenticated; set {KEYS_ENV}=DIR (the directory given to the "
+            "agents' --keys), or attach by allocation name, which finds the keys made for it"
+        )
+    return keys
 
 
 def secure_server(socket: zmq.Socket[Any], keys: CurveKeys) -> None:

@@ -2,11 +2,21 @@
 
 Every process receives on a single PULL socket (its inbox) and sends through one PUSH socket
 per destination, which gives FIFO order per sender→receiver pair. Addresses are zmq endpoint
-strings: ``ipc://<private dir>/<name>`` on one host, ``tcp://HOST:PORT`` across hosts.
+strings: ``ipc://<private dir>/<name>`` on one host, ``tcp://HOST:PORT`` across hosts. Every
+tcp listener and connection is authenticated with the allocation's CURVE keys (see
+`_security`); ipc needs none.
+
+Bounds: an inbox takes frames of at most the message size limit plus a header
+(``ZMQ_MAXMSGSIZE``: a peer sending a larger one is disconnected) and queues at most
+RECEIVE_QUEUE messages per sender (``ZMQ_RCVHWM``). When a receiver falls that far behind,
+its senders keep the rest in their own queue (no send high-water mark): nothing is dropped
+and no send blocks, and the memory grows in the process that produced the messages, not in
+the one that cannot keep up.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import threading
@@ -18,11 +28,11 @@ import zmq
 
 from ._errors import MalformedMessage, MessageTooLarge, TransportError
 from ._faults import network_faults
-from ._frames import DEFAULT_MAX_MESSAGE_BYTES, Envelope, decode
+from ._frames import _PREFIX, DEFAULT_MAX_MESSAGE_BYTES, MAX_HEADER_BYTES, Envelope, decode
 from ._log import get_logger
 from ._security import (
     check_exposure,
-    configured_keys,
+    required_keys,
     secure_client,
     secure_server,
     stop_authenticator,
@@ -30,6 +40,8 @@ from ._security import (
 
 #: How often a PUSH socket retries connecting to an address nobody has bound yet.
 RECONNECT_INTERVAL_MS = 5
+#: Messages an inbox queues per sender before that sender's further messages wait with it.
+RECEIVE_QUEUE = 1000
 #: Longest base directory for ipc sockets, leaving room for the names meshvisor adds.
 _MAX_BASE_DIR_LEN = 40
 
@@ -66,35 +78,37 @@ class Inbox:
     def __init__(
         self, context: zmq.Context[Any], address: str, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     ) -> None:
-        if address.startswith("tcp://"):
-            check_exposure(address[len("tcp://") :].rsplit(":", 1)[0])
         self._socket = context.socket(zmq.PULL)
-        keys = configured_keys()
-        if keys is not None:
-            secure_server(self._socket, keys)
-        self._socket.setsockopt(zmq.RCVHWM, 0)
+        self._socket.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, max_bytes + MAX_HEADER_BYTES + _PREFIX)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._max_bytes = max_bytes
         self._log = get_logger("transport.inbox")
         try:
-            self._socket.bind(address)
-        except zmq.ZMQError as exc:
+            self._bind(address)
+        except TransportError:
             self._socket.close()
-            raise TransportError(f"cannot listen on {address}: {exc}") from exc
+            raise
         self.address: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self._ipc_path = address[len("ipc://") :] if address.startswith("ipc://") else None
         self._poll_items = [(self._socket, zmq.POLLIN)]
 
     def listen_also(self, address: str) -> str:
         """Also receive on `address` (e.g. tcp next to ipc); returns the address as bound."""
+        self._bind(address)
+        bound: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        return bound
+
+    def _bind(self, address: str) -> None:
+        """Bind `address`; a tcp one as a CURVE server (zmq applies the security options set
+        at bind time to that listener only, so an ipc binding stays without keys)."""
         if address.startswith("tcp://"):
             check_exposure(address[len("tcp://") :].rsplit(":", 1)[0])
+            secure_server(self._socket, required_keys(address))
         try:
             self._socket.bind(address)
         except zmq.ZMQError as exc:
             raise TransportError(f"cannot listen on {address}: {exc}") from exc
-        bound: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
-        return bound
 
     def watch_refusals(self) -> RefusalWatch:
         """Report peers this inbox refuses (failed handshakes: wrong or missing CURVE keys)."""
@@ -144,6 +158,7 @@ class Outbox:
     def __init__(self, context: zmq.Context[Any]) -> None:
         self._context = context
         self._sockets: dict[str, zmq.Socket[Any]] = {}
+        self._handshakes: dict[str, HandshakeWatch] = {}
         self._lock = threading.Lock()
         self._closed = False
 
@@ -166,8 +181,20 @@ class Outbox:
                     # (an optimizer step on a tensor just sent) cannot alter what was sent
                     socket.send(frames[0], zmq.NOBLOCK | zmq.SNDMORE)
                     socket.send_multipart(frames[1:], zmq.NOBLOCK)
+            except zmq.Again as exc:  # only with a send high-water mark, which is unset
+                raise TransportError(
+                    f"cannot send to {address}: its send queue is full (the receiver is not "
+                    "reading); the message was not sent"
+                ) from exc
             except zmq.ZMQError as exc:
                 raise TransportError(f"cannot send to {address}: {exc}") from exc
+
+    def refusal(self, address: str) -> str | None:
+        """Why `address` refused this process's connection during the security handshake
+        (wrong or missing CURVE keys), or None if it did not (or is not tcp)."""
+        with self._lock:
+            watch = self._handshakes.get(address)
+            return watch.refusal() if watch is not None else None
 
     def _connect(self, address: str) -> zmq.Socket[Any]:
         """A new PUSH socket connected to `address`; closed again if anything fails, since a
@@ -177,19 +204,24 @@ class Outbox:
             socket: zmq.Socket[Any] = self._context.socket(zmq.PUSH)
         except zmq.ZMQError as exc:  # EMFILE: no descriptor left for its mailbox
             raise TransportError(f"cannot connect to {address}: {exc}") from exc
+        watch = None
         try:
-            keys = configured_keys()
-            if keys is not None:
-                secure_client(socket, keys)
+            if address.startswith("tcp://"):  # always authenticated, loopback included
+                secure_client(socket, required_keys(address))
+                watch = HandshakeWatch(socket)
             socket.setsockopt(zmq.SNDHWM, 0)
             socket.setsockopt(zmq.LINGER, 2000)
             socket.setsockopt(zmq.RECONNECT_IVL, RECONNECT_INTERVAL_MS)
             socket.connect(address)
         except BaseException as exc:
+            if watch is not None:
+                watch.close()
             socket.close(linger=0)
             if isinstance(exc, zmq.ZMQError):
                 raise TransportError(f"cannot connect to {address}: {exc}") from exc
             raise
+        if watch is not None:
+            self._handshakes[address] = watch
         self._sockets[address] = socket
         return socket
 
@@ -197,6 +229,9 @@ class Outbox:
         """Drop the connection to a peer known to be gone, with anything still queued for it."""
         with self._lock:
             socket = self._sockets.pop(address, None)
+            watch = self._handshakes.pop(address, None)
+        if watch is not None:
+            watch.close()
         if socket is not None:
             socket.close(linger=0)
 
@@ -205,6 +240,9 @@ class Outbox:
         with self._lock:
             self._closed = True
             sockets, self._sockets = list(self._sockets.values()), {}
+            watches, self._handshakes = list(self._handshakes.values()), {}
+        for watch in watches:
+            watch.close()
         for socket in sockets:
             socket.close(linger=linger_ms)
 
@@ -229,6 +267,43 @@ _HANDSHAKE_FAILURES = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )
+_HANDSHAKE_SUCCEEDED = zmq.EVENT_HANDSHAKE_SUCCEEDED
+
+
+class HandshakeWatch:
+    """Remembers why a peer refused an outgoing connection during the security handshake,
+    until a later handshake succeeds. Read lazily: the events wait in the monitor socket."""
+
+    def __init__(self, socket: zmq.Socket[Any]) -> None:
+        self._socket = socket
+        self._monitor = socket.get_monitor_socket(_HANDSHAKE_FAILURES | _HANDSHAKE_SUCCEEDED)
+        self._reason: str | None = None
+
+    def refusal(self) -> str | None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return self._reason
+            if event["event"] == _HANDSHAKE_SUCCEEDED:
+                self._reason = None
+            else:
+                self._reason = _refused_reason(event["event"], event["value"])
+
+    def close(self) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            self._socket.disable_monitor()
+        self._monitor.close(linger=0)
+
+
+def _refused_reason(event: int, value: int) -> str:
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return f"it refused this process's CURVE key (ZAP status {value}): not its allocation's"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        return "the security handshake failed: it does not use CURVE keys like this process"
+    return "it refused the security handshake: it holds other CURVE keys than this process"
 
 
 class RefusalWatch:
