@@ -501,10 +501,12 @@ class ExitWitness(Actor):
 
 
 class Exposed(Actor):
-    """Says how a raw socket reaches it: its pid, its proc's inbox address and its actor id."""
+    """Says how a raw socket reaches it: its pid, its proc's inbox address and the id that
+    calls address (its actor mesh's: the actor's id less its ``[rank]``)."""
 
     @endpoint
-    def reach(self) -> tuple[int, str, str | None]:
+    def reach(self) -> tuple[int, str, str]:
         from mesh._session import current_runtime
 
-        return os.getpid(), current_runtime().address, context().actor_id
+        actor_id = context().actor_id or ""
+        return os.getpid(), current_runtime().address, actor_id.rsplit("[", 1)[0]
