@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from supervision import ActorError, SupervisionError, SupervisionEvent
+from transport import serializing_now
 
 if TYPE_CHECKING:
     from ._future import Future
@@ -157,6 +158,8 @@ class FailFast:
                 self._undelivered.remove(error.event)
 
     def _on_signal(self, signum: int, frame: object) -> None:
+        if serializing_now():  # raised now, it would turn into a SerializationError of the
+            return  # value being pickled: the next signal (every _RESIGNAL_S) delivers it
         self._deliver()
 
     def _deliver(self) -> None:

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from supervision import EventKind, SupervisionError, SupervisionEvent
+from supervision import EventKind, SupervisionEvent
 
 from ._context import actor_identity
 from ._future import Future
@@ -93,11 +93,6 @@ class ProcPeer:
     def stopped_event(self, why: str) -> SupervisionEvent:
         """The event of this proc being stopped on purpose, `why` being e.g. "by its owner"."""
         return self.make_event("stopped", why)
-
-    def error(self) -> SupervisionError:
-        """The error for a call that cannot reach this proc any more."""
-        assert self.event is not None
-        return SupervisionError(self.event)
 
     def __repr__(self) -> str:
         return f"<ProcPeer {self.proc_id} {self.state} {self.address}>"

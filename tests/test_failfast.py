@@ -131,7 +131,7 @@ def test_blocked_get_raises_the_failure(xdg: Path) -> None:
     assert "Supervision report" not in outcome.stderr  # caught: handled, no report
 
 
-@pytest.mark.parametrize("region", ["sleep", "event_wait", "busy", "other_call"])
+@pytest.mark.parametrize("region", ["sleep", "event_wait", "busy", "other_call", "pickling"])
 def test_failure_interrupts_the_main_thread(xdg: Path, region: str) -> None:
     """With no call waiting on it, the failure is raised wherever the main thread is; a
     try/except SupervisionError around the region catches it and the program goes on."""

@@ -28,6 +28,7 @@ from ._security import check_exposure as check_exposure
 from ._security import configured_keys as configured_keys
 from ._serialize import dumps as dumps
 from ._serialize import loads as loads
+from ._serialize import serializing_now as serializing_now
 from ._sockets import Inbox as Inbox
 from ._sockets import Outbox as Outbox
 from ._sockets import close_context as close_context
@@ -65,6 +66,7 @@ __all__ = (
     "raise_open_file_limit",
     "reset_logging",
     "safe_str",
+    "serializing_now",
     "tcp_address",
 )
 

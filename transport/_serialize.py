@@ -105,6 +105,12 @@ class _ReusablePickler(threading.local):
 _reusable = _ReusablePickler()
 
 
+def serializing_now() -> bool:
+    """Whether this thread is pickling a value (user code may run in its ``__reduce__``): an
+    exception that a signal handler raised now would be taken for the value's own error."""
+    return _reusable.busy
+
+
 _PLAIN_SCALARS = frozenset({type(None), bool, int, float, str, complex})
 
 

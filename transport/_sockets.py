@@ -290,20 +290,12 @@ class HandshakeWatch:
             if event["event"] == _HANDSHAKE_SUCCEEDED:
                 self._reason = None
             else:
-                self._reason = _refused_reason(event["event"], event["value"])
+                self._reason = _handshake_failure(event["event"], event["value"])
 
     def close(self) -> None:
         with contextlib.suppress(zmq.ZMQError):
             self._socket.disable_monitor()
         self._monitor.close(linger=0)
-
-
-def _refused_reason(event: int, value: int) -> str:
-    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-        return f"it refused this process's CURVE key (ZAP status {value}): not its allocation's"
-    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-        return "the security handshake failed: it does not use CURVE keys like this process"
-    return "it refused the security handshake: it holds other CURVE keys than this process"
 
 
 class RefusalWatch:
@@ -336,7 +328,7 @@ class RefusalWatch:
                 "peer_refused",
                 inbox=self._address,
                 refusals=self._unlogged,
-                reason=_refusal_reason(event["event"], event["value"]),
+                reason=_handshake_failure(event["event"], event["value"]),
             )
             self._logged_at, self._unlogged = now, 0
 
@@ -344,9 +336,10 @@ class RefusalWatch:
         self._monitor.close(linger=0)
 
 
-def _refusal_reason(event: int, value: int) -> str:
+def _handshake_failure(event: int, value: int) -> str:
+    """What a failed security handshake (a zmq monitor `event` with its `value`) means."""
     if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         return f"authentication refused (ZAP status {value}): not this allocation's CURVE key"
     if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-        return "the security handshake failed: the peer lacks this allocation's CURVE keys"
+        return "the security handshake failed: the two sides do not hold the same CURVE keys"
     return f"the security handshake failed (errno {value}): wrong or missing CURVE keys"

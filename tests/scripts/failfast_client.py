@@ -108,6 +108,19 @@ def wait_forever() -> None:
     sys.exit(3)
 
 
+class SlowToPickle:
+    """Pickles as the number `WAIT_S` after running Python code for `seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __reduce__(self) -> tuple[type[float], tuple[float]]:
+        deadline = time.monotonic() + self.seconds
+        while time.monotonic() < deadline:
+            pass
+        return float, (WAIT_S,)
+
+
 # -- scenarios -----------------------------------------------------------------------------------
 
 
@@ -145,6 +158,8 @@ def interrupt(region: str) -> None:
                 pass
         elif region == "other_call":  # blocked on a call the failure does not concern
             other.slice(gpus=0).park.call_one(WAIT_S).get(timeout=WAIT_S + 5)
+        elif region == "pickling":  # the failure lands while an argument is being pickled
+            other.slice(gpus=0).park.call_one(SlowToPickle(1.0)).get(timeout=WAIT_S + 5)
         emit("RESULT", {"interrupted": False})
         sys.exit(3)
     except SupervisionError as exc:
