@@ -17,7 +17,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from transport import FaultRule, message_type
+from transport import FaultRule, is_address, message_type
 
 
 @message_type
@@ -251,8 +251,6 @@ class ProcReplaced:
 #: What a proc id may look like: it names socket files in a run directory, so no separators,
 #: nothing hidden, and short enough for a unix socket path.
 PROC_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
-_ADDRESS_PREFIXES = ("tcp://", "ipc://")
-_MAX_ADDRESS_LEN = 4096
 
 
 def invalid_fields(header: object) -> str | None:
@@ -344,12 +342,10 @@ def refusable_spawn(header: object) -> tuple[str, tuple[str, ...]] | None:
 def _bad_address(what: str, address: str | None) -> str | None:
     if address is None:
         return None
-    if (
-        type(address) is not str
-        or not address.startswith(_ADDRESS_PREFIXES)
-        or len(address) > _MAX_ADDRESS_LEN
-    ):
-        return f"{what} {_short(address)} is not a tcp:// or ipc:// address"
+    if not is_address(address):
+        return (
+            f"{what} {_short(address)} is not a meshvisor address (ipc://PATH or tcp://HOST:PORT)"
+        )
     return None
 
 
@@ -389,6 +385,7 @@ def _bad_spawn(request: SpawnProcs) -> str | None:
         _bad_address("owner", request.owner)
         or _bad_duration("heartbeat_interval_s", request.heartbeat_interval_s, positive=True)
         or _bad_duration("heartbeat_timeout_s", request.heartbeat_timeout_s, positive=True)
+        or _bad_duration("busy_timeout_s", request.busy_timeout_s, positive=True)
         or next(filter(None, map(_bad_spec, request.procs)), None)
     )
 

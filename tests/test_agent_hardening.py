@@ -464,6 +464,20 @@ def test_a_refused_spawn_request_fails_its_procs(root_events: list[Any]) -> None
     assert not root_events
 
 
+@pytest.mark.timeout(60)
+def test_a_spawn_with_a_busy_timeout_that_is_no_duration_is_refused() -> None:
+    """A busy timeout of nan would turn the agent's busy limit off: it is refused."""
+    address, _ = local_agent()
+    spec = messages.ProcSpec("nan-busy-0", "nan-busy", ("gpus",), (1,), 0)
+    with raw_peer(address) as peer:
+        bad = messages.SpawnProcs(
+            peer.inbox.address, (spec,), (), (), "/", 0.25, 2.0, busy_timeout_s=float("nan")
+        )
+        answer = peer.answer(bad)
+        assert type(answer.header) is messages.SpawnFailed
+        assert answer.header.proc_id == "nan-busy-0" and "busy_timeout_s" in answer.header.reason
+
+
 # -- 18: run directories, socket paths and bookkeeping ---------------------------------------------
 
 

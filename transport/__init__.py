@@ -32,6 +32,7 @@ from ._serialize import serializing_now as serializing_now
 from ._sockets import Inbox as Inbox
 from ._sockets import Outbox as Outbox
 from ._sockets import close_context as close_context
+from ._sockets import is_address as is_address
 from ._sockets import new_context as new_context
 from ._sockets import private_runtime_dir as private_runtime_dir
 from ._sockets import tcp_address as tcp_address
@@ -58,6 +59,7 @@ __all__ = (
     "dumps",
     "encode",
     "get_logger",
+    "is_address",
     "loads",
     "message_type",
     "network_faults",

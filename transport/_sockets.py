@@ -251,10 +251,22 @@ class Outbox:
 _ADDRESS_SCHEMES = ("ipc://", "tcp://", "inproc://")
 
 
+#: Longer than any ipc path or tcp endpoint: a longer "address" is garbage from a peer.
+_MAX_ADDRESS_LEN = 4096
+
+
+def is_address(value: object) -> bool:
+    """Whether `value` can be a meshvisor address (``ipc://PATH``, ``tcp://HOST:PORT``): the
+    one check for addresses that arrive in messages, before anything acts on them."""
+    return (
+        type(value) is str and value.startswith(_ADDRESS_SCHEMES) and len(value) <= _MAX_ADDRESS_LEN
+    )
+
+
 def _check_address(address: object) -> None:
     """Refuse what is not an address (a malformed header can carry anything) before a
     socket is made for it."""
-    if type(address) is not str or not address.startswith(_ADDRESS_SCHEMES):
+    if not is_address(address):
         raise TransportError(
             f"cannot send to {address!r}: not a meshvisor address (a string such as "
             "ipc://PATH or tcp://HOST:PORT); the message that named it is malformed."
