@@ -1,7 +1,7 @@
 """TorchFT-style replica recovery: kill to the replacement committing again, and step
 throughput with and without faults.
 
-Three replicas of the example model (examples/replica_training.py) train on the local host.
+Three replicas of the demo's model (meshvisor/_demo.py) train on the local host.
 First without faults (the baseline, same run), then with a SIGKILL of a random replica every
 `--every` steps: for each kill, the time until the replacement commits a step again, and how
 many steps the survivors lost. Prints a table; the target (issue #6) is kill to replacement
@@ -22,15 +22,14 @@ import signal
 import statistics
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("MESHVISOR_PRELOAD", "torch,torch._dynamo,chaos")  # fast replacements
 os.environ.setdefault("MESHVISOR_LOG_LEVEL", "error")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
-from replica_training import Trainer
-
-from mesh import ReplicaGroup, probe, this_host
+from mesh import this_host
+from mesh.testing import probe
+from meshvisor._demo import Trainer
+from recovery import ReplicaGroup
 
 TARGET_S = 2.0
 TORCHFT_S = 5.8

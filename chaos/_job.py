@@ -16,16 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mesh import (
-    ActorMesh,
-    HostMesh,
-    break_links,
-    exit_process,
-    fail_next_call,
-    heal_links,
-    placement,
-    probe,
-)
+from mesh import ActorMesh, HostMesh, placement
+from mesh.testing import break_links, exit_process, fail_next_call, heal_links, probe
 from supervision import SupervisionError, SupervisionEvent, add_event_listener
 
 from ._channel import Channel, Message

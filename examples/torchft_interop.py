@@ -45,7 +45,8 @@ from typing import Any
 
 import torch
 
-from mesh import Actor, ActorMesh, Future, ProcMesh, endpoint, exit_process, this_host
+from mesh import Actor, ActorMesh, Future, ProcMesh, endpoint, this_host
+from mesh.testing import exit_process
 from supervision import ActorError, SupervisionError, SupervisionEvent
 
 #: The torchft version this example was written against.

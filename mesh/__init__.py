@@ -1,39 +1,26 @@
 """The programming model: actors, endpoints and meshes of hosts, procs and actors."""
 
-from ._actor import Actor as Actor
-from ._actor import EndpointDef as EndpointDef
-from ._actor import endpoint as endpoint
-from ._attach import attach as attach
-from ._context import Context as Context
-from ._context import context as context
-from ._context import current_rank as current_rank
-from ._context import current_size as current_size
-from ._endpoint import EndpointRef as EndpointRef
-from ._faults import Party as Party
-from ._faults import break_links as break_links
-from ._faults import exit_process as exit_process
-from ._faults import fail_next_call as fail_next_call
-from ._faults import heal_links as heal_links
-from ._faults import probe as probe
-from ._future import Future as Future
-from ._meshes import ActorMesh as ActorMesh
-from ._meshes import HostMesh as HostMesh
-from ._meshes import ProcMesh as ProcMesh
-from ._meshes import this_host as this_host
-from ._meshes import this_proc as this_proc
-from ._placement import Placement as Placement
-from ._placement import placement as placement
-from ._replica import Replica as Replica
-from ._replica import digest as parameter_digest
-from ._replica import replay_training as replay_training
-from ._replicas import Recovery as Recovery
-from ._replicas import ReplicaGroup as ReplicaGroup
-from ._replicas import ReplicaGroupError as ReplicaGroupError
-from ._replicas import StepOutcome as StepOutcome
-from ._shape import Extent as Extent
-from ._shape import Point as Point
-from ._supervised import supervised as supervised
-from ._values import ValueMesh as ValueMesh
+from mesh._actor import Actor as Actor
+from mesh._actor import EndpointDef as EndpointDef
+from mesh._actor import endpoint as endpoint
+from mesh._api.attach import attach as attach
+from mesh._api.endpoint import EndpointRef as EndpointRef
+from mesh._api.meshes import ActorMesh as ActorMesh
+from mesh._api.meshes import HostMesh as HostMesh
+from mesh._api.meshes import ProcMesh as ProcMesh
+from mesh._api.meshes import this_host as this_host
+from mesh._api.meshes import this_proc as this_proc
+from mesh._api.placement import Placement as Placement
+from mesh._api.placement import placement as placement
+from mesh._api.supervised import supervised as supervised
+from mesh._context import Context as Context
+from mesh._context import context as context
+from mesh._context import current_rank as current_rank
+from mesh._context import current_size as current_size
+from mesh._engine.future import Future as Future
+from mesh._shape import Extent as Extent
+from mesh._shape import Point as Point
+from mesh._values import ValueMesh as ValueMesh
 
 __all__ = (
     "Actor",
@@ -44,29 +31,16 @@ __all__ = (
     "Extent",
     "Future",
     "HostMesh",
-    "Party",
     "Placement",
     "Point",
     "ProcMesh",
-    "Recovery",
-    "Replica",
-    "ReplicaGroup",
-    "ReplicaGroupError",
-    "StepOutcome",
     "ValueMesh",
     "attach",
-    "break_links",
     "context",
     "current_rank",
     "current_size",
     "endpoint",
-    "exit_process",
-    "fail_next_call",
-    "heal_links",
-    "parameter_digest",
     "placement",
-    "probe",
-    "replay_training",
     "supervised",
     "this_host",
     "this_proc",
@@ -80,3 +54,26 @@ for _name in __all__:
         except (AttributeError, TypeError):
             pass
 del _name, _obj
+
+#: Names that moved out of `mesh`, and where they live now.
+_MOVED = {
+    **dict.fromkeys(
+        (
+            *("Recovery", "Replica", "ReplicaGroup", "ReplicaGroupError", "StepOutcome"),
+            *("parameter_digest", "replay_training"),
+        ),
+        "recovery",
+    ),
+    **dict.fromkeys(
+        ("Party", "break_links", "exit_process", "fail_next_call", "heal_links", "probe"),
+        "mesh.testing",
+    ),
+}
+
+
+def __getattr__(name: str) -> object:
+    moved_to = _MOVED.get(name)
+    if moved_to is not None:
+        # An ImportError (not AttributeError) so that `from mesh import X` shows this message.
+        raise ImportError(f"mesh.{name} moved to {moved_to}: use `from {moved_to} import {name}`.")
+    raise AttributeError(f"module 'mesh' has no attribute {name!r}")

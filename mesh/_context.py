@@ -7,7 +7,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from ._shape import Extent, Point
+from mesh._shape import Extent, Point
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Generic, TypeVar
 
-from ._shape import Extent, Point
+from mesh._shape import Extent, Point
 
 T = TypeVar("T")
 

@@ -506,7 +506,7 @@ class Exposed(Actor):
 
     @endpoint
     def reach(self) -> tuple[int, str, str]:
-        from mesh._session import current_runtime
+        from mesh._engine.session import current_runtime
 
         actor_id = context().actor_id or ""
         return os.getpid(), current_runtime().address, actor_id.rsplit("[", 1)[0]

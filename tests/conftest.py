@@ -83,11 +83,11 @@ def no_leaks_at_session_end() -> Iterator[None]:
     """After the whole session: close the client session, then nothing of ours may be left:
     no agent, fork server or proc process, and no run directory."""
     yield
-    import mesh._session
+    import mesh._engine.session
 
     shutdown_error: BaseException | None = None
     try:
-        mesh._session.shutdown_session()
+        mesh._engine.session.shutdown_session()
     except BaseException as exc:  # still look for (and clean up) what it left behind
         shutdown_error = exc
     owned = [
@@ -158,9 +158,9 @@ def agent_capfd(capfd: pytest.CaptureFixture[str]) -> Iterator[Callable[[], Any]
 
 
 def _stop_local_agent() -> None:
-    import mesh._session
+    import mesh._engine.session
 
-    session = mesh._session.session_if_started()
+    session = mesh._engine.session.session_if_started()
     if session is not None:
         session.shutdown_local_agent()
 

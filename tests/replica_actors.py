@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from mesh import Replica
+from recovery import Replica
 
 
 class Trainer(Replica):

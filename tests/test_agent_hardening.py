@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from polling import wait_until
 from test_fault_hooks import DaemonAgent, make_daemon  # noqa: F401 (a fixture)
 
-import mesh._messages as messages
-import mesh._session
+import mesh._engine.messages as messages
+import mesh._engine.session
 from mesh import ActorMesh, attach, placement, this_host, this_proc
 from supervision import SupervisionError
 from transport import Envelope, Inbox, close_context, encode, new_context
@@ -45,7 +45,7 @@ T = 30.0  # the bound on every wait (never reached when things work)
 @pytest.mark.timeout(60)
 def test_spawn_procs_on_a_killed_local_agent_fails(root_events: list[Any]) -> None:
     host = this_host()
-    agent = mesh._session.current_session()._agent_process
+    agent = mesh._engine.session.current_session()._agent_process
     assert agent is not None
     agent.send_signal(signal.SIGKILL)
     agent.wait(T)
@@ -207,7 +207,7 @@ def agent_barrier(peer: RawPeer) -> None:
 
 def local_agent() -> tuple[str, int]:
     """The address and pid of the client's local host agent (started if need be)."""
-    session = mesh._session.current_session()
+    session = mesh._engine.session.current_session()
     address = session.agent_address()
     assert session._agent_process is not None
     return address, session._agent_process.pid
@@ -239,7 +239,7 @@ def test_wrongly_typed_messages_do_not_kill_the_agent(make_procs: Any) -> None:
         for header in WRONGLY_TYPED:
             peer.send(encode(header))
         agent_barrier(peer)
-    assert mesh._session.current_session()._agent_process.poll() is None  # type: ignore[union-attr]
+    assert mesh._engine.session.current_session()._agent_process.poll() is None  # type: ignore[union-attr]
     assert echo.echo.call_one(2).get(timeout=T) == 2
     with this_host().spawn_procs(per_host={"gpus": 1}) as more:
         assert more.spawn("echo", actors.Echo).echo.call_one(3).get(timeout=T) == 3
@@ -381,7 +381,7 @@ def test_fuzzed_proc_keeps_serving(make_procs: Any) -> None:
     who = make_procs({"gpus": 1}).spawn("who", actors.WhoAmI)
     found = who.whoami.call_one().get(timeout=T)
     (where,) = placement(who)
-    address = f"ipc://{mesh._session.current_session().rundir}/{where.proc_id}"
+    address = f"ipc://{mesh._engine.session.current_session().rundir}/{where.proc_id}"
     with raw_peer(address) as peer:
         assert peer.answer(ping(found["actor_id"], peer.inbox.address)).header.rank == 0
         before = rss_bytes(found["pid"])
@@ -397,7 +397,7 @@ def test_fuzzed_proc_keeps_serving(make_procs: Any) -> None:
 def test_fuzzed_client_keeps_serving(make_procs: Any, root_events: list[Any]) -> None:
     local: ActorMesh[actors.WhoAmI] = this_proc().spawn("who", actors.WhoAmI)
     actor_id = local.whoami.call_one().get(timeout=T)["actor_id"]
-    runtime = mesh._session.current_session().runtime
+    runtime = mesh._engine.session.current_session().runtime
     with raw_peer(runtime.address) as peer:
         peer.answer(ping(actor_id, peer.inbox.address))
         before = rss_bytes(os.getpid())
@@ -447,7 +447,7 @@ def test_long_and_odd_mesh_names(make_procs: Any) -> None:
         procs.spawn("a/b", actors.Echo)
     who = procs.spawn(odd, actors.WhoAmI).whoami.call_one().get(timeout=T)
     assert who["mesh_name"] == odd
-    rundir = mesh._session.current_session().rundir
+    rundir = mesh._engine.session.current_session().rundir
     assert os.path.exists(os.path.join(rundir, who["proc_id"]))  # its socket, in the run dir
     assert local_agent() == agent
 
@@ -585,7 +585,7 @@ def test_the_run_dir_of_a_killed_daemon_is_swept() -> None:
 
 @pytest.mark.timeout(120)
 def test_stopped_meshes_leave_no_bookkeeping(make_procs: Any) -> None:
-    runtime = mesh._session.current_session().runtime
+    runtime = mesh._engine.session.current_session().runtime
     warm = make_procs({"gpus": 1})  # keeps the agent (and what it brings) up meanwhile
     warm.spawn("echo", actors.Echo).echo.call_one(0).get(timeout=T)
     before = len(runtime.peers), len(runtime.restarts.proc_meshes)

@@ -202,7 +202,7 @@ def test_curve_keys_admit_members_and_refuse_others(tmp_path: Path) -> None:
     keys, others = tmp_path / "keys", tmp_path / "other-keys"
     for directory in (keys, others):
         subprocess.run(
-            [sys.executable, "-m", "mesh._cli", "keys", str(directory)],
+            [sys.executable, "-m", "meshvisor", "keys", str(directory)],
             check=True,
             capture_output=True,
         )
@@ -259,7 +259,7 @@ def test_stopping_a_proc_the_agent_does_not_know_is_answered(
 ) -> None:
     """A stop for a proc the agent never ran (it ran under a previous agent at the same
     address) is answered as stopped, so the owner's stop() never waits for nothing."""
-    from mesh._messages import ProcExited, StopProcs
+    from mesh._engine.messages import ProcExited, StopProcs
     from transport import Inbox, Outbox, close_context, encode, new_context
 
     agent = allocation[0].read_text().split()[0]

@@ -18,10 +18,10 @@ import pytest
 from polling import wait_gone, wait_until
 from test_mesh import run_client_script
 
-import mesh._session
+import mesh._engine.session
 import transport
 from mesh import ProcMesh
-from mesh._messages import CallActor
+from mesh._engine.messages import CallActor
 from supervision import ActorError
 from transport import Outbox, Payload, SerializationError, TransportError, encode
 
@@ -34,7 +34,7 @@ OVERSIZED_REPLY_SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     import failing_actors as fa
-    import mesh._session
+    import mesh._engine.session
     from mesh import this_host
     from supervision import ActorError
     from transport import MessageTooLarge
@@ -49,7 +49,7 @@ OVERSIZED_REPLY_SCRIPT = textwrap.dedent("""
     except TimeoutError:
         print("RESULT timeout", flush=True)
     print("AFTER", actor.sized.call_one(10).get(timeout=30), flush=True)
-    mesh._session.shutdown_session()
+    mesh._engine.session.shutdown_session()
 """)
 
 
@@ -138,9 +138,9 @@ def test_a_call_with_a_non_string_reply_address_leaves_the_proc_working(
 
 AGENT_SCRIPT = textwrap.dedent("""
     import subprocess, sys, zmq
-    import mesh._session as session
+    import mesh._engine.session as session
     from mesh import this_host
-    from mesh._messages import ShutdownAgent, StopProcs
+    from mesh._engine.messages import ShutdownAgent, StopProcs
     from transport import encode
 
     this_host()
@@ -175,7 +175,7 @@ FORK_SCRIPT = textwrap.dedent("""
     import os, sys, time, warnings
     sys.path.insert(0, {tests!r})
     import failing_actors as fa
-    import mesh._session
+    import mesh._engine.session
     from mesh import this_host
 
     procs = this_host().spawn_procs(per_host={{"gpus": 1}})
@@ -208,7 +208,7 @@ FORK_SCRIPT = textwrap.dedent("""
         time.sleep(0.05)
     print("PENDING", pending.get(timeout=30), flush=True)
     print("PARENT AGAIN", actor.ping.call_one().get(timeout=30), flush=True)
-    mesh._session.shutdown_session()
+    mesh._engine.session.shutdown_session()
 """)
 
 
@@ -237,7 +237,7 @@ def _open_fds(pid: int) -> int:
 
 
 def _reply_socket_files() -> list[str]:
-    rundir = mesh._session.current_session().rundir
+    rundir = mesh._engine.session.current_session().rundir
     return [name for name in os.listdir(rundir) if re.fullmatch(r".*-r\d+", name)]
 
 
@@ -283,7 +283,7 @@ FD_LIMIT_SCRIPT = textwrap.dedent("""
     import resource, sys
     sys.path.insert(0, {tests!r})
     import failing_actors as fa
-    import mesh._session
+    import mesh._engine.session
     from mesh import this_host
     from transport import TransportError
 
@@ -303,7 +303,7 @@ FD_LIMIT_SCRIPT = textwrap.dedent("""
     if not meshes:  # refused at once: a mesh that fits still can be spawned
         meshes.append(this_host().spawn_procs(per_host={{"gpus": 2}}).spawn("a", fa.BadReplies))
     print("STILL WORKS", meshes[-1].ping.call().get(timeout=30).values(), flush=True)
-    mesh._session.shutdown_session()
+    mesh._engine.session.shutdown_session()
 """)
 
 
@@ -323,7 +323,7 @@ def test_running_out_of_file_descriptors_is_a_clear_error(tmp_path: Any, mode: s
 
 RAISED_LIMIT_SCRIPT = textwrap.dedent("""
     import resource
-    import mesh._session
+    import mesh._engine.session
     from mesh import this_host
 
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -331,7 +331,7 @@ RAISED_LIMIT_SCRIPT = textwrap.dedent("""
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
     this_host()
     print("LIMIT", resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard, flush=True)
-    mesh._session.shutdown_session()
+    mesh._engine.session.shutdown_session()
 """)
 
 

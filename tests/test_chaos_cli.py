@@ -50,7 +50,7 @@ def meshvisor_command() -> tuple[str, ...]:
     script = shutil.which("meshvisor")
     if script is not None:
         return (script,)
-    return (sys.executable, "-c", "import sys; from mesh._cli import main; sys.exit(main())")
+    return (sys.executable, "-c", "import sys; from meshvisor._cli import main; sys.exit(main())")
 
 
 def check_passed_run(proc: subprocess.CompletedProcess[str], report: Path, seed: int) -> None:

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_meshvisor_demo_survives_its_kills(tmp_path: Path) -> None:
     report_path = tmp_path / "demo.json"
     # seed 3 plans three kills in 5 s: SIGSEGV, an exit with code 0, SIGSEGV
-    command = [sys.executable, "-m", "mesh._cli", "demo", "--seed", "3", "--mtbf", "1.5"]
+    command = [sys.executable, "-m", "meshvisor", "demo", "--seed", "3", "--mtbf", "1.5"]
     command += ["--duration", "5", "--report", str(report_path)]
     done = subprocess.run(
         command, cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, timeout=200

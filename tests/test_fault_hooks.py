@@ -43,20 +43,11 @@ from hypothesis import strategies as st
 from polling import wait_gone, wait_until
 from recording import Recorder
 
-import mesh._runtime
+import mesh._engine.runtime
 import supervision
-from mesh import (
-    ActorMesh,
-    ProcMesh,
-    attach,
-    break_links,
-    exit_process,
-    fail_next_call,
-    heal_links,
-    placement,
-    probe,
-)
-from mesh._session import current_session
+from mesh import ActorMesh, ProcMesh, attach, placement
+from mesh._engine.session import current_session
+from mesh.testing import break_links, exit_process, fail_next_call, heal_links, probe
 from supervision import ActorError, RestartPolicy, SupervisionError, SupervisionEvent
 from transport import (
     FaultRule,
@@ -844,7 +835,7 @@ def test_a_restarted_agent_reports_its_old_procs_unreachable(
     daemon: DaemonAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Silence alone must not tell: only the new incarnation's first AgentAlive can.
-    monkeypatch.setattr(mesh._runtime, "AGENT_TIMEOUT_S", 600.0)
+    monkeypatch.setattr(mesh._engine.runtime, "AGENT_TIMEOUT_S", 600.0)
     hosts = attach([daemon.start()])
     procs = hosts.spawn_procs(per_host={"gpus": 2}, name="incarnation")
     again: ProcMesh | None = None
@@ -888,9 +879,9 @@ def test_a_restarted_agent_reports_its_old_procs_unreachable(
 
 INCARNATION_CLIENT = textwrap.dedent("""
     import os, signal, sys, time
-    import mesh._runtime, mesh._session
-    mesh._runtime.OWNER_ALIVE_INTERVAL_S = {interval!r}  # widen the window (default 0.5 s)
-    mesh._runtime.AGENT_TIMEOUT_S = 600.0  # only the new incarnation can tell
+    import mesh._engine.runtime, mesh._engine.session
+    mesh._engine.runtime.OWNER_ALIVE_INTERVAL_S = {interval!r}  # widen the window (default 0.5 s)
+    mesh._engine.runtime.AGENT_TIMEOUT_S = 600.0  # only the new incarnation can tell
     from mesh import Actor, attach, endpoint
 
     class Pid(Actor):
@@ -900,7 +891,7 @@ INCARNATION_CLIENT = textwrap.dedent("""
 
     events = []
     attach([{first!r}])  # starts the keep-alive loop: the first tick goes out at once
-    runtime = mesh._session.current_session().runtime
+    runtime = mesh._engine.session.current_session().runtime
     while {first!r} not in runtime._agent_incarnations:  # the first tick was answered
         time.sleep(0.001)
     attached = time.monotonic()

@@ -79,7 +79,7 @@ def test_a_cut_link_makes_the_host_unreachable(
     name, outside, host_address, ns_address = namespace
     keys = tmp_path / "keys"  # beyond loopback, every connection must be authenticated
     subprocess.run(
-        [sys.executable, "-m", "mesh._cli", "keys", str(keys)], check=True, capture_output=True
+        [sys.executable, "-m", "meshvisor", "keys", str(keys)], check=True, capture_output=True
     )
     address_file = tmp_path / "address"
     agent = subprocess.Popen(

@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 import replica_actors as ra
 
-from mesh import Recovery, ReplicaGroup, ReplicaGroupError, probe, replay_training, this_host
-from mesh import parameter_digest as digest
+from mesh import this_host
+from mesh.testing import probe
+from recovery import Recovery, ReplicaGroup, ReplicaGroupError, replay_training
+from recovery import parameter_digest as digest
 
 pytestmark = pytest.mark.timeout(240)
 

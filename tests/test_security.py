@@ -31,8 +31,8 @@ from conftest import RUN_BASE
 from polling import pid_alive, wait_until
 
 import transport
-from mesh._messages import AgentAlive, CallActor, ProcExited, Reply, SpawnActor, StopProcs
-from mesh._session import current_session
+from mesh._engine.messages import AgentAlive, CallActor, ProcExited, Reply, SpawnActor, StopProcs
+from mesh._engine.session import current_session
 from transport import Inbox, Payload, encode, new_context, private_runtime_dir
 from transport._frames import MAGIC
 
@@ -119,7 +119,7 @@ def next_header(inbox: Inbox) -> Any:
 CLIENT = textwrap.dedent("""
     import sys
     from mesh import Actor, attach, endpoint
-    from mesh._session import current_runtime
+    from mesh._engine.session import current_runtime
 
     class Address(Actor):
         @endpoint
@@ -156,7 +156,7 @@ def keyless_agent(tmp_path: Path, keyless_env: dict[str, str]) -> Iterator[str]:
     (tmp_path / "run").mkdir(mode=0o700)
     agent = subprocess.Popen(
         [
-            *(sys.executable, "-m", "mesh._cli", "agent", "--allocation", "job"),
+            *(sys.executable, "-m", "meshvisor", "agent", "--allocation", "job"),
             *("--rundir", str(tmp_path / "run"), "--address-file", str(tmp_path / "address")),
         ],
         env=keyless_env,
@@ -386,7 +386,7 @@ def test_keys_are_private_from_creation_even_with_umask_0(
 
 def test_meshvisor_keys_refuses_to_overwrite_or_follow_links(tmp_path: Path) -> None:
     def keys(directory: Path) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "mesh._cli", "keys", str(directory)]
+        command = [sys.executable, "-m", "meshvisor", "keys", str(directory)]
         return subprocess.run(command, capture_output=True, text=True, timeout=T)
 
     assert keys(tmp_path / "keys").returncode == 0

@@ -29,7 +29,8 @@ import pytest
 from polling import pid_alive, wait_gone, wait_until
 from recording import Recorder
 
-from mesh import ActorMesh, ProcMesh, probe
+from mesh import ActorMesh, ProcMesh
+from mesh.testing import probe
 from supervision import ActorError, SupervisionError, SupervisionEvent
 
 pytestmark = pytest.mark.usefixtures("no_failure_reaches_the_root")
@@ -434,9 +435,9 @@ def test_a_proc_busy_past_its_busy_timeout_is_hung(make_procs: Callable[..., Any
 
 def local_agent_pid() -> int:
     """The pid of the host agent that `this_host()` started for this client."""
-    import mesh._session
+    import mesh._engine.session
 
-    agent = mesh._session.current_session()._agent_process
+    agent = mesh._engine.session.current_session()._agent_process
     assert agent is not None and agent.poll() is None
     return agent.pid
 

@@ -669,9 +669,9 @@ def test_zero_copy_send_snapshots_the_value_at_send_time(zmq_context: zmq.Contex
 
 AGENT_SCRIPT = textwrap.dedent("""
     import sys, zmq
-    import mesh._session as session
+    import mesh._engine.session as session
     from mesh import this_host
-    from mesh._messages import ShutdownAgent
+    from mesh._engine.messages import ShutdownAgent
     from transport import encode
 
     sys.path.insert(0, {tests!r})

@@ -20,7 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for t
 
 import replica_actors as ra
 
-from mesh import Actor, ReplicaGroup, endpoint, parameter_digest, probe, replay_training, this_host
+from mesh import Actor, endpoint, this_host
+from mesh.testing import probe
+from recovery import ReplicaGroup, parameter_digest, replay_training
 
 T = 60.0
 

@@ -18,15 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 import sniffio
 
+from mesh._engine.fork import check_not_forked
+from mesh._engine.messages import Failure, InboxClosed, Reply, Wake
 from transport import Inbox, check_fd_headroom
 
-from ._fork import check_not_forked
-from ._messages import Failure, InboxClosed, Reply, Wake
-
 if TYPE_CHECKING:
-    from ._future import Future
-    from ._peers import ProcPeer
-    from ._runtime import Runtime
+    from mesh._engine.future import Future
+    from mesh._engine.peers import ProcPeer
+    from mesh._engine.runtime import Runtime
 
 #: How long a thread waits on a future before checking again whether it can pump its inbox.
 _RETRY_S = 0.01

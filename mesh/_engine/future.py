@@ -11,13 +11,12 @@ import anyio.to_thread
 import sniffio
 
 if TYPE_CHECKING:
-    from ._replies import ReplyInbox
-    from ._runtime import Runtime
+    from mesh._engine.replies import ReplyInbox
+    from mesh._engine.runtime import Runtime
 
+from mesh._engine.failfast import FAIL_FAST
+from mesh._engine.fork import check_not_forked
 from supervision import SupervisionEvent
-
-from ._failfast import FAIL_FAST
-from ._fork import check_not_forked
 
 T = TypeVar("T")
 _MAIN_THREAD = threading.main_thread().ident

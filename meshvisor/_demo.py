@@ -1,7 +1,7 @@
 """TorchFT-style replica training under chaos: the job that ``meshvisor demo`` runs.
 
 A controller (this file's `workload`, run as the chaos harness's client) trains a small model
-on synthetic data with N data-parallel replicas (`mesh.ReplicaGroup`) on a persistent
+on synthetic data with N data-parallel replicas (`recovery.ReplicaGroup`) on a persistent
 allocation of local host agents. The chaos harness kills replicas at random (SIGKILL, SIGTERM,
 SIGSEGV). Each kill costs the survivors at most the step in flight; the dead replica is
 re-spawned on the same allocation, heals from a live peer and rejoins. At the end the script
@@ -11,13 +11,12 @@ recorded participant sets.
 
     meshvisor demo                         # 3 replicas, random kills, report and summary
     meshvisor demo --replicas 4 --mtbf 1.5 --duration 30 --seed 7 --report out.json
-    python3 examples/replica_training.py   # the same
+    python3 -m meshvisor demo              # the same
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ import torch
 
 from chaos import ChaosOptions, Job, RandomSchedule, run_chaos
 from chaos import render as render_report
-from mesh import Replica, ReplicaGroup, parameter_digest, replay_training
+from recovery import Replica, ReplicaGroup, parameter_digest, replay_training
 
 #: Each step of this toy model takes a few milliseconds; a real step takes longer. The
 #: controller waits this long between steps so that faults land during training.
@@ -174,7 +173,3 @@ def main(argv: list[str] | None = None, prog: str = "meshvisor demo") -> int:
     if args.report is not None:
         report.to_json(args.report)
     return 0 if report.ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main(prog="python3 examples/replica_training.py"))

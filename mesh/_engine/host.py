@@ -20,6 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from mesh._actor import EndpointDef, endpoints_of
+from mesh._context import Context, actor_identity, enter_context, exit_context
+from mesh._engine.messages import ActorFailed, CallActor, Failure, Reply, SpawnActor, StopActor
+from mesh._engine.workers import Workers
+from mesh._shape import Extent, Point
 from supervision import SupervisionEvent, escalated, is_handled
 from transport import (
     Envelope,
@@ -33,14 +38,8 @@ from transport import (
     safe_str,
 )
 
-from ._actor import EndpointDef, endpoints_of
-from ._context import Context, actor_identity, enter_context, exit_context
-from ._messages import ActorFailed, CallActor, Failure, Reply, SpawnActor, StopActor
-from ._shape import Extent, Point
-from ._workers import Workers
-
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from mesh._engine.runtime import Runtime
 
 #: How long a message for an actor that is not spawned here (yet) waits for its spawn message.
 EARLY_MESSAGE_WAIT_S = 30.0

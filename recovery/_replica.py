@@ -20,13 +20,12 @@ import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._actor import Actor, endpoint
-from ._context import context
+from mesh import Actor, context, endpoint
 
 if TYPE_CHECKING:
     import torch
 
-    from ._meshes import ActorMesh
+    from mesh import ActorMesh
 
 
 class Replica(Actor):

@@ -17,12 +17,11 @@ import sys
 import threading
 from typing import Any
 
+from mesh._engine.failfast import FAIL_FAST
+from mesh._engine.fork import check_not_forked, forked_from
+from mesh._engine.messages import ShutdownAgent
+from mesh._engine.runtime import Runtime
 from transport import TransportError, get_logger, private_runtime_dir, raise_open_file_limit
-
-from ._failfast import FAIL_FAST
-from ._fork import check_not_forked, forked_from
-from ._messages import ShutdownAgent
-from ._runtime import Runtime
 
 _session: Session | None = None
 _session_lock = threading.Lock()

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ._calls import GatherSink, OneSink, StreamSink, pick_one
-from ._future import Future
-from ._values import ValueMesh
+from mesh._engine.calls import GatherSink, OneSink, StreamSink, pick_one
+from mesh._engine.future import Future
+from mesh._values import ValueMesh
 
 if TYPE_CHECKING:
-    from ._meshes import ActorMesh
+    from mesh._api.meshes import ActorMesh
 
 R = TypeVar("R")
 

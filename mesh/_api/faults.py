@@ -11,15 +11,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from mesh._api.endpoint import EndpointRef
+from mesh._api.meshes import ActorMesh, HostMesh
+from mesh._engine.future import Future
+from mesh._engine.messages import SetFaultRules
+from mesh._engine.runtime import Runtime
+from mesh._engine.session import current_session
+from mesh._values import ValueMesh
 from transport import FaultRule, network_faults
-
-from ._endpoint import EndpointRef
-from ._future import Future
-from ._meshes import ActorMesh, HostMesh
-from ._messages import SetFaultRules
-from ._runtime import Runtime
-from ._session import current_session
-from ._values import ValueMesh
 
 Party = ActorMesh[Any] | HostMesh | Literal["client"]
 

@@ -2,7 +2,7 @@
 
 In the client the event loop runs on a daemon thread, so user code on the main thread stays
 free; in a proc it runs on the main thread. Actors' sync code runs on worker threads (see
-`mesh._workers`); a `Future.get()` made on the loop thread itself (blocking code in an async
+`mesh._engine.workers`); a `Future.get()` made on the loop thread itself (blocking code in an async
 endpoint) pumps the inbox instead of blocking it.
 """
 
@@ -21,27 +21,12 @@ from typing import Any
 
 import anyio
 
-from supervision import ActorError, EventKind, SupervisionError, SupervisionEvent
-from transport import (
-    KEYS_ENV,
-    Envelope,
-    Inbox,
-    Outbox,
-    Payload,
-    TransportError,
-    close_context,
-    encode,
-    get_logger,
-    loads,
-    new_context,
-)
-
-from ._calls import PendingCall, ResultSink
-from ._fault_rules import apply_fault_rules
-from ._fork import check_not_forked
-from ._future import Future
-from ._host import ActorHost
-from ._messages import (
+from mesh._engine.calls import PendingCall, ResultSink
+from mesh._engine.fault_rules import apply_fault_rules
+from mesh._engine.fork import check_not_forked
+from mesh._engine.future import Future
+from mesh._engine.host import ActorHost
+from mesh._engine.messages import (
     ActorFailed,
     AgentAlive,
     CallActor,
@@ -59,10 +44,24 @@ from ._messages import (
     StopProc,
     StopProcs,
 )
-from ._peers import ActorMeshView, ProcPeer
-from ._replies import ReplyInbox, ReplyRoutes
-from ._restarts import Restarts
-from ._supervisor import Supervisor
+from mesh._engine.peers import ActorMeshView, ProcPeer
+from mesh._engine.replies import ReplyInbox, ReplyRoutes
+from mesh._engine.restarts import Restarts
+from mesh._engine.supervisor import Supervisor
+from supervision import ActorError, EventKind, SupervisionError, SupervisionEvent
+from transport import (
+    KEYS_ENV,
+    Envelope,
+    Inbox,
+    Outbox,
+    Payload,
+    TransportError,
+    close_context,
+    encode,
+    get_logger,
+    loads,
+    new_context,
+)
 
 _RECEIVE_BATCH = 256
 #: How often an owner that attached to agents over the network tells them it is alive.

@@ -21,24 +21,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transport import (
-    KEYS_ENV,
-    CurveKeys,
-    Envelope,
-    TransportError,
-    check_exposure,
-    close_context,
-    configured_keys,
-    private_runtime_dir,
-    raise_open_file_limit,
-)
-
 # Imported before the fork server is forked, so procs start with them loaded.
-from . import _proc_main  # noqa: F401
-from ._fault_rules import apply_fault_rules
-from ._forkserver import PRELOAD_ENV, ForkServerClient, start_forkserver
-from ._liveness import CpuSample, progressed, sample_cpu
-from ._messages import (
+from mesh._agent import proc_main  # noqa: F401
+from mesh._agent.forkserver import PRELOAD_ENV, ForkServerClient, start_forkserver
+from mesh._agent.liveness import CpuSample, progressed, sample_cpu
+from mesh._engine.fault_rules import apply_fault_rules
+from mesh._engine.messages import (
     AgentAlive,
     Heartbeat,
     OwnerAlive,
@@ -55,6 +43,17 @@ from ._messages import (
     WatchProcs,
     invalid_request,
     refusable_spawn,
+)
+from transport import (
+    KEYS_ENV,
+    CurveKeys,
+    Envelope,
+    TransportError,
+    check_exposure,
+    close_context,
+    configured_keys,
+    private_runtime_dir,
+    raise_open_file_limit,
 )
 
 DEFAULT_GRACE_S = 5.0
@@ -683,14 +682,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
     if args.address_file:
         _write_atomically(args.address_file, agent.address + "\n")
     if args.allocation:
-        from ._attach import add_to_allocation
+        from mesh._api.attach import add_to_allocation
 
         add_to_allocation(args.allocation, agent.address)
     try:
         agent.serve()
     finally:
         if args.allocation:
-            from ._attach import remove_from_allocation
+            from mesh._api.attach import remove_from_allocation
 
             with contextlib.suppress(OSError):
                 remove_from_allocation(args.allocation, agent.address)
@@ -706,7 +705,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
 def _own_run_dir() -> str:
     """A new private run directory for a daemon, marked as this process's so that the next
     meshvisor process sweeps it if this one is killed; stale ones are swept now."""
-    from ._session import sweep_stale_run_dirs, write_owner_file
+    from mesh._engine.session import sweep_stale_run_dirs, write_owner_file
 
     rundir = private_runtime_dir("meshvisor-agent-")
     write_owner_file(rundir)
@@ -723,7 +722,7 @@ def _use_keys(args: argparse.Namespace) -> None:
     if os.environ.get(KEYS_ENV):
         return
     if args.allocation:
-        from ._attach import allocation_keys_dir
+        from mesh._api.attach import allocation_keys_dir
 
         directory = allocation_keys_dir(args.allocation).absolute()
     elif args.address_file:
@@ -746,7 +745,3 @@ def _write_atomically(path: str, text: str) -> None:
     with open(temporary, "w") as handle:
         handle.write(text)
     os.replace(temporary, path)
-
-
-if __name__ == "__main__":
-    main()

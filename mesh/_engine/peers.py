@@ -9,11 +9,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from mesh._context import actor_identity
+from mesh._engine.future import Future
+from mesh._shape import Extent, Point
 from supervision import EventKind, SupervisionEvent
-
-from ._context import actor_identity
-from ._future import Future
-from ._shape import Extent, Point
 
 
 class ProcPeer:

@@ -24,7 +24,7 @@ from supervision import ActorError, SupervisionError, SupervisionEvent
 from transport import serializing_now
 
 if TYPE_CHECKING:
-    from ._future import Future
+    from mesh._engine.future import Future
 
 
 class FailureScope(Protocol):

@@ -7,6 +7,9 @@ import sys
 import threading
 from typing import Any
 
+from mesh._engine.messages import Heartbeat, ProcReady, SpawnFailed
+from mesh._engine.runtime import Runtime
+from mesh._engine.session import Session, install_session
 from transport import (
     Outbox,
     TransportError,
@@ -16,10 +19,6 @@ from transport import (
     new_context,
     reset_logging,
 )
-
-from ._messages import Heartbeat, ProcReady, SpawnFailed
-from ._runtime import Runtime
-from ._session import Session, install_session
 
 
 def start_heartbeats(runtime: Runtime, agent: str, proc_id: str, interval_s: float) -> None:

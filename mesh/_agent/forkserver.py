@@ -339,7 +339,7 @@ def _run_proc(config: dict[str, Any]) -> NoReturn:
     """Run the proc. After a graceful stop the interpreter exits normally (non-daemon threads
     joined, atexit handlers and ``__del__`` run); a proc that fails leaves at once."""
     try:
-        from ._proc_main import run_proc
+        from mesh._agent.proc_main import run_proc
 
         code = run_proc(config)
     except SystemExit as exc:

@@ -15,10 +15,9 @@ from types import TracebackType
 
 import anyio
 
+from mesh._engine.failfast import FAIL_FAST
+from mesh._engine.future import threadsafe_caller
 from supervision import SupervisionError, SupervisionEvent
-
-from ._failfast import FAIL_FAST
-from ._future import threadsafe_caller
 
 
 class supervised:

@@ -19,11 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mesh import ActorMesh, Future, HostMesh, ProcMesh
 from supervision import ActorError, SupervisionError, SupervisionEvent
 from transport import get_logger
 
-from ._future import Future
-from ._meshes import ActorMesh, HostMesh, ProcMesh
 from ._replica import Replica
 
 
@@ -114,7 +113,7 @@ class ReplicaGroup:
         self.events: list[SupervisionEvent] = []
         self._quorum = 0
         self._quorum_members: tuple[int, ...] | None = None
-        self._log = get_logger("mesh.replicas", group=name)
+        self._log = get_logger("recovery.group", group=name)
         self._members = [
             self._spawn(hosts, index, heartbeat_timeout_s) for index in range(replicas)
         ]

@@ -14,17 +14,16 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from mesh._context import actor_identity
+from mesh._engine.future import Future, all_done
+from mesh._engine.messages import ProcSpec, SpawnActor, SpawnProcs
+from mesh._engine.peers import ActorMeshView, ProcPeer
+from mesh._shape import Extent
 from supervision import RestartPolicy, RestartTracker, SupervisionEvent
 from transport import Payload, get_logger
 
-from ._context import actor_identity
-from ._future import Future, all_done
-from ._messages import ProcSpec, SpawnActor, SpawnProcs
-from ._peers import ActorMeshView, ProcPeer
-from ._shape import Extent
-
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from mesh._engine.runtime import Runtime
 
 
 @dataclass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import runpy
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -63,32 +62,20 @@ def _make_keys(directory: Path) -> int:
 
 
 def _run_agent(rest: list[str]) -> int:
-    from ._agent import main as agent_main
+    from mesh._agent.daemon import main as agent_main
 
     agent_main(rest, prog="meshvisor agent")
     return 0
 
 
 def _run_chaos(rest: list[str]) -> int:
-    # imported here: the chaos package builds on mesh, not the other way round
     from chaos._cli import main as chaos_main
 
     return chaos_main(rest, prog="meshvisor chaos")
 
 
 def _run_demo(rest: list[str]) -> int:
-    """TorchFT-style replica training under the chaos harness (examples/replica_training.py)."""
-    path = Path(__file__).resolve().parents[1] / "examples" / "replica_training.py"
-    if not path.is_file():
-        print(
-            f"meshvisor demo: {path} does not exist; install meshvisor from a checkout "
-            "(pip install -e .) so that examples/ is next to it.",
-            file=sys.stderr,
-        )
-        return 2
-    namespace = runpy.run_path(str(path), run_name="meshvisor_demo")
-    return int(namespace["main"](rest, prog="meshvisor demo"))
+    """TorchFT-style replica training under the chaos harness (meshvisor/_demo.py)."""
+    from meshvisor._demo import main as demo_main
 
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return demo_main(rest, prog="meshvisor demo")

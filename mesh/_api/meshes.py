@@ -10,28 +10,27 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-from supervision import RestartPolicy, SupervisionError, SupervisionEvent
-from transport import Payload, check_fd_headroom
-
-from ._actor import check_actor_class, resolve_endpoint
-from ._calls import GatherSink, ResultSink
-from ._context import actor_identity, context
-from ._endpoint import EndpointRef
-from ._future import Future, all_done, resolved
-from ._messages import (
+from mesh._actor import check_actor_class, resolve_endpoint
+from mesh._api.endpoint import EndpointRef
+from mesh._context import actor_identity, context
+from mesh._engine.calls import GatherSink, ResultSink
+from mesh._engine.future import Future, all_done, resolved
+from mesh._engine.messages import (
     CallActor,
     ShutdownAgent,
     SpawnActor,
     StopActor,
     WatchProcs,
 )
-from ._peers import ActorMeshView, ProcPeer
-from ._replies import ReplyInbox
-from ._restarts import ActorMeshRecord, ProcMeshRecord
-from ._runtime import Runtime
-from ._session import current_session
-from ._shape import Extent, Region
-from ._supervisor import FailureHandler
+from mesh._engine.peers import ActorMeshView, ProcPeer
+from mesh._engine.replies import ReplyInbox
+from mesh._engine.restarts import ActorMeshRecord, ProcMeshRecord
+from mesh._engine.runtime import Runtime
+from mesh._engine.session import current_session
+from mesh._engine.supervisor import FailureHandler
+from mesh._shape import Extent, Region
+from supervision import RestartPolicy, SupervisionError, SupervisionEvent
+from transport import Payload, check_fd_headroom
 
 A = TypeVar("A")
 M = TypeVar("M", bound="MeshBase")

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from mesh._engine.messages import SetFaultRules
 from transport import Envelope, get_logger, network_faults
-
-from ._messages import SetFaultRules
 
 
 def apply_fault_rules(envelope: Envelope) -> None:

@@ -11,13 +11,12 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from mesh._engine.failfast import FAIL_FAST
 from supervision import SupervisionEvent, event_listeners, is_handled, unhandled_failure_hook
 from transport import get_logger
 
-from ._failfast import FAIL_FAST
-
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from mesh._engine.runtime import Runtime
 
 FailureHandler = Callable[[SupervisionEvent], object]
 

@@ -25,11 +25,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from mesh._api.meshes import HostMesh
+from mesh._engine.session import current_session
+from mesh._shape import Extent, Region
 from transport import KEYS_ENV
-
-from ._meshes import HostMesh
-from ._session import current_session
-from ._shape import Extent, Region
 
 
 def allocations_dir() -> Path:

@@ -6,13 +6,13 @@ import random
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._future import Future
-from ._shape import Extent
-from ._values import ValueMesh
+from mesh._engine.future import Future
+from mesh._shape import Extent
+from mesh._values import ValueMesh
 
 if TYPE_CHECKING:
-    from ._peers import ActorMeshView, ProcPeer
-    from ._replies import ReplyInbox
+    from mesh._engine.peers import ActorMeshView, ProcPeer
+    from mesh._engine.replies import ReplyInbox
 
 
 class ResultSink(Protocol):

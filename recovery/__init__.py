@@ -1,0 +1,24 @@
+"""TorchFT-style replica recovery on a persistent allocation (needs torch).
+
+`ReplicaGroup` trains N data-parallel replicas, each a proc mesh holding a `Replica` actor;
+a replica that dies is re-spawned in place, heals from a live peer and rejoins. Built only on
+the public `mesh` API.
+"""
+
+from ._group import Recovery as Recovery
+from ._group import ReplicaGroup as ReplicaGroup
+from ._group import ReplicaGroupError as ReplicaGroupError
+from ._group import StepOutcome as StepOutcome
+from ._replica import Replica as Replica
+from ._replica import digest as parameter_digest
+from ._replica import replay_training as replay_training
+
+__all__ = (
+    "Recovery",
+    "Replica",
+    "ReplicaGroup",
+    "ReplicaGroupError",
+    "StepOutcome",
+    "parameter_digest",
+    "replay_training",
+)
