@@ -1,6 +1,6 @@
 """TorchFT inside meshvisor: the real torchft Manager and Lighthouse, hosted by meshvisor actors.
 
-`examples/replica_training.py` is meshvisor's own TorchFT-style training. This one runs TorchFT
+`meshvisor/_demo.py` (`meshvisor demo`) is meshvisor's own TorchFT-style training. This one runs TorchFT
 itself (written against torchft 0.2.0, the optional extra ``meshvisor[torchft]``):
 
 - torchft's ``LighthouseServer`` lives in a meshvisor actor on its own proc;
