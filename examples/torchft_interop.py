@@ -1,7 +1,7 @@
 """TorchFT inside meshvisor: the real torchft Manager and Lighthouse, hosted by meshvisor actors.
 
-`meshvisor/_demo.py` (`meshvisor demo`) is meshvisor's own TorchFT-style training. This one runs TorchFT
-itself (written against torchft 0.2.0, the optional extra ``meshvisor[torchft]``):
+`meshvisor/_demo.py` (`meshvisor demo`) is meshvisor's own TorchFT-style training. This one
+runs TorchFT itself (written against torchft 0.2.0, the optional extra ``meshvisor[torchft]``):
 
 - torchft's ``LighthouseServer`` lives in a meshvisor actor on its own proc;
 - each of N replicas is a proc mesh of one proc (``this_host().spawn_procs``) whose actor owns
