@@ -23,6 +23,7 @@ from pathlib import Path
 
 # Imported before the fork server is forked, so procs start with them loaded.
 from mesh._agent import proc_main  # noqa: F401
+from mesh._agent.allocations import add_to_allocation, allocation_keys_dir, remove_from_allocation
 from mesh._agent.forkserver import PRELOAD_ENV, ForkServerClient, start_forkserver
 from mesh._agent.liveness import CpuSample, progressed, sample_cpu
 from mesh._engine.fault_rules import apply_fault_rules
@@ -682,15 +683,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
     if args.address_file:
         _write_atomically(args.address_file, agent.address + "\n")
     if args.allocation:
-        from mesh._api.attach import add_to_allocation
-
         add_to_allocation(args.allocation, agent.address)
     try:
         agent.serve()
     finally:
         if args.allocation:
-            from mesh._api.attach import remove_from_allocation
-
             with contextlib.suppress(OSError):
                 remove_from_allocation(args.allocation, agent.address)
         with contextlib.suppress(OSError):
@@ -722,8 +719,6 @@ def _use_keys(args: argparse.Namespace) -> None:
     if os.environ.get(KEYS_ENV):
         return
     if args.allocation:
-        from mesh._api.attach import allocation_keys_dir
-
         directory = allocation_keys_dir(args.allocation).absolute()
     elif args.address_file:
         directory = Path(os.path.abspath(args.address_file) + ".keys")
