@@ -1,5 +1,13 @@
 """The host agent: a daemon per host that spawns procs through its fork server and watches them.
 
-Runs as its own process (``meshvisor agent`` or ``python -m mesh._agent``); `proc_main` is what
-each forked proc runs.
+Runs as its own process (``meshvisor agent`` or ``python -m mesh._agent``):
+
+- `daemon`: the command line and the daemon's life (keys, address file, allocation, clean-up);
+- `host_agent`: `HostAgent`, the loop that serves requests and fork-server reports;
+- `procs`: the table of procs the agent runs, and their exit reports;
+- `watchdog` and `liveness`: heartbeat deadlines, and whether a silent proc is hung or busy;
+- `spawning`: a new proc's address, configuration and output prefix;
+- `forkserver`: the single-threaded process that forks procs; `proc_main` is what each runs;
+- `rundir`: the run directory of the procs' ipc sockets;
+- `allocations`: the allocation files agents join and clients attach to.
 """

@@ -8,7 +8,8 @@ client that exits or dies has its procs stopped, and the next client attaches ag
 
 An agent leaves the file when it stops; the addresses of agents that died without doing so
 (SIGKILL, a lost host) are dropped when the next agent joins, if nothing listens there any more.
-Clients only read the file: a dead agent they attach to is reported as unreachable.
+Clients only read the file: a dead agent they attach to is reported as unreachable. The files
+themselves are read and written by `mesh._agent.allocations`.
 
 tcp agents are always authenticated. Agents started without keys make a CURVE key pair for
 their allocation file F in the private directory ``F.keys``; ``attach`` finds it there unless
@@ -17,124 +18,14 @@ their allocation file F in the private directory ``F.keys``; ``attach`` finds it
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
-import socket
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
 
+from mesh._agent.allocations import allocation_keys_dir, read_allocation
 from mesh._api.meshes import HostMesh
 from mesh._engine.session import current_session
 from mesh._shape import Extent, Region
 from transport import KEYS_ENV
-
-
-def allocations_dir() -> Path:
-    """Where named allocations are kept (created private on first use)."""
-    home = Path(os.environ.get("MESHVISOR_HOME", Path.home() / ".meshvisor"))
-    path = home / "allocations"
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return path
-
-
-def allocation_file(name_or_path: str) -> Path:
-    """The file of allocation `name_or_path` (a name, or a path to a file)."""
-    if os.sep in name_or_path or name_or_path.startswith("."):
-        return Path(name_or_path)
-    return allocations_dir() / name_or_path
-
-
-def add_to_allocation(name_or_path: str, address: str) -> None:
-    """Record that the agent at `address` belongs to the allocation, dropping the addresses of
-    agents that are gone (nothing listens there any more: killed, or their host rebooted)."""
-    with _locked(allocation_file(name_or_path)) as path:
-        kept = [a for a in _addresses_in(path) if a != address and not agent_gone(a)]
-        _write_addresses(path, [*kept, address])
-
-
-def remove_from_allocation(name_or_path: str, address: str) -> None:
-    """The agent at `address` leaves the allocation (it is stopping)."""
-    with _locked(allocation_file(name_or_path)) as path:
-        kept = [a for a in _addresses_in(path) if a != address]
-        _write_addresses(path, kept)
-
-
-def agent_gone(address: str) -> bool:
-    """Whether nothing listens at an agent address any more: its socket file is missing, or the
-    connection is refused. An address that does not answer in time may only be cut off: kept."""
-    if address.startswith("ipc://") and not os.path.exists(address[len("ipc://") :]):
-        return True
-    found = _probe_target(address)
-    if found is None:
-        return False
-    family, target = found
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.settimeout(_PROBE_TIMEOUT_S)
-        try:
-            probe.connect(target)
-        except ConnectionRefusedError:
-            return True
-        except OSError:
-            return False
-    return False
-
-
-def _probe_target(address: str) -> tuple[socket.AddressFamily, Any] | None:
-    """(family, connect argument) for a plain connection to `address`, None if it has none."""
-    if address.startswith("ipc://"):
-        return socket.AF_UNIX, address[len("ipc://") :]
-    host, _, port = address[len("tcp://") :].rpartition(":")
-    if not address.startswith("tcp://") or not port.isdigit():
-        return None
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return family, (host.strip("[]"), int(port))
-
-
-_PROBE_TIMEOUT_S = 1.0
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[Path]:
-    """Hold the allocation's lock file while its file is rewritten (readers see either the
-    old file or the new one: it is replaced atomically)."""
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield path
-
-
-def _addresses_in(path: Path) -> list[str]:
-    try:
-        return list(dict.fromkeys(path.read_text().split()))
-    except FileNotFoundError:
-        return []
-
-
-def _write_addresses(path: Path, addresses: list[str]) -> None:
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    temporary.write_text("".join(f"{a}\n" for a in addresses))
-    os.replace(temporary, path)
-
-
-def read_allocation(name_or_path: str) -> list[str]:
-    path = allocation_file(name_or_path)
-    try:
-        lines = path.read_text().split()
-    except FileNotFoundError:
-        raise ValueError(
-            f"no allocation {name_or_path!r}: {path} does not exist; start agents with "
-            f"'meshvisor agent --allocation {name_or_path}' first"
-        ) from None
-    return list(dict.fromkeys(line for line in lines if line))
-
-
-def allocation_keys_dir(name_or_path: str) -> Path:
-    """Where the CURVE keys made for allocation `name_or_path` are kept: ``F.keys`` beside its
-    file F."""
-    path = allocation_file(name_or_path)
-    return path.with_name(path.name + ".keys")
-
 
 #: The keys directory attach() chose for this process (None: none, or the user's own choice).
 _chosen_keys: str | None = None

@@ -1,0 +1,70 @@
+"""How the host agent starts a proc: where it will listen, and the configuration and output
+prefix the fork server hands it."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from mesh._engine.messages import ProcSpec, SpawnProcs
+
+#: The longest unix socket path (sun_path holds 108 bytes with the NUL), less the room a
+#: proc's reply inboxes add to its own ("-r" and a number).
+_MAX_SOCKET_PATH = 107 - 6
+
+
+def proc_address(agent_address: str, rundir: str, proc_id: str) -> str:
+    """Where a new proc listens: next to its agent (ipc), or on the agent's interface (tcp)."""
+    if agent_address.startswith("tcp://"):
+        return f"tcp://{agent_address[len('tcp://') :].rsplit(':', 1)[0]}:*"
+    return f"ipc://{rundir}/{proc_id}"
+
+
+def socket_path_too_long(address: str) -> str | None:
+    """Why a proc cannot listen at ipc `address` (a path too long for a unix socket), or None."""
+    if not address.startswith("ipc://"):
+        return None
+    length = len(os.fsencode(address[len("ipc://") :]))
+    if length <= _MAX_SOCKET_PATH:
+        return None
+    return (
+        f"its socket path {address[len('ipc://') :]!r} is {length} bytes long, over the "
+        f"{_MAX_SOCKET_PATH}-byte limit of unix socket paths; give the host agent a shorter "
+        "run directory (--rundir, or a shorter XDG_RUNTIME_DIR or TMPDIR)"
+    )
+
+
+def proc_config(
+    request: SpawnProcs, spec: ProcSpec, address: str, agent_address: str, rundir: str
+) -> dict[str, Any]:
+    """What the proc `spec` of `request` needs to start (`proc_main.run_proc` reads it)."""
+    return {
+        "proc_id": spec.proc_id,
+        "mesh_name": spec.mesh_name,
+        "labels": spec.labels,
+        "sizes": spec.sizes,
+        "rank": spec.rank,
+        "address": address,
+        "owner": request.owner,
+        "agent": agent_address,
+        "rundir": rundir,
+        "env": dict(request.env),
+        "sys_path": request.sys_path,
+        "cwd": request.cwd,
+        "heartbeat_interval_s": request.heartbeat_interval_s,
+    }
+
+
+def output_prefix(spec: ProcSpec) -> str:
+    """What starts each line the proc prints: its mesh and point, e.g. ``trainers {'gpus': 1}``."""
+    point = dict(zip(spec.labels, _coords(spec.sizes, spec.rank)))
+    return f"{spec.mesh_name} {point}"
+
+
+def _coords(sizes: tuple[int, ...], rank: int) -> list[int]:
+    """The coordinates of `rank` in a row-major mesh of `sizes`."""
+    coords = []
+    for size in reversed(sizes):
+        rank, index = divmod(rank, size)
+        coords.append(index)
+    return list(reversed(coords))

@@ -1,0 +1,127 @@
+"""The host agent's deadlines: procs' heartbeats, network owners' signs of life, and the
+agent's own pauses, which must not count as its procs' silence.
+
+A proc that misses its heartbeats is judged with `liveness`: hung (kill it), or busy (it gets
+time, up to its busy limit). A network owner silent for `owner_timeout_s` is gone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from mesh._agent.liveness import CpuSample, progressed, sample_cpu
+from mesh._agent.procs import ProcRecord, ProcTable
+
+#: A serve loop this much later than it planned means the agent itself was paused.
+_PAUSE_S = 0.5
+
+
+class Watchdog:
+    """Keeps the heartbeat deadlines of the procs in a table and the last signs of life of
+    their network owners; says who is overdue. It kills nothing itself: the agent does."""
+
+    def __init__(self, procs: ProcTable, owner_timeout_s: float, log: Any) -> None:
+        self._procs = procs
+        self.owner_timeout_s = owner_timeout_s
+        self._owners_seen: dict[str, float] = {}
+        self._last_check = time.monotonic()
+        self._log = log  # the agent's structlog logger
+
+    def start(self) -> None:
+        """The serve loop starts now: its first wait is measured from here."""
+        self._last_check = time.monotonic()
+
+    def heartbeat(self, proc: ProcRecord) -> None:
+        """`proc` is alive: its next heartbeat is due a timeout from now."""
+        proc.silent_since = now = time.monotonic()
+        proc.heartbeat_due = now + proc.heartbeat_timeout_s
+        if proc.pid is not None:  # the baseline for judging a later silence
+            proc.cpu, proc.cpu_at = sample_cpu(proc.pid), now
+
+    def forked(self, proc: ProcRecord) -> None:
+        """`proc` was just forked: sample its CPU time, the baseline for judging a silence."""
+        if proc.pid is not None:
+            proc.cpu, proc.cpu_at = sample_cpu(proc.pid), time.monotonic()
+
+    def owner_alive(self, owner: str) -> None:
+        self._owners_seen[owner] = time.monotonic()
+
+    def gone_owners(self, now: float) -> list[str]:
+        """The network owners silent for longer than the owner timeout, forgotten now."""
+        gone = [o for o, seen in self._owners_seen.items() if now - seen > self.owner_timeout_s]
+        for owner in gone:
+            del self._owners_seen[owner]
+        return gone
+
+    def overdue(self, now: float) -> Iterator[tuple[ProcRecord, int]]:
+        """The forked procs, with their pids, whose heartbeat is late (procs asked to stop are
+        not judged: their kill deadline applies)."""
+        for proc in self._procs:
+            if proc.pid is not None and not proc.stop_requested and proc.heartbeat_due <= now:
+                yield proc, proc.pid
+
+    def judge_silence(self, proc: ProcRecord, pid: int, now: float) -> str | None:
+        """Why `proc`, which missed its heartbeats, is hung; None (and more time) while it is
+        busy: not stopped, and it used CPU time since the last sample or waits for a core."""
+        sample = sample_cpu(pid, threads=True)
+        if sample is not None and sample.exited:  # its exit report is on the way: not hung
+            proc.heartbeat_due = now + proc.heartbeat_timeout_s
+            return None
+        why = why_hung(proc, sample, now)
+        if why is None:
+            self._log.info("proc_busy", proc=proc.proc_id, pid=pid)
+            proc.cpu, proc.cpu_at = sample, now
+            busy_until = proc.silent_since + proc.busy_timeout_s
+            proc.heartbeat_due = min(now + proc.heartbeat_timeout_s, busy_until)
+        return why
+
+    def forgive_absence(self, wait_s: float) -> None:
+        """The agent's own absence (paused, starved of CPU) is not its procs' silence: their
+        deadlines move by as long as the loop overslept; after a real pause, when messages
+        sent meanwhile may still be on their way in, each restarts from now."""
+        now = time.monotonic()
+        late_s = max(0.0, now - self._last_check - wait_s)
+        self._last_check = now
+        paused = late_s > _PAUSE_S
+        if paused:
+            self._log.info("agent_was_paused", seconds=round(late_s, 3))
+        for proc in self._procs:
+            proc.heartbeat_due += late_s
+            proc.silent_since += late_s
+            if paused:
+                proc.silent_since = max(proc.silent_since, now)
+                proc.heartbeat_due = max(proc.heartbeat_due, now + proc.heartbeat_timeout_s)
+        for owner, seen in self._owners_seen.items():
+            self._owners_seen[owner] = max(seen + late_s, now) if paused else seen + late_s
+
+    def next_timeout(self) -> float:
+        """Seconds until the next deadline: a kill, a heartbeat, an owner's (at most 1 s)."""
+        deadlines = [
+            p.kill_at if p.kill_at is not None else p.heartbeat_due
+            for p in self._procs
+            if p.pid is not None or p.kill_at is not None
+        ]
+        if self._owners_seen:
+            deadlines.append(min(self._owners_seen.values()) + self.owner_timeout_s)
+        return max(0.0, min(deadlines, default=time.monotonic() + 1.0) - time.monotonic())
+
+
+def why_hung(proc: ProcRecord, sample: CpuSample | None, now: float) -> str | None:
+    """Why `proc`, silent since `proc.silent_since` and sampled `sample` now, is hung; None
+    while it is busy (it progresses, and its busy limit is not reached)."""
+    silent_s = now - proc.silent_since
+    if sample is not None and sample.stopped:
+        return f"no heartbeat for {silent_s:.1f} s, and it is stopped (SIGSTOP or a debugger)"
+    if not progressed(proc.cpu, sample, now - proc.cpu_at):
+        return (
+            f"no heartbeat for {silent_s:.1f} s, and it used no CPU time meanwhile "
+            "(blocked or deadlocked)"
+        )
+    if silent_s >= proc.busy_timeout_s:
+        return (
+            f"no heartbeat for {silent_s:.1f} s while it kept using CPU time: busy but "
+            f"unresponsive for longer than busy_timeout_s ({proc.busy_timeout_s:g} s)"
+        )
+    return None
