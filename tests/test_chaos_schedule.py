@@ -19,8 +19,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chaos._model import FAULT_KINDS, TARGET_LEVEL, Fault, PlannedFault, Target, TargetSet
-from chaos._schedule import RandomSchedule, Schedule, ScriptedSchedule
+from chaos import (
+    FAULT_KINDS,
+    FAULT_SPECS,
+    Fault,
+    PlannedFault,
+    RandomSchedule,
+    Schedule,
+    ScriptedSchedule,
+    Target,
+    TargetSet,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -162,14 +171,14 @@ def test_many_fixed_seeds_all_give_distinct_plans() -> None:
 
 
 def check_plan(schedule: RandomSchedule, ts: TargetSet, plan: list[PlannedFault]) -> None:
-    usable = {k for k, _ in schedule.faults if ts.candidates(TARGET_LEVEL[k])}
+    usable = {k for k, _ in schedule.faults if ts.candidates(FAULT_SPECS[k].level)}
     assert [p.at_s for p in plan] == sorted(p.at_s for p in plan)
     for p in plan:
         assert schedule.warmup_s <= p.at_s < schedule.duration_s
         assert p.at_s == round(p.at_s, 3)
         assert p.fault.kind in usable
         assert p.target in ts
-        assert p.target.level == TARGET_LEVEL[p.fault.kind]
+        assert p.target.level == FAULT_SPECS[p.fault.kind].level
         f = p.fault
         if f.kind == "kill":
             assert (f.signal in schedule.kill_signals and f.exit_code is None) or (
@@ -197,7 +206,7 @@ def test_plans_follow_the_rules(schedule: RandomSchedule, ts: TargetSet) -> None
     plan = schedule.plan(ts)
     check_plan(schedule, ts, plan)
     # The first arrival always finds a free target; it comes after 40 mtbf with p = e^-40.
-    usable = any(ts.candidates(TARGET_LEVEL[k]) for k, _ in schedule.faults)
+    usable = any(ts.candidates(FAULT_SPECS[k].level) for k, _ in schedule.faults)
     if usable and schedule.duration_s - schedule.warmup_s > 40 * schedule.mtbf_s:
         assert plan
 
