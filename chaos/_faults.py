@@ -17,8 +17,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
+from ._fault_sites import Detectors, FaultRanges, FaultSite
 from ._targets import Target, TargetLevel
 
 FaultKind = Literal[
@@ -115,59 +116,6 @@ class Fault:
         return cls(**data)
 
 
-@dataclass(frozen=True)
-class Detectors:
-    """The timeouts of the detectors that notice faults on a target."""
-
-    heartbeat_timeout_s: float  # of the target mesh's procs (a pause is seen as a hang)
-    agent_timeout_s: float  # of the client for agents (a partition is seen as unreachable)
-
-
-class FaultRanges(Protocol):
-    """The ranges a random schedule draws fault parameters from (`RandomSchedule` has them)."""
-
-    @property
-    def kill_signals(self) -> tuple[str, ...]: ...
-    @property
-    def exit_codes(self) -> tuple[int, ...]: ...
-    @property
-    def pause_s(self) -> tuple[float, float]: ...
-    @property
-    def drop_probability(self) -> float: ...
-    @property
-    def delay_ms(self) -> tuple[float, float]: ...
-    @property
-    def window_s(self) -> tuple[float, float]: ...
-    @property
-    def raise_endpoint(self) -> str | None: ...
-
-
-class FaultSite(Protocol):
-    """What injecting and healing one fault may do; the harness gives one per fault."""
-
-    #: The target's processes when the fault was injected.
-    pids: set[int]
-    #: Set when the owner saw an event that counts as noticing the fault.
-    detected: threading.Event
-
-    def request(self, op: str, **args: Any) -> Any:
-        """Ask the workload's client to carry out `op` (see `Job`'s operations)."""
-        ...
-
-    def link_seed(self) -> int:
-        """The seed for this fault's broken links, derived from the schedule's."""
-        ...
-
-    def remaining_s(self, after_s: float) -> float:
-        """Seconds from now until `after_s` seconds after the injection (0 when past)."""
-        ...
-
-    def kill_agent(self, host: int) -> None: ...
-    def restart_agent(self, host: int) -> None: ...
-    def kill_client(self) -> None: ...
-    def restart_client(self) -> None: ...
-
-
 Describe = Callable[[Fault], str]
 Expect = Callable[[Fault, Detectors], tuple[str, ...]]
 Draw = Callable[[FaultRanges, random.Random], Fault]
@@ -181,6 +129,10 @@ def _wait_out(fault: Fault, target: Target, site: FaultSite) -> None:
 
 def _no_event(fault: Fault, detectors: Detectors) -> tuple[str, ...]:
     return ()
+
+
+def _any_ranges(ranges: FaultRanges) -> None:
+    """Any ranges will do for drawing this kind."""
 
 
 @dataclass(frozen=True)
@@ -202,6 +154,8 @@ class FaultSpec:
     heal: Act = _wait_out
     #: Whether the target's processes are gone afterwards (healthy answers come from others).
     kills_process: bool = False
+    #: Raise ValueError unless a random schedule's ranges can draw a fault of this kind.
+    check_ranges: Callable[[FaultRanges], None] = _any_ranges
 
 
 def _around(duration_s: float, timeout_s: float, kind: str) -> tuple[str, ...]:
@@ -227,6 +181,11 @@ def _draw_kill(ranges: FaultRanges, rng: random.Random) -> Fault:
     return Fault.kill(rng.choice(ranges.kill_signals))
 
 
+def _check_kill_ranges(ranges: FaultRanges) -> None:
+    if not ranges.kill_signals and not ranges.exit_codes:
+        raise ValueError('a "kill" needs at least one of kill_signals or exit_codes')
+
+
 def _inject_kill(fault: Fault, target: Target, site: FaultSite) -> None:
     if fault.exit_code is not None:
         site.request("exit", mesh=target.mesh, rank=target.rank, code=fault.exit_code)
@@ -242,6 +201,7 @@ KILL = FaultSpec(
     draw=_draw_kill,
     inject=_inject_kill,
     kills_process=True,
+    check_ranges=_check_kill_ranges,
 )
 
 # -- pause -----------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ from ._allocation import LocalAllocation
 from ._channel import Message
 from ._clients import Clients
 from ._clock import RunClock
-from ._faults import DEFAULT_HEARTBEAT_TIMEOUT_S, NO_EVENT, Detectors
+from ._fault_sites import Detectors
+from ._faults import DEFAULT_HEARTBEAT_TIMEOUT_S, NO_EVENT
 from ._model import FaultRecord, ObservedEvent, PlannedFault
 from ._options import ChaosOptions
 

@@ -107,8 +107,8 @@ class RandomSchedule:
                 raise ValueError(
                     f"the weight of {kind!r} must be a positive number, not {weight!r}"
                 )
-        if "kill" in seen and not self.kill_signals and not self.exit_codes:
-            raise ValueError('a "kill" needs at least one of kill_signals or exit_codes')
+        for kind, _ in self.faults:
+            FAULT_SPECS[kind].check_ranges(self)
         if not 0.0 <= self.drop_probability <= 1.0:
             raise ValueError(f"drop_probability must be within [0, 1], not {self.drop_probability}")
         _check_range("pause_s", self.pause_s)
