@@ -115,20 +115,26 @@ class FaultRun:
 
     def _inject(self) -> None:
         fault, target = self.record.planned.fault, self.record.planned.target
-        self._clients.require()
-        if target.level == "rank":
-            resolved = self._clients.request(
-                "resolve", 10.0, mesh=target.mesh, rank=target.rank, timeout=5.0
-            )
-            self.pids = {resolved["pid"]}
-        elif target.level == "host":
-            self.pids = {pid for _, _, pid in self._ranks_on(target.host) if pid is not None}
+        self._clients.require()  # no fault without a workload client
+        self.pids = self._processes_of_target()
         self.record.injected_at_s = self._clock.now_s()
         fault.spec.inject(fault, target, self)
 
+    def _processes_of_target(self) -> set[int]:
+        """The processes the target runs in now (none for the client)."""
+        target = self.record.planned.target
+        if target.level == "rank":
+            resolved = self._clients.request(
+                "resolve", _REQUEST_TIMEOUT_S, mesh=target.mesh, rank=target.rank, timeout=5.0
+            )
+            return {resolved["pid"]}
+        if target.level == "host":
+            return {pid for _, _, pid in self._ranks_on(target.host) if pid is not None}
+        return set()
+
     def _ranks_on(self, host: int | None) -> list[tuple[str, int, int | None]]:
         """Every target rank on `host`: (mesh, rank, pid)."""
-        return [tuple(r) for r in self._clients.request("ranks_on", 10.0, host=host)]
+        return [tuple(r) for r in self._clients.request("ranks_on", _REQUEST_TIMEOUT_S, host=host)]
 
     def _follow(self) -> None:
         record = self.record

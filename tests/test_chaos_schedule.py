@@ -1,4 +1,4 @@
-"""Fault schedules (chaos._schedule), checked without any processes.
+"""Fault schedules (`RandomSchedule`, `ScriptedSchedule`), checked without any processes.
 
 Random plans are checked for determinism, seed sensitivity, their bounds, the concurrency and
 per-target limits, the kinds and targets they use, and the arrival rate; ``from_mix`` and the
@@ -313,6 +313,20 @@ def test_times_are_rounded_up_into_the_bounds(seed: int) -> None:
     assert len(plan) > 10
     assert plan[0].at_s == 1.001
     check_plan(s, ts, plan)
+
+
+@pytest.mark.parametrize("kind", FAULT_KINDS)
+def test_each_fault_spec_draws_faults_of_its_own_kind(kind: str) -> None:
+    """The spec table is the one place a kind is defined: its draw gives a fault of that kind,
+    whose spec is the same entry and whose description is not empty."""
+    spec = FAULT_SPECS[kind]
+    schedule = RandomSchedule(seed=1, mtbf_s=1.0, duration_s=5.0, faults=((kind, 1.0),))
+    rng = random.Random(1)
+    for _ in range(20):
+        fault = spec.draw(schedule, rng)
+        assert fault.kind == kind
+        assert fault.spec is spec
+        assert fault.describe()
 
 
 # -- from_mix and validation --------------------------------------------------------------------
