@@ -128,6 +128,7 @@ def _wait_out(fault: Fault, target: Target, site: FaultSite) -> None:
 
 
 def _no_event(fault: Fault, detectors: Detectors) -> tuple[str, ...]:
+    """No supervision event should come: the job rides the fault out."""
     return ()
 
 
@@ -137,11 +138,12 @@ def _any_ranges(ranges: FaultRanges) -> None:
 
 @dataclass(frozen=True)
 class FaultSpec:
-    """Everything chaos decides by the kind of a fault."""
+    """Everything chaos decides by the kind of a fault (one entry of `FAULT_SPECS`)."""
 
     kind: FaultKind
     #: The level of target the fault is aimed at.
     level: TargetLevel
+    #: A short human description of a fault of this kind (`Fault.describe`).
     describe: Describe
     #: The event kinds that count as the owner noticing the fault (`NO_EVENT` among them: no
     #: event is fine too; an empty tuple: no event should come).
