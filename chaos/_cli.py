@@ -14,12 +14,17 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from ._errors import ChaosSetupError
-from ._harness import ChaosOptions, run_chaos
-from ._report import RunReport, render
+from ._faults import FAULT_KINDS
+from ._harness import run_chaos
+from ._options import ChaosOptions
+from ._render import render
+from ._report import RunReport
 from ._schedule import RandomSchedule
 
 
 def build_parser(prog: str = "meshvisor chaos") -> argparse.ArgumentParser:
+    """The command line of ``meshvisor chaos`` (and ``python -m chaos``), which also parses the
+    replay line of a report."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser(
@@ -35,7 +40,7 @@ def build_parser(prog: str = "meshvisor chaos") -> argparse.ArgumentParser:
         "--faults",
         default="kill,pause",
         help="the fault mix: kinds, optionally weighted, e.g. kill:3,pause,drop "
-        "(kinds: kill, pause, raise, drop, delay, partition, kill_agent, kill_client)",
+        f"(kinds: {', '.join(FAULT_KINDS)})",
     )
     run.add_argument("--duration", type=float, default=20.0, help="seconds of faults")
     run.add_argument("--warmup", type=float, default=1.0, help="seconds before the first fault")

@@ -13,29 +13,19 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from mesh import ActorMesh, HostMesh, placement
-from mesh.testing import break_links, exit_process, fail_next_call, heal_links, probe
-from supervision import SupervisionError, SupervisionEvent, add_event_listener
+from supervision import SupervisionEvent, add_event_listener
 
 from ._channel import Channel, Message
-from ._errors import InjectedError, InjectedFault
+from ._faults import DEFAULT_HEARTBEAT_TIMEOUT_S
+from ._operations import ChaosTarget, Operations
 
 #: How often progress is reported to the harness (it judges whether the client hung).
 PROGRESS_INTERVAL_S = 0.1
-#: How long one health probe waits for an answer before trying again.
-PROBE_TIMEOUT_S = 1.0
-DEFAULT_HEARTBEAT_TIMEOUT_S = 2.0
 
 Invariant = Callable[[], object]
-
-
-@dataclass
-class _Target:
-    actors: ActorMesh[Any]
-    heartbeat_timeout_s: float
 
 
 class Job:
@@ -55,7 +45,7 @@ class Job:
         #: 0 for the first client of the run; one more after each "kill_client" fault.
         self.generation = generation
         self._agents = agents
-        self._targets: dict[str, _Target] = {}
+        self._targets: dict[str, ChaosTarget] = {}
         self._invariants: list[tuple[str, Invariant, bool]] = []
         self._finish = threading.Event()
         self._announced = False
@@ -64,6 +54,7 @@ class Job:
         self._checked_at = 0.0
         self.invariant_interval_s = 1.0
         self._during_failures: list[dict[str, Any]] = []
+        self._operations = Operations(self._targets, hosts, agents, self._finish)
         self._channel = Channel(channel_socket, self._on_message)
         self._remove_listener = add_event_listener(self._on_event)
         self._channel.send({"type": "hello", "generation": generation})
@@ -79,7 +70,7 @@ class Job:
             raise RuntimeError("register every target before the first job.running()")
         if actors.name in self._targets:
             raise ValueError(f"mesh {actors.name!r} is already a chaos target")
-        self._targets[actors.name] = _Target(actors, heartbeat_timeout_s)
+        self._targets[actors.name] = ChaosTarget(actors, heartbeat_timeout_s)
         return actors
 
     def invariant(self, name: str, check: Invariant, *, during: bool = False) -> None:
@@ -173,123 +164,16 @@ class Job:
         for name, target in self._targets.items():
             for where in placement(target.actors):
                 if where.proc_id == event.proc_id:
-                    return name, where.rank, self._host_of(where.agent)
+                    return name, where.rank, self._operations.host_of(where.agent)
         return event.mesh_name, None, None
-
-    def _host_of(self, agent: str | None) -> int | None:
-        return self._agents.index(agent) if agent in self._agents else None
 
     def _on_message(self, message: Message) -> None:
         if message["type"] == "closed":
             self._finish.set()  # the harness is gone: end the workload
         elif message["type"] == "request":
-            threading.Thread(target=self._serve, args=(message,), daemon=True).start()
-
-    def _serve(self, request: Message) -> None:
-        handler = getattr(self, f"_op_{request['op']}", None)
-        if handler is None:
-            self._channel.answer(request, error=f"unknown operation {request['op']!r}")
-            return
-        try:
-            value = handler(**request["args"])
-        except Exception as exc:
-            self._channel.answer(request, error=f"{type(exc).__name__}: {exc}")
-            return
-        self._channel.answer(request, value)
-
-    # -- operations the harness asks for ---------------------------------------------------------
-
-    def _rank(self, mesh: str, rank: int) -> ActorMesh[Any]:
-        return self._targets[mesh].actors.flatten("rank").slice(rank=rank)
-
-    def _op_resolve(self, mesh: str, rank: int, timeout: float) -> dict[str, Any]:
-        """The process that runs a rank now (waiting for it while it is being re-spawned)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            where = placement(self._targets[mesh].actors)[rank]
-            if where.pid is not None and where.state == "ready":
-                return {"pid": where.pid, "host": self._host_of(where.agent)}
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"rank {rank} of {mesh!r} is not running ({where.state})")
-            time.sleep(0.02)
-
-    def _op_ranks_on(self, host: int) -> list[list[Any]]:
-        """Every target rank placed on `host`, with its current pid."""
-        found = []
-        for name, target in sorted(self._targets.items()):
-            for where in placement(target.actors):
-                if self._host_of(where.agent) == host:
-                    found.append([name, where.rank, where.pid])
-        return found
-
-    def _op_raise(self, mesh: str, rank: int, endpoint: str | None, fatal: bool) -> None:
-        error: BaseException = (
-            InjectedFault(f"chaos: injected into {endpoint or 'the next call'}")
-            if fatal
-            else InjectedError(f"chaos: injected into {endpoint or 'the next call'}")
-        )
-        fail_next_call(self._rank(mesh, rank), error, endpoint).get(timeout=PROBE_TIMEOUT_S * 5)
-
-    def _op_exit(self, mesh: str, rank: int, code: int) -> None:
-        exit_process(self._rank(mesh, rank), code)
-
-    def _op_links(
-        self,
-        mesh: str,
-        rank: int,
-        duration_s: float,
-        probability: float,
-        delay_s: float,
-        seed: int,
-    ) -> None:
-        break_links(
-            "client",
-            self._rank(mesh, rank),
-            duration_s=duration_s,
-            probability=probability,
-            delay_s=delay_s,
-            seed=seed,
-        )
-
-    def _op_partition(self, host: int, duration_s: float) -> None:
-        break_links(self.hosts.slice(hosts=host), None, duration_s=duration_s, hold=True)
-
-    def _op_wait_healthy(
-        self, ranks: list[list[Any]], exclude_pids: list[int], timeout: float
-    ) -> dict[str, Any]:
-        """Probe `ranks` until each answers from a process not in `exclude_pids`."""
-        deadline = time.monotonic() + timeout
-        pids = []
-        for mesh, rank in ranks:
-            pids.append(self._probe_until(self._rank(mesh, rank), set(exclude_pids), deadline))
-        return {"at": time.monotonic(), "pids": pids}
-
-    def _op_heal(self, timeout: float) -> dict[str, Any]:
-        """Remove every fault rule, then wait until every target rank answers."""
-        heal_links()
-        ranks = [
-            [name, rank]
-            for name, target in sorted(self._targets.items())
-            for rank in range(len(target.actors))
-        ]
-        return self._op_wait_healthy(ranks, [], timeout)
-
-    def _op_finish(self) -> None:
-        self._finish.set()
-
-    def _probe_until(self, actors: ActorMesh[Any], exclude: set[int], deadline: float) -> int:
-        last = "no answer yet"
-        while time.monotonic() < deadline:
-            try:
-                pid = next(iter(probe(actors).get(timeout=PROBE_TIMEOUT_S).values()))
-            except (SupervisionError, TimeoutError) as exc:
-                last = str(exc)
-            else:
-                if pid not in exclude:
-                    return int(pid)
-                last = f"still answered by process {pid}, which should be gone"
-            time.sleep(0.02)
-        raise TimeoutError(f"{actors.name} did not become healthy: {last}")
+            threading.Thread(
+                target=self._operations.serve, args=(self._channel, message), daemon=True
+            ).start()
 
     def _check_during(self) -> None:
         broken = {result["name"] for result in self._during_failures}

@@ -79,8 +79,9 @@ class ChaosFixture:
     ) -> RunReport:
         """Run `workload` under `schedule` (default: a random one from the marker); with
         `check`, fail the test unless every invariant held."""
-        from ._harness import ChaosOptions, run_chaos
-        from ._report import render_text
+        from ._harness import run_chaos
+        from ._options import ChaosOptions
+        from ._render import render_text
 
         settings = {**self.settings, **overrides}
         options = ChaosOptions(**_pick(settings, ChaosOptions))
@@ -120,7 +121,7 @@ class ChaosFixture:
 
 
 def _check_settings(settings: dict[str, Any]) -> None:
-    from ._harness import ChaosOptions
+    from ._options import ChaosOptions
     from ._schedule import RandomSchedule
 
     known = {f.name for cls in (RandomSchedule, ChaosOptions) for f in dataclasses.fields(cls)}

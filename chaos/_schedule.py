@@ -8,10 +8,9 @@ import random
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from ._model import FAULT_KINDS, TARGET_LEVEL, Fault, PlannedFault, Target, TargetSet
-
-#: The chance that a random "kill" exits with a code instead of dying of a signal.
-EXIT_PROBABILITY = 0.2
+from ._faults import FAULT_KINDS, FAULT_SPECS
+from ._model import PlannedFault
+from ._targets import Target, TargetSet
 
 
 def _ceil_ms(x: float) -> float:
@@ -108,8 +107,8 @@ class RandomSchedule:
                 raise ValueError(
                     f"the weight of {kind!r} must be a positive number, not {weight!r}"
                 )
-        if "kill" in seen and not self.kill_signals and not self.exit_codes:
-            raise ValueError('a "kill" needs at least one of kill_signals or exit_codes')
+        for kind, _ in self.faults:
+            FAULT_SPECS[kind].check_ranges(self)
         if not 0.0 <= self.drop_probability <= 1.0:
             raise ValueError(f"drop_probability must be within [0, 1], not {self.drop_probability}")
         _check_range("pause_s", self.pause_s)
@@ -160,32 +159,11 @@ class RandomSchedule:
         """The time `planned` occupies its target: [start, end)."""
         return planned.at_s, planned.at_s + planned.fault.duration_s + self.settle_s
 
-    def _draw_fault(self, kind: str, rng: random.Random) -> Fault:
-        """A fault of `kind` with its parameters drawn from `rng`."""
-        if kind == "kill":
-            if self.exit_codes and (not self.kill_signals or rng.random() < EXIT_PROBABILITY):
-                return Fault.exit(rng.choice(self.exit_codes))
-            return Fault.kill(rng.choice(self.kill_signals))
-        if kind == "pause":
-            return Fault.pause(round(rng.uniform(*self.pause_s), 3))
-        if kind == "raise":
-            return Fault.raise_in(self.raise_endpoint)
-        if kind == "drop":
-            return Fault.drop(self.drop_probability, round(rng.uniform(*self.window_s), 3))
-        if kind == "delay":
-            delay_ms = round(rng.uniform(*self.delay_ms), 3)
-            return Fault.delay(delay_ms, round(rng.uniform(*self.window_s), 3))
-        if kind == "partition":
-            return Fault.partition(round(rng.uniform(*self.window_s), 3))
-        if kind == "kill_agent":
-            return Fault.kill_agent()
-        return Fault.kill_client()
-
     def plan(self, targets: TargetSet) -> list[PlannedFault]:
         """The faults to inject into `targets`, sorted by time. Pure: the same schedule and
         target set always give the same plan; only ``random.Random(seed)`` is used."""
         rng = random.Random(self.seed)
-        candidates = {kind: targets.candidates(TARGET_LEVEL[kind]) for kind, _ in self.faults}
+        candidates = {kind: targets.candidates(FAULT_SPECS[kind].level) for kind, _ in self.faults}
         mix = [(kind, weight) for kind, weight in self.faults if candidates[kind]]
         if not mix:
             return []
@@ -201,7 +179,7 @@ class RandomSchedule:
             if at >= self.duration_s:
                 break
             kind = rng.choices(kinds, weights)[0]
-            fault = self._draw_fault(kind, rng)
+            fault = FAULT_SPECS[kind].draw(self, rng)
             # Every planned fault starts at or before `at`, so a window overlaps [at, ...)
             # exactly when it ends after `at`.
             open_windows = [(end, t) for end, t in open_windows if end > at]
@@ -286,7 +264,7 @@ class ScriptedSchedule:
                     f"the {pf.fault.describe()} at {pf.at_s:g} s is aimed at {pf.target}, "
                     f"which does not exist; the targets are: {_describe_targets(targets)}"
                 )
-            level = TARGET_LEVEL[pf.fault.kind]
+            level = pf.fault.spec.level
             if pf.target.level != level:
                 raise ValueError(
                     f"the {pf.fault.describe()} at {pf.at_s:g} s is aimed at {pf.target}, "

@@ -35,11 +35,12 @@ from chaos import (
     ScriptedSchedule,
     Target,
     TargetSet,
+    build_parser,
     render_text,
+    replay_command,
     run_chaos,
     validate_report,
 )
-from chaos._cli import build_parser
 from mesh._engine.runtime import OWNER_ALIVE_INTERVAL_S
 
 pytestmark = pytest.mark.timeout(120)
@@ -545,9 +546,7 @@ def test_same_seed_same_faults_on_the_same_targets_in_the_same_order() -> None:
 def test_replay_command_rebuilds_the_schedule() -> None:
     """The report's replay command, parsed by the CLI, gives back the same schedule (no run
     needed: the harness builds the command from the schedule and the options)."""
-    from chaos._harness import Harness
-
-    replay = Harness(COUNTERS, seeded(), ChaosOptions())._replay_command()
+    replay = replay_command(COUNTERS, seeded(), ChaosOptions())
     words = shlex.split(replay)
     assert words[:3] == ["meshvisor", "chaos", "run"]
     args = build_parser().parse_args(words[2:])

@@ -19,19 +19,17 @@ from hypothesis import strategies as st
 from rich.cells import cell_len
 from rich.console import Console
 
-from chaos._model import (
+from chaos import (
     FAULT_KINDS,
+    REPORT_SCHEMA,
+    VERDICTS,
     Fault,
     FaultRecord,
     InvariantResult,
     ObservedEvent,
     PlannedFault,
-    Target,
-)
-from chaos._report import (
-    SCHEMA,
-    VERDICTS,
     RunReport,
+    Target,
     percentiles,
     render,
     render_text,
@@ -197,7 +195,7 @@ def loaded(report: RunReport) -> dict[str, Any]:
 @given(reports())
 def test_json_round_trip(report: RunReport) -> None:
     data = report.to_dict()
-    assert data["schema"] == SCHEMA
+    assert data["schema"] == REPORT_SCHEMA
     assert list(data) == [
         "schema",
         "ok",

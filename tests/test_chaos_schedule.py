@@ -1,4 +1,4 @@
-"""Fault schedules (chaos._schedule), checked without any processes.
+"""Fault schedules (`RandomSchedule`, `ScriptedSchedule`), checked without any processes.
 
 Random plans are checked for determinism, seed sensitivity, their bounds, the concurrency and
 per-target limits, the kinds and targets they use, and the arrival rate; ``from_mix`` and the
@@ -19,8 +19,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chaos._model import FAULT_KINDS, TARGET_LEVEL, Fault, PlannedFault, Target, TargetSet
-from chaos._schedule import RandomSchedule, Schedule, ScriptedSchedule
+from chaos import (
+    FAULT_KINDS,
+    FAULT_SPECS,
+    Fault,
+    PlannedFault,
+    RandomSchedule,
+    Schedule,
+    ScriptedSchedule,
+    Target,
+    TargetSet,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -162,14 +171,14 @@ def test_many_fixed_seeds_all_give_distinct_plans() -> None:
 
 
 def check_plan(schedule: RandomSchedule, ts: TargetSet, plan: list[PlannedFault]) -> None:
-    usable = {k for k, _ in schedule.faults if ts.candidates(TARGET_LEVEL[k])}
+    usable = {k for k, _ in schedule.faults if ts.candidates(FAULT_SPECS[k].level)}
     assert [p.at_s for p in plan] == sorted(p.at_s for p in plan)
     for p in plan:
         assert schedule.warmup_s <= p.at_s < schedule.duration_s
         assert p.at_s == round(p.at_s, 3)
         assert p.fault.kind in usable
         assert p.target in ts
-        assert p.target.level == TARGET_LEVEL[p.fault.kind]
+        assert p.target.level == FAULT_SPECS[p.fault.kind].level
         f = p.fault
         if f.kind == "kill":
             assert (f.signal in schedule.kill_signals and f.exit_code is None) or (
@@ -197,7 +206,7 @@ def test_plans_follow_the_rules(schedule: RandomSchedule, ts: TargetSet) -> None
     plan = schedule.plan(ts)
     check_plan(schedule, ts, plan)
     # The first arrival always finds a free target; it comes after 40 mtbf with p = e^-40.
-    usable = any(ts.candidates(TARGET_LEVEL[k]) for k, _ in schedule.faults)
+    usable = any(ts.candidates(FAULT_SPECS[k].level) for k, _ in schedule.faults)
     if usable and schedule.duration_s - schedule.warmup_s > 40 * schedule.mtbf_s:
         assert plan
 
@@ -304,6 +313,20 @@ def test_times_are_rounded_up_into_the_bounds(seed: int) -> None:
     assert len(plan) > 10
     assert plan[0].at_s == 1.001
     check_plan(s, ts, plan)
+
+
+@pytest.mark.parametrize("kind", FAULT_KINDS)
+def test_each_fault_spec_draws_faults_of_its_own_kind(kind: str) -> None:
+    """The spec table is the one place a kind is defined: its draw gives a fault of that kind,
+    whose spec is the same entry and whose description is not empty."""
+    spec = FAULT_SPECS[kind]
+    schedule = RandomSchedule(seed=1, mtbf_s=1.0, duration_s=5.0, faults=((kind, 1.0),))
+    rng = random.Random(1)
+    for _ in range(20):
+        fault = spec.draw(schedule, rng)
+        assert fault.kind == kind
+        assert fault.spec is spec
+        assert fault.describe()
 
 
 # -- from_mix and validation --------------------------------------------------------------------

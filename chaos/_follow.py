@@ -1,0 +1,276 @@
+"""One fault of a chaos run, from injection to verdict: inject it as its kind's spec says, wait
+for the owner to notice it, heal it, and wait until the target answers again. `Observations`
+attributes each supervision event the client reports to the fault that caused it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ._allocation import LocalAllocation
+from ._channel import Message
+from ._clients import Clients
+from ._clock import RunClock
+from ._fault_sites import Detectors
+from ._faults import DEFAULT_HEARTBEAT_TIMEOUT_S, NO_EVENT
+from ._model import FaultRecord, ObservedEvent, PlannedFault
+from ._options import ChaosOptions
+
+#: How long after a fault ends an event that may or may not come is still waited for.
+OPTIONAL_EVENT_GRACE_S = 1.0
+#: Event kinds after which the failed process is gone (a healthy answer must come from another).
+_DEADLY = frozenset({"signal", "exit", "hung", "unreachable"})
+#: How long an operation asked of the client while injecting may take.
+_REQUEST_TIMEOUT_S = 10.0
+
+
+def expected_events(
+    planned: PlannedFault, heartbeat_timeouts: dict[str, float], options: ChaosOptions
+) -> tuple[str, ...]:
+    """The event kinds that count as the owner noticing `planned` (see `FaultSpec.expected`)."""
+    heartbeat = heartbeat_timeouts.get(planned.target.mesh or "", DEFAULT_HEARTBEAT_TIMEOUT_S)
+    detectors = Detectors(heartbeat, options.agent_timeout_s)
+    return planned.fault.spec.expected(planned.fault, detectors)
+
+
+class FaultRun:
+    """One planned fault being injected and followed; also the `FaultSite` its spec acts on."""
+
+    def __init__(
+        self,
+        record: FaultRecord,
+        clients: Clients,
+        options: ChaosOptions,
+        clock: RunClock,
+        seed: int | None,
+    ) -> None:
+        self.record = record
+        self.pids: set[int] = set()
+        self.detected = threading.Event()
+        self.done = threading.Event()
+        self._clients = clients
+        self._alloc: LocalAllocation = clients.alloc
+        self._options = options
+        self._clock = clock
+        self._seed = seed or 0
+
+    # -- the FaultSite the spec acts on ----------------------------------------------------------
+
+    def request(self, op: str, **args: Any) -> Any:
+        """Ask the workload's client to carry out `op`."""
+        return self._clients.request(op, _REQUEST_TIMEOUT_S, **args)
+
+    def link_seed(self) -> int:
+        """The seed for this fault's broken links, derived from the schedule's."""
+        return self._seed * 1_000_003 + self.record.index
+
+    def remaining_s(self, after_s: float) -> float:
+        """Seconds from now until `after_s` seconds after the injection (0 when past)."""
+        return self._clock.remaining_s((self.record.injected_at_s or 0.0) + after_s)
+
+    def kill_agent(self, host: int) -> None:
+        """Kill the agent of `host`."""
+        self._alloc.kill(host)
+
+    def restart_agent(self, host: int) -> None:
+        """Start the agent of `host` again, the restart delay after it was killed."""
+        time.sleep(self.remaining_s(self._options.restart_delay_s))
+        self._alloc.start(host)
+
+    def kill_client(self) -> None:
+        """Kill the workload's client."""
+        self._clients.kill()
+
+    def restart_client(self) -> None:
+        """Start the workload's client again, the restart delay after it was killed."""
+        time.sleep(self.remaining_s(self._options.restart_delay_s))
+        self._clients.restart()
+
+    # -- the run of the fault -----------------------------------------------------------------
+
+    def run(self, update: Callable[[str], None]) -> None:
+        """Inject the fault, follow it to its verdict, and say what happened through `update`."""
+        record = self.record
+        try:
+            self._inject()
+        except Exception as exc:
+            record.verdict, record.note = "not_injected", f"{type(exc).__name__}: {exc}"
+            update(f"#{record.index} {record.planned.fault.describe()}: not injected ({exc})")
+            self.done.set()
+            return
+        update(f"#{record.index} {record.planned.fault.describe()} on {record.planned.target}")
+        try:
+            self._follow()
+        except Exception as exc:
+            record.verdict = "not_healed"
+            record.note = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.done.set()
+        update(
+            f"#{record.index} {record.verdict}: detected {_ms(record.detect_s)}, "
+            f"healthy {_ms(record.recover_s)}"
+        )
+
+    def _inject(self) -> None:
+        fault, target = self.record.planned.fault, self.record.planned.target
+        self._clients.require()  # no fault without a workload client
+        self.pids = self._processes_of_target()
+        self.record.injected_at_s = self._clock.now_s()
+        fault.spec.inject(fault, target, self)
+
+    def _processes_of_target(self) -> set[int]:
+        """The processes the target runs in now (none for the client)."""
+        target = self.record.planned.target
+        if target.level == "rank":
+            resolved = self._clients.request(
+                "resolve", _REQUEST_TIMEOUT_S, mesh=target.mesh, rank=target.rank, timeout=5.0
+            )
+            return {resolved["pid"]}
+        if target.level == "host":
+            return {pid for _, _, pid in self._ranks_on(target.host) if pid is not None}
+        return set()
+
+    def _ranks_on(self, host: int | None) -> list[tuple[str, int, int | None]]:
+        """Every target rank on `host`: (mesh, rank, pid)."""
+        return [tuple(r) for r in self._clients.request("ranks_on", _REQUEST_TIMEOUT_S, host=host)]
+
+    def _follow(self) -> None:
+        record = self.record
+        fault, target = record.planned.fault, record.planned.target
+        fault.spec.heal(fault, target, self)
+        expected = [k for k in record.expected if k != NO_EVENT]
+        if expected and NO_EVENT in record.expected:
+            # An optional event can only come while the fault lasts, or just after: probe
+            # at once, and again if the event comes after all.
+            record.healthy_at_s = self._wait_healthy()
+            self.detected.wait(self.remaining_s(fault.duration_s + OPTIONAL_EVENT_GRACE_S))
+            if self.detected.is_set():
+                record.healthy_at_s = self._wait_healthy()
+        else:
+            if expected:
+                self.detected.wait(
+                    self.remaining_s(fault.duration_s + self._options.detect_timeout_s)
+                )
+            record.healthy_at_s = self._wait_healthy()
+        self._judge_detection()
+        if record.verdict == "not_injected":
+            record.verdict = "ok"
+
+    def _judge_detection(self) -> None:
+        record = self.record
+        expected = [k for k in record.expected if k != NO_EVENT]
+        seen = record.observed
+        if not expected:
+            if seen and NO_EVENT not in record.expected:
+                record.verdict = "wrong_kind"
+                record.note = f"expected no event, saw {', '.join(seen)}"
+            return
+        if record.detected_at_s is not None:
+            return
+        if NO_EVENT in record.expected and not seen:
+            return
+        record.verdict = "wrong_kind" if seen else "missed"
+        record.note = (
+            f"expected {' or '.join(expected)}, saw {', '.join(seen)}"
+            if seen
+            else f"expected {' or '.join(expected)}, saw nothing in "
+            f"{self._options.detect_timeout_s:g} s"
+        )
+
+    def _wait_healthy(self) -> float:
+        """When the target answered again (seconds after the start of the run)."""
+        record = self.record
+        target = record.planned.target
+        timeout = self._options.heal_timeout_s
+        if target.level == "client":
+            answer = self._clients.request("heal", timeout + 5, timeout=timeout)
+        else:
+            if target.level == "rank":
+                ranks = [[target.mesh, target.rank]]
+            else:
+                ranks = [[mesh, rank] for mesh, rank, _ in self._ranks_on(target.host)]
+            gone = self._gone_pids()
+            answer = self._clients.request(
+                "wait_healthy", timeout + 5, ranks=ranks, exclude_pids=sorted(gone), timeout=timeout
+            )
+        healthy = self._clock.at_s(float(answer["at"]))
+        if record.verdict not in ("missed", "wrong_kind"):
+            record.verdict = "ok"
+        return healthy
+
+    def _gone_pids(self) -> set[int]:
+        """The processes that cannot be the ones answering after the fault."""
+        record = self.record
+        if set(record.observed) & _DEADLY or record.planned.fault.spec.kills_process:
+            return self.pids
+        return set()
+
+
+class Observations:
+    """The faults being followed, and every supervision event the owner saw, each attributed
+    to the fault that caused it."""
+
+    def __init__(self, clock: RunClock, update: Callable[[str], None]) -> None:
+        self._clock = clock
+        self._update = update
+        self._lock = threading.Lock()
+        self.runs: list[FaultRun] = []
+        self.events: list[ObservedEvent] = []
+
+    def add(self, run: FaultRun) -> None:
+        """Follow `run` from now on."""
+        with self._lock:
+            self.runs.append(run)
+
+    def active(self) -> int:
+        """How many faults are still being followed."""
+        with self._lock:
+            return sum(not run.done.is_set() for run in self.runs)
+
+    def records(self) -> list[FaultRecord]:
+        """The record of every fault so far, in plan order."""
+        return [run.record for run in self.runs]
+
+    def on_event(self, message: Message) -> None:
+        """Note an event the client reported, and whether it means its fault was detected."""
+        at_s = self._clock.at_s(message["at"])
+        run = self._attribute(message)
+        event = ObservedEvent(
+            at_s,
+            message["kind"],
+            message.get("mesh"),
+            message.get("rank"),
+            message.get("host"),
+            message.get("pid"),
+            message.get("message", ""),
+            run.record.index if run is not None else None,
+        )
+        with self._lock:
+            self.events.append(event)
+        if run is None:
+            self._update(f"unexpected event: {event.message}")
+            return
+        record = run.record
+        record.observed.append(event.kind)
+        if event.kind in record.expected and record.detected_at_s is None:
+            record.detected_at_s = at_s
+            run.detected.set()
+
+    def _attribute(self, message: Message) -> FaultRun | None:
+        """The latest fault injected before this event on the process it concerns."""
+        pid = message.get("pid")
+        at = message["at"] - self._clock.t0
+        with self._lock:
+            for run in reversed(self.runs):
+                record = run.record
+                if record.injected_at_s is None or record.injected_at_s > at + 0.001:
+                    continue
+                if pid is not None and pid in run.pids:
+                    return run
+        return None
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
