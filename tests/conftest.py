@@ -95,9 +95,7 @@ def no_leaks_at_session_end() -> Iterator[None]:
         mesh.testing.shutdown()
     except BaseException as exc:  # still look for (and clean up) what it left behind
         shutdown_error = exc
-    owned = [
-        (pid, cmd) for pid, cmd in meshvisor_processes("") if f"--owner-pid {os.getpid()}" in cmd
-    ]
+    owned = meshvisor_processes(f"--owner-pid {os.getpid()}")  # also outside RUN_BASE
     leftovers = sorted(set(meshvisor_processes()) | set(owned))
     dirs = meshvisor_run_dirs()
     for pid, _ in leftovers:  # do not leave them behind for the next run either
