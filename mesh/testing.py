@@ -2,7 +2,17 @@
 
 The fault hooks (`probe`, `fail_next_call`, `exit_process`, `break_links`, `heal_links`) are
 what the `chaos` package injects faults with; nothing here changes a job that does not call it.
+
+The other helpers let tests look at this process's session (`run_dir`, `inbox_address`,
+`local_agent`, `known_agents`, `bookkeeping`), end it (`shutdown`, `stop_local_agent`), check
+the slicing algebra without processes (`Region`), and play a raw peer of an agent or a proc
+with the typed wire messages of `wire`. Each reads the engine in one place, here.
 """
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
 
 from mesh._api.faults import Party as Party
 from mesh._api.faults import break_links as break_links
@@ -10,12 +20,97 @@ from mesh._api.faults import exit_process as exit_process
 from mesh._api.faults import fail_next_call as fail_next_call
 from mesh._api.faults import heal_links as heal_links
 from mesh._api.faults import probe as probe
+from mesh._engine import messages as wire
+from mesh._engine import session as _session
+from mesh._shape import Region as Region
 
 __all__ = (
+    "Bookkeeping",
+    "LocalAgent",
     "Party",
+    "Region",
+    "bookkeeping",
     "break_links",
     "exit_process",
     "fail_next_call",
     "heal_links",
+    "inbox_address",
+    "known_agents",
+    "local_agent",
     "probe",
+    "run_dir",
+    "shutdown",
+    "stop_local_agent",
+    "wire",
 )
+
+
+def shutdown() -> None:
+    """End this client's session now, as its exit would: stop every mesh it owns, its local
+    agent and its event loop, and remove its run directory. The next use starts a new one."""
+    _session.shutdown_session()
+
+
+def stop_local_agent() -> None:
+    """Stop the host agent this client started (and every proc it runs), if there is one; the
+    next `this_host()` starts a new one, which inherits the file descriptors of that moment."""
+    session = _session.session_if_started()
+    if session is not None:
+        session.shutdown_local_agent()
+
+
+@dataclass(frozen=True)
+class LocalAgent:
+    """The host agent process that this client started: its address and its OS process."""
+
+    address: str
+    process: subprocess.Popen[bytes]
+
+    @property
+    def pid(self) -> int:
+        """The agent's process id."""
+        return self.process.pid
+
+
+def local_agent() -> LocalAgent:
+    """The host agent this client started for `this_host()`, started first if need be."""
+    session = _session.current_session()
+    address = session.agent_address()
+    process = session._agent_process
+    if process is None:
+        raise RuntimeError(
+            f"the local agent at {address} was not started by this process (it is a proc, or "
+            "its agent was given to it); call local_agent() in the client"
+        )
+    return LocalAgent(address, process)
+
+
+def run_dir() -> str:
+    """This process's private run directory (its sockets and those of the procs it runs)."""
+    return _session.current_session().rundir
+
+
+def inbox_address() -> str:
+    """The address this process receives messages on (the client's, or a proc's inside an
+    actor): where a raw peer sends wire messages to reach it."""
+    return _session.current_session().runtime.address
+
+
+def known_agents() -> frozenset[str]:
+    """The addresses of the host agents this client has heard from (an `AgentAlive` that
+    told it which incarnation of the agent answers there)."""
+    return frozenset(_session.current_session().runtime._agent_incarnations.copy())
+
+
+@dataclass(frozen=True)
+class Bookkeeping:
+    """How much this process's runtime keeps about procs: what a leak test counts."""
+
+    procs: int  # procs it knows how to reach
+    proc_meshes: int  # proc meshes whose ranks it may re-spawn
+
+
+def bookkeeping() -> Bookkeeping:
+    """Counts of this process's records of procs and proc meshes (stopped ones must go)."""
+    runtime = _session.current_session().runtime
+    return Bookkeeping(procs=len(runtime.peers), proc_meshes=len(runtime.restarts.proc_meshes))

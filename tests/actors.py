@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 
 from mesh import Actor, context, current_rank, current_size, endpoint, this_host, this_proc
+from mesh.testing import inbox_address
 
 # -- exception types -------------------------------------------------------------------------
 
@@ -506,7 +507,11 @@ class Exposed(Actor):
 
     @endpoint
     def reach(self) -> tuple[int, str, str]:
-        from mesh._engine.session import current_runtime
-
         actor_id = context().actor_id or ""
-        return os.getpid(), current_runtime().address, actor_id.rsplit("[", 1)[0]
+        return os.getpid(), inbox_address(), actor_id.rsplit("[", 1)[0]
+
+    @endpoint
+    async def aping(self) -> int:
+        """An async endpoint for raw calls: answers with this actor's rank."""
+        await anyio.lowlevel.checkpoint()
+        return current_rank().rank

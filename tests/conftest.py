@@ -57,9 +57,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(RUN_BASE, ignore_errors=True)
 
 
+#: What the command line of a host agent holds, however it was started: ``meshvisor agent``
+#: (the public command, also as ``python -m meshvisor agent``) or the module a client runs.
+AGENT_COMMANDS = ("meshvisor agent", "mesh._agent")
+
+
 def meshvisor_processes(marker: str = RUN_BASE) -> list[tuple[int, str]]:
-    """(pid, cmdline) of live processes running ``mesh._agent`` whose command line names
-    `marker` (the agent, its fork server and its procs all share the agent's command line)."""
+    """(pid, cmdline) of live host agent processes whose command line names `marker` (the
+    agent, its fork server and its procs all share the agent's command line)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -69,7 +74,7 @@ def meshvisor_processes(marker: str = RUN_BASE) -> list[tuple[int, str]]:
         except OSError:
             continue
         cmdline = raw.replace(b"\0", b" ").decode(errors="replace").strip()
-        if "mesh._agent" in cmdline and marker in cmdline:
+        if any(command in cmdline for command in AGENT_COMMANDS) and marker in cmdline:
             found.append((int(entry.name), cmdline))
     return found
 
@@ -83,18 +88,14 @@ def no_leaks_at_session_end() -> Iterator[None]:
     """After the whole session: close the client session, then nothing of ours may be left:
     no agent, fork server or proc process, and no run directory."""
     yield
-    import mesh._engine.session
+    import mesh.testing
 
     shutdown_error: BaseException | None = None
     try:
-        mesh._engine.session.shutdown_session()
+        mesh.testing.shutdown()
     except BaseException as exc:  # still look for (and clean up) what it left behind
         shutdown_error = exc
-    owned = [
-        (pid, cmd)
-        for pid, cmd in meshvisor_processes("mesh._agent")
-        if f"--owner-pid {os.getpid()}" in cmd
-    ]
+    owned = meshvisor_processes(f"--owner-pid {os.getpid()}")  # also outside RUN_BASE
     leftovers = sorted(set(meshvisor_processes()) | set(owned))
     dirs = meshvisor_run_dirs()
     for pid, _ in leftovers:  # do not leave them behind for the next run either
@@ -147,22 +148,15 @@ def agent_capfd(capfd: pytest.CaptureFixture[str]) -> Iterator[Callable[[], Any]
     output goes to pytest's normal capture.
     """
     from mesh import this_host
+    from mesh.testing import stop_local_agent
 
     def start() -> pytest.CaptureFixture[str]:
-        _stop_local_agent()
+        stop_local_agent()
         this_host()  # the new agent inherits the capturing file descriptors
         return capfd
 
     yield start
-    _stop_local_agent()
-
-
-def _stop_local_agent() -> None:
-    import mesh._engine.session
-
-    session = mesh._engine.session.session_if_started()
-    if session is not None:
-        session.shutdown_local_agent()
+    stop_local_agent()
 
 
 @pytest.fixture

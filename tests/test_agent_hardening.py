@@ -30,13 +30,14 @@ from hypothesis import strategies as st
 from polling import wait_until
 from test_fault_hooks import DaemonAgent, make_daemon  # noqa: F401 (a fixture)
 
-import mesh._engine.messages as messages
-import mesh._engine.session
-from mesh import ActorMesh, attach, placement, this_host, this_proc
+import mesh.testing
+from mesh import ActorMesh, attach, this_host, this_proc
+from mesh.testing import wire
 from supervision import SupervisionError
-from transport import Envelope, Inbox, close_context, encode, new_context
+from transport import MAGIC, Envelope, Inbox, close_context, encode, new_context
 
 T = 30.0  # the bound on every wait (never reached when things work)
+AGENT = (sys.executable, "-m", "meshvisor", "agent")  # a daemon host agent, as users start one
 
 
 # -- 8: spawning on an agent that is gone ends ----------------------------------------------------
@@ -45,8 +46,7 @@ T = 30.0  # the bound on every wait (never reached when things work)
 @pytest.mark.timeout(60)
 def test_spawn_procs_on_a_killed_local_agent_fails(root_events: list[Any]) -> None:
     host = this_host()
-    agent = mesh._engine.session.current_session()._agent_process
-    assert agent is not None
+    agent = mesh.testing.local_agent().process
     agent.send_signal(signal.SIGKILL)
     agent.wait(T)
     procs = host.spawn_procs(per_host={"gpus": 2}, name="orphaned")
@@ -201,31 +201,29 @@ def raw_peer(address: str) -> Iterator[RawPeer]:
 
 def agent_barrier(peer: RawPeer) -> None:
     """The agent answers a stop of a proc it never ran with an exit report."""
-    answer = peer.answer(messages.StopProcs(("never-ran-0",), 0.0, peer.inbox.address))
-    assert type(answer.header) is messages.ProcExited, answer
+    answer = peer.answer(wire.StopProcs(("never-ran-0",), 0.0, peer.inbox.address))
+    assert type(answer.header) is wire.ProcExited, answer
 
 
 def local_agent() -> tuple[str, int]:
     """The address and pid of the client's local host agent (started if need be)."""
-    session = mesh._engine.session.current_session()
-    address = session.agent_address()
-    assert session._agent_process is not None
-    return address, session._agent_process.pid
+    agent = mesh.testing.local_agent()
+    return agent.address, agent.pid
 
 
 WRONGLY_TYPED = [
-    messages.SpawnProcs("ipc://x", [1], (), (), "/", 0.25, 2.0),  # type: ignore[arg-type]
-    messages.SpawnProcs(
-        "ipc://x", (messages.ProcSpec("../escape", "m", (), (), 0),), (), (), "/", 0.25, 2.0
+    wire.SpawnProcs("ipc://x", [1], (), (), "/", 0.25, 2.0),  # type: ignore[arg-type]
+    wire.SpawnProcs(
+        "ipc://x", (wire.ProcSpec("../escape", "m", (), (), 0),), (), (), "/", 0.25, 2.0
     ),
-    messages.StopProcs(7, 1.0),  # type: ignore[arg-type]
-    messages.StopProcs(("a",), float("nan")),
-    messages.Heartbeat(["a"]),  # type: ignore[arg-type]
-    messages.OwnerAlive({"a": 1}),  # type: ignore[arg-type]
-    messages.ProcReady(1, 2, "3", 4),  # type: ignore[arg-type]
-    messages.WatchProcs(None, 5),  # type: ignore[arg-type]
-    messages.ShutdownAgent("soon"),  # type: ignore[arg-type]
-    messages.SetFaultRules(5),  # type: ignore[arg-type]
+    wire.StopProcs(7, 1.0),  # type: ignore[arg-type]
+    wire.StopProcs(("a",), float("nan")),
+    wire.Heartbeat(["a"]),  # type: ignore[arg-type]
+    wire.OwnerAlive({"a": 1}),  # type: ignore[arg-type]
+    wire.ProcReady(1, 2, "3", 4),  # type: ignore[arg-type]
+    wire.WatchProcs(None, 5),  # type: ignore[arg-type]
+    wire.ShutdownAgent("soon"),  # type: ignore[arg-type]
+    wire.SetFaultRules(5),  # type: ignore[arg-type]
 ]
 
 
@@ -234,12 +232,13 @@ def test_wrongly_typed_messages_do_not_kill_the_agent(make_procs: Any) -> None:
     procs = make_procs({"gpus": 1})
     echo = procs.spawn("echo", actors.Echo)
     assert echo.echo.call_one(1).get(timeout=T) == 1
-    address, pid = local_agent()
+    agent = mesh.testing.local_agent()
+    address, pid = agent.address, agent.pid
     with raw_peer(address) as peer:
         for header in WRONGLY_TYPED:
             peer.send(encode(header))
         agent_barrier(peer)
-    assert mesh._engine.session.current_session()._agent_process.poll() is None  # type: ignore[union-attr]
+    assert agent.process.poll() is None
     assert echo.echo.call_one(2).get(timeout=T) == 2
     with this_host().spawn_procs(per_host={"gpus": 1}) as more:
         assert more.spawn("echo", actors.Echo).echo.call_one(3).get(timeout=T) == 3
@@ -251,10 +250,10 @@ def test_wrongly_typed_messages_do_not_kill_the_agent(make_procs: Any) -> None:
 MESSAGE_TYPES = sorted(
     (
         cls
-        for cls in vars(messages).values()
+        for cls in vars(wire).values()
         if isinstance(cls, type)
         and dataclasses.is_dataclass(cls)
-        and cls.__module__ == messages.__name__
+        and cls.__module__ == wire.__name__
     ),
     key=lambda cls: cls.__name__,
 )
@@ -310,20 +309,19 @@ def _unchecked(cls: type, fields: dict[str, Any]) -> Any:
     return instance
 
 
-PREFIX = encode(messages.Wake())[0][:3]  # the magic bytes that start every frame
 RAW_FRAMES = st.one_of(
     st.lists(st.binary(max_size=64), min_size=1, max_size=3),
-    st.binary(max_size=64).map(lambda body: [PREFIX + body]),
+    st.binary(max_size=64).map(lambda body: [MAGIC + body]),  # past the magic bytes
 )
 
 
 def disruptive(header: Any, target: str) -> bool:
     """Valid commands that legitimately end or reconfigure `target` (not what this tests)."""
-    if type(header) is messages.SetFaultRules:
-        return messages.invalid_fields(header) is None
+    if type(header) is wire.SetFaultRules:
+        return wire.invalid_fields(header) is None
     if target == "agent":
-        return type(header) is messages.ShutdownAgent and messages.invalid_request(header) is None
-    return target == "proc" and type(header) is messages.StopProc
+        return type(header) is wire.ShutdownAgent and wire.invalid_request(header) is None
+    return target == "proc" and type(header) is wire.StopProc
 
 
 def rss_bytes(pid: int) -> int:
@@ -352,11 +350,11 @@ def fuzz(peer: RawPeer, target: str) -> None:
     send_one()
 
 
-def ping(actor_id: str, reply_to: str) -> messages.CallActor:
+def ping(actor_id: str, reply_to: str) -> wire.CallActor:
     """A call of the builtin ``__ping__`` endpoint of actor `actor_id` (``mesh[rank]``: calls
     address the actor mesh, which is the id without the rank)."""
     mesh_id = actor_id.rsplit("[", 1)[0]
-    return messages.CallActor(1, reply_to, mesh_id, "__ping__", (), (), 0)
+    return wire.CallActor(1, reply_to, mesh_id, "__ping__", (), (), 0)
 
 
 MAX_GROWTH = 64 << 20  # bytes of RSS a fuzzed process may gain (a leak per frame would not fit)
@@ -378,31 +376,26 @@ def test_fuzzed_agent_keeps_serving(make_procs: Any) -> None:
 
 @pytest.mark.timeout(120)
 def test_fuzzed_proc_keeps_serving(make_procs: Any) -> None:
-    who = make_procs({"gpus": 1}).spawn("who", actors.WhoAmI)
-    found = who.whoami.call_one().get(timeout=T)
-    (where,) = placement(who)
-    address = f"ipc://{mesh._engine.session.current_session().rundir}/{where.proc_id}"
+    exposed = make_procs({"gpus": 1}).spawn("who", actors.Exposed)
+    pid, address, mesh_id = exposed.reach.call_one().get(timeout=T)
     with raw_peer(address) as peer:
-        assert peer.answer(ping(found["actor_id"], peer.inbox.address)).header.rank == 0
-        before = rss_bytes(found["pid"])
+        assert peer.answer(ping(mesh_id, peer.inbox.address)).header.rank == 0
+        before = rss_bytes(pid)
         fuzz(peer, "proc")
-        assert type(peer.answer(ping(found["actor_id"], peer.inbox.address)).header) is (
-            messages.Reply
-        )
-        assert rss_bytes(found["pid"]) - before < MAX_GROWTH
-    assert who.whoami.call_one().get(timeout=T)["pid"] == found["pid"]
+        assert type(peer.answer(ping(mesh_id, peer.inbox.address)).header) is wire.Reply
+        assert rss_bytes(pid) - before < MAX_GROWTH
+    assert exposed.reach.call_one().get(timeout=T)[0] == pid
 
 
 @pytest.mark.timeout(120)
 def test_fuzzed_client_keeps_serving(make_procs: Any, root_events: list[Any]) -> None:
     local: ActorMesh[actors.WhoAmI] = this_proc().spawn("who", actors.WhoAmI)
     actor_id = local.whoami.call_one().get(timeout=T)["actor_id"]
-    runtime = mesh._engine.session.current_session().runtime
-    with raw_peer(runtime.address) as peer:
+    with raw_peer(mesh.testing.inbox_address()) as peer:
         peer.answer(ping(actor_id, peer.inbox.address))
         before = rss_bytes(os.getpid())
         fuzz(peer, "client")
-        assert type(peer.answer(ping(actor_id, peer.inbox.address)).header) is messages.Reply
+        assert type(peer.answer(ping(actor_id, peer.inbox.address)).header) is wire.Reply
         assert rss_bytes(os.getpid()) - before < MAX_GROWTH
     echo = make_procs({"gpus": 1}).spawn("echo", actors.Echo)
     assert echo.echo.call_one(5).get(timeout=T) == 5
@@ -447,8 +440,9 @@ def test_long_and_odd_mesh_names(make_procs: Any) -> None:
         procs.spawn("a/b", actors.Echo)
     who = procs.spawn(odd, actors.WhoAmI).whoami.call_one().get(timeout=T)
     assert who["mesh_name"] == odd
-    rundir = mesh._engine.session.current_session().rundir
-    assert os.path.exists(os.path.join(rundir, who["proc_id"]))  # its socket, in the run dir
+    assert os.path.exists(
+        os.path.join(mesh.testing.run_dir(), who["proc_id"])
+    )  # its socket, in the run dir
     assert local_agent() == agent
 
 
@@ -457,11 +451,11 @@ def test_a_refused_spawn_request_fails_its_procs(root_events: list[Any]) -> None
     """The agent refuses a request it cannot act on, and says so to the owner, whose procs
     fail at once (this client checks its own requests, so a raw one plays a bad client)."""
     address, _ = local_agent()
-    spec = messages.ProcSpec("refused-0", "refused", ("gpus",), (1,), 0)
+    spec = wire.ProcSpec("refused-0", "refused", ("gpus",), (1,), 0)
     with raw_peer(address) as peer:
-        bad = messages.SpawnProcs(peer.inbox.address, (spec,), (("A=B", "x"),), (), "/", 0.25, 2.0)
+        bad = wire.SpawnProcs(peer.inbox.address, (spec,), (("A=B", "x"),), (), "/", 0.25, 2.0)
         answer = peer.answer(bad)
-        assert type(answer.header) is messages.SpawnFailed
+        assert type(answer.header) is wire.SpawnFailed
         assert answer.header.proc_id == "refused-0" and "'='" in answer.header.reason
     assert not root_events
 
@@ -470,13 +464,13 @@ def test_a_refused_spawn_request_fails_its_procs(root_events: list[Any]) -> None
 def test_a_spawn_with_a_busy_timeout_that_is_no_duration_is_refused() -> None:
     """A busy timeout of nan would turn the agent's busy limit off: it is refused."""
     address, _ = local_agent()
-    spec = messages.ProcSpec("nan-busy-0", "nan-busy", ("gpus",), (1,), 0)
+    spec = wire.ProcSpec("nan-busy-0", "nan-busy", ("gpus",), (1,), 0)
     with raw_peer(address) as peer:
-        bad = messages.SpawnProcs(
+        bad = wire.SpawnProcs(
             peer.inbox.address, (spec,), (), (), "/", 0.25, 2.0, busy_timeout_s=float("nan")
         )
         answer = peer.answer(bad)
-        assert type(answer.header) is messages.SpawnFailed
+        assert type(answer.header) is wire.SpawnFailed
         assert answer.header.proc_id == "nan-busy-0" and "busy_timeout_s" in answer.header.reason
 
 
@@ -487,7 +481,7 @@ def start_daemon(home: Path, rundir: Path, *extra: str) -> tuple[str, subprocess
     """A daemon agent listening at a short ipc path in `home`, its procs' sockets in `rundir`."""
     address = f"ipc://{home}/a{len(os.listdir(home))}"
     address_file = home / f"address-{len(os.listdir(home))}"
-    command = [sys.executable, "-m", "mesh._agent", "--listen", address, "--rundir", str(rundir)]
+    command = [*AGENT, "--listen", address, "--rundir", str(rundir)]
     agent = subprocess.Popen([*command, "--address-file", str(address_file), *extra])
     wait_until(address_file.exists, T, "the agent to listen")
     return address, agent
@@ -562,16 +556,14 @@ def test_a_session_that_cannot_start_says_why_and_leaves_nothing(tmp_path: Path)
 def test_the_run_dir_of_a_killed_daemon_is_swept() -> None:
     with client_home() as home:
         env = {**os.environ, "XDG_RUNTIME_DIR": str(home)}
-        killed = subprocess.Popen(
-            [sys.executable, "-m", "mesh._agent", "--listen", f"ipc://{home}/a"], env=env
-        )
+        killed = subprocess.Popen([*AGENT, "--listen", f"ipc://{home}/a"], env=env)
         wait_until(lambda: list(home.glob("meshvisor-agent-*/owner.pid")), T, "its run dir")
         (stale,) = home.glob("meshvisor-agent-*")
         killed.kill()
         killed.wait(T)
         assert stale.exists()
         address_file = home / "address"
-        command = [sys.executable, "-m", "mesh._agent", "--listen", f"ipc://{home}/b"]
+        command = [*AGENT, "--listen", f"ipc://{home}/b"]
         alive = subprocess.Popen([*command, "--address-file", str(address_file)], env=env)
         try:
             wait_until(address_file.exists, T, "the next agent to listen")
@@ -585,10 +577,9 @@ def test_the_run_dir_of_a_killed_daemon_is_swept() -> None:
 
 @pytest.mark.timeout(120)
 def test_stopped_meshes_leave_no_bookkeeping(make_procs: Any) -> None:
-    runtime = mesh._engine.session.current_session().runtime
     warm = make_procs({"gpus": 1})  # keeps the agent (and what it brings) up meanwhile
     warm.spawn("echo", actors.Echo).echo.call_one(0).get(timeout=T)
-    before = len(runtime.peers), len(runtime.restarts.proc_meshes)
+    before = mesh.testing.bookkeeping()
     for cycle in range(40):
         procs = this_host().spawn_procs(per_host={"gpus": 2}, name="cycle")
         procs.on_failure(lambda event: False)
@@ -596,7 +587,7 @@ def test_stopped_meshes_leave_no_bookkeeping(make_procs: Any) -> None:
         if cycle % 10 == 0:
             assert echo.echo.call(cycle).get(timeout=T).values() == (cycle, cycle)
         procs.stop().get(timeout=T)
-    assert (len(runtime.peers), len(runtime.restarts.proc_meshes)) == before
+    assert mesh.testing.bookkeeping() == before
     with pytest.raises(SupervisionError, match="stopped"):
         echo.echo.call(1).get(timeout=T)  # a handle to a stopped mesh still says so
     assert procs.respawn().get(timeout=T) is None

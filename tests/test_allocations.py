@@ -1,6 +1,6 @@
 """Persistent allocations: daemon host agents over tcp on loopback, attached to as hosts.
 
-Each agent here is a real ``python -m mesh._agent`` daemon listening on 127.0.0.1; two of them
+Each agent here is a real ``python -m meshvisor agent`` daemon listening on 127.0.0.1; two of them
 play two hosts. Clients that attach and then die (even by SIGKILL) lose their procs after the
 agents' owner timeout, while the agents stay up for the next client.
 """
@@ -43,7 +43,8 @@ def allocation() -> Iterator[tuple[Path, list[int]]]:
             [
                 sys.executable,
                 "-m",
-                "mesh._agent",
+                "meshvisor",
+                "agent",
                 "--listen",
                 "tcp://127.0.0.1:0",
                 "--rundir",
@@ -211,7 +212,8 @@ def test_curve_keys_admit_members_and_refuse_others(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "mesh._agent",
+            "meshvisor",
+            "agent",
             "--listen",
             "tcp://127.0.0.1:0",
             "--keys",
@@ -259,7 +261,7 @@ def test_stopping_a_proc_the_agent_does_not_know_is_answered(
 ) -> None:
     """A stop for a proc the agent never ran (it ran under a previous agent at the same
     address) is answered as stopped, so the owner's stop() never waits for nothing."""
-    from mesh._engine.messages import ProcExited, StopProcs
+    from mesh.testing import wire
     from transport import Inbox, Outbox, close_context, encode, new_context
 
     agent = allocation[0].read_text().split()[0]
@@ -267,12 +269,12 @@ def test_stopping_a_proc_the_agent_does_not_know_is_answered(
     inbox = Inbox(context, "tcp://127.0.0.1:*")
     outbox = Outbox(context)
     try:
-        outbox.send(agent, encode(StopProcs(("gone-proc",), 0.0, inbox.address)))
+        outbox.send(agent, encode(wire.StopProcs(("gone-proc",), 0.0, inbox.address)))
         assert inbox.poll(int(T * 1000)), "the agent did not answer"
         envelope = inbox.receive_nowait()
         assert envelope is not None
         report = envelope.header
-        assert isinstance(report, ProcExited)
+        assert isinstance(report, wire.ProcExited)
         assert report.proc_id == "gone-proc" and report.requested
     finally:
         outbox.close(0)

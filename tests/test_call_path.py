@@ -13,15 +13,16 @@ import textwrap
 import threading
 from typing import Any
 
+import actors
 import failing_actors as fa
 import pytest
 from polling import wait_gone, wait_until
 from test_mesh import run_client_script
 
-import mesh._engine.session
+import mesh.testing
 import transport
 from mesh import ProcMesh
-from mesh._engine.messages import CallActor
+from mesh.testing import wire
 from supervision import ActorError
 from transport import Outbox, Payload, SerializationError, TransportError, encode
 
@@ -34,7 +35,7 @@ OVERSIZED_REPLY_SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     import failing_actors as fa
-    import mesh._engine.session
+    import mesh.testing
     from mesh import this_host
     from supervision import ActorError
     from transport import MessageTooLarge
@@ -49,7 +50,7 @@ OVERSIZED_REPLY_SCRIPT = textwrap.dedent("""
     except TimeoutError:
         print("RESULT timeout", flush=True)
     print("AFTER", actor.sized.call_one(10).get(timeout=30), flush=True)
-    mesh._engine.session.shutdown_session()
+    mesh.testing.shutdown()
 """)
 
 
@@ -97,7 +98,7 @@ def test_an_invalid_address_is_refused_without_leaking_a_socket(address: Any) ->
     outbox = Outbox(context)
     try:
         with pytest.raises(TransportError, match="cannot send to"):
-            outbox.send(address, encode(CallActor(1, None, "a", "e", (), (), 0)))
+            outbox.send(address, encode(wire.CallActor(1, None, "a", "e", (), (), 0)))
     finally:
         outbox.close(linger_ms=0)
     terminated = threading.Thread(target=transport.close_context, args=(context,), daemon=True)
@@ -113,16 +114,14 @@ def test_a_call_with_a_non_string_reply_address_leaves_the_proc_working(
     it answers the next message from the same sender, and later stops gracefully (before,
     the error left a socket open and the proc hung at exit, in zmq's context.term())."""
     procs = make_procs({"gpus": 1})
-    actor = procs.spawn("target", fa.Fragile)
-    pid = actor.pid.call_one().get(timeout=T)
-    actor_id, address = actor._state.actor_id, actor._peers_in_region()[0].address
+    pid, address, actor_id = procs.spawn("target", actors.Exposed).reach.call_one().get(T)
     folder = tempfile.mkdtemp(prefix="mvt-raw-")
     context = transport.new_context()
     inbox = transport.Inbox(context, f"ipc://{folder}/inbox")
     outbox = Outbox(context)
     try:
         for reply_to in (12345, inbox.address):  # FIFO: the bad call is handled first
-            header = CallActor(1, reply_to, actor_id, "aping", ("gpus",), (1,), 0)
+            header = wire.CallActor(1, reply_to, actor_id, "aping", ("gpus",), (1,), 0)
             outbox.send(address, encode(header, Payload.dump(((), {}))))
         assert inbox.poll(T * 1000), "the proc did not answer after the malformed call"
         reply = inbox.receive_nowait()
@@ -138,26 +137,26 @@ def test_a_call_with_a_non_string_reply_address_leaves_the_proc_working(
 
 AGENT_SCRIPT = textwrap.dedent("""
     import subprocess, sys, zmq
-    import mesh._engine.session as session
+    import mesh.testing
     from mesh import this_host
-    from mesh._engine.messages import ShutdownAgent, StopProcs
+    from mesh.testing import wire
     from transport import encode
 
     this_host()
-    agent = session.current_session()._agent_process
+    agent = mesh.testing.local_agent()
     raw = zmq.Context.instance().socket(zmq.PUSH)
     raw.setsockopt(zmq.LINGER, 5000)
-    raw.connect(session.current_session().agent_address())
-    raw.send_multipart(encode(StopProcs(("nobody",), 0.0, 12345)))  # reply_to is no address
-    raw.send_multipart(encode(ShutdownAgent(5.0)))
+    raw.connect(agent.address)
+    raw.send_multipart(encode(wire.StopProcs(("nobody",), 0.0, 12345)))  # reply_to is no address
+    raw.send_multipart(encode(wire.ShutdownAgent(5.0)))
     try:
-        print("AGENT EXIT", agent.wait(30), flush=True)
+        print("AGENT EXIT", agent.process.wait(30), flush=True)
     except subprocess.TimeoutExpired:
         print("AGENT HANGS", flush=True)
-        agent.kill()
-        agent.wait()
+        agent.process.kill()
+        agent.process.wait()
     raw.close()
-    session.shutdown_session()
+    mesh.testing.shutdown()
 """)
 
 
@@ -175,7 +174,7 @@ FORK_SCRIPT = textwrap.dedent("""
     import os, sys, time, warnings
     sys.path.insert(0, {tests!r})
     import failing_actors as fa
-    import mesh._engine.session
+    import mesh.testing
     from mesh import this_host
 
     procs = this_host().spawn_procs(per_host={{"gpus": 1}})
@@ -208,7 +207,7 @@ FORK_SCRIPT = textwrap.dedent("""
         time.sleep(0.05)
     print("PENDING", pending.get(timeout=30), flush=True)
     print("PARENT AGAIN", actor.ping.call_one().get(timeout=30), flush=True)
-    mesh._engine.session.shutdown_session()
+    mesh.testing.shutdown()
 """)
 
 
@@ -237,7 +236,7 @@ def _open_fds(pid: int) -> int:
 
 
 def _reply_socket_files() -> list[str]:
-    rundir = mesh._engine.session.current_session().rundir
+    rundir = mesh.testing.run_dir()
     return [name for name in os.listdir(rundir) if re.fullmatch(r".*-r\d+", name)]
 
 
@@ -283,7 +282,7 @@ FD_LIMIT_SCRIPT = textwrap.dedent("""
     import resource, sys
     sys.path.insert(0, {tests!r})
     import failing_actors as fa
-    import mesh._engine.session
+    import mesh.testing
     from mesh import this_host
     from transport import TransportError
 
@@ -303,7 +302,7 @@ FD_LIMIT_SCRIPT = textwrap.dedent("""
     if not meshes:  # refused at once: a mesh that fits still can be spawned
         meshes.append(this_host().spawn_procs(per_host={{"gpus": 2}}).spawn("a", fa.BadReplies))
     print("STILL WORKS", meshes[-1].ping.call().get(timeout=30).values(), flush=True)
-    mesh._engine.session.shutdown_session()
+    mesh.testing.shutdown()
 """)
 
 
@@ -323,7 +322,7 @@ def test_running_out_of_file_descriptors_is_a_clear_error(tmp_path: Any, mode: s
 
 RAISED_LIMIT_SCRIPT = textwrap.dedent("""
     import resource
-    import mesh._engine.session
+    import mesh.testing
     from mesh import this_host
 
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -331,7 +330,7 @@ RAISED_LIMIT_SCRIPT = textwrap.dedent("""
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
     this_host()
     print("LIMIT", resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard, flush=True)
-    mesh._engine.session.shutdown_session()
+    mesh.testing.shutdown()
 """)
 
 

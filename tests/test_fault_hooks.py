@@ -7,7 +7,7 @@ Three layers, tested with the real thing:
   sockets), plus the real `Outbox` where the fast path matters.
 * `mesh.probe`, `fail_next_call`, `exit_process`, `break_links`, `heal_links` and
   `supervision.add_event_listener`, with real procs running `Fragile` actors.
-* daemon host agents (``python -m mesh._agent`` listening on a private ipc path) for socket
+* daemon host agents (``meshvisor agent`` listening on a private ipc path) for socket
   clean-up and restarts.
 
 This pytest process is a meshvisor client whose fail-fast would interrupt pytest's main thread,
@@ -46,8 +46,14 @@ from recording import Recorder
 import mesh._engine.runtime
 import supervision
 from mesh import ActorMesh, ProcMesh, attach, placement
-from mesh._engine.session import current_session
-from mesh.testing import break_links, exit_process, fail_next_call, heal_links, probe
+from mesh.testing import (
+    break_links,
+    exit_process,
+    fail_next_call,
+    heal_links,
+    known_agents,
+    probe,
+)
 from supervision import ActorError, RestartPolicy, SupervisionError, SupervisionEvent
 from transport import (
     FaultRule,
@@ -708,7 +714,7 @@ def test_a_raising_listener_is_logged_and_does_not_break_supervision(
 
 
 class DaemonAgent:
-    """A ``python -m mesh._agent`` daemon on a stable ipc address in a private folder; it can be
+    """A ``meshvisor agent`` daemon on a stable ipc address in a private folder; it can be
     SIGKILLed and started again on the same address and run directory."""
 
     def __init__(self) -> None:
@@ -728,7 +734,8 @@ class DaemonAgent:
                 [
                     sys.executable,
                     "-m",
-                    "mesh._agent",
+                    "meshvisor",
+                    "agent",
                     "--listen",
                     self.address,
                     "--rundir",
@@ -794,7 +801,7 @@ def daemon(make_daemon: Callable[[], DaemonAgent]) -> DaemonAgent:
 
 def incarnation_known(address: str) -> bool:
     """Whether this client has heard an AgentAlive (with its incarnation) from `address`."""
-    return address in current_session().runtime._agent_incarnations
+    return address in known_agents()
 
 
 def _of(proc_id: str | None, names: set[str]) -> set[str]:
@@ -883,6 +890,7 @@ INCARNATION_CLIENT = textwrap.dedent("""
     mesh._engine.runtime.OWNER_ALIVE_INTERVAL_S = {interval!r}  # widen the window (default 0.5 s)
     mesh._engine.runtime.AGENT_TIMEOUT_S = 600.0  # only the new incarnation can tell
     from mesh import Actor, attach, endpoint
+    from mesh.testing import known_agents
 
     class Pid(Actor):
         @endpoint
@@ -891,8 +899,7 @@ INCARNATION_CLIENT = textwrap.dedent("""
 
     events = []
     attach([{first!r}])  # starts the keep-alive loop: the first tick goes out at once
-    runtime = mesh._engine.session.current_session().runtime
-    while {first!r} not in runtime._agent_incarnations:  # the first tick was answered
+    while {first!r} not in known_agents():  # the first tick was answered
         time.sleep(0.001)
     attached = time.monotonic()
     procs = attach([{second!r}]).spawn_procs(per_host={{"gpus": 1}})

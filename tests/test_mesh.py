@@ -20,7 +20,7 @@ import anyio
 import pytest
 from polling import pid_alive, wait_until
 
-import mesh._engine.session
+import mesh.testing
 from mesh import (
     ActorMesh,
     Point,
@@ -559,14 +559,14 @@ LIFECYCLE_SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     import actors
-    import mesh._engine.session
+    import mesh.testing
     from mesh import this_host
 
     procs = this_host().spawn_procs(per_host={{"gpus": 1}})
     echo = procs.spawn("echo", actors.Echo)
     print("RESULT", echo.echo.call_one(1).get(timeout=30), flush=True)
     echo.stop().get(timeout=30)
-    mesh._engine.session.shutdown_session()  # stops the live proc, then the agent
+    mesh.testing.shutdown()  # stops the live proc, then the agent
 """)
 
 LIFECYCLE_EVENTS = {
@@ -709,8 +709,8 @@ def test_shutdown_of_an_idle_agent_is_clean() -> None:
     procs = host.spawn_procs(per_host={"gpus": 1})
     procs.spawn("echo", actors.Echo).echo.call_one(1).get(timeout=T)
     procs.stop().get(timeout=T)
-    agent = mesh._engine.session.current_session()._agent_process
-    assert agent is not None and agent.poll() is None
+    agent = mesh.testing.local_agent().process
+    assert agent.poll() is None
     host.shutdown().get(timeout=T)
     assert agent.returncode == 0, f"the agent was killed (status {agent.returncode})"
     # A new agent starts on demand.
@@ -994,7 +994,7 @@ REDIRECTED_STDERR_SCRIPT = textwrap.dedent("""
     import contextlib, io, os, signal, sys, threading
     sys.path.insert(0, {tests!r})
     import actors
-    import mesh._engine.session
+    import mesh.testing
     from mesh import this_host
 
     captured = io.StringIO()
@@ -1006,7 +1006,7 @@ REDIRECTED_STDERR_SCRIPT = textwrap.dedent("""
     procs.on_failure(lambda event: handled.set() or True)
     os.kill(pid, signal.SIGKILL)
     print("HANDLED", handled.wait(5), flush=True)
-    mesh._engine.session.shutdown_session()
+    mesh.testing.shutdown()
 """)
 
 

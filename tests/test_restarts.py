@@ -31,6 +31,7 @@ from typing import Any
 import failing_actors as fa
 import pytest
 import restart_actors as ra
+from conftest import AGENT_COMMANDS
 from polling import pid_alive, wait_gone, wait_until
 from recording import Recorder
 
@@ -113,7 +114,8 @@ def proc_processes() -> set[int]:
             stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if "mesh._agent" in cmdline and marker in cmdline and stat[0] != "Z":
+        is_agent = any(command in cmdline for command in AGENT_COMMANDS)
+        if is_agent and marker in cmdline and stat[0] != "Z":
             table[int(entry.name)] = int(stat[1])
     agents = {pid for pid, ppid in table.items() if ppid == os.getpid()}
     servers = {pid for pid, ppid in table.items() if ppid in agents}

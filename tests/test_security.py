@@ -31,10 +31,16 @@ from conftest import RUN_BASE
 from polling import pid_alive, wait_until
 
 import transport
-from mesh._engine.messages import AgentAlive, CallActor, ProcExited, Reply, SpawnActor, StopProcs
-from mesh._engine.session import current_session
-from transport import Inbox, Payload, encode, new_context, private_runtime_dir
-from transport._frames import MAGIC
+from mesh.testing import local_agent, wire
+from transport import (
+    MAGIC,
+    MAX_HEADER_BYTES,
+    Inbox,
+    Payload,
+    encode,
+    new_context,
+    private_runtime_dir,
+)
 
 T = 30.0
 #: Peak RSS a receiver may gain from the hostile frames of one test.
@@ -119,16 +125,16 @@ def next_header(inbox: Inbox) -> Any:
 CLIENT = textwrap.dedent("""
     import sys
     from mesh import Actor, attach, endpoint
-    from mesh._engine.session import current_runtime
+    from mesh.testing import inbox_address
 
     class Address(Actor):
         @endpoint
         def address(self) -> str:
-            return current_runtime().address
+            return inbox_address()
 
     procs = attach("job").spawn_procs(per_host={"gpus": 1})
     actor = procs.spawn("address", Address)
-    print("ADDRESSES", current_runtime().address, actor.address.call_one().get(timeout=30),
+    print("ADDRESSES", inbox_address(), actor.address.call_one().get(timeout=30),
           flush=True)
     for line in sys.stdin:
         if line.strip() != "call":
@@ -202,11 +208,13 @@ def test_another_user_cannot_run_code_in_a_keyless_tcp_allocation(
             keyless_agent: [pickled_header(tmp_path / "agent")],
             proc_address: [
                 pickled_header(tmp_path / "proc"),
-                pickled_payload(SpawnActor("x", "y", "z", (), (), 0), tmp_path / "proc-payload"),
+                pickled_payload(
+                    wire.SpawnActor("x", "y", "z", (), (), 0), tmp_path / "proc-payload"
+                ),
             ],
             client_address: [
                 pickled_header(tmp_path / "client"),
-                pickled_payload(Reply(1, 0), tmp_path / "client-payload"),
+                pickled_payload(wire.Reply(1, 0), tmp_path / "client-payload"),
             ],
         }
         markers = [tmp_path / n for n in ("agent", "proc", "client", "proc-payload")]
@@ -269,7 +277,16 @@ def test_a_tcp_agent_without_keys_or_allocation_refuses_to_start(
     tmp_path: Path, keyless_env: dict[str, str]
 ) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "mesh._agent", "--listen", "tcp://127.0.0.1:0", "--rundir", "."],
+        [
+            sys.executable,
+            "-m",
+            "meshvisor",
+            "agent",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--rundir",
+            ".",
+        ],
         cwd=tmp_path,
         env=keyless_env,
         capture_output=True,
@@ -293,8 +310,8 @@ def test_inbox_never_unpickles_or_unmarshals_code_in_headers(
         raw.send_multipart(pickled_header(marker))
         raw.send_multipart([_frame(b"m", code)])
         raw.send_multipart([_frame(b"n", code)])
-        raw.send_multipart(encode(AgentAlive("after", "the attack")))
-        assert next_header(reply_inbox) == AgentAlive("after", "the attack")
+        raw.send_multipart(encode(wire.AgentAlive("after", "the attack")))
+        assert next_header(reply_inbox) == wire.AgentAlive("after", "the attack")
     finally:
         raw.close(0)
     assert not marker.exists()
@@ -309,17 +326,19 @@ def test_header_bombs_leave_agent_and_proc_bounded_and_serving(
 ) -> None:
     """13-byte headers claiming 2**31 items or digits must not make a receiver allocate."""
     pid, address, actor_id = make_procs({"gpus": 1}).spawn("x", Exposed).reach.call_one().get(T)
-    agent = current_session().agent_address()
-    agent_pid = current_session()._agent_process.pid  # type: ignore[union-attr]
-    before = {agent_pid: peak_rss(agent_pid), pid: peak_rss(pid)}
-    ping = CallActor(7, reply_inbox.address, actor_id, "__ping__", (), (), 0)
-    for target, probe in ((agent, StopProcs(("none",), 0.0, reply_inbox.address)), (address, ping)):
+    agent = local_agent()
+    before = {agent.pid: peak_rss(agent.pid), pid: peak_rss(pid)}
+    ping = wire.CallActor(7, reply_inbox.address, actor_id, "__ping__", (), (), 0)
+    for target, probe in (
+        (agent.address, wire.StopProcs(("none",), 0.0, reply_inbox.address)),
+        (address, ping),
+    ):
         raw = raw_socket(context, target)
         try:
             for bomb in BOMBS:
                 raw.send(bomb)
             raw.send_multipart(encode(probe))  # FIFO: answered once the bombs were read
-            assert type(next_header(reply_inbox)) in (ProcExited, Reply)
+            assert type(next_header(reply_inbox)) in (wire.ProcExited, wire.Reply)
         finally:
             raw.close(0)
     for who, peak in before.items():
@@ -340,13 +359,13 @@ def test_a_stalled_receiver_queues_a_bounded_number_of_messages(
     busy = sleeper.sleep.call_one(5.0)  # its event loop reads nothing meanwhile
     raw = raw_socket(context, address)
     try:
-        chunk = encode(AgentAlive("flood", "x"), Payload(b"\0" * (64 << 10)))[0]
+        chunk = encode(wire.AgentAlive("flood", "x"), Payload(b"\0" * (64 << 10)))[0]
         for _ in range(4000):  # 256 MiB, four times what the receive queue may hold
             raw.send(chunk, copy=False)
-        ping = CallActor(7, reply_inbox.address, actor_id, "__ping__", (), (), 0)
+        ping = wire.CallActor(7, reply_inbox.address, actor_id, "__ping__", (), (), 0)
         raw.send_multipart(encode(ping))
         assert busy.get(T) == "slept"
-        assert next_header(reply_inbox) == Reply(7, 0)  # FIFO: it read the whole flood
+        assert next_header(reply_inbox) == wire.Reply(7, 0)  # FIFO: it read the whole flood
     finally:
         raw.close(0)
     assert peak_rss(pid) - before < RSS_GROWTH_LIMIT, f"grew by {peak_rss(pid) - before}"
@@ -402,19 +421,18 @@ def test_meshvisor_keys_refuses_to_overwrite_or_follow_links(tmp_path: Path) -> 
 
 
 def test_an_inbox_refuses_frames_over_the_size_limit_at_the_socket(
-    context: zmq.Context[Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    context: zmq.Context[Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A frame larger than the message limit plus a header never reaches the receiver: zmq
     disconnects its sender (ZMQ_MAXMSGSIZE) instead of buffering it whole. The sender's next
     message, after it reconnects, arrives."""
-    monkeypatch.setattr(transport._log, "_root", None)  # log to this test's captured stderr
     folder = private_runtime_dir()
     inbox = Inbox(context, f"ipc://{folder}/small", max_bytes=1000)
     raw = raw_socket(context, inbox.address)
     try:
-        raw.send(b"\0" * (transport._frames.MAX_HEADER_BYTES + 64 * 1024))
-        raw.send_multipart(encode(AgentAlive("after", "the big one")))
-        assert next_header(inbox) == AgentAlive("after", "the big one")
+        raw.send(b"\0" * (MAX_HEADER_BYTES + 64 * 1024))
+        raw.send_multipart(encode(wire.AgentAlive("after", "the big one")))
+        assert next_header(inbox) == wire.AgentAlive("after", "the big one")
         assert inbox.receive_nowait() is None
     finally:
         raw.close(0)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mesh import Extent, Point, ValueMesh
-from mesh._shape import Region
+from mesh.testing import Region
 
 LABELS = ("a", "b", "c", "d", "e")
 T = 30

@@ -435,10 +435,10 @@ def test_a_proc_busy_past_its_busy_timeout_is_hung(make_procs: Callable[..., Any
 
 def local_agent_pid() -> int:
     """The pid of the host agent that `this_host()` started for this client."""
-    import mesh._engine.session
+    from mesh.testing import local_agent
 
-    agent = mesh._engine.session.current_session()._agent_process
-    assert agent is not None and agent.poll() is None
+    agent = local_agent()
+    assert agent.process.poll() is None
     return agent.pid
 
 

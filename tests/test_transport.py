@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import marshal
 import math
 import os
 import pickle
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import textwrap
@@ -26,6 +28,8 @@ from hypothesis.extra import numpy as hnp
 
 import transport
 from transport import (
+    MAGIC,
+    OUT_OF_BAND_MIN_BYTES,
     Inbox,
     MalformedMessage,
     MessageTooLarge,
@@ -41,8 +45,6 @@ from transport import (
     new_context,
     private_runtime_dir,
 )
-from transport._frames import MAGIC
-from transport._serialize import OUT_OF_BAND_MIN_BYTES
 
 
 @message_type
@@ -54,15 +56,12 @@ class Header:
     sender: str = "test"
 
 
-@message_type
-@dataclass(frozen=True, slots=True)
-class NotRegistered:
-    """A header type that receivers do not know (registered for encode, then forgotten)."""
-
-    seq: int
-
-
-transport._frames._registered.discard(NotRegistered)
+def not_registered(seq: int, body: bytes = b"") -> list[bytes]:
+    """A well-framed message whose header names a type no receiver knows, ``NotRegistered``
+    (framed by hand, as transport's framing documents: magic, header length as a
+    little-endian u32, codec ``m``, the marshal of the type name and fields, then the body)."""
+    head = marshal.dumps((f"{__name__}.NotRegistered", seq))
+    return [MAGIC + struct.pack("<I", len(head)) + b"m" + head + body]
 
 
 def head_frames(payload: Payload | None = None) -> int:
@@ -118,7 +117,7 @@ def assert_same(got: Any, want: Any, path: str = "value") -> None:
 
 
 def test_small_bytes_stay_in_band_large_bytes_become_a_frame() -> None:
-    """DESIGN/transport._serialize: bytes of OUT_OF_BAND_MIN_BYTES or more travel as their own
+    """DESIGN/transport: bytes of OUT_OF_BAND_MIN_BYTES or more travel as their own
     zero-copy frame."""
     small = b"s" * (OUT_OF_BAND_MIN_BYTES - 1)
     large = b"L" * OUT_OF_BAND_MIN_BYTES
@@ -347,10 +346,8 @@ MALFORMED = {
     "other version": _bumped_version(),
     "garbage header": _garbage_header(),
     "truncated": [bytes(memoryview(encode(Header(1))[0]))[:-3]],
-    "unknown header type": [bytes(memoryview(f)) for f in encode(NotRegistered(1))],
-    "unknown header with payload": [
-        bytes(memoryview(f)) for f in encode(NotRegistered(2), Payload.dump("x"))
-    ],
+    "unknown header type": not_registered(1),
+    "unknown header with payload": not_registered(2, Payload.dump("x").body),
 }
 
 
@@ -362,7 +359,7 @@ def test_malformed_frames_raise_malformed_message(frames: list[bytes]) -> None:
 
 def test_unknown_header_type_is_named() -> None:
     with pytest.raises(MalformedMessage, match="NotRegistered"):
-        decode(encode(NotRegistered(1)))
+        decode(not_registered(1))
 
 
 def test_payload_is_decoded_lazily() -> None:
@@ -537,10 +534,8 @@ def test_private_runtime_dir_is_private(ipc_dir: str) -> None:
 def test_inbox_drops_garbage_and_receives_the_next_valid_message(
     ipc_dir: str,
     zmq_context: zmq.Context[Any],
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setattr(transport._log, "_root", None)  # log to this test's captured stderr
     inbox = Inbox(zmq_context, f"ipc://{ipc_dir}/inbox")
     raw = zmq_context.socket(zmq.PUSH)
     raw.setsockopt(zmq.LINGER, 0)
@@ -560,7 +555,7 @@ def test_inbox_drops_garbage_and_receives_the_next_valid_message(
     assert not os.path.exists(f"{ipc_dir}/inbox"), "closing an ipc inbox removes its socket file"
     err = capsys.readouterr().err
     assert err.count("message_dropped") == len([f for f in MALFORMED.values() if f])
-    assert "unknown type NotRegistered" in err
+    assert f"unknown type ('{__name__}.NotRegistered',)" in err  # it names the type
 
 
 def test_inbox_drops_oversized_message_and_receives_the_next(
@@ -669,9 +664,9 @@ def test_zero_copy_send_snapshots_the_value_at_send_time(zmq_context: zmq.Contex
 
 AGENT_SCRIPT = textwrap.dedent("""
     import sys, zmq
-    import mesh._engine.session as session
+    import mesh.testing
     from mesh import this_host
-    from mesh._engine.messages import ShutdownAgent
+    from mesh.testing import wire
     from transport import encode
 
     sys.path.insert(0, {tests!r})
@@ -679,18 +674,18 @@ AGENT_SCRIPT = textwrap.dedent("""
 
     procs = this_host().spawn_procs(per_host={{"gpus": 1}})
     print("ECHO", procs.spawn("echo", actors.Echo).echo.call_one(7).get(timeout=30), flush=True)
-    agent = session.current_session()._agent_process
+    agent = mesh.testing.local_agent()
     raw = zmq.Context.instance().socket(zmq.PUSH)
     raw.setsockopt(zmq.LINGER, 5000)
-    raw.connect(session.current_session().agent_address())
+    raw.connect(agent.address)
     raw.send_multipart([b"garbage"])
     raw.send_multipart([b"MVnot a valid header"])
     raw.send_multipart([b"x" * 100_000])  # over MESHVISOR_MAX_MESSAGE_BYTES
     # Same connection, so the agent sees this only after the bad frames (FIFO per sender).
-    raw.send_multipart(encode(ShutdownAgent(5.0)))
-    print("AGENT EXIT", agent.wait(30), flush=True)
+    raw.send_multipart(encode(wire.ShutdownAgent(5.0)))
+    print("AGENT EXIT", agent.process.wait(30), flush=True)
     raw.close()
-    session.shutdown_session()
+    mesh.testing.shutdown()
 """)
 
 

@@ -15,6 +15,8 @@ from ._faults import network_faults as network_faults
 from ._fds import check_fd_headroom as check_fd_headroom
 from ._fds import raise_open_file_limit as raise_open_file_limit
 from ._frames import DEFAULT_MAX_MESSAGE_BYTES as DEFAULT_MAX_MESSAGE_BYTES
+from ._frames import MAGIC as MAGIC
+from ._frames import MAX_HEADER_BYTES as MAX_HEADER_BYTES
 from ._frames import Envelope as Envelope
 from ._frames import Payload as Payload
 from ._frames import decode as decode
@@ -26,6 +28,7 @@ from ._security import KEYS_ENV as KEYS_ENV
 from ._security import CurveKeys as CurveKeys
 from ._security import check_exposure as check_exposure
 from ._security import configured_keys as configured_keys
+from ._serialize import OUT_OF_BAND_MIN_BYTES as OUT_OF_BAND_MIN_BYTES
 from ._serialize import dumps as dumps
 from ._serialize import loads as loads
 from ._serialize import serializing_now as serializing_now
@@ -40,6 +43,9 @@ from ._sockets import tcp_address as tcp_address
 __all__ = (
     "DEFAULT_MAX_MESSAGE_BYTES",
     "KEYS_ENV",
+    "MAGIC",
+    "MAX_HEADER_BYTES",
+    "OUT_OF_BAND_MIN_BYTES",
     "CurveKeys",
     "Envelope",
     "FaultRule",
