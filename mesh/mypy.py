@@ -35,6 +35,8 @@ class _MeshPlugin(Plugin):
 
     def get_attribute_hook(self, fullname: str) -> Callable[[AttributeContext], Type] | None:
         owner, _, name = fullname.rpartition(".")
+        if not owner.endswith(".ActorMesh"):  # cheap test first: this runs for every attribute
+            return None
         mesh, endpoint_def = self._class(_ACTOR_MESH), self._class(_ENDPOINT_DEF)
         if mesh is None or endpoint_def is None or owner != mesh.fullname or mesh.get(name):
             return None
