@@ -1,52 +1,72 @@
-"""`Actor` and `@endpoint`: user classes whose methods can be called across processes."""
+"""`Actor` and `@endpoint`: user classes whose methods can be called across processes.
+
+An endpoint is reached on a mesh as an attribute (``actors.step``), so its name must not be one
+the mesh handle already has (``actors.stop`` is the mesh's own ``stop``). The API layer, which
+this leaf cannot import, registers those names with `reserve_endpoint_names`; every `Actor`
+subclass is checked against them when it is defined.
+"""
 
 from __future__ import annotations
 
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: Attribute names that endpoints cannot take, each with the mesh class that has it.
+_RESERVED: dict[str, type] = {}
 
 
 class Actor:
     """Base class of user actors. Instances live in procs; their endpoints are called remotely."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        check_endpoint_names(cls)
 
-class EndpointDef(Generic[F]):
-    """An `@endpoint` method: on an instance it is the plain method, on a mesh a set of adverbs."""
 
-    def __init__(self, function: F) -> None:
+class EndpointDef(Generic[P, R]):
+    """An `@endpoint` method: on an instance it is the plain method, on a mesh a set of adverbs.
+
+    `P` are its parameters after ``self``, `R` what the method returns (for ``async def``, the
+    coroutine; a call through a mesh gives what it returns when awaited).
+    """
+
+    def __init__(self, function: Callable[Concatenate[Any, P], R]) -> None:
         if not callable(function):
             raise TypeError(f"@endpoint decorates a function, got {function!r}")
         self.function = function
-        self.name = function.__name__
+        self.name: str = function.__name__
+        self.owner: type | None = None
         self.is_async = inspect.iscoroutinefunction(function)
         functools.update_wrapper(self, function)  # type: ignore[arg-type]
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
+        self.owner = owner
 
     @overload
-    def __get__(self, instance: None, owner: type) -> EndpointDef[F]: ...
+    def __get__(self, instance: None, owner: type) -> EndpointDef[P, R]: ...
     @overload
-    def __get__(self, instance: object, owner: type) -> F: ...
+    def __get__(self, instance: object, owner: type) -> Callable[P, R]: ...
 
     def __get__(self, instance: object | None, owner: type) -> Any:
         if instance is None:
             return self
-        return self.function.__get__(instance, owner)
+        return self.function.__get__(instance, owner)  # type: ignore[attr-defined]
 
 
-def endpoint(function: F) -> EndpointDef[F]:
+def endpoint(function: Callable[Concatenate[Any, P], R]) -> EndpointDef[P, R]:
     """Mark an actor method (``def`` or ``async def``) as callable through meshes."""
     return EndpointDef(function)
 
 
-def endpoints_of(cls: type) -> dict[str, EndpointDef[Any]]:
+def endpoints_of(cls: type) -> dict[str, EndpointDef[..., Any]]:
     """Every endpoint of an actor class, by name, including inherited ones."""
-    found: dict[str, EndpointDef[Any]] = {}
+    found: dict[str, EndpointDef[..., Any]] = {}
     seen: set[str] = set()
     for klass in cls.__mro__:  # the most derived definition of a name decides
         for name, value in vars(klass).items():
@@ -56,13 +76,60 @@ def endpoints_of(cls: type) -> dict[str, EndpointDef[Any]]:
     return found
 
 
+def reserve_endpoint_names(mesh_class: type) -> None:
+    """Refuse, as endpoint names, the public attributes of `mesh_class` (the handle endpoints
+    are reached through), so that no endpoint is hidden behind one of them."""
+    names = set(dir(mesh_class))
+    for klass in mesh_class.__mro__:
+        names.update(vars(klass).get("__annotations__", {}))
+    for name in names:
+        if not name.startswith("_"):
+            _RESERVED.setdefault(name, mesh_class)
+
+
+def check_endpoint_names(cls: type) -> None:
+    """Raise a TypeError naming the first endpoint of `cls` that a mesh could not reach."""
+    for name, found in endpoints_of(cls).items():
+        problem = _name_problem(name)
+        if problem is not None:
+            owner = found.owner
+            where = "" if owner in (None, cls) else f" (inherited from {owner.__qualname__})"
+            raise TypeError(
+                f"actor class {cls.__qualname__} cannot have an endpoint named {name!r}"
+                f"{where}: {problem}; rename the endpoint, for example to "
+                f"{_suggest(owner or cls, name)!r}."
+            )
+
+
+def _name_problem(name: str) -> str | None:
+    """Why a mesh could not reach an endpoint called `name`, or None if it can."""
+    if name.startswith("_"):
+        return (
+            "names starting with '_' are private or special on a mesh, so "
+            f"`actors.{name}` is never looked up as an endpoint"
+        )
+    clash = _RESERVED.get(name)
+    if clash is not None:
+        return (
+            f"{clash.__name__}.{name} already exists, so `actors.{name}` would be the "
+            "mesh's own attribute, not the endpoint"
+        )
+    return None
+
+
+def _suggest(cls: type, name: str) -> str:
+    """A free endpoint name close to `name`."""
+    stem = name.strip("_") or "endpoint"
+    return stem if _name_problem(stem) is None else f"{cls.__name__.lower()}_{stem}"
+
+
 def check_actor_class(cls: object) -> type[Actor]:
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
         raise TypeError(f"spawn() needs a subclass of mesh.Actor, got {cls!r}")
     return cls
 
 
-def resolve_endpoint(cls: type, name: str) -> EndpointDef[Any]:
+def resolve_endpoint(cls: type, name: str) -> EndpointDef[..., Any]:
     """The endpoint `name` of `cls`, or an AttributeError that says what is wrong."""
     found = endpoints_of(cls).get(name)
     if found is not None:

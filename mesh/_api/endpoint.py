@@ -1,30 +1,69 @@
-"""Adverbs: the ways to call an endpoint on a mesh (call, call_one, choose, stream, broadcast)."""
+"""Adverbs: the ways to call an endpoint on a mesh (call, call_one, choose, stream, broadcast).
+
+`EndpointRef[P, R]` is typed by the endpoint's parameters `P` and result `R`. Plain mypy sees
+``actors.step`` as ``EndpointRef[..., Any]``; the `mesh.mypy` plugin gives it the endpoint's own
+types (see that module for how to enable it).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar
 
-from mesh._engine.calls import GatherSink, OneSink, StreamSink, pick_one
+from mesh._engine.calls import GatherSink, OneSink, ResultSink, StreamSink, pick_one
 from mesh._engine.future import Future
+from mesh._shape import Extent
 from mesh._values import ValueMesh
 
 if TYPE_CHECKING:
-    from mesh._api.meshes import ActorMesh
+    from mesh._engine.replies import ReplyInbox
+    from mesh._engine.runtime import Runtime
+    from supervision import SupervisionEvent
 
+P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class EndpointRef(Generic[R]):
+class CallableMesh(Protocol):
+    """What an `EndpointRef` needs of the actor mesh it calls (`ActorMesh` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def extent(self) -> Extent: ...
+
+    @property
+    def sizes(self) -> dict[str, int]: ...
+
+    @property
+    def _runtime(self) -> Runtime: ...
+
+    def __len__(self) -> int: ...
+
+    def _covers(self, event: SupervisionEvent) -> bool: ...
+
+    def _invoke(
+        self,
+        endpoint: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        indices: Iterable[int],
+        sink: ResultSink | None,
+        home: ReplyInbox | None,
+    ) -> None: ...
+
+
+class EndpointRef(Generic[P, R]):
     """One endpoint of one actor mesh (or slice), ready to be called."""
 
     __slots__ = ("_mesh", "name")
 
-    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
+    def __init__(self, mesh: CallableMesh, name: str) -> None:
         self._mesh = mesh
         self.name = name
 
-    def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call every actor; the future holds a ValueMesh once all have answered."""
         mesh = self._mesh
         home = mesh._runtime.replies.for_current_thread()
@@ -36,7 +75,7 @@ class EndpointRef(Generic[R]):
         )
         return future
 
-    def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
+    def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the one actor of a mesh of size 1 (else ValueError, at once)."""
         mesh = self._mesh
         if len(mesh) != 1:
@@ -50,7 +89,7 @@ class EndpointRef(Generic[R]):
         mesh._invoke(self.name, args, kwargs, (0,), OneSink(future), home)
         return future
 
-    def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
+    def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one actor picked at random."""
         mesh = self._mesh
         home = mesh._runtime.replies.for_current_thread()
@@ -58,7 +97,7 @@ class EndpointRef(Generic[R]):
         mesh._invoke(self.name, args, kwargs, (pick_one(len(mesh)),), OneSink(future), home)
         return future
 
-    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[R]]:
+    def stream(self, *args: P.args, **kwargs: P.kwargs) -> Iterator[Future[R]]:
         """Call every actor; yields one future per answer, in arrival order."""
         mesh = self._mesh
         home = mesh._runtime.replies.for_current_thread()
@@ -70,7 +109,7 @@ class EndpointRef(Generic[R]):
         mesh._invoke(self.name, args, kwargs, range(len(mesh)), sink, home)
         return iter(futures)
 
-    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+    def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every actor without waiting; an exception fails the actor (no one to tell)."""
         mesh = self._mesh
         mesh._invoke(self.name, args, kwargs, range(len(mesh)), None, None)

@@ -29,7 +29,7 @@ def probe(actors: ActorMesh[Any]) -> Future[ValueMesh[int]]:
     A health probe for any actor class: it fails with `SupervisionError` where a rank has
     failed, and waits while a rank is being restarted.
     """
-    ping: EndpointRef[int] = EndpointRef(actors, "__ping__")
+    ping: EndpointRef[[], int] = EndpointRef(actors, "__ping__")
     return ping.call()
 
 
@@ -41,14 +41,14 @@ def fail_next_call(
     An `Exception` fails only that call (the caller gets an `ActorError`); a `BaseException`
     that is not an `Exception` fails the actor, as a real one would.
     """
-    install: EndpointRef[None] = EndpointRef(actors, "__fail_next__")
+    install: EndpointRef[[str | None, BaseException], None] = EndpointRef(actors, "__fail_next__")
     return install.call(endpoint, error)
 
 
 def exit_process(actors: ActorMesh[Any], code: int) -> None:
     """Make the procs of `actors` exit with status `code` at once, as a crash would (their
     owner sees an "exit" event; nothing is cleaned up)."""
-    EndpointRef(actors, "__exit_process__").broadcast(code)
+    EndpointRef[[int], None](actors, "__exit_process__").broadcast(code)
 
 
 @dataclass(frozen=True)

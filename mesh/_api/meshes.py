@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-from mesh._actor import check_actor_class, resolve_endpoint
+from mesh._actor import check_actor_class, reserve_endpoint_names, resolve_endpoint
 from mesh._api.endpoint import EndpointRef
 from mesh._context import actor_identity, context
 from mesh._engine.calls import GatherSink, ResultSink
@@ -414,7 +414,7 @@ class ActorMesh(MeshBase, _Stoppable, Generic[A]):
     def _with_region(self, region: Region) -> ActorMesh[A]:
         return ActorMesh(self._runtime, self._state, region)
 
-    def __getattr__(self, name: str) -> EndpointRef[Any]:
+    def __getattr__(self, name: str) -> EndpointRef[..., Any]:
         if name.startswith("_"):
             raise AttributeError(name)
         state = self._state
@@ -503,6 +503,9 @@ class ActorMesh(MeshBase, _Stoppable, Generic[A]):
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self.name!r} {self.sizes}>"
+
+
+reserve_endpoint_names(ActorMesh)  # an endpoint named like a mesh attribute could not be called
 
 
 def _check_fds_for_procs(runtime: Runtime, count: int) -> None:

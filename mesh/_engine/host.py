@@ -73,7 +73,7 @@ class HostedActor:
         self.owner = header.owner
         self.point = point
         self.instance: Any = None
-        self.endpoints: dict[str, EndpointDef[Any]] = {}
+        self.endpoints: dict[str, EndpointDef[..., Any]] = {}
         self.mailbox: deque[Envelope] = deque()
         self.busy = False  # a worker thread or a task is handling the mailbox
         self.lock = threading.Lock()  # guards mailbox, busy, running and the supervision queue
