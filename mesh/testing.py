@@ -2,8 +2,10 @@
 
 The fault hooks (`probe`, `fail_next_call`, `exit_process`, `break_links`, `heal_links`) are
 what the `chaos` package injects faults with; nothing here changes a job that does not call it.
+`settings(**overrides)` changes `mesh.configure`'s settings for one block.
 """
 
+from mesh._api.configure import overridden_settings as settings
 from mesh._api.faults import Party as Party
 from mesh._api.faults import break_links as break_links
 from mesh._api.faults import exit_process as exit_process
@@ -18,4 +20,5 @@ __all__ = (
     "fail_next_call",
     "heal_links",
     "probe",
+    "settings",
 )

@@ -44,6 +44,7 @@ from mesh._engine.messages import (
     invalid_request,
     refusable_spawn,
 )
+from mesh._settings import reload_settings
 from transport import (
     KEYS_ENV,
     CurveKeys,
@@ -54,6 +55,8 @@ from transport import (
     configured_keys,
     private_runtime_dir,
     raise_open_file_limit,
+    transport_settings,
+    use_curve_keys,
 )
 
 DEFAULT_GRACE_S = 5.0
@@ -654,7 +657,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
     args = parser.parse_args(argv)
     raise_open_file_limit()  # each proc costs the agent descriptors; procs inherit it
     if args.keys:
-        os.environ[KEYS_ENV] = os.path.abspath(args.keys)  # procs inherit it
+        use_curve_keys(os.path.abspath(args.keys))  # procs inherit it
     address = (
         args.address.replace(":0", ":*") if args.address.startswith("tcp://") else args.address
     )
@@ -668,6 +671,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
     rundir = args.rundir or _own_run_dir()
     if args.preload:
         os.environ[PRELOAD_ENV] = args.preload
+        reload_settings()  # the fork server preloads what its settings name
     forkserver = start_forkserver()
     agent = HostAgent(
         forkserver,
@@ -717,9 +721,9 @@ def _use_keys(args: argparse.Namespace) -> None:
     """Set the CURVE keys this tcp agent and its procs use: --keys, else MESHVISOR_CURVE_KEYS,
     else a key pair made for its allocation (or address file) F, in the private F.keys."""
     if args.keys:
-        os.environ[KEYS_ENV] = os.path.abspath(args.keys)  # procs inherit it
+        use_curve_keys(os.path.abspath(args.keys))  # procs inherit it
         return
-    if os.environ.get(KEYS_ENV):
+    if transport_settings().curve_keys:
         return
     if args.allocation:
         from mesh._api.attach import allocation_keys_dir
@@ -730,7 +734,7 @@ def _use_keys(args: argparse.Namespace) -> None:
     else:
         return  # check_exposure explains what to pass
     CurveKeys.create_or_load(directory)
-    os.environ[KEYS_ENV] = str(directory)
+    use_curve_keys(str(directory))
     print(
         f"meshvisor agent: no --keys given: every tcp connection is authenticated with the "
         f"CURVE keys in {directory} (attach() by allocation finds them; elsewhere set "

@@ -27,14 +27,14 @@ from typing import Any
 
 from mesh._api.meshes import HostMesh
 from mesh._engine.session import current_session
+from mesh._settings import current_settings
 from mesh._shape import Extent, Region
-from transport import KEYS_ENV
+from transport import KEYS_ENV, transport_settings, use_curve_keys
 
 
 def allocations_dir() -> Path:
     """Where named allocations are kept (created private on first use)."""
-    home = Path(os.environ.get("MESHVISOR_HOME", Path.home() / ".meshvisor"))
-    path = home / "allocations"
+    path = current_settings().allocations_home / "allocations"
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     return path
 
@@ -144,7 +144,7 @@ def use_allocation_keys(agents: str | Sequence[str]) -> None:
     """Make this process authenticate with the keys of the allocation it attaches to over tcp:
     those named by MESHVISOR_CURVE_KEYS if the user set it, else those made for the allocation."""
     global _chosen_keys
-    current = os.environ.get(KEYS_ENV)
+    current = transport_settings().curve_keys
     if current and current != _chosen_keys:
         return  # the user's choice
     own = allocation_keys_dir(agents) if isinstance(agents, str) else None
@@ -156,7 +156,8 @@ def use_allocation_keys(agents: str | Sequence[str]) -> None:
                 f"pair; make shared keys with 'meshvisor keys DIR' and start both "
                 f"allocations' agents with --keys DIR"
             )
-        os.environ[KEYS_ENV] = _chosen_keys = str(own)
+        _chosen_keys = str(own)
+        use_curve_keys(_chosen_keys)  # the procs and agents it starts inherit them
     elif not current:
         where = f" (none were made in {own})" if own is not None else ""
         raise ValueError(
