@@ -106,7 +106,7 @@ class Settings:
             value = getattr(self, f.name)
             if value is None or value == ():
                 continue
-            env[ENV_NAMES[f.name]] = ",".join(value) if f.name == "preload" else repr(value)
+            env[ENV_NAMES[f.name]] = _written(value)
         return env
 
     @property
@@ -144,6 +144,13 @@ class Settings:
                 "it is the longer limit given to procs that miss heartbeats while using CPU time"
             )
         return interval, timeout, busy
+
+
+def _written(value: float | str | tuple[str, ...]) -> str:
+    """`value` as an environment variable holds it (floats exactly, modules comma-separated)."""
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return value if isinstance(value, str) else repr(value)
 
 
 def seconds(name: str, value: object, *, zero: bool = False) -> float:
