@@ -4,6 +4,7 @@ from mesh._actor import Actor as Actor
 from mesh._actor import EndpointDef as EndpointDef
 from mesh._actor import endpoint as endpoint
 from mesh._api.attach import attach as attach
+from mesh._api.configure import configure as configure
 from mesh._api.endpoint import EndpointRef as EndpointRef
 from mesh._api.meshes import ActorMesh as ActorMesh
 from mesh._api.meshes import HostMesh as HostMesh
@@ -18,6 +19,8 @@ from mesh._context import context as context
 from mesh._context import current_rank as current_rank
 from mesh._context import current_size as current_size
 from mesh._engine.future import Future as Future
+from mesh._settings import Settings as Settings
+from mesh._settings import current_settings as current_settings
 from mesh._shape import Extent as Extent
 from mesh._shape import Point as Point
 from mesh._values import ValueMesh as ValueMesh
@@ -34,10 +37,13 @@ __all__ = (
     "Placement",
     "Point",
     "ProcMesh",
+    "Settings",
     "ValueMesh",
     "attach",
+    "configure",
     "context",
     "current_rank",
+    "current_settings",
     "current_size",
     "endpoint",
     "placement",

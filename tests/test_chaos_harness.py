@@ -41,7 +41,7 @@ from chaos import (
     run_chaos,
     validate_report,
 )
-from mesh._engine.runtime import OWNER_ALIVE_INTERVAL_S
+from mesh import Settings
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,6 +55,8 @@ RANKS_OF_HOST = {0: {0, 1}, 1: {2, 3}}
 HEARTBEAT_TIMEOUT_S = HEARTBEATS["heartbeat_timeout_s"]
 HEARTBEAT_INTERVAL_S = HEARTBEATS["heartbeat_interval_s"]
 AGENT_TIMEOUT_S = ChaosOptions().agent_timeout_s
+#: How often the harness's client tells its agents it is alive (the default).
+OWNER_ALIVE_INTERVAL_S = Settings().owner_alive_interval_s
 
 
 def extra(name: str) -> str:

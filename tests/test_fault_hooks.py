@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 from polling import wait_gone, wait_until
 from recording import Recorder
 
-import mesh._engine.runtime
+import mesh.testing
 import supervision
 from mesh import ActorMesh, ProcMesh, attach, placement
 from mesh.testing import (
@@ -838,11 +838,13 @@ def test_agent_removes_the_sockets_of_procs_that_died(daemon: DaemonAgent) -> No
         procs.stop().get(timeout=T)
 
 
-def test_a_restarted_agent_reports_its_old_procs_unreachable(
-    daemon: DaemonAgent, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_restarted_agent_reports_its_old_procs_unreachable(daemon: DaemonAgent) -> None:
     # Silence alone must not tell: only the new incarnation's first AgentAlive can.
-    monkeypatch.setattr(mesh._engine.runtime, "AGENT_TIMEOUT_S", 600.0)
+    with mesh.testing.settings(agent_timeout_s=600.0):
+        _check_a_restarted_agent_reports_its_old_procs_unreachable(daemon)
+
+
+def _check_a_restarted_agent_reports_its_old_procs_unreachable(daemon: DaemonAgent) -> None:
     hosts = attach([daemon.start()])
     procs = hosts.spawn_procs(per_host={"gpus": 2}, name="incarnation")
     again: ProcMesh | None = None
@@ -886,9 +888,10 @@ def test_a_restarted_agent_reports_its_old_procs_unreachable(
 
 INCARNATION_CLIENT = textwrap.dedent("""
     import os, signal, sys, time
-    import mesh._engine.runtime, mesh._engine.session
-    mesh._engine.runtime.OWNER_ALIVE_INTERVAL_S = {interval!r}  # widen the window (default 0.5 s)
-    mesh._engine.runtime.AGENT_TIMEOUT_S = 600.0  # only the new incarnation can tell
+    import mesh, mesh._engine.session
+    # Widen the window (the owner says it is alive every 0.5 s by default); only the new
+    # incarnation can tell, not silence.
+    mesh.configure(owner_alive_interval_s={interval!r}, agent_timeout_s=600.0)
     from mesh import Actor, attach, endpoint
     from mesh.testing import known_agents
 

@@ -32,7 +32,6 @@ from mesh import (
     this_host,
     this_proc,
 )
-from mesh._api.meshes import heartbeat_settings
 from supervision import ActorError, SupervisionError
 from transport import SerializationError
 
@@ -755,26 +754,6 @@ def test_bad_heartbeat_settings_are_refused(settings: dict[str, Any], error: str
     off: spawn_procs refuses them, naming the setting."""
     with pytest.raises((ValueError, TypeError), match=re.escape(error)):
         this_host().spawn_procs(per_host={"gpus": 1}, **settings)
-
-
-@pytest.mark.parametrize("value", ["nan", "-2", "0", "two seconds"])
-def test_bad_heartbeat_settings_in_the_environment_are_refused(
-    monkeypatch: pytest.MonkeyPatch, value: str
-) -> None:
-    monkeypatch.setenv("MESHVISOR_HEARTBEAT_TIMEOUT_S", value)
-    error = f"environment variable MESHVISOR_HEARTBEAT_TIMEOUT_S={value!r} must be a finite"
-    with pytest.raises(ValueError, match=re.escape(error)):
-        this_host().spawn_procs(per_host={"gpus": 1})
-
-
-def test_a_long_heartbeat_timeout_raises_the_default_busy_limit(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """busy_timeout_s defaults to 60 s, or to the heartbeat timeout where that is longer."""
-    for variable in ("HEARTBEAT_INTERVAL_S", "HEARTBEAT_TIMEOUT_S", "BUSY_TIMEOUT_S"):
-        monkeypatch.delenv(f"MESHVISOR_{variable}", raising=False)
-    assert heartbeat_settings(None, None, None) == (0.25, 2.0, 60.0)
-    assert heartbeat_settings(None, 120.0, None) == (0.25, 120.0, 120.0)
 
 
 # -- where actors live --------------------------------------------------------------------------

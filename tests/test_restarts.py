@@ -35,6 +35,7 @@ from conftest import AGENT_COMMANDS
 from polling import pid_alive, wait_gone, wait_until
 from recording import Recorder
 
+import mesh.testing
 from mesh import ActorMesh, ProcMesh, this_host, this_proc
 from supervision import ActorError, RestartPolicy, SupervisionError, SupervisionEvent
 
@@ -422,30 +423,26 @@ def test_calls_made_while_a_rank_restarts_wait_for_it(meshes: Meshes) -> None:
     assert recorder.events == []
 
 
-def test_calls_wait_for_a_restart_only_so_long(
-    meshes: Meshes, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_calls_wait_for_a_restart_only_so_long(meshes: Meshes) -> None:
     """A restart that does not come back in time fails the calls waiting for it (and is
     reported), instead of leaving them waiting without end."""
-    import mesh._engine.runtime
-
-    monkeypatch.setattr(mesh._engine.runtime, "RESTART_WAIT_S", 0.3)
     policy = RestartPolicy(backoff_s=5.0, jitter=0.0, max_restarts=1, within_s=60.0)
     procs, recorder = meshes(2, restart=policy)
     actors = procs.spawn("actors", ra.Phoenix, "t")
     before = pids_of(actors)
-    in_flight = actors.park.call(T, rank=1)
-    kill(before[1])
-    with pytest.raises(SupervisionError):
-        in_flight.get(timeout=T)
-    start = time.monotonic()
-    with pytest.raises(SupervisionError, match=r"did not complete within 0\.3 s"):
-        actors.slice(gpus=1).info.call_one().get(timeout=T)
-    assert time.monotonic() - start < 4.0, "the call waited for the whole backoff"
-    deadline = time.monotonic() + T
-    while not recorder.events and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert [event.kind for event in recorder.events] == ["spawn_failed"]
+    with mesh.testing.settings(restart_wait_s=0.3):
+        in_flight = actors.park.call(T, rank=1)
+        kill(before[1])
+        with pytest.raises(SupervisionError):
+            in_flight.get(timeout=T)
+        start = time.monotonic()
+        with pytest.raises(SupervisionError, match=r"did not complete within 0\.3 s"):
+            actors.slice(gpus=1).info.call_one().get(timeout=T)
+        assert time.monotonic() - start < 4.0, "the call waited for the whole backoff"
+        deadline = time.monotonic() + T
+        while not recorder.events and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [event.kind for event in recorder.events] == ["spawn_failed"]
 
 
 def test_a_call_right_after_a_failure_report_waits(meshes: Meshes) -> None:

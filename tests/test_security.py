@@ -263,13 +263,14 @@ def _attack(
         socket.close(0)
 
 
-def test_attach_to_tcp_addresses_without_keys_says_how_to_pass_them(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_attach_to_tcp_addresses_without_keys_says_how_to_pass_them() -> None:
     from mesh import attach
+    from mesh.testing import settings
 
-    monkeypatch.delenv(transport.KEYS_ENV)
-    with pytest.raises(ValueError, match=f"set {transport.KEYS_ENV}=DIR"):
+    with (
+        settings(curve_keys=None),
+        pytest.raises(ValueError, match=f"set {transport.KEYS_ENV}=DIR"),
+    ):
         attach(["tcp://127.0.0.1:1"])
 
 

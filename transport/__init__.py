@@ -32,6 +32,10 @@ from ._serialize import OUT_OF_BAND_MIN_BYTES as OUT_OF_BAND_MIN_BYTES
 from ._serialize import dumps as dumps
 from ._serialize import loads as loads
 from ._serialize import serializing_now as serializing_now
+from ._settings import TransportSettings as TransportSettings
+from ._settings import transport_settings as transport_settings
+from ._settings import use_curve_keys as use_curve_keys
+from ._settings import use_transport_settings as use_transport_settings
 from ._sockets import Inbox as Inbox
 from ._sockets import Outbox as Outbox
 from ._sockets import close_context as close_context
@@ -57,6 +61,7 @@ __all__ = (
     "Payload",
     "SerializationError",
     "TransportError",
+    "TransportSettings",
     "check_exposure",
     "check_fd_headroom",
     "close_context",
@@ -76,6 +81,9 @@ __all__ = (
     "safe_str",
     "serializing_now",
     "tcp_address",
+    "transport_settings",
+    "use_curve_keys",
+    "use_transport_settings",
 )
 
 for _name in __all__:

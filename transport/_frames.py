@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import marshal
 import operator
-import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,12 +36,14 @@ from typing import Any, TypeVar
 
 from . import _serialize
 from ._errors import MalformedMessage, MessageTooLarge, SerializationError
+from ._settings import TransportSettings, transport_settings
 
 MAGIC = b"MV\x03"
 _LENGTH = struct.Struct("<I")
 _PREFIX = len(MAGIC) + _LENGTH.size + 1
 _MARSHAL, _NESTED = b"m", b"n"
-DEFAULT_MAX_MESSAGE_BYTES = int(os.environ.get("MESHVISOR_MAX_MESSAGE_BYTES", 1 << 30))
+#: The default largest message (MESHVISOR_MAX_MESSAGE_BYTES, `TransportSettings`, overrides it).
+DEFAULT_MAX_MESSAGE_BYTES = TransportSettings.max_message_bytes
 #: The largest header a receiver decodes (a SpawnProcs of thousands of procs is far smaller).
 MAX_HEADER_BYTES = 4 << 20
 #: Headers nest registered messages at most this deep (SpawnProcs → ProcSpec is 1).
@@ -229,9 +230,10 @@ class Envelope:
 
 
 def encode(
-    header: Any, payload: Payload | None = None, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    header: Any, payload: Payload | None = None, *, max_bytes: int | None = None
 ) -> list[Any]:
-    """Frames for `header` and `payload`; raises MessageTooLarge past `max_bytes`."""
+    """Frames for `header` and `payload`; raises MessageTooLarge past `max_bytes` (default: this
+    process's `TransportSettings.max_message_bytes`)."""
     codec, head = _encode_header(header)
     if len(head) > MAX_HEADER_BYTES:
         raise MessageTooLarge(
@@ -241,6 +243,8 @@ def encode(
     if payload is None:
         return [MAGIC + _LENGTH.pack(len(head)) + codec + head]
     size = payload.nbytes
+    if max_bytes is None:
+        max_bytes = transport_settings().max_message_bytes
     if size > max_bytes:
         raise MessageTooLarge(
             f"a {type(header).__name__} message of {size} bytes exceeds the limit of "
@@ -250,13 +254,15 @@ def encode(
     return [MAGIC + _LENGTH.pack(len(head)) + codec + head + payload.body, *payload.buffers]
 
 
-def decode(frames: Sequence[Any], *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Envelope:
+def decode(frames: Sequence[Any], *, max_bytes: int | None = None) -> Envelope:
     """Decode received frames (bytes or zmq.Frame); raises MalformedMessage when invalid."""
     if not frames:
         raise MalformedMessage("received an empty message")
     first = memoryview(frames[0])
     buffers = [memoryview(f) for f in frames[1:]] if len(frames) > 1 else []
     size = first.nbytes + sum(v.nbytes for v in buffers) if buffers else first.nbytes
+    if max_bytes is None:
+        max_bytes = transport_settings().max_message_bytes
     if size > max_bytes:
         raise MessageTooLarge(f"received a message of {size} bytes, over the limit of {max_bytes}")
     if first.nbytes < _PREFIX or first[: len(MAGIC)] != MAGIC:

@@ -1,7 +1,8 @@
 """Structured logging for every meshvisor process, quiet unless asked.
 
-``MESHVISOR_LOG_LEVEL`` (debug, info, warning, error; default warning) and
-``MESHVISOR_LOG_FORMAT`` (console or json) are read once per process. meshvisor never touches
+The level and format come from this process's `TransportSettings` (``MESHVISOR_LOG_LEVEL``:
+debug, info, warning, error; default warning; ``MESHVISOR_LOG_FORMAT``: console or json), read
+when the first logger is made. meshvisor never touches
 the application's own structlog or logging configuration.
 """
 
@@ -14,6 +15,8 @@ from typing import Any
 
 import structlog
 
+from ._settings import transport_settings
+
 _LEVELS = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -24,10 +27,10 @@ _LEVELS = {
 
 
 def _make_logger() -> Any:
-    level_name = os.environ.get("MESHVISOR_LOG_LEVEL", "warning").lower()
-    level = _LEVELS.get(level_name, logging.WARNING)
+    settings = transport_settings()
+    level = _LEVELS[settings.log_level]
     renderer: Any
-    if os.environ.get("MESHVISOR_LOG_FORMAT", "console").lower() == "json":
+    if settings.log_format == "json":
         renderer = structlog.processors.JSONRenderer()
     else:
         renderer = structlog.dev.ConsoleRenderer(
@@ -72,6 +75,6 @@ def get_logger(component: str, **bound: Any) -> Any:
 
 
 def reset_logging() -> None:
-    """Forget the cached configuration (for forked children and tests that change the env)."""
+    """Forget the cached logger (for forked children, and after the log settings changed)."""
     global _root
     _root = None

@@ -29,8 +29,9 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from ._errors import TransportError
 from ._log import get_logger
+from ._settings import ENV_NAMES, transport_settings
 
-KEYS_ENV = "MESHVISOR_CURVE_KEYS"
+KEYS_ENV = ENV_NAMES["curve_keys"]
 _KEY_NAME = "allocation"
 _CERTIFICATE = """#   Generated on {now} by meshvisor: an allocation's ZeroMQ CURVE {what}.
 {warning}
@@ -144,8 +145,9 @@ _loaded: dict[str, CurveKeys | None] = {}
 
 
 def configured_keys() -> CurveKeys | None:
-    """The key pair named by MESHVISOR_CURVE_KEYS, or None when security is not configured."""
-    directory = os.environ.get(KEYS_ENV)
+    """The key pair in this process's `TransportSettings.curve_keys` (MESHVISOR_CURVE_KEYS), or
+    None when security is not configured."""
+    directory = transport_settings().curve_keys
     if not directory:
         return None
     if directory not in _loaded:

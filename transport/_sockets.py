@@ -28,7 +28,7 @@ import zmq
 
 from ._errors import MalformedMessage, MessageTooLarge, TransportError
 from ._faults import network_faults
-from ._frames import _PREFIX, DEFAULT_MAX_MESSAGE_BYTES, MAX_HEADER_BYTES, Envelope, decode
+from ._frames import _PREFIX, MAX_HEADER_BYTES, Envelope, decode
 from ._log import get_logger
 from ._security import (
     check_exposure,
@@ -37,6 +37,7 @@ from ._security import (
     secure_server,
     stop_authenticator,
 )
+from ._settings import transport_settings
 
 #: How often a PUSH socket retries connecting to an address nobody has bound yet.
 RECONNECT_INTERVAL_MS = 5
@@ -76,8 +77,10 @@ class Inbox:
     """Where one process receives messages: a PULL socket bound at one address."""
 
     def __init__(
-        self, context: zmq.Context[Any], address: str, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+        self, context: zmq.Context[Any], address: str, *, max_bytes: int | None = None
     ) -> None:
+        if max_bytes is None:
+            max_bytes = transport_settings().max_message_bytes
         self._socket = context.socket(zmq.PULL)
         self._socket.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE)
         self._socket.setsockopt(zmq.MAXMSGSIZE, max_bytes + MAX_HEADER_BYTES + _PREFIX)

@@ -18,11 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from mesh._settings import current_settings
+
 
 def allocations_dir() -> Path:
     """Where named allocations are kept (created private on first use)."""
-    home = Path(os.environ.get("MESHVISOR_HOME", Path.home() / ".meshvisor"))
-    path = home / "allocations"
+    path = current_settings().allocations_home / "allocations"
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     return path
 

@@ -22,7 +22,16 @@ from mesh._agent.allocations import add_to_allocation, allocation_keys_dir, remo
 from mesh._agent.forkserver import PRELOAD_ENV, ForkServerClient, start_forkserver
 from mesh._agent.host_agent import HostAgent
 from mesh._agent.rundir import own_run_dir
-from transport import KEYS_ENV, CurveKeys, TransportError, check_exposure, raise_open_file_limit
+from mesh._settings import reload_settings
+from transport import (
+    KEYS_ENV,
+    CurveKeys,
+    TransportError,
+    check_exposure,
+    raise_open_file_limit,
+    transport_settings,
+    use_curve_keys,
+)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> None:
@@ -31,12 +40,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
     args = parser.parse_args(argv)
     raise_open_file_limit()  # each proc costs the agent descriptors; procs inherit it
     if args.keys:
-        os.environ[KEYS_ENV] = os.path.abspath(args.keys)  # procs inherit it
+        use_curve_keys(os.path.abspath(args.keys))  # procs inherit it
     address = _listen_address(args, parser)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     rundir = args.rundir or own_run_dir()
     if args.preload:
         os.environ[PRELOAD_ENV] = args.preload
+        reload_settings()  # the fork server preloads what its settings name
     forkserver = start_forkserver()
     agent = HostAgent(
         forkserver,
@@ -161,7 +171,7 @@ def _clean_up(
 def _use_keys(args: argparse.Namespace) -> None:
     """Set the CURVE keys this tcp agent and its procs use: --keys, else MESHVISOR_CURVE_KEYS,
     else a key pair made for its allocation (or address file) F, in the private F.keys."""
-    if os.environ.get(KEYS_ENV):  # from --keys (`main` set it) or from the environment
+    if transport_settings().curve_keys:  # from --keys (`main` set it) or from the environment
         return
     if args.allocation:
         directory = allocation_keys_dir(args.allocation).absolute()
@@ -170,7 +180,7 @@ def _use_keys(args: argparse.Namespace) -> None:
     else:
         return  # check_exposure explains what to pass
     CurveKeys.create_or_load(directory)
-    os.environ[KEYS_ENV] = str(directory)
+    use_curve_keys(str(directory))
     print(
         f"meshvisor agent: no --keys given: every tcp connection is authenticated with the "
         f"CURVE keys in {directory} (attach() by allocation finds them; elsewhere set "

@@ -31,6 +31,8 @@ import traceback
 from collections import deque
 from typing import Any, NoReturn
 
+from mesh._settings import ENV_NAMES, current_settings
+
 _PR_SET_PDEATHSIG = 1
 _MAX_PACKET = 1 << 20
 _CHUNK = 32 * 1024
@@ -203,13 +205,13 @@ class _Relay:
 
 #: Modules the fork server imports before forking anything (comma-separated), so that procs
 #: start with them loaded: e.g. ``torch``, which takes a second or two to import.
-PRELOAD_ENV = "MESHVISOR_PRELOAD"
+PRELOAD_ENV = ENV_NAMES["preload"]
 
 
 def _preload() -> None:
-    for name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
+    for name in current_settings().preload:
         try:
-            importlib.import_module(name.strip())
+            importlib.import_module(name)
         except Exception as exc:
             print(f"meshvisor fork server: cannot preload {name!r}: {exc}", file=sys.stderr)
 

@@ -10,6 +10,7 @@ from typing import Any
 from mesh._engine.messages import Heartbeat, ProcReady, SpawnFailed
 from mesh._engine.runtime import Runtime
 from mesh._engine.session import Session, install_session
+from mesh._settings import reload_settings
 from transport import (
     Outbox,
     TransportError,
@@ -17,7 +18,6 @@ from transport import (
     encode,
     get_logger,
     new_context,
-    reset_logging,
 )
 
 
@@ -60,7 +60,7 @@ def run_proc(config: dict[str, Any]) -> int:
     os.environ.update(config["env"])
     sys.path[:] = list(config["sys_path"])
     os.chdir(config["cwd"])
-    reset_logging()
+    reload_settings()  # those of its own environment, not the fork server's
     try:
         runtime = Runtime(config["address"], proc_id=config["proc_id"], agent=config["agent"])
     except TransportError as error:  # e.g. no space left for its socket file

@@ -18,14 +18,13 @@ their allocation file F in the private directory ``F.keys``; ``attach`` finds it
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 from mesh._agent.allocations import allocation_keys_dir, read_allocation
 from mesh._api.meshes import HostMesh
 from mesh._engine.session import current_session
 from mesh._shape import Extent, Region
-from transport import KEYS_ENV
+from transport import KEYS_ENV, transport_settings, use_curve_keys
 
 #: The keys directory attach() chose for this process (None: none, or the user's own choice).
 _chosen_keys: str | None = None
@@ -35,7 +34,7 @@ def use_allocation_keys(agents: str | Sequence[str]) -> None:
     """Make this process authenticate with the keys of the allocation it attaches to over tcp:
     those named by MESHVISOR_CURVE_KEYS if the user set it, else those made for the allocation."""
     global _chosen_keys
-    current = os.environ.get(KEYS_ENV)
+    current = transport_settings().curve_keys
     if current and current != _chosen_keys:
         return  # the user's choice
     own = allocation_keys_dir(agents) if isinstance(agents, str) else None
@@ -47,7 +46,8 @@ def use_allocation_keys(agents: str | Sequence[str]) -> None:
                 f"pair; make shared keys with 'meshvisor keys DIR' and start both "
                 f"allocations' agents with --keys DIR"
             )
-        os.environ[KEYS_ENV] = _chosen_keys = str(own)
+        _chosen_keys = str(own)
+        use_curve_keys(_chosen_keys)  # the procs and agents it starts inherit them
     elif not current:
         where = f" (none were made in {own})" if own is not None else ""
         raise ValueError(

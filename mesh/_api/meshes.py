@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import os
 import re
 import secrets
 from collections.abc import Iterable, Mapping
@@ -38,63 +36,6 @@ DEFAULT_STOP_GRACE_S = 5.0
 #: File descriptors one proc costs the process that owns and calls it (connections both
 #: ways, more while it starts), an upper bound measured on Linux.
 FDS_PER_PROC = 9
-#: Heartbeat defaults of new procs: (keyword of spawn_procs, environment variable, default).
-_HEARTBEAT_DEFAULTS = (
-    ("heartbeat_interval_s", "MESHVISOR_HEARTBEAT_INTERVAL_S", 0.25),
-    ("heartbeat_timeout_s", "MESHVISOR_HEARTBEAT_TIMEOUT_S", 2.0),
-    ("busy_timeout_s", "MESHVISOR_BUSY_TIMEOUT_S", 60.0),
-)
-
-
-def heartbeat_settings(
-    interval_s: float | None, timeout_s: float | None, busy_s: float | None
-) -> tuple[float, float, float]:
-    """(interval, timeout, busy timeout) of new procs: the given values, else the environment's,
-    else the defaults (busy: at least the timeout); each finite and > 0, and
-    interval < timeout <= busy."""
-    given = (interval_s, timeout_s, busy_s)
-    interval, timeout, busy = (
-        _seconds(keyword, value) if value is not None else _seconds_from_env(variable, default)
-        for value, (keyword, variable, default) in zip(given, _HEARTBEAT_DEFAULTS)
-    )
-    if busy_s is None and _HEARTBEAT_DEFAULTS[2][1] not in os.environ:
-        busy = max(busy, timeout)  # a long heartbeat timeout raises the default busy limit
-    if timeout <= interval:
-        raise ValueError(
-            f"heartbeat_timeout_s ({timeout:g}) must be longer than heartbeat_interval_s "
-            f"({interval:g}), or every proc would be declared hung between two heartbeats"
-        )
-    if busy < timeout:
-        raise ValueError(
-            f"busy_timeout_s ({busy:g}) must be at least heartbeat_timeout_s ({timeout:g}): it "
-            "is the longer limit given to procs that miss heartbeats while using CPU time"
-        )
-    return interval, timeout, busy
-
-
-def _seconds(name: str, value: object) -> float:
-    """`value` as a duration: a finite number of seconds > 0, else a ValueError naming `name`."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, not {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number of seconds > 0, not {value!r}")
-    return float(value)
-
-
-def _seconds_from_env(variable: str, default: float) -> float:
-    """The duration in environment variable `variable`, validated; `default` where unset."""
-    raw = os.environ.get(variable)
-    if raw is None:
-        return default
-    try:
-        return _seconds(variable, float(raw))
-    except ValueError:
-        raise ValueError(
-            f"environment variable {variable}={raw!r} must be a finite number of seconds > 0 "
-            f"(e.g. {default:g}); fix or unset it"
-        ) from None
-
-
 #: The longest mesh name spawn_procs and spawn accept.
 MAX_NAME_LEN = 255
 
@@ -195,7 +136,7 @@ class HostMesh(MeshBase):
         `busy_timeout_s`. With a `restart` policy, failed ranks are re-spawned on their agents
         (with their actors) instead of escalating, within its limits.
         """
-        interval, timeout, busy = heartbeat_settings(
+        interval, timeout, busy = current_session().runtime.settings.heartbeats(
             heartbeat_interval_s, heartbeat_timeout_s, busy_timeout_s
         )
         check_name("proc mesh", name)

@@ -48,9 +48,9 @@ from mesh._engine.peers import ActorMeshView, ProcPeer
 from mesh._engine.replies import ReplyInbox, ReplyRoutes
 from mesh._engine.restarts import Restarts
 from mesh._engine.supervisor import Supervisor
+from mesh._settings import Settings, current_settings
 from supervision import ActorError, EventKind, SupervisionError, SupervisionEvent
 from transport import (
-    KEYS_ENV,
     Envelope,
     Inbox,
     Outbox,
@@ -61,23 +61,26 @@ from transport import (
     get_logger,
     loads,
     new_context,
+    transport_settings,
 )
 
 _RECEIVE_BATCH = 256
-#: How often an owner that attached to agents over the network tells them it is alive.
-OWNER_ALIVE_INTERVAL_S = 0.5
-#: How long calls to a restarting rank wait for it before failing.
-RESTART_WAIT_S = float(os.environ.get("MESHVISOR_RESTART_WAIT_S", 30.0))
-#: A network agent silent this long is lost: its procs become "unreachable".
-AGENT_TIMEOUT_S = float(os.environ.get("MESHVISOR_AGENT_TIMEOUT_S", 2.0))
 
 
 class Runtime:
     """The messaging core of one process (the client or a proc)."""
 
     def __init__(
-        self, address: str, *, proc_id: str, agent: str | None = None, is_root: bool = False
+        self,
+        address: str,
+        *,
+        proc_id: str,
+        agent: str | None = None,
+        is_root: bool = False,
+        settings: Settings | None = None,
     ) -> None:
+        #: Read when used, so that `mesh.configure` reaches a running runtime.
+        self.settings = settings if settings is not None else current_settings()
         self.proc_id = proc_id
         self.agent = agent
         self.hostname = socket.gethostname()
@@ -562,7 +565,7 @@ class Runtime:
     def check_agent(self, agent: str) -> None:
         """Procs were just requested from `agent`: if its process is known to be gone, fail
         them now; if it is silent or being shut down, fail them unless it answers within
-        AGENT_TIMEOUT_S (a partition may heal). Either way the request ends."""
+        settings.agent_timeout_s (a partition may heal). Either way the request ends."""
         doubtful = agent in self._silent_agents or agent in self._stopping_agents
         if doubtful or agent in self._lost_agents:
             assert self._loop is not None
@@ -573,7 +576,9 @@ class Runtime:
         if why is not None:
             self._fail_procs_of(agent, why)
         else:
-            self.call_later(AGENT_TIMEOUT_S, self._fail_if_still_silent, agent, requested_at)
+            self.call_later(
+                self.settings.agent_timeout_s, self._fail_if_still_silent, agent, requested_at
+            )
 
     def _fail_if_still_silent(self, agent: str, requested_at: float) -> None:
         heard = self._agent_heard.get(agent, requested_at)
@@ -615,12 +620,14 @@ class Runtime:
         for agent in list(self._attached_agents):
             self.send_message(agent, OwnerAlive(self.address))
             heard = self._agent_heard.setdefault(agent, now)
-            silent = now - heard > AGENT_TIMEOUT_S and agent not in self._stopping_agents
+            silent = (
+                now - heard > self.settings.agent_timeout_s and agent not in self._stopping_agents
+            )
             if silent and agent not in self._silent_agents:  # each silence once
                 self._silent_agents.add(agent)
                 why = self._refused_by(agent) or f"gave no answer for {now - heard:.1f} s"
                 self._agent_lost(agent, f"at {agent} {why}")
-        self.call_later(OWNER_ALIVE_INTERVAL_S, self._send_owner_alive)
+        self.call_later(self.settings.owner_alive_interval_s, self._send_owner_alive)
 
     def _refused_by(self, agent: str) -> str | None:
         """Why `agent` refuses this process (its CURVE keys), in words, or None."""
@@ -629,8 +636,8 @@ class Runtime:
             return None
         return (
             f"refused this process: {reason} (wrong or missing CURVE keys: this process uses "
-            f"those in {os.environ.get(KEYS_ENV)}; use the keys of the agent's allocation, the "
-            f"directory of its --keys, or attach by allocation name)"
+            f"those in {transport_settings().curve_keys}; use the keys of the agent's "
+            "allocation, the directory of its --keys, or attach by allocation name)"
         )
 
     def _on_agent_alive(self, envelope: Envelope) -> None:
@@ -670,17 +677,17 @@ class Runtime:
 
     def hold_calls(self, peer: ProcPeer) -> None:
         """A failed peer will be re-spawned: from now on calls to it wait for the new proc,
-        for at most RESTART_WAIT_S."""
+        for at most settings.restart_wait_s."""
         with self._lock:
             peer.hold()
             ready = peer.ready
-        self.call_later(RESTART_WAIT_S, self._restart_overdue, peer, ready)
+        self.call_later(self.settings.restart_wait_s, self._restart_overdue, peer, ready)
 
     def _restart_overdue(self, peer: ProcPeer, ready: Future[None]) -> None:
         if peer.ready is not ready or ready.finished() or peer.state != "starting":
             return  # it came back (or failed, or was stopped) in time
         self.restarts.cancel(peer)
-        message = f"its restart did not complete within {RESTART_WAIT_S} s"
+        message = f"its restart did not complete within {self.settings.restart_wait_s} s"
         self.mark_peer_gone(peer, peer.make_event("spawn_failed", message), "failed")
 
     def rekey_peer(self, peer: ProcPeer, proc_id: str) -> None:

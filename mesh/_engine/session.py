@@ -21,15 +21,20 @@ from mesh._engine.failfast import FAIL_FAST
 from mesh._engine.fork import check_not_forked, forked_from
 from mesh._engine.messages import ShutdownAgent
 from mesh._engine.runtime import Runtime
-from transport import TransportError, get_logger, private_runtime_dir, raise_open_file_limit
+from mesh._settings import Settings
+from transport import (
+    TransportError,
+    get_logger,
+    private_runtime_dir,
+    raise_open_file_limit,
+    transport_settings,
+)
 
 _session: Session | None = None
 _session_lock = threading.Lock()
 AGENT_SHUTDOWN_GRACE_S = 5.0
 #: File in a client's run directory naming its pid, so that a later client can tell it is stale.
 OWNER_FILE = "owner.pid"
-#: How long procs may outlive a client that died without cleaning up (then SIGKILL).
-ORPHAN_TIMEOUT_S = float(os.environ.get("MESHVISOR_ORPHAN_TIMEOUT_S", 1.0))
 
 
 class Session:
@@ -83,9 +88,10 @@ class Session:
             str(os.getpid()),
             "--remove-rundir",
             "--orphan-timeout",
-            str(ORPHAN_TIMEOUT_S),
+            str(self.runtime.settings.orphan_timeout_s),
         ]
-        self._agent_process = subprocess.Popen(command, start_new_session=True, env=_agent_env())
+        env = _agent_env(self.runtime.settings)
+        self._agent_process = subprocess.Popen(command, start_new_session=True, env=env)
         self._log.info("agent_launched", address=address, pid=self._agent_process.pid)
         self.runtime.watch_agent_process(address, self._agent_process.pid)
         return address
@@ -120,8 +126,10 @@ class Session:
             shutil.rmtree(self.rundir, ignore_errors=True)
 
 
-def _agent_env() -> dict[str, str]:
-    env = dict(os.environ)
+def _agent_env(settings: Settings) -> dict[str, str]:
+    """The environment of a local agent: this process's, with its current settings (so that the
+    agent and its procs get what `mesh.configure` changed)."""
+    env = {**os.environ, **settings.to_env(), **transport_settings().to_env()}
     paths = [p for p in sys.path if p]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env["PYTHONSAFEPATH"] = "1"  # import what the client imports, not whatever is in the cwd
