@@ -40,7 +40,7 @@ from chaos import (
     validate_report,
 )
 from chaos._cli import build_parser
-from mesh._engine.runtime import OWNER_ALIVE_INTERVAL_S
+from mesh._engine.agents import OWNER_ALIVE_INTERVAL_S
 
 pytestmark = pytest.mark.timeout(120)
 

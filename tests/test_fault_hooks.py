@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 from polling import wait_gone, wait_until
 from recording import Recorder
 
-import mesh._engine.runtime
+import mesh._engine.agents
 import supervision
 from mesh import ActorMesh, ProcMesh, attach, placement
 from mesh._engine.session import current_session
@@ -835,7 +835,7 @@ def test_a_restarted_agent_reports_its_old_procs_unreachable(
     daemon: DaemonAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Silence alone must not tell: only the new incarnation's first AgentAlive can.
-    monkeypatch.setattr(mesh._engine.runtime, "AGENT_TIMEOUT_S", 600.0)
+    monkeypatch.setattr(mesh._engine.agents, "AGENT_TIMEOUT_S", 600.0)
     hosts = attach([daemon.start()])
     procs = hosts.spawn_procs(per_host={"gpus": 2}, name="incarnation")
     again: ProcMesh | None = None
@@ -879,9 +879,9 @@ def test_a_restarted_agent_reports_its_old_procs_unreachable(
 
 INCARNATION_CLIENT = textwrap.dedent("""
     import os, signal, sys, time
-    import mesh._engine.runtime, mesh._engine.session
-    mesh._engine.runtime.OWNER_ALIVE_INTERVAL_S = {interval!r}  # widen the window (default 0.5 s)
-    mesh._engine.runtime.AGENT_TIMEOUT_S = 600.0  # only the new incarnation can tell
+    import mesh._engine.agents, mesh._engine.session
+    mesh._engine.agents.OWNER_ALIVE_INTERVAL_S = {interval!r}  # widen the window (default 0.5 s)
+    mesh._engine.agents.AGENT_TIMEOUT_S = 600.0  # only the new incarnation can tell
     from mesh import Actor, attach, endpoint
 
     class Pid(Actor):

@@ -425,9 +425,9 @@ def test_calls_wait_for_a_restart_only_so_long(
 ) -> None:
     """A restart that does not come back in time fails the calls waiting for it (and is
     reported), instead of leaving them waiting without end."""
-    import mesh._engine.runtime
+    import mesh._engine.restarts
 
-    monkeypatch.setattr(mesh._engine.runtime, "RESTART_WAIT_S", 0.3)
+    monkeypatch.setattr(mesh._engine.restarts, "RESTART_WAIT_S", 0.3)
     policy = RestartPolicy(backoff_s=5.0, jitter=0.0, max_restarts=1, within_s=60.0)
     procs, recorder = meshes(2, restart=policy)
     actors = procs.spawn("actors", ra.Phoenix, "t")

@@ -185,5 +185,5 @@ def attach(agents: str | Sequence[str], *, listen_host: str = "127.0.0.1") -> Ho
     runtime = current_session().runtime
     if any(address.startswith("tcp://") for address in addresses):
         runtime.listen_on_tcp(listen_host)
-    runtime.keep_alive(addresses)
+    runtime.agents.keep_alive(addresses)
     return HostMesh(tuple(addresses), Region.full(Extent(("hosts",), (len(addresses),))))
