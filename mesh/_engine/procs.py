@@ -86,7 +86,7 @@ class ProcLifecycle:
 
     def _peer_ready(self, header: ProcReady) -> None:
         with self._lock:
-            peer = self._ownership.peers.get(header.proc_id)
+            peer = self._ownership.peer(header.proc_id)
             if peer is None or peer.state != "starting":
                 return
             peer.address, peer.pid, peer.host, peer.state = (
