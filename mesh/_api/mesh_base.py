@@ -119,6 +119,8 @@ class Stoppable:
 
 
 def wait_ready(peers: Iterable[ProcPeer], timeout: float = 60.0) -> None:
+    """Wait until these procs have an address (or are gone), so a pickled handle can reach
+    them from elsewhere."""
     for peer in peers:
         if peer.alive and peer.address is None:
             try:
@@ -128,6 +130,7 @@ def wait_ready(peers: Iterable[ProcPeer], timeout: float = 60.0) -> None:
 
 
 def peer_infos(peers: Iterable[ProcPeer]) -> tuple[tuple[Any, ...], ...]:
+    """What a pickled handle carries of each proc, for `adopt_peers` on the other side."""
     return tuple((p.proc_id, p.mesh_name, p.point, p.agent, p.address) for p in peers)
 
 
