@@ -96,7 +96,7 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
             )
             for i in indices
         ]
-        runtime.send_to_procs(messages, payload, sink, call_id, home, state.view)
+        runtime.calls.send_to_procs(messages, payload, sink, call_id, home, state.view)
 
     def on_failure(self, handler: FailureHandler) -> None:
         """Call `handler(event)` when an actor of this mesh fails; truthy return = handled."""

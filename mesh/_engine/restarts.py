@@ -20,6 +20,7 @@ from mesh._engine.future import Future, LoopPump, all_done
 from mesh._engine.messages import ProcSpec, SpawnActor, SpawnProcs
 from mesh._engine.ownership import ActorMeshRecord, Ownership, ProcMeshRecord
 from mesh._engine.peers import ActorMeshView, ProcPeer
+from mesh._engine.replies import ReplyInbox
 from mesh._engine.supervisor import Supervisor
 from supervision import SupervisionEvent
 from transport import Payload, get_logger
@@ -42,7 +43,7 @@ class RestartHost(LoopPump, Protocol):
         payload: Payload | None,
         sink: ResultSink | None,
         call_id: int = 0,
-        home: Any = None,
+        home: ReplyInbox | None = None,
         mesh: ActorMeshView | None = None,
     ) -> None: ...
 
