@@ -102,7 +102,7 @@ def inbox_address() -> str:
 def known_agents() -> frozenset[str]:
     """The addresses of the host agents this client has heard from (an `AgentAlive` that
     told it which incarnation of the agent answers there)."""
-    return frozenset(_session.current_session().runtime._agent_incarnations.copy())
+    return frozenset(_session.current_session().runtime.agents.incarnations.copy())
 
 
 @dataclass(frozen=True)
@@ -116,4 +116,5 @@ class Bookkeeping:
 def bookkeeping() -> Bookkeeping:
     """Counts of this process's records of procs and proc meshes (stopped ones must go)."""
     runtime = _session.current_session().runtime
-    return Bookkeeping(procs=len(runtime.peers), proc_meshes=len(runtime.restarts.proc_meshes))
+    ownership = runtime.ownership
+    return Bookkeeping(procs=len(ownership.peers), proc_meshes=len(ownership.proc_meshes))

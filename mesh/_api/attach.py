@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mesh._agent.allocations import allocation_keys_dir, read_allocation
-from mesh._api.meshes import HostMesh
+from mesh._api.host_mesh import HostMesh
 from mesh._engine.session import current_session
 from mesh._shape import Extent, Region
 from transport import KEYS_ENV, transport_settings, use_curve_keys
@@ -76,5 +76,5 @@ def attach(agents: str | Sequence[str], *, listen_host: str = "127.0.0.1") -> Ho
     runtime = current_session().runtime
     if any(address.startswith("tcp://") for address in addresses):
         runtime.listen_on_tcp(listen_host)
-    runtime.keep_alive(addresses)
+    runtime.agents.keep_alive(addresses)
     return HostMesh(tuple(addresses), Region.full(Extent(("hosts",), (len(addresses),))))

@@ -11,8 +11,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from mesh._api.actor_mesh import ActorMesh
 from mesh._api.endpoint import EndpointRef
-from mesh._api.meshes import ActorMesh, HostMesh
+from mesh._api.host_mesh import HostMesh
 from mesh._engine.future import Future
 from mesh._engine.messages import SetFaultRules
 from mesh._engine.runtime import Runtime
@@ -118,7 +119,7 @@ def _processes(runtime: Runtime, party: Party) -> list[_Process]:
     agents = set(party._agent_addresses())
     procs = [
         _proc(peer.address)
-        for peer in list(runtime.peers.values())
+        for peer in runtime.ownership.all_peers()
         if peer.agent in agents and peer.address and peer.alive
     ]
     return [_proc(agent) for agent in sorted(agents)] + procs
@@ -135,9 +136,9 @@ def _proc(address: str) -> _Process:
 
 def _known(runtime: Runtime) -> list[_Process]:
     """This client and every agent and live proc it knows."""
-    agents = set(runtime.attached_agents())
+    agents = set(runtime.agents.attached_agents())
     procs = []
-    for peer in list(runtime.peers.values()):
+    for peer in runtime.ownership.all_peers():
         if peer.agent:
             agents.add(peer.agent)
         if peer.address and peer.alive:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mesh._api.meshes import ActorMesh
+from mesh._api.actor_mesh import ActorMesh
 
 
 @dataclass(frozen=True)

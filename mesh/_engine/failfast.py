@@ -18,13 +18,16 @@ import sys
 import threading
 from collections import deque
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from supervision import ActorError, SupervisionError, SupervisionEvent
 from transport import serializing_now
 
-if TYPE_CHECKING:
-    from mesh._engine.future import Future
+
+class Awaited(Protocol):
+    """A future the main thread waits on: whether its call raises a given failure itself."""
+
+    def covers(self, event: SupervisionEvent) -> bool: ...
 
 
 class FailureScope(Protocol):
@@ -50,7 +53,7 @@ class FailFast:
         self._undelivered: deque[SupervisionEvent] = deque()
         self._lock = threading.Lock()
         self._main = threading.main_thread()
-        self._waiting: list[Future[Any]] = []  # futures the main thread is blocked on
+        self._waiting: list[Awaited] = []  # futures the main thread is blocked on
         self._scopes: list[FailureScope] = []  # open supervised() scopes, newest last
         self._installed = False
         self._signal_scheduled = False
@@ -130,10 +133,10 @@ class FailFast:
                     return True
         return False
 
-    def enter_wait(self, future: Future[Any]) -> None:
+    def enter_wait(self, future: Awaited) -> None:
         self._waiting.append(future)
 
-    def exit_wait(self, future: Future[Any], error: BaseException | None) -> None:
+    def exit_wait(self, future: Awaited, error: BaseException | None) -> None:
         """The main thread stopped waiting on `future`; deliver what is still owed."""
         self._waiting.remove(future)
         if isinstance(error, SupervisionError) and not isinstance(error, ActorError):

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
 import anyio.to_thread
 import sniffio
-
-if TYPE_CHECKING:
-    from mesh._engine.replies import ReplyInbox
-    from mesh._engine.runtime import Runtime
 
 from mesh._engine.failfast import FAIL_FAST
 from mesh._engine.fork import check_not_forked
@@ -22,6 +18,30 @@ T = TypeVar("T")
 _MAIN_THREAD = threading.main_thread().ident
 _PENDING = object()
 _callbacks_lock = threading.Lock()  # held only for a few list operations
+
+
+class LoopPump(Protocol):
+    """The event loop of the process a future was made in: on its own thread, a waiting
+    ``get()`` receives and dispatches messages instead of blocking it."""
+
+    @property
+    def pid(self) -> int:
+        """The process the loop runs in (a forked child must not wait on it)."""
+        ...
+
+    def on_loop_thread(self) -> bool: ...
+
+    def pump_until(self, future: Future[Any], timeout: float | None) -> None: ...
+
+
+class ReplyPump(Protocol):
+    """The reply inbox of the thread that made a call: that thread receives its replies."""
+
+    def owned_by_current_thread(self) -> bool: ...
+
+    def receive_waiting(self) -> None: ...
+
+    def pump_until(self, future: Future[Any], timeout: float | None) -> None: ...
 
 
 class Future(Generic[T]):
@@ -36,19 +56,19 @@ class Future(Generic[T]):
         "_description",
         "_error",
         "_home",
+        "_loop",
         "_ready",
-        "_runtime",
         "_value",
     )
 
     def __init__(
         self,
-        runtime: Runtime | None = None,
+        loop: LoopPump | None = None,
         description: str = "the call",
-        home: ReplyInbox | None = None,
+        home: ReplyPump | None = None,
         covers: Callable[[SupervisionEvent], bool] | None = None,
     ) -> None:
-        self._runtime = runtime
+        self._loop = loop
         self._home = home
         self._covers = covers
         self._description = description
@@ -88,13 +108,13 @@ class Future(Generic[T]):
 
     def _check_process(self) -> None:
         """Waiting in a forked child of the caller would never end: raise instead."""
-        if self._runtime is not None:
-            check_not_forked(self._runtime.pid)
+        if self._loop is not None:
+            check_not_forked(self._loop.pid)
 
     def _wait(self, timeout: float | None) -> None:
-        runtime = self._runtime
-        if runtime is not None and runtime.on_loop_thread():
-            runtime.pump_until(self, timeout)
+        loop = self._loop
+        if loop is not None and loop.on_loop_thread():
+            loop.pump_until(self, timeout)
         elif self._home is not None:
             self._home.pump_until(self, timeout)
         else:
@@ -216,9 +236,9 @@ def resolved(value: T) -> Future[T]:
     return future
 
 
-def all_done(futures: list[Future[Any]], runtime: Runtime | None, what: str) -> Future[None]:
+def all_done(futures: list[Future[Any]], loop: LoopPump | None, what: str) -> Future[None]:
     """A future done once every one of `futures` is done (whatever their outcome)."""
-    done: Future[None] = Future(runtime, what)
+    done: Future[None] = Future(loop, what)
     remaining = [len(futures)]
     if not futures:
         done.set_result(None)

@@ -340,13 +340,9 @@ def refusable_spawn(header: object) -> tuple[str, tuple[str, ...]] | None:
 
 
 def _bad_address(what: str, address: str | None) -> str | None:
-    if address is None:
+    if address is None or is_address(address):
         return None
-    if not is_address(address):
-        return (
-            f"{what} {_short(address)} is not a meshvisor address (ipc://PATH or tcp://HOST:PORT)"
-        )
-    return None
+    return f"{what} {_short(address)} is not a meshvisor address (ipc://PATH or tcp://HOST:PORT)"
 
 
 def _bad_duration(what: str, seconds: float, *, positive: bool = False) -> str | None:

@@ -14,27 +14,67 @@ import itertools
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import sniffio
 
 from mesh._engine.fork import check_not_forked
+from mesh._engine.future import Future
 from mesh._engine.messages import Failure, InboxClosed, Reply, Wake
-from transport import Inbox, check_fd_headroom
-
-if TYPE_CHECKING:
-    from mesh._engine.future import Future
-    from mesh._engine.peers import ProcPeer
-    from mesh._engine.runtime import Runtime
+from mesh._engine.ownership import Ownership
+from mesh._engine.peers import ProcPeer
+from transport import Envelope, Inbox, Outbox, Payload, check_fd_headroom
 
 #: How long a thread waits on a future before checking again whether it can pump its inbox.
 _RETRY_S = 0.01
 
 
+class ReplySettler(Protocol):
+    """Where replies and failures received on a reply inbox go: the pending calls."""
+
+    def on_reply(self, envelope: Envelope) -> None: ...
+
+    def on_failure(self, envelope: Envelope) -> None: ...
+
+    def inboxes_awaiting_replies(self) -> set[int]: ...
+
+
+class ReplyHost(Protocol):
+    """What reply inboxes need of their process's runtime."""
+
+    @property
+    def zmq_context(self) -> Any: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def proc_id(self) -> str: ...
+    @property
+    def tcp_host(self) -> str | None: ...
+    @property
+    def inbox_dir(self) -> str | None: ...
+    @property
+    def outbox(self) -> Outbox: ...
+    @property
+    def ownership(self) -> Ownership: ...
+    @property
+    def calls(self) -> ReplySettler: ...
+
+    def on_loop_thread(self) -> bool: ...
+
+    def call_soon_threadsafe(self, function: Callable[..., Any], *args: Any) -> None: ...
+
+    def dispatch_elsewhere(self, envelope: Envelope) -> None:
+        """Hand a message that is no reply to the event loop thread."""
+        ...
+
+    def send_message(self, address: str, header: Any, payload: Payload | None = None) -> None: ...
+
+
 class ReplyInbox:
     """The reply inbox of one calling thread. Whoever holds `lock` may receive on it."""
 
-    def __init__(self, runtime: Runtime, address: str) -> None:
+    def __init__(self, runtime: ReplyHost, address: str) -> None:
         self.runtime = runtime
         self.inbox = Inbox(runtime.zmq_context, address)
         self.address = self.inbox.address
@@ -77,9 +117,9 @@ class ReplyInbox:
     def _handle(self, envelope: Any) -> None:
         kind = type(envelope.header)
         if kind is Reply:
-            self.runtime.on_reply(envelope)
+            self.runtime.calls.on_reply(envelope)
         elif kind is Failure:
-            self.runtime.on_failure(envelope)
+            self.runtime.calls.on_failure(envelope)
         elif kind is not Wake:
             self.runtime.dispatch_elsewhere(envelope)
 
@@ -138,7 +178,7 @@ class _ThreadEnd:
 class ReplyRoutes:
     """Which inbox the replies of a call made on the current thread should go to."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: ReplyHost) -> None:
         self._runtime = runtime
         self._local = threading.local()
         self._all: list[ReplyInbox] = []
@@ -156,7 +196,7 @@ class ReplyRoutes:
         tcp = runtime.tcp_host
         if found is None or (tcp is not None and not found.address.startswith("tcp://")):
             self.release_ended()
-            alive = sum(1 for peer in list(runtime.peers.values()) if peer.alive)
+            alive = sum(1 for peer in runtime.ownership.all_peers() if peer.alive)
             check_fd_headroom(2 + alive, "a reply inbox for this thread's calls")
             with self._lock:
                 if tcp is not None:  # reachable from procs on other hosts
@@ -178,7 +218,7 @@ class ReplyRoutes:
         """Release the inboxes of ended threads, except those that calls still reply to."""
         if not self._ended:
             return
-        awaited = self._runtime.inboxes_awaiting_replies()
+        awaited = self._runtime.calls.inboxes_awaiting_replies()
         kept = []
         while self._ended:
             try:

@@ -11,84 +11,66 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from mesh._context import actor_identity
-from mesh._engine.future import Future, all_done
+from mesh._engine.calls import ResultSink
+from mesh._engine.future import Future, LoopPump, all_done
 from mesh._engine.messages import ProcSpec, SpawnActor, SpawnProcs
+from mesh._engine.ownership import ActorMeshRecord, Ownership, ProcMeshRecord
 from mesh._engine.peers import ActorMeshView, ProcPeer
-from mesh._shape import Extent
-from supervision import RestartPolicy, RestartTracker, SupervisionEvent
+from mesh._engine.replies import ReplyInbox
+from mesh._engine.supervisor import Supervisor
+from mesh._settings import Settings
+from supervision import SupervisionEvent
 from transport import Payload, get_logger
 
-if TYPE_CHECKING:
-    from mesh._engine.runtime import Runtime
 
+class RestartHost(LoopPump, Protocol):
+    """What re-spawning needs of the runtime: sending, timers and the procs' fate."""
 
-@dataclass
-class ActorMeshRecord:
-    """How an actor mesh was built: enough to build any of its ranks again."""
+    @property
+    def address(self) -> str: ...
 
-    actor_id: str
-    name: str
-    payload: Payload
-    extent: Extent
-    peers: tuple[ProcPeer, ...]
-    owner_actor: str | None
-    restarts: list[int] = field(default_factory=list)
-    failed: set[int] = field(default_factory=set)
+    @property
+    def settings(self) -> Settings: ...
 
-    def __post_init__(self) -> None:
-        self.restarts = [0] * len(self.peers)
+    def send_message(self, address: str, header: Any, payload: Payload | None = None) -> None: ...
 
-    def view(self) -> ActorMeshView:
-        return ActorMeshView(self.actor_id, self.name, self.extent, self.peers)
+    def send_to_procs(
+        self,
+        messages: list[tuple[ProcPeer, Any]],
+        payload: Payload | None,
+        sink: ResultSink | None,
+        call_id: int = 0,
+        home: ReplyInbox | None = None,
+        mesh: ActorMeshView | None = None,
+    ) -> None: ...
 
+    def call_later(self, delay_s: float, function: Callable[..., Any], *args: Any) -> None: ...
 
-@dataclass
-class ProcMeshRecord:
-    """How a proc mesh was built, its restart policy, and the actor meshes living on it."""
+    def check_agent(self, agent: str) -> None:
+        """Procs were just requested from `agent`: fail them if it is known to be gone."""
+        ...
 
-    key: str
-    name: str
-    extent: Extent
-    peers: tuple[ProcPeer, ...]
-    env: tuple[tuple[str, str], ...]
-    heartbeat_interval_s: float
-    heartbeat_timeout_s: float
-    busy_timeout_s: float
-    tracker: RestartTracker | None = None
-    actor_meshes: list[ActorMeshRecord] = field(default_factory=list)
-    generation: int = 0
-    restarting: set[int] = field(default_factory=set)
+    def stop_peers(
+        self, peers: list[ProcPeer], grace_s: float, why: str = "by its owner"
+    ) -> None: ...
+
+    def mark_peer_gone(self, peer: ProcPeer, event: SupervisionEvent, state: str) -> None: ...
 
 
 class Restarts:
     """The re-spawn machinery of one runtime."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(
+        self, runtime: RestartHost, ownership: Ownership, supervisor: Supervisor, proc_id: str
+    ) -> None:
         self._runtime = runtime
-        self.proc_meshes: dict[str, ProcMeshRecord] = {}
-        self._by_proc: dict[int, ProcMeshRecord] = {}  # id(peer) -> its proc mesh
-        self.actor_meshes: dict[str, ActorMeshRecord] = {}
-        self._log = get_logger("mesh.restart", proc=runtime.proc_id)
-
-    def add_proc_mesh(self, record: ProcMeshRecord, policy: RestartPolicy | None) -> None:
-        if policy is not None:
-            record.tracker = RestartTracker(policy, len(record.peers))
-        self.proc_meshes[record.key] = record
-        for peer in record.peers:
-            self._by_proc[id(peer)] = record
-
-    def add_actor_mesh(self, record: ActorMeshRecord) -> None:
-        self.actor_meshes[record.actor_id] = record
-        meshes = {
-            id(self._by_proc.get(id(peer))): self._by_proc.get(id(peer)) for peer in record.peers
-        }
-        for proc_mesh in meshes.values():
-            if proc_mesh is not None:
-                proc_mesh.actor_meshes.append(record)
+        self._ownership = ownership
+        self._supervisor = supervisor
+        self._log = get_logger("mesh.restart", proc=proc_id)
 
     # -- launching -------------------------------------------------------------------------
 
@@ -103,7 +85,7 @@ class Restarts:
             suffix = f"-r{record.generation - 1}" if record.generation > 1 else ""
             new_id = f"{record.key}-{rank}{suffix}"
             old_id = peer.proc_id if suffix else ""
-            runtime.rekey_peer(peer, new_id)
+            self._ownership.rekey(peer, new_id)
             spec = ProcSpec(
                 new_id, record.name, record.extent.labels, record.extent.sizes, rank, old_id
             )
@@ -134,7 +116,7 @@ class Restarts:
     def _rebuild_actors(self, actors: ActorMeshRecord, ranks: list[int]) -> None:
         messages = []
         for rank in ranks:
-            self._runtime.supervisor.forget(actor_identity(actors.actor_id, rank))
+            self._supervisor.forget(actor_identity(actors.actor_id, rank))
             actors.restarts[rank] += 1
             actors.failed.discard(rank)
             messages.append(
@@ -177,12 +159,12 @@ class Restarts:
     def on_proc_failure(self, peer: ProcPeer, event: SupervisionEvent) -> SupervisionEvent | None:
         """Apply the proc mesh's policy. None: a restart is under way (the failure is handled);
         otherwise the event to escalate."""
-        record = self._by_proc.get(id(peer))
+        record = self._ownership.proc_mesh_of(peer)
         if record is None or record.tracker is None:
             return event
         rank = record.peers.index(peer)
         if rank in record.restarting:  # already part of a restart under way
-            self._runtime.hold_calls(peer)
+            self._hold_calls(peer)
             return None
         decision = record.tracker.on_failure(
             rank, clean_exit=event.kind == "exit" and event.exit_code == 0
@@ -199,7 +181,7 @@ class Restarts:
             attempt=decision.attempt,
         )
         record.restarting.update(decision.ranks)
-        self._runtime.hold_calls(peer)  # calls made meanwhile wait for the new proc
+        self._hold_calls(peer)  # calls made meanwhile wait for the new proc
         self._runtime.call_later(decision.delay_s, self._restart, record, list(decision.ranks))
         return None
 
@@ -207,11 +189,11 @@ class Restarts:
         self, actor_id: str, rank: int, event: SupervisionEvent
     ) -> SupervisionEvent | None:
         """An actor failed on a proc that still runs: rebuild it there if a policy says so."""
-        actors = self.actor_meshes.get(actor_id)
+        actors = self._ownership.actor_mesh(actor_id)
         if actors is None:
             return event
         actors.failed.add(rank)
-        record = self._by_proc.get(id(actors.peers[rank]))
+        record = self._ownership.proc_mesh_of(actors.peers[rank])
         if record is None or record.tracker is None:
             return event
         decision = record.tracker.on_failure(record.peers.index(actors.peers[rank]))
@@ -247,22 +229,9 @@ class Restarts:
         if ranks:
             self.launch(record, ranks)
 
-    def forget_stopped(self, peer: ProcPeer) -> ProcMeshRecord | None:
-        """Drop the record of `peer`'s proc mesh (and of the actor meshes on it) once all its
-        procs are stopped: none can be re-spawned any more. Returns the record dropped."""
-        record = self._by_proc.get(id(peer))
-        if record is None or any(p.state != "stopped" for p in record.peers):
-            return None
-        self.proc_meshes.pop(record.key, None)
-        for each in record.peers:
-            self._by_proc.pop(id(each), None)
-        for actors in record.actor_meshes:
-            self.actor_meshes.pop(actors.actor_id, None)
-        return record
-
     def cancel(self, peer: ProcPeer) -> bool:
         """`peer` is being stopped: drop a restart pending for it. True if one was."""
-        record = self._by_proc.get(id(peer))
+        record = self._ownership.proc_mesh_of(peer)
         if record is None:
             return False
         rank = record.peers.index(peer)
@@ -270,6 +239,22 @@ class Restarts:
             return False
         record.restarting.discard(rank)
         return True
+
+    def _hold_calls(self, peer: ProcPeer) -> None:
+        """A failed peer will be re-spawned: from now on calls to it wait for the new proc,
+        for at most settings.restart_wait_s."""
+        with self._ownership.lock:
+            peer.hold()
+            ready = peer.ready
+        wait_s = self._runtime.settings.restart_wait_s
+        self._runtime.call_later(wait_s, self._restart_overdue, peer, ready)
+
+    def _restart_overdue(self, peer: ProcPeer, ready: Future[None]) -> None:
+        if peer.ready is not ready or ready.finished() or peer.state != "starting":
+            return  # it came back (or failed, or was stopped) in time
+        self.cancel(peer)
+        message = f"its restart did not complete within {self._runtime.settings.restart_wait_s} s"
+        self._runtime.mark_peer_gone(peer, peer.make_event("spawn_failed", message), "failed")
 
 
 def _joined(first: str, second: str) -> str:

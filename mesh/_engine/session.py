@@ -93,7 +93,7 @@ class Session:
         env = _agent_env(self.runtime.settings)
         self._agent_process = subprocess.Popen(command, start_new_session=True, env=env)
         self._log.info("agent_launched", address=address, pid=self._agent_process.pid)
-        self.runtime.watch_agent_process(address, self._agent_process.pid)
+        self.runtime.agents.watch_agent_process(address, self._agent_process.pid)
         return address
 
     def shutdown_local_agent(self, grace_s: float = AGENT_SHUTDOWN_GRACE_S) -> None:
@@ -105,7 +105,7 @@ class Session:
                 self._agent = None
         if process is None or address is None:
             return
-        self.runtime.agent_stopping(address)
+        self.runtime.agents.agent_stopping(address)
         self.runtime.send_message(address, ShutdownAgent(grace_s))
         try:
             process.wait(grace_s + 2)
@@ -118,7 +118,7 @@ class Session:
         """Tear everything down: agent, event loop, sockets and, in the client, the run dir."""
         self.runtime.closing = True
         if self.is_client:
-            self.runtime.stop_all_owned(grace_s=1.0)  # on attached agents too
+            self.runtime.procs.stop_all_owned(grace_s=1.0)  # on attached agents too
             self.shutdown_local_agent()
             self.runtime.stop_loop()
         self.runtime.close()

@@ -9,39 +9,38 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 from mesh._engine.failfast import FAIL_FAST
+from mesh._engine.ownership import FailureHandler, Ownership
 from supervision import SupervisionEvent, event_listeners, is_handled, unhandled_failure_hook
 from transport import get_logger
 
-if TYPE_CHECKING:
-    from mesh._engine.runtime import Runtime
-
-FailureHandler = Callable[[SupervisionEvent], object]
+#: Asks the owning actor's ``__supervise__`` (actor id, event); True when it handled it.
+SuperviseOwner = Callable[[str, SupervisionEvent], bool]
 
 
 class Supervisor:
     """Routes the supervision events that reach one process."""
 
-    def __init__(self, runtime: Runtime, *, is_root: bool) -> None:
-        self._runtime = runtime
+    def __init__(
+        self,
+        ownership: Ownership,
+        supervise_owner: SuperviseOwner,
+        *,
+        proc_id: str,
+        is_root: bool,
+    ) -> None:
+        self._ownership = ownership
+        self._supervise_owner = supervise_owner
         self._is_root = is_root
-        self.handlers: dict[str, FailureHandler] = {}
-        self.actor_mesh_owners: dict[str, str | None] = {}
-        self.actor_meshes_on: dict[str, list[str]] = {}  # proc id -> actor meshes spawned there
         self._seen: set[tuple[str | None, str | None, str]] = set()
         self._observed: set[tuple[str | None, str | None, str]] = set()
-        self._log = get_logger("supervision", proc=runtime.proc_id)
+        self._log = get_logger("supervision", proc=proc_id)
 
     @property
     def is_root(self) -> bool:
         """Whether this is the client's supervisor, the root of the tree."""
         return self._is_root
-
-    def handlers_for_proc(self, proc_id: str, mesh_key: str) -> tuple[str, ...]:
-        """Handler keys for a proc's death: the actor meshes on it, then its proc mesh."""
-        return (*self.actor_meshes_on.get(proc_id, ()), mesh_key)
 
     def handle(
         self,
@@ -58,11 +57,11 @@ class Supervisor:
             return
         self._seen.add(identity)
         for key in keys:
-            handler = self.handlers.get(key)
+            handler = self._ownership.handler(key)
             heard = event if told is None else told.get(key, event)
             if handler is not None and self._run_handler(handler, heard):
                 return
-        if owner_actor is not None and self._runtime.host.supervise(owner_actor, event):
+        if owner_actor is not None and self._supervise_owner(owner_actor, event):
             return
         if self._is_root:
             hook = unhandled_failure_hook()
@@ -88,14 +87,6 @@ class Supervisor:
                 self._log.error(
                     "event_listener_raised", listener=repr(listener), error=traceback.format_exc()
                 )
-
-    def forget_mesh(self, key: str, actor_ids: list[str], proc_ids: list[str]) -> None:
-        """A stopped proc mesh (and the actor meshes on it) will never fail again."""
-        for name in (key, *actor_ids):
-            self.handlers.pop(name, None)
-            self.actor_mesh_owners.pop(name, None)
-        for proc_id in proc_ids:
-            self.actor_meshes_on.pop(proc_id, None)
 
     def forget(self, actor_id: str) -> None:
         """Failures of `actor_id` seen so far are history: it is being rebuilt."""

@@ -1,0 +1,168 @@
+"""`ActorMesh`: one actor per proc of a proc mesh; endpoints appear as attributes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Generic, TypeVar
+
+from mesh._actor import reserve_endpoint_names, resolve_endpoint
+from mesh._api.endpoint import EndpointRef
+from mesh._api.mesh_base import MeshBase, Stoppable, adopt_peers, peer_infos, wait_ready
+from mesh._context import actor_identity
+from mesh._engine.calls import GatherSink, ResultSink
+from mesh._engine.future import Future, resolved
+from mesh._engine.messages import CallActor, StopActor
+from mesh._engine.ownership import FailureHandler
+from mesh._engine.peers import ActorMeshView, ProcPeer
+from mesh._engine.replies import ReplyInbox
+from mesh._engine.runtime import Runtime
+from mesh._engine.session import current_session
+from mesh._shape import Extent, Region
+from supervision import SupervisionError, SupervisionEvent
+from transport import Payload
+
+A = TypeVar("A")
+
+
+class ActorMeshState:
+    """What all slices of one actor mesh share."""
+
+    __slots__ = ("actor_class", "actor_id", "endpoints", "name", "peers", "stopped", "view")
+
+    def __init__(
+        self,
+        name: str,
+        actor_id: str,
+        actor_class: type,
+        peers: tuple[ProcPeer, ...],
+        extent: Extent,
+    ) -> None:
+        self.name = name
+        self.actor_id = actor_id
+        self.actor_class = actor_class
+        self.peers = peers
+        self.stopped = False
+        self.endpoints: dict[str, str] = {}
+        self.view = ActorMeshView(actor_id, name, extent, peers)
+
+
+class ActorMesh(MeshBase, Stoppable, Generic[A]):
+    """One actor per proc of a proc mesh. Endpoints appear as attributes: ``mesh.step.call()``."""
+
+    def __init__(self, runtime: Runtime, state: ActorMeshState, region: Region) -> None:
+        self._runtime = runtime
+        self._state = state
+        self._region = region
+
+    @property
+    def name(self) -> str:
+        return self._state.name
+
+    def _with_region(self, region: Region) -> ActorMesh[A]:
+        return ActorMesh(self._runtime, self._state, region)
+
+    def __getattr__(self, name: str) -> EndpointRef[..., Any]:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        state = self._state
+        if name not in state.endpoints:
+            state.endpoints[name] = resolve_endpoint(state.actor_class, name).name
+        return EndpointRef(self, name)
+
+    def _invoke(
+        self,
+        endpoint: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        indices: Iterable[int],
+        sink: ResultSink | None,
+        home: ReplyInbox | None,
+    ) -> None:
+        state = self._state
+        if state.stopped:
+            raise SupervisionError(
+                SupervisionEvent("stopped", state.name, message="by its owner"),
+                f"cannot call {state.name}.{endpoint}: ",
+            )
+        payload = Payload.dump((args, kwargs))
+        runtime = self._runtime
+        call_id = runtime.calls.new_call_id()
+        reply_to = None if sink is None else (runtime.address if home is None else home.address)
+        labels, sizes, ranks = self.extent.labels, self.extent.sizes, self._region.ranks
+        messages = [
+            (
+                state.peers[ranks[i]],
+                CallActor(call_id, reply_to, state.actor_id, endpoint, labels, sizes, i),
+            )
+            for i in indices
+        ]
+        runtime.calls.send_to_procs(messages, payload, sink, call_id, home, state.view)
+
+    def on_failure(self, handler: FailureHandler) -> None:
+        """Call `handler(event)` when an actor of this mesh fails; truthy return = handled."""
+        self._runtime.ownership.set_handler(self._state.actor_id, handler)
+
+    def _peers_in_region(self) -> list[ProcPeer]:
+        """The procs that the actors of this (sliced) mesh run on, in rank order."""
+        return [self._state.peers[rank] for rank in self._region.ranks]
+
+    def _covers(self, event: SupervisionEvent) -> bool:
+        """Whether `event` concerns an actor or proc that a call on this mesh reaches."""
+        state = self._state
+        return any(
+            state.peers[r].proc_id == event.proc_id
+            or event.actor_id == actor_identity(state.actor_id, r)
+            for r in self._region.ranks
+        )
+
+    def stop(self) -> Future[None]:
+        """Stop these actors after the messages already sent to them; later calls fail."""
+        state, runtime = self._state, self._runtime
+        future: Future[Any] = Future(runtime, f"stop of {state.name}")
+        call_id = runtime.calls.new_call_id()
+        peers = [state.peers[base] for base in self._region.ranks]
+        messages = [
+            (peer, StopActor(call_id, runtime.address, state.actor_id, rank))
+            for rank, peer in enumerate(peers)
+            if peer.alive
+        ]
+        if len(self._region) == len(state.peers):
+            state.stopped = True
+        if not messages:
+            return resolved(None)
+        sink = GatherSink(future, Extent(("actors",), (len(peers),)), expected=len(messages))
+        runtime.send_to_procs(messages, None, sink, call_id, mesh=state.view)
+        done: Future[None] = Future(runtime, f"stop of {state.name}")
+        future.add_done_callback(lambda f: done.set_result(None))
+        return done
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        state = self._state
+        wait_ready(state.peers)
+        return _rebuild_actor_mesh, (
+            state.name,
+            state.actor_id,
+            state.actor_class,
+            self._region,
+            peer_infos(state.peers),
+            state.view.extent,
+        )
+
+    def __repr__(self) -> str:
+        return f"<ActorMesh {self.name!r} {self.sizes}>"
+
+
+reserve_endpoint_names(ActorMesh)  # an endpoint named like a mesh attribute could not be called
+
+
+def _rebuild_actor_mesh(
+    name: str,
+    actor_id: str,
+    actor_class: type,
+    region: Region,
+    infos: tuple[tuple[Any, ...], ...],
+    extent: Extent,
+) -> ActorMesh[Any]:
+    runtime = current_session().runtime
+    state = ActorMeshState(name, actor_id, actor_class, adopt_peers(runtime, infos), extent)
+    return ActorMesh(runtime, state, region)

@@ -1,0 +1,134 @@
+"""`HostMesh`: hosts, each served by a host agent; spawns procs on them."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+
+from mesh._api.mesh_base import DEFAULT_STOP_GRACE_S, MeshBase, check_name, file_safe
+from mesh._api.proc_mesh import ProcMesh
+from mesh._context import context
+from mesh._engine.future import Future, resolved
+from mesh._engine.messages import ShutdownAgent
+from mesh._engine.ownership import ProcMeshRecord
+from mesh._engine.peers import ProcPeer
+from mesh._engine.runtime import Runtime
+from mesh._engine.session import current_session
+from mesh._shape import Extent, Region
+from supervision import RestartPolicy
+from transport import check_fd_headroom
+
+#: File descriptors one proc costs the process that owns and calls it (connections both
+#: ways, more while it starts), an upper bound measured on Linux.
+FDS_PER_PROC = 9
+
+
+class HostMesh(MeshBase):
+    """Hosts, each served by a host agent; spawns procs on them."""
+
+    def __init__(self, agents: tuple[str, ...], region: Region) -> None:
+        self._agents = agents
+        self._region = region
+
+    def _with_region(self, region: Region) -> HostMesh:
+        return HostMesh(self._agents, region)
+
+    def spawn_procs(
+        self,
+        per_host: Mapping[str, int] | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        name: str = "procs",
+        heartbeat_interval_s: float | None = None,
+        heartbeat_timeout_s: float | None = None,
+        busy_timeout_s: float | None = None,
+        restart: RestartPolicy | None = None,
+    ) -> ProcMesh:
+        """One new OS process per point of each host times ``per_host``; returns at once.
+
+        A proc that sends no heartbeat for `heartbeat_timeout_s` and makes no progress
+        (stopped, or blocked) is killed and reported as hung; one that keeps using CPU time
+        meanwhile (a long C call holding the GIL, an overloaded machine) gets up to
+        `busy_timeout_s`. With a `restart` policy, failed ranks are re-spawned on their agents
+        (with their actors) instead of escalating, within its limits.
+        """
+        interval, timeout, busy = current_session().runtime.settings.heartbeats(
+            heartbeat_interval_s, heartbeat_timeout_s, busy_timeout_s
+        )
+        check_name("proc mesh", name)
+        per_host = dict(per_host or {})
+        overlap = set(per_host) & set(self.extent.labels)
+        if overlap:
+            raise ValueError(
+                f"per_host dimensions {sorted(overlap)} clash with the host mesh's "
+                f"dimensions {list(self.extent.labels)}"
+            )
+        extent = Extent(
+            self.extent.labels + tuple(per_host), self.extent.sizes + tuple(per_host.values())
+        )
+        if env is not None and not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise TypeError("env must map str to str")
+        for key, value in (env or {}).items():
+            if not key or "=" in key or "\0" in key or "\0" in value:
+                raise ValueError(
+                    f"env variable {key[:40]!r} cannot be set: names must be non-empty without "
+                    "'=' or NUL, and values without NUL"
+                )
+        runtime = current_session().runtime
+        _check_fds_for_procs(runtime, extent.nelements)
+        key = f"{file_safe(name)}-{secrets.token_hex(3)}"
+        owner_actor = context().actor_id
+        peers = tuple(
+            runtime.ownership.add_peer(
+                ProcPeer(
+                    f"{key}-{rank}",
+                    name,
+                    point,
+                    self._agents[self._region.ranks[rank // (extent.nelements // len(self))]],
+                    mesh_key=key,
+                    owned=True,
+                    owner_actor=owner_actor,
+                )
+            )
+            for rank, point in enumerate(extent.points())
+        )
+        record = ProcMeshRecord(
+            key, name, extent, peers, tuple((env or {}).items()), interval, timeout, busy
+        )
+        runtime.ownership.add_proc_mesh(record, restart)
+        runtime.restarts.launch(record, list(range(len(peers))))
+        return ProcMesh(runtime, name, Region.full(extent), peers)
+
+    def _agent_addresses(self) -> list[str]:
+        """The address of each host agent of this (sliced) mesh."""
+        return sorted({self._agents[base] for base in self._region.ranks})
+
+    def shutdown(self) -> Future[None]:
+        """Stop the host agents of this mesh, and with them every proc they run (for an
+        attached allocation: the daemons themselves)."""
+        session = current_session()
+        agents = {self._agents[base] for base in self._region.ranks}
+        if session.is_client and session.local_agent in agents:
+            session.shutdown_local_agent()
+        for agent in agents - {session.local_agent}:
+            session.runtime.agents.agent_stopping(agent)
+            session.runtime.send_message(agent, ShutdownAgent(DEFAULT_STOP_GRACE_S))
+        return resolved(None)
+
+    def __repr__(self) -> str:
+        return f"<HostMesh {self.sizes}>"
+
+
+def _check_fds_for_procs(runtime: Runtime, count: int) -> None:
+    """Refuse to spawn `count` procs when their connections would exhaust this process's file
+    descriptors (libzmq would abort it), counting the procs still starting too."""
+    starting = sum(1 for peer in runtime.ownership.all_peers() if peer.state == "starting")
+    check_fd_headroom((count + starting) * FDS_PER_PROC, f"spawning {count} procs")
+
+
+def this_host() -> HostMesh:
+    """The host this code runs on; in the client, a local agent is started on first use."""
+    agent = current_session().agent_address()
+    return HostMesh((agent,), Region.full(Extent((), ())))

@@ -1,0 +1,132 @@
+"""`ProcMesh`: OS processes, one per point; actors are spawned onto them."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, TypeVar
+
+from mesh._actor import check_actor_class
+from mesh._api.actor_mesh import ActorMesh, ActorMeshState
+from mesh._api.mesh_base import (
+    DEFAULT_STOP_GRACE_S,
+    MeshBase,
+    Stoppable,
+    adopt_peers,
+    check_name,
+    peer_infos,
+    wait_ready,
+)
+from mesh._context import context
+from mesh._engine.future import Future, all_done, resolved
+from mesh._engine.messages import SpawnActor
+from mesh._engine.ownership import ActorMeshRecord, FailureHandler
+from mesh._engine.peers import ProcPeer
+from mesh._engine.runtime import Runtime
+from mesh._engine.session import current_session
+from mesh._shape import Extent, Region
+from transport import Payload
+
+A = TypeVar("A")
+
+
+class ProcMesh(MeshBase, Stoppable):
+    """OS processes, one per point; actors are spawned onto them."""
+
+    def __init__(
+        self, runtime: Runtime, name: str, region: Region, peers: tuple[ProcPeer, ...]
+    ) -> None:
+        self._runtime = runtime
+        self.name = name
+        self._region = region
+        self._peers = peers
+
+    def _with_region(self, region: Region) -> ProcMesh:
+        return ProcMesh(self._runtime, self.name, region, self._peers)
+
+    def spawn(self, name: str, actor_class: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
+        """One `actor_class(*args, **kwargs)` per proc; returns at once, calls wait for it."""
+        check_actor_class(actor_class)
+        check_name("actor mesh", name)
+        payload = Payload.dump((actor_class, args, kwargs))
+        actor_id = f"{name}-{secrets.token_hex(4)}"
+        extent = self.extent
+        peers = tuple(self._peers[base] for base in self._region.ranks)
+        messages = [
+            (
+                peer,
+                SpawnActor(
+                    actor_id, self._runtime.address, name, extent.labels, extent.sizes, rank
+                ),
+            )
+            for rank, peer in enumerate(peers)
+        ]
+        self._runtime.ownership.add_actor_mesh(
+            ActorMeshRecord(actor_id, name, payload, extent, peers, context().actor_id)
+        )
+        self._runtime.send_to_procs(messages, payload, None)
+        state = ActorMeshState(name, actor_id, actor_class, peers, extent)
+        return ActorMesh(self._runtime, state, Region.full(extent))
+
+    def respawn(self) -> Future[None]:
+        """Re-spawn the failed procs of this mesh (and rebuild failed actors) on the agents
+        they ran on: same name, points and constructor arguments; healthy ranks untouched.
+        The future is done when the new procs are up; calls made meanwhile wait for them."""
+        record = self._runtime.ownership.proc_mesh(self._peers[0].mesh_key)
+        if record is None and all(peer.state == "stopped" for peer in self._peers):
+            return resolved(None)  # stopped on purpose: nothing failed, nothing to re-spawn
+        if record is None:
+            raise ValueError(
+                f"proc mesh {self.name!r} was not spawned by this process, so it "
+                "cannot re-spawn it; ask its owner."
+            )
+        ranks = [record.peers.index(self._peers[base]) for base in self._region.ranks]
+        return self._runtime.restarts.respawn(record, ranks)
+
+    def on_failure(self, handler: FailureHandler) -> None:
+        """Call `handler(event)` when a proc of this mesh fails; truthy return = handled."""
+        self._runtime.ownership.set_handler(self._peers[0].mesh_key, handler)
+
+    def stop(self, grace_s: float = DEFAULT_STOP_GRACE_S) -> Future[None]:
+        """Stop these procs (gracefully, then SIGKILL after `grace_s`); stopping is no failure."""
+        peers = [self._peers[base] for base in self._region.ranks]
+        for peer in peers:
+            if peer.agent is None:
+                raise ValueError(
+                    "this_proc() cannot be stopped through its mesh; it is this "
+                    "process (or the client) itself."
+                )
+            if peer.alive and self._runtime.restarts.cancel(peer) and peer.pid is None:
+                # held for a restart that now will not happen: nothing runs to be stopped
+                self._runtime.mark_peer_gone(peer, peer.stopped_event("by its owner"), "stopped")
+        self._runtime.stop_peers([peer for peer in peers if peer.alive], grace_s)
+        return all_done([peer.gone for peer in peers], self._runtime, f"stop of {self.name}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        wait_ready(self._peers)
+        return _rebuild_proc_mesh, (self.name, self._region, peer_infos(self._peers))
+
+    def __repr__(self) -> str:
+        return f"<ProcMesh {self.name!r} {self.sizes}>"
+
+
+def _rebuild_proc_mesh(name: str, region: Region, infos: tuple[tuple[Any, ...], ...]) -> ProcMesh:
+    runtime = current_session().runtime
+    return ProcMesh(runtime, name, region, adopt_peers(runtime, infos))
+
+
+def this_proc() -> ProcMesh:
+    """The process this code runs in, as a mesh of one proc (spawn actors next to you)."""
+    session = current_session()
+    runtime = session.runtime
+    if session.proc is None:
+        point = Extent((), ()).point(0)
+        name = "client"
+    else:
+        name, labels, sizes, rank = session.proc
+        point = Extent(labels, sizes).point(rank)
+    peer = runtime.ownership.peer(runtime.proc_id)
+    if peer is None:
+        peer = runtime.ownership.add_peer(
+            ProcPeer(runtime.proc_id, name, point, None, runtime.address)
+        )
+    return ProcMesh(runtime, name, Region.full(Extent((), ())), (peer,))

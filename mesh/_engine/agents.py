@@ -1,0 +1,171 @@
+"""`AgentWatch`: how a process notices that a host agent running its procs is gone.
+
+A local agent is a child process: its exit is seen at once (a pidfd). A network agent has no
+pid to watch: the owner tells it periodically that it lives (`OwnerAlive`) and hears back
+(`AgentAlive`); an agent silent for `Settings.agent_timeout_s`, or answering with a new
+incarnation (it was restarted), is lost, and every proc it ran is reported "unreachable".
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from mesh._engine.loop import EventLoop
+from mesh._engine.messages import AgentAlive, OwnerAlive
+from mesh._settings import Settings
+from transport import Envelope, Outbox, Payload, get_logger, transport_settings
+
+#: Fails every live proc of an agent (its address, why in words) as "unreachable".
+FailProcsOf = Callable[[str, str], None]
+
+
+class AgentHost(Protocol):
+    """What watching agents needs of the runtime: its address and sending."""
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def outbox(self) -> Outbox: ...
+
+    def send_message(self, address: str, header: Any, payload: Payload | None = None) -> None: ...
+
+    @property
+    def closed(self) -> threading.Event: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+
+class AgentWatch:
+    """The agents this process depends on, and whether each is still there."""
+
+    def __init__(
+        self, runtime: AgentHost, loop: EventLoop, fail_procs_of: FailProcsOf, proc_id: str
+    ) -> None:
+        self._runtime = runtime
+        self._loop = loop
+        self._fail_procs_of = fail_procs_of
+        self._attached: set[str] = set()
+        self._heard: dict[str, float] = {}
+        self.incarnations: dict[str, str] = {}
+        self._silent: set[str] = set()  # lost to silence, not heard from since
+        self._lost: dict[str, str] = {}  # local agent -> why its process is gone
+        self._stopping: set[str] = set()
+        self._log = get_logger("mesh.runtime", proc=proc_id)
+
+    # -- local agents --------------------------------------------------------------------------
+
+    def watch_agent_process(self, address: str, pid: int) -> None:
+        """Report every proc of a local agent as unreachable if that agent process dies."""
+        fd = os.pidfd_open(pid)
+
+        def on_exit() -> None:
+            self._loop.unwatch_fd(fd)
+            os.close(fd)
+            stopping = address in self._stopping
+            self._lost[address] = f"(pid {pid}) {'was shut down' if stopping else 'died'}"
+            if not stopping:
+                self._agent_lost(address, self._lost[address])
+
+        self._loop.watch_fd(fd, on_exit)
+
+    def agent_stopping(self, address: str) -> None:
+        """The agent at `address` is being shut down on purpose: its exit is no failure."""
+        self._stopping.add(address)
+
+    def check_agent(self, agent: str) -> None:
+        """Procs were just requested from `agent`: if its process is known to be gone, fail
+        them now; if it is silent or being shut down, fail them unless it answers within
+        settings.agent_timeout_s (a partition may heal). Either way the request ends."""
+        doubtful = agent in self._silent or agent in self._stopping
+        if doubtful or agent in self._lost:
+            self._loop.call_soon_threadsafe(self._check_gone_agent, agent, time.monotonic())
+
+    def _check_gone_agent(self, agent: str, requested_at: float) -> None:
+        why = self._lost.get(agent)
+        if why is not None:
+            self._fail_procs_of(agent, why)
+        else:
+            self._loop.call_later(
+                self._runtime.settings.agent_timeout_s,
+                self._fail_if_still_silent,
+                agent,
+                requested_at,
+            )
+
+    def _fail_if_still_silent(self, agent: str, requested_at: float) -> None:
+        heard = self._heard.get(agent, requested_at)
+        if heard > requested_at:
+            return  # it answered since: the request reached it
+        if agent in self._stopping:
+            self._fail_procs_of(agent, f"at {agent} was shut down by this process")
+        elif agent in self._silent:
+            self._fail_procs_of(
+                agent, f"at {agent} gave no answer for {time.monotonic() - heard:.1f} s"
+            )
+
+    # -- network agents ------------------------------------------------------------------------
+
+    def keep_alive(self, agents: list[str]) -> None:
+        """Tell these agents, periodically, that this owner lives (they reap our procs if
+        it stops: a network owner has no pid they could watch)."""
+        new = set(agents) - self._attached
+        self._attached |= new
+        runtime, loop = self._runtime, self._loop
+        if new and len(self._attached) == len(new):
+            loop.call_soon_threadsafe(self._send_owner_alive)
+        else:  # the loop runs already: greet the new ones now, so that their incarnation is
+            for agent in sorted(new):  # known before a restart could hide it
+                loop.call_soon_threadsafe(runtime.send_message, agent, OwnerAlive(runtime.address))
+
+    def attached_agents(self) -> list[str]:
+        """The network agents this process attached to (and keeps alive)."""
+        return sorted(self._attached)
+
+    def _send_owner_alive(self) -> None:
+        runtime = self._runtime
+        if runtime.closed.is_set():
+            return
+        now = time.monotonic()
+        for agent in list(self._attached):
+            runtime.send_message(agent, OwnerAlive(runtime.address))
+            heard = self._heard.setdefault(agent, now)
+            timeout_s = self._runtime.settings.agent_timeout_s
+            silent = now - heard > timeout_s and agent not in self._stopping
+            if silent and agent not in self._silent:  # each silence once
+                self._silent.add(agent)
+                why = self._refused_by(agent) or f"gave no answer for {now - heard:.1f} s"
+                self._agent_lost(agent, f"at {agent} {why}")
+        self._loop.call_later(self._runtime.settings.owner_alive_interval_s, self._send_owner_alive)
+
+    def _refused_by(self, agent: str) -> str | None:
+        """Why `agent` refuses this process (its CURVE keys), in words, or None."""
+        reason = self._runtime.outbox.refusal(agent)
+        if reason is None:
+            return None
+        return (
+            f"refused this process: {reason} (wrong or missing CURVE keys: this process uses "
+            f"those in {transport_settings().curve_keys}; use the keys of the agent's "
+            "allocation, the directory of its --keys, or attach by allocation name)"
+        )
+
+    def on_agent_alive(self, envelope: Envelope) -> None:
+        header: AgentAlive = envelope.header
+        if header.agent not in self._attached:
+            return  # not an agent this process keeps alive: nothing to learn
+        self._heard[header.agent] = time.monotonic()
+        self._silent.discard(header.agent)
+        known = self.incarnations.setdefault(header.agent, header.incarnation)
+        if known != header.incarnation:
+            self.incarnations[header.agent] = header.incarnation
+            self._agent_lost(header.agent, "was restarted, and its procs died with the old one")
+
+    def _agent_lost(self, agent: str, why: str) -> None:
+        """Every live proc of `agent` failed with kind "unreachable"."""
+        self._log.error("agent_lost", agent=agent, reason=why)
+        self._fail_procs_of(agent, why)

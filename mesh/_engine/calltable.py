@@ -1,0 +1,173 @@
+"""`CallTable`: the calls this process made that still expect replies, and how they end.
+
+A call sends one header per recipient proc (`send_to_procs`); each reply, failure or loss of a
+recipient's proc settles that recipient's part, feeding the call's result sink.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+from mesh._engine.calls import PendingCall, ResultSink
+from mesh._engine.fork import check_not_forked
+from mesh._engine.messages import Failure, Reply
+from mesh._engine.peers import ActorMeshView, ProcPeer
+from mesh._engine.replies import ReplyInbox
+from supervision import ActorError, SupervisionError, SupervisionEvent
+from transport import Envelope, Outbox, Payload, encode, loads
+
+
+class CallTable:
+    """Pending calls by id. `lock` is the ownership lock: it also guards the peers' state."""
+
+    def __init__(self, lock: threading.Lock, outbox: Outbox, pid: int) -> None:
+        self._lock = lock
+        self._outbox = outbox
+        self._pid = pid
+        self._calls: dict[int, PendingCall] = {}
+        self._ids = itertools.count(1)
+
+    def new_call_id(self) -> int:
+        return next(self._ids)
+
+    def send_to_procs(
+        self,
+        messages: list[tuple[ProcPeer, Any]],
+        payload: Payload | None,
+        sink: ResultSink | None,
+        call_id: int = 0,
+        home: ReplyInbox | None = None,
+        mesh: ActorMeshView | None = None,
+    ) -> None:
+        """Send one header per peer (same payload). With a `sink`, each header's `rank` keys
+        its reply. `mesh`: the actor mesh addressed, named in the errors of gone procs."""
+        check_not_forked(self._pid)
+        failed: list[tuple[int, BaseException]] = []
+        with self._lock:
+            if sink is not None:
+                peers = {header.rank: peer for peer, header in messages}
+                self._calls[call_id] = PendingCall(call_id, sink, peers, home, mesh)
+                if home is not None:  # they will connect to it, and drop that when it closes
+                    home.called.update(peers.values())
+            for peer, header in messages:
+                frames = encode(header, payload)
+                if not peer.alive:
+                    assert peer.event is not None
+                    failed.append((header.rank, gone_error(peer, peer.event, mesh)))
+                    continue
+                if sink is not None:
+                    peer.calls.add(call_id)
+                if peer.address is None:  # copy now: the caller may change its buffers
+                    peer.queued.append([frames[0], *(bytes(memoryview(b)) for b in frames[1:])])
+                else:
+                    self._outbox.send(peer.address, frames)
+        for index, error in failed:
+            self.settle(call_id, index, error=error)
+
+    def on_reply(self, envelope: Envelope) -> None:
+        header: Reply = envelope.header
+        try:
+            value = envelope.payload.load()  # type: ignore[union-attr]
+        except Exception as exc:
+            self.settle(
+                header.call_id,
+                header.rank,
+                error=ActorError(
+                    f"the result of call {header.call_id} could not be unpickled here: {exc!r}"
+                ),
+            )
+            return
+        self.settle(header.call_id, header.rank, value=value)
+
+    def on_failure(self, envelope: Envelope) -> None:
+        header: Failure = envelope.header
+        try:
+            detail = envelope.payload.load()  # type: ignore[union-attr]
+            if header.kind == "exception":
+                error: BaseException = _actor_error(*detail)
+            else:
+                error = SupervisionError(detail)
+        except Exception as exc:  # the call must end even when its error cannot be rebuilt
+            error = ActorError(
+                f"call {header.call_id} failed ({header.kind}), but the error could not be "
+                f"unpickled here: {exc!r}"
+            )
+        self.settle(header.call_id, header.rank, error=error)
+
+    def inboxes_awaiting_replies(self) -> set[int]:
+        """The ids of the reply inboxes that pending calls will be answered at."""
+        with self._lock:
+            return {id(call.home) for call in self._calls.values() if call.home is not None}
+
+    def settle(
+        self, call_id: int, rank: int, *, value: Any = None, error: BaseException | None = None
+    ) -> None:
+        """Recipient `rank` of call `call_id` answered `value` (or failed with `error`)."""
+        with self._lock:
+            pending = self._calls.get(call_id)
+            if pending is None:
+                return
+            peer = pending.peers.pop(rank, None)
+            if peer is None:
+                return
+            if not any(other is peer for other in pending.peers.values()):
+                peer.calls.discard(call_id)
+            if not pending.peers:
+                del self._calls[call_id]
+        if error is None:
+            pending.sink.deliver(rank, value)
+        else:
+            pending.sink.fail(rank, error)
+
+    def take_waiting_on(self, peer: ProcPeer) -> list[tuple[int, PendingCall]]:
+        """The calls waiting on `peer`, which no longer waits for them (lock held)."""
+        calls = self._calls
+        waiting = [(call_id, calls[call_id]) for call_id in peer.calls if call_id in calls]
+        peer.calls = set()
+        return waiting
+
+    def fail_waiting(
+        self, peer: ProcPeer, event: SupervisionEvent, waiting: list[tuple[int, PendingCall]]
+    ) -> None:
+        """`peer`'s proc is gone (`event`): the calls that waited on it fail."""
+        for call_id, pending in waiting:
+            for rank, target in list(pending.peers.items()):
+                if target is peer:
+                    self.settle(call_id, rank, error=gone_error(peer, event, pending.mesh))
+            if pending.home is not None:
+                pending.home.wake()
+
+
+def gone_error(
+    peer: ProcPeer, event: SupervisionEvent, mesh: ActorMeshView | None
+) -> SupervisionError:
+    """The error for a call to an actor on `peer`, whose proc failed or was stopped (`event`):
+    about the actor when the actor mesh called is known, else about the proc."""
+    return SupervisionError(event if mesh is None else mesh.proc_failed(peer, event))
+
+
+def _actor_error(
+    fields: dict[str, Any], original: bytes | None, original_class: bytes | None
+) -> ActorError:
+    """Rebuild the caller's ActorError. It keeps the original type even when the exception
+    instance cannot be unpickled here (a constructor with extra arguments, say)."""
+    exception = _unpickled_or_none(original)
+    exception_class = _unpickled_or_none(original_class) if exception is None else None
+    message = (
+        f"endpoint {fields['endpoint']!r} of mesh {fields['mesh_name']!r} at rank "
+        f"{fields['rank']} (pid {fields['pid']} on {fields['host']}) raised "
+        f"{fields['exception_type']}: {fields['message']}"
+    )
+    fields = {k: v for k, v in fields.items() if k not in ("message", "call_rank")}
+    return ActorError.wrap(message, exception=exception, exception_class=exception_class, **fields)
+
+
+def _unpickled_or_none(data: bytes | None) -> Any:
+    if data is None:
+        return None
+    try:
+        return loads(data)
+    except Exception:
+        return None

@@ -1,0 +1,172 @@
+"""`EventLoop`: the event loop of one process, which receives from its inbox and dispatches.
+
+In the client it runs on a daemon thread, so user code on the main thread stays free; in a
+proc it runs on the main thread. A `Future.get()` made on the loop thread itself (blocking code
+in an async endpoint) pumps the inbox instead of blocking it (`pump_until`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from mesh._engine.future import Future
+from transport import Envelope, Inbox
+
+_RECEIVE_BATCH = 256
+
+
+class EventLoop:
+    """Runs anyio on one thread, dispatching every message of `inbox` to `dispatch`."""
+
+    def __init__(self, inbox: Inbox, dispatch: Callable[[Envelope], None], pid: int) -> None:
+        self.pid = pid
+        self._inbox = inbox
+        self._dispatch = dispatch
+        self._thread: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._context = contextvars.Context()  # the event loop's, for call_soon
+        self._wakeup: anyio.Event | None = None
+        self._task_group: Any = None
+        self._started = threading.Event()
+        self._stopping = False
+        self.finished = threading.Event()
+        self._nested = 0
+
+    def run(self) -> None:
+        """Run the event loop on this thread until `stop` (or `request_stop`)."""
+        try:
+            anyio.run(self._main)
+        finally:
+            self.finished.set()
+
+    def start_in_thread(self) -> None:
+        threading.Thread(target=self.run, name="meshvisor-runtime", daemon=True).start()
+        self._started.wait()
+
+    async def _main(self) -> None:
+        self._thread = threading.get_ident()
+        self._loop = asyncio.get_running_loop()
+        self._context = contextvars.copy_context()
+        self._wakeup = anyio.Event()
+        async with anyio.create_task_group() as task_group:
+            self._task_group = task_group
+            self._loop.add_reader(self._inbox.fileno(), self._on_readable)
+            self._started.set()
+            self._on_readable()  # anything that arrived before the reader was installed
+            await self._wakeup.wait()
+            self._loop.remove_reader(self._inbox.fileno())
+            task_group.cancel_scope.cancel()
+
+    def _on_readable(self) -> None:
+        """Called by the event loop whenever the inbox may have messages: dispatch them."""
+        if self._nested:
+            return  # a pumping Future.get() further up this thread's stack is receiving
+        if not self._drain(_RECEIVE_BATCH) and not self._stopping:
+            assert self._loop is not None
+            self._loop.call_soon(self._on_readable)  # let other tasks run, then continue
+
+    def _drain(self, limit: int) -> bool:
+        """Dispatch up to `limit` waiting messages; True when the inbox is empty."""
+        for _ in range(limit):
+            envelope = self._inbox.receive_nowait()
+            if envelope is None:
+                return True
+            self._dispatch(envelope)
+        return False
+
+    def pump_until(self, future: Future[Any], timeout: float | None) -> None:
+        """Receive and dispatch on this (loop) thread until `future` is done or time is up."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._nested += 1
+        try:
+            while not future.finished():
+                envelope = self._inbox.receive_nowait()
+                if envelope is not None:
+                    self._dispatch(envelope)
+                    continue
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                self._inbox.poll(None if remaining is None else max(1, int(remaining * 1000)))
+            self._drain(1 << 30)  # leave nothing behind the edge-triggered descriptor
+        finally:
+            self._nested -= 1
+
+    # -- scheduling ----------------------------------------------------------------------------
+
+    def on_loop_thread(self) -> bool:
+        return threading.get_ident() == self._thread
+
+    def dispatch_elsewhere(self, envelope: Envelope) -> None:
+        """Hand a message received off the loop thread to the loop thread."""
+        loop = self._loop
+        if loop is not None:
+            loop.call_soon_threadsafe(self._dispatch, envelope)
+
+    def call_soon(self, function: Callable[..., Any], *args: Any) -> None:
+        """Run `function(*args)` on the loop thread soon, from any thread, in the loop's own
+        context (where anyio finds its backend); a no-op once the loop has closed."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(function, *args, context=self._context)
+
+    def call_later(self, delay_s: float, function: Callable[..., Any], *args: Any) -> None:
+        """Run `function(*args)` on the loop thread after `delay_s` (loop thread only)."""
+        assert self._loop is not None
+        self._loop.call_later(delay_s, function, *args)
+
+    def call_soon_threadsafe(self, function: Callable[..., Any], *args: Any) -> None:
+        """Run `function(*args)` soon on the loop thread, from any thread (a no-op once the
+        loop has finished: close() cleans up then)."""
+        loop = self._loop
+        if loop is None or self.finished.is_set():
+            return
+        try:
+            loop.call_soon_threadsafe(function, *args)
+        except RuntimeError:  # the loop has just closed
+            pass
+
+    def start_task(self, function: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Start a task on the event loop (loop thread only)."""
+        self._task_group.start_soon(function, *args)
+
+    def watch_fd(self, fd: int, on_readable: Callable[[], None]) -> None:
+        """Call `on_readable()` on the loop thread once `fd` becomes readable (any thread)."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._loop.add_reader, fd, on_readable)
+
+    def unwatch_fd(self, fd: int) -> None:
+        """Stop watching `fd` (loop thread only)."""
+        assert self._loop is not None
+        self._loop.remove_reader(fd)
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the event loop to finish (from any thread) and wait for it."""
+        if self._thread is None or self.finished.is_set():
+            return
+        if self.on_loop_thread():
+            self.request_stop()
+            return
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(self.request_stop)
+        except RuntimeError:  # the loop has already closed
+            return
+        self.finished.wait(5)
+
+    def request_stop(self) -> None:
+        """Finish the event loop after the current callback (loop thread only)."""
+        self._stopping = True
+        assert self._wakeup is not None
+        self._wakeup.set()

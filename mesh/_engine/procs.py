@@ -1,0 +1,237 @@
+"""`ProcLifecycle`: what a process learns about the procs it calls or owns, and what follows.
+
+Procs become ready, are replaced by a re-spawn, exit, fail to spawn, or are stopped on purpose.
+A proc that is gone fails the calls waiting on it; the failure of an owned one goes to its
+restart policy, else up the supervision tree, as the actor meshes on it see it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from mesh._engine.calltable import CallTable
+from mesh._engine.fork import check_not_forked
+from mesh._engine.messages import (
+    ActorFailed,
+    ProcExited,
+    ProcReady,
+    ProcReplaced,
+    SpawnFailed,
+    StopProcs,
+)
+from mesh._engine.ownership import Ownership
+from mesh._engine.peers import ProcPeer
+from mesh._engine.restarts import Restarts
+from mesh._engine.supervisor import Supervisor
+from supervision import EventKind, SupervisionError, SupervisionEvent
+from transport import Envelope, Outbox, Payload, get_logger
+
+
+class ProcsHost(Protocol):
+    """What the procs' lifecycle needs of the runtime."""
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def closing(self) -> bool:
+        """Whether the process is shutting down: exits are expected then."""
+        ...
+
+    @property
+    def outbox(self) -> Outbox: ...
+
+    def send_message(self, address: str, header: Any, payload: Payload | None = None) -> None: ...
+
+
+class ProcLifecycle:
+    """Handles the proc-lifecycle messages, and stops procs on purpose."""
+
+    def __init__(
+        self,
+        runtime: ProcsHost,
+        ownership: Ownership,
+        calls: CallTable,
+        supervisor: Supervisor,
+        restarts: Restarts,
+        proc_id: str,
+    ) -> None:
+        self._runtime = runtime
+        self._ownership = ownership
+        self._lock = ownership.lock
+        self._calls = calls
+        self._supervisor = supervisor
+        self._restarts = restarts
+        self._log = get_logger("mesh.runtime", proc=proc_id)
+
+    # -- coming up -----------------------------------------------------------------------------
+
+    def on_proc_replaced(self, envelope: Envelope) -> None:
+        """A proc this process calls (but does not own) was re-spawned: follow it."""
+        header: ProcReplaced = envelope.header
+        peer = self._ownership.peer(header.old_proc_id)
+        if peer is None or peer.owned:
+            return
+        self._ownership.rekey(peer, header.proc_id)
+        with self._lock:
+            if peer.state != "starting":  # its old proc's exit never reached us
+                peer.hold()
+        self._peer_ready(ProcReady(header.proc_id, header.address, header.pid, header.host))
+
+    def on_proc_ready(self, envelope: Envelope) -> None:
+        self._peer_ready(envelope.header)
+
+    def _peer_ready(self, header: ProcReady) -> None:
+        with self._lock:
+            peer = self._ownership.peer(header.proc_id)
+            if peer is None or peer.state != "starting":
+                return
+            peer.address, peer.pid, peer.host, peer.state = (
+                header.address,
+                header.pid,
+                header.host,
+                "ready",
+            )
+            queued, peer.queued = peer.queued, []
+            for frames in queued:
+                self._runtime.outbox.send(header.address, frames)
+        peer.ready.set_result(None)
+        self._log.info("proc_ready", proc=header.proc_id, pid=header.pid, address=header.address)
+
+    # -- going away ----------------------------------------------------------------------------
+
+    def on_proc_exited(self, envelope: Envelope) -> None:
+        header: ProcExited = envelope.header
+        peer = self._ownership.peer(header.proc_id)
+        if peer is None:
+            return
+        kind: EventKind
+        if header.requested or peer.state == "stopping":
+            kind, message = "stopped", "by its owner"
+        elif header.hung:
+            kind, message = "hung", f"it was killed by the host agent ({header.signal})"
+            if header.why_hung:
+                message = f"{header.why_hung}; {message}"
+        elif header.signal is not None:
+            kind, message = "signal", ""
+        else:
+            kind, message = "exit", ""
+        event = peer.make_event(
+            kind,
+            message,
+            host=header.host,
+            pid=header.pid,
+            exit_code=header.exit_code,
+            signal=None if header.hung else header.signal,
+        )
+        self.mark_peer_gone(peer, event, "stopped" if kind == "stopped" else "failed")
+
+    def on_spawn_failed(self, envelope: Envelope) -> None:
+        header: SpawnFailed = envelope.header
+        peer = self._ownership.peer(header.proc_id)
+        if peer is not None:
+            event = peer.make_event("spawn_failed", header.reason, host=header.host)
+            self.mark_peer_gone(peer, event, "failed")
+
+    def mark_peer_gone(self, peer: ProcPeer, event: SupervisionEvent, state: str) -> None:
+        """Record that `peer` is gone and fail every call still waiting on it."""
+        with self._lock:
+            if peer.finished:
+                return
+            peer.state, peer.event, peer.queued = state, event, []
+            waiting = self._calls.take_waiting_on(peer)
+        if peer.address:
+            self._runtime.outbox.forget(peer.address)
+        error = SupervisionError(event)
+        ready, gone = peer.ready, peer.gone
+        escalate: SupervisionEvent | None = None
+        if state == "failed" and peer.owned and not self._runtime.closing:
+            self._supervisor.observe(self._told_to_owner(peer, event)[0])
+            # decide (and hold the peer for a restart) before anyone hears of the failure
+            escalate = self._restarts.on_proc_failure(peer, event)
+        ready.set_exception(error)
+        gone.set_result(None)
+        self._calls.fail_waiting(peer, event, waiting)
+        if escalate is not None:
+            subject, told = self._told_to_owner(peer, escalate)
+            self._supervisor.handle(subject, peer.owner_actor, tuple(told), told)
+        elif state == "stopped":
+            self._log.info("proc_stopped", proc=peer.proc_id, pid=event.pid)
+            self._forget_if_stopped(peer)
+
+    def _forget_if_stopped(self, peer: ProcPeer) -> None:
+        """Drop the bookkeeping of a stopped proc (of its whole mesh, for one spawned here):
+        handles the user still holds keep working, and say it was stopped."""
+        if peer.owned:
+            self._ownership.forget_if_stopped(peer)
+        else:
+            self._ownership.drop_peers((peer,))
+
+    def _told_to_owner(
+        self, peer: ProcPeer, event: SupervisionEvent
+    ) -> tuple[SupervisionEvent, dict[str, SupervisionEvent]]:
+        """What the owner hears of `peer`'s proc failing: the event of the first actor mesh
+        on it (the proc's own if none), and the event each handler key hears (an actor mesh's
+        handler: its actor's; the proc mesh's handler: the proc's), in the order of asking."""
+        told = {
+            actors.actor_id: actors.view().proc_failed(peer, event)
+            for actors in self._ownership.actor_meshes_on(peer)
+        }
+        subject = next(iter(told.values()), event)
+        told[peer.mesh_key] = event
+        return subject, told
+
+    def on_actor_failed(self, envelope: Envelope) -> None:
+        header: ActorFailed = envelope.header
+        event: SupervisionEvent = envelope.payload.load()  # type: ignore[union-attr]
+        self._supervisor.observe(event)
+        escalate = self._restarts.on_actor_failure(header.actor_id, header.rank, event)
+        if escalate is None:
+            return  # a restart policy takes care of it
+        peer = self._ownership.peer(event.proc_id or "")
+        keys = (header.actor_id,) + ((peer.mesh_key,) if peer is not None else ())
+        owner = self._ownership.owner_of(header.actor_id)
+        self._supervisor.handle(escalate, owner, keys)
+
+    def fail_procs_of(self, agent: str, why: str) -> None:
+        """Every live proc of `agent` failed with kind "unreachable" (`why`: the agent's fate)."""
+        lost = [p for p in self._ownership.all_peers() if p.agent == agent and p.alive]
+        for peer in lost:
+            self.mark_peer_gone(
+                peer, peer.make_event("unreachable", f"its host agent {why}"), "failed"
+            )
+        # If the agent is only cut off, it gets this once the link is back: procs given up
+        # for lost must not live on beside their replacements.
+        owned = tuple(p.proc_id for p in lost if p.owned)
+        if owned:
+            self._runtime.send_message(agent, StopProcs(owned, 0.0))
+
+    # -- stopping on purpose -------------------------------------------------------------------
+
+    def stop_peers(self, peers: list[ProcPeer], grace_s: float, why: str = "by its owner") -> None:
+        """Stop these procs on purpose: gracefully, SIGKILL after `grace_s`; their exit is
+        reported as "stopped", never as a failure."""
+        check_not_forked(self._runtime.pid)
+        by_agent: dict[str, list[str]] = {}
+        with self._lock:
+            for peer in peers:
+                if peer.alive and peer.agent is not None:
+                    peer.state, peer.event = "stopping", peer.stopped_event(why)
+                    by_agent.setdefault(peer.agent, []).append(peer.proc_id)
+        for agent, proc_ids in by_agent.items():
+            self._runtime.send_message(
+                agent, StopProcs(tuple(proc_ids), grace_s, self._runtime.address)
+            )
+
+    def stop_owned_by(self, actor_id: str, grace_s: float = 5.0) -> None:
+        """Stop every proc that actor `actor_id` spawned (a mesh never outlives its owner)."""
+        owned = [p for p in self._ownership.all_peers() if p.owner_actor == actor_id]
+        self.stop_peers(owned, grace_s, "because its owner stopped or failed")
+
+    def stop_all_owned(self, grace_s: float) -> None:
+        """Ask the agents to stop every proc this process spawned (at shutdown)."""
+        owned = [p for p in self._ownership.all_peers() if p.owned and p.alive]
+        self.stop_peers(owned, grace_s)
