@@ -2,8 +2,9 @@
 
 ``__ping__`` answers the proc's pid once the actor runs (health probes); for fault injection,
 ``__fail_next__`` makes the next call of an endpoint raise and ``__exit_process__`` makes the
-proc exit with a code. A handler turns the call's arguments into the function the call runs, so
+proc exit with a code. A handler turns the call's payload into the function the call runs, so
 built-ins go through the same call path as user endpoints (the same checks, context and reply).
+Only the handlers that take arguments unpickle the payload: a probe must not depend on it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from transport import get_logger
+from transport import Payload, get_logger
 
 
 class InjectedFailures:
@@ -38,27 +39,35 @@ class InjectedFailures:
         return found[1]
 
 
-#: A built-in endpoint: from the call's positional arguments, the actor's id and the proc's
-#: injected failures, the no-argument function the call runs.
-Builtin = Callable[[tuple[Any, ...], str, InjectedFailures], Callable[[], object]]
+#: A built-in endpoint: from the call's payload ((args, kwargs), still pickled), the actor's id
+#: and the proc's injected failures, the no-argument function the call runs.
+Builtin = Callable[[Payload | None, str, InjectedFailures], Callable[[], object]]
 
 
-def _ping(args: tuple[Any, ...], actor_id: str, injected: InjectedFailures) -> Callable[[], int]:
+def _ping(payload: Payload | None, actor_id: str, injected: InjectedFailures) -> Callable[[], int]:
     return os.getpid
 
 
 def _fail_next(
-    args: tuple[Any, ...], actor_id: str, injected: InjectedFailures
+    payload: Payload | None, actor_id: str, injected: InjectedFailures
 ) -> Callable[[], None]:
-    endpoint, error = args
+    endpoint, error = _positional(payload)
     injected.install(actor_id, endpoint, error)
     return _nothing
 
 
 def _exit_process(
-    args: tuple[Any, ...], actor_id: str, injected: InjectedFailures
+    payload: Payload | None, actor_id: str, injected: InjectedFailures
 ) -> Callable[[], object]:
-    return functools.partial(os._exit, args[0])
+    return functools.partial(os._exit, _positional(payload)[0])
+
+
+def _positional(payload: Payload | None) -> tuple[Any, ...]:
+    """The positional arguments of a built-in call."""
+    if payload is None:
+        raise ValueError("this built-in endpoint needs arguments, and its call came without")
+    args: tuple[Any, ...] = payload.load()[0]
+    return args
 
 
 def _nothing() -> None:

@@ -220,7 +220,7 @@ class ActorHost:
                 return functools.partial(_raise, injected)
         try:
             if builtin is not None:
-                return builtin(work.arguments()[0], actor.actor_id, self._injected)
+                return builtin(work.payload, actor.actor_id, self._injected)
             found = actor.endpoints.get(header.endpoint)
             if found is None:
                 raise AttributeError(
