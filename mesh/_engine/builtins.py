@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Mapping
-from types import MappingProxyType
 from typing import Any
 
 from transport import Payload, get_logger
@@ -74,6 +73,8 @@ def _nothing() -> None:
     return None
 
 
-BUILTINS: Mapping[str, Builtin] = MappingProxyType(
-    {"__ping__": _ping, "__fail_next__": _fail_next, "__exit_process__": _exit_process}
-)
+BUILTINS: Mapping[str, Builtin] = {
+    "__ping__": _ping,
+    "__fail_next__": _fail_next,
+    "__exit_process__": _exit_process,
+}

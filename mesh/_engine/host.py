@@ -44,14 +44,14 @@ class ActorHost:
         self._injected = InjectedFailures()
         self._replier = Replier(services)
         workers = Workers(f"meshvisor-actors-{services.proc_id}")
-        self._lanes = Lanes(services, workers, self._run_sync, self._call_async)
-        self._child_failures = ChildFailures(services, workers, self._fail_with)
-        self._sync_runners: dict[Kind, SyncRunner] = {
+        sync_runners: dict[Kind, SyncRunner] = {
             Kind.CONSTRUCT: self._construct,
             Kind.CALL: self._call_sync,
             Kind.BUILTIN: self._call_sync,
             Kind.STOP: self._stop,
         }
+        self._lanes = Lanes(services, workers, sync_runners, self._call_async)
+        self._child_failures = ChildFailures(services, workers, self._fail_with)
         self._log = get_logger("mesh.actor")
 
     def deliver(self, envelope: Envelope) -> None:
@@ -124,10 +124,6 @@ class ActorHost:
 
     # -- the work of a mailbox -----------------------------------------------------------------
 
-    def _run_sync(self, actor: HostedActor, work: Work[Any]) -> None:
-        """Worker thread: one message of the sync lane."""
-        self._sync_runners[work.kind](actor, work)
-
     def _construct(self, actor: HostedActor, work: Work[SpawnActor]) -> None:
         token = enter_context(actor.home)
         try:
@@ -164,7 +160,8 @@ class ActorHost:
             return
         finally:
             exit_context(token)
-        self._call_returned(actor, work.header, result)
+        if actor.end_call(work.header):
+            self._replier.value(actor, work.header, result)
 
     async def _call_async(self, actor: HostedActor, work: Work[CallActor]) -> None:
         """Event loop task: a call of an async endpoint (cancelled only when the proc ends)."""
@@ -182,7 +179,8 @@ class ActorHost:
             return
         finally:
             exit_context(token)
-        self._call_returned(actor, work.header, result)
+        if actor.end_call(work.header):
+            self._replier.value(actor, work.header, result)
 
     def _start_call(self, actor: HostedActor, work: Work[CallActor]) -> Callable[[], Any] | None:
         """The function the call runs, or None after telling the caller why it cannot run."""
@@ -192,10 +190,6 @@ class ActorHost:
         if function is not None:
             actor.running = work.header
         return function
-
-    def _call_returned(self, actor: HostedActor, header: CallActor, result: Any) -> None:
-        if actor.end_call(header):
-            self._replier.value(actor, header, result)
 
     def _call_raised(self, actor: HostedActor, header: CallActor, exc: BaseException) -> None:
         if actor.end_call(header):

@@ -7,14 +7,14 @@ actor's mailbox: when the next message belongs to the other lane, it hands the m
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
 
 from mesh._engine.host_services import HostServices
 from mesh._engine.hosted_actor import HostedActor
-from mesh._engine.work import Work
+from mesh._engine.work import Kind, Work
 from mesh._engine.workers import Workers
 
 #: Runs one piece of work of an actor: on a worker thread (sync) or in a task (async).
@@ -23,18 +23,19 @@ AsyncRunner = Callable[[HostedActor, Work[Any]], Awaitable[None]]
 
 
 class Lanes:
-    """Drains actors' mailboxes: `run_sync` on worker threads, `run_async` in loop tasks."""
+    """Drains actors' mailboxes: on worker threads with the runner `sync_runners` has for the
+    work's kind, in loop tasks with `run_async` (calls of async endpoints)."""
 
     def __init__(
         self,
         services: HostServices,
         workers: Workers,
-        run_sync: SyncRunner,
+        sync_runners: Mapping[Kind, SyncRunner],
         run_async: AsyncRunner,
     ) -> None:
         self._services = services
         self._workers = workers
-        self._run_sync = run_sync
+        self._sync_runners = sync_runners
         self._run_async = run_async
 
     def post(self, actor: HostedActor, work: Work[Any], *, first: bool = False) -> None:
@@ -58,7 +59,7 @@ class Lanes:
         """Worker thread: handle the actor's messages, in order, until one is async."""
         try:
             while (work := self._next(actor, in_task=False)) is not None:
-                self._run_sync(actor, work)
+                self._sync_runners[work.kind](actor, work)
         except BaseException:
             self._idle(actor)
             raise

@@ -7,18 +7,18 @@ what runs, what answers the caller) reads the `kind` and the built-in handler ch
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from mesh._engine.builtins import BUILTINS, Builtin
 from mesh._engine.messages import CallActor, SpawnActor, StopActor
 from transport import Envelope, Payload
 
-H = TypeVar("H", SpawnActor, CallActor, StopActor)
+H = TypeVar("H", bound=SpawnActor | CallActor | StopActor)
 
 
-class Kind(enum.Enum):
-    """What a message asks of an actor."""
+class Kind(enum.StrEnum):
+    """What a message asks of an actor (a str enum: it keys the runner tables, and a str hashes
+    faster than a plain enum member, once per message)."""
 
     CONSTRUCT = "construct"  # build the actor (SpawnActor)
     CALL = "call"  # run one of its user endpoints (CallActor)
@@ -30,9 +30,10 @@ class Kind(enum.Enum):
 CALL_KINDS = frozenset({Kind.CALL, Kind.BUILTIN})
 
 
-@dataclass(frozen=True, slots=True)
-class Work(Generic[H]):
-    """One message for an actor and what it asks: `builtin` is the handler of a built-in call."""
+class Work(NamedTuple, Generic[H]):
+    """One message for an actor and what it asks: `builtin` is the handler of a built-in call.
+    Immutable: a named tuple, which builds in half the time of a frozen dataclass (one is made
+    per message)."""
 
     kind: Kind
     header: H
