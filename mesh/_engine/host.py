@@ -45,10 +45,10 @@ class ActorHost:
         self._replier = Replier(services)
         workers = Workers(f"meshvisor-actors-{services.proc_id}")
         sync_runners: dict[Kind, SyncRunner] = {
-            Kind.CONSTRUCT: self._construct,
-            Kind.CALL: self._call_sync,
-            Kind.BUILTIN: self._call_sync,
-            Kind.STOP: self._stop,
+            "construct": self._construct,
+            "call": self._call_sync,
+            "builtin": self._call_sync,
+            "stop": self._stop,
         }
         self._lanes = Lanes(services, workers, sync_runners, self._call_async)
         self._child_failures = ChildFailures(services, workers, self._fail_with)
@@ -57,7 +57,7 @@ class ActorHost:
     def deliver(self, envelope: Envelope) -> None:
         """Classify a message for an actor and queue it in the actor's mailbox (loop thread)."""
         work = classify(envelope)
-        if work.kind is Kind.CONSTRUCT:
+        if work.kind == "construct":
             self._spawned(work)
             return
         actor = self._actors.get(work.header.actor_id)

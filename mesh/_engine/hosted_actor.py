@@ -10,7 +10,7 @@ from typing import Any
 from mesh._actor import EndpointDef
 from mesh._context import Context, actor_identity
 from mesh._engine.messages import CallActor, SpawnActor
-from mesh._engine.work import CALL_KINDS, Kind, Work
+from mesh._engine.work import CALL_KINDS, Work
 from mesh._shape import Extent, Point
 from supervision import SupervisionEvent
 
@@ -70,7 +70,7 @@ class HostedActor:
     def runs_in_task(self, work: Work[Any]) -> bool:
         """Whether `work` runs in a task on the event loop (a call of an async endpoint of a
         built actor) rather than on a worker thread."""
-        if work.kind is not Kind.CALL or self.state != "running":
+        if work.kind != "call" or self.state != "running":
             return False
         found = self.endpoints.get(work.header.endpoint)
         return found is not None and found.is_async

@@ -6,8 +6,7 @@ what runs, what answers the caller) reads the `kind` and the built-in handler ch
 
 from __future__ import annotations
 
-import enum
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 from mesh._engine.builtins import BUILTINS, Builtin
 from mesh._engine.messages import CallActor, SpawnActor, StopActor
@@ -16,18 +15,13 @@ from transport import Envelope, Payload
 H = TypeVar("H", bound=SpawnActor | CallActor | StopActor)
 
 
-class Kind(enum.StrEnum):
-    """What a message asks of an actor (a str enum: it keys the runner tables, and a str hashes
-    faster than a plain enum member, once per message)."""
-
-    CONSTRUCT = "construct"  # build the actor (SpawnActor)
-    CALL = "call"  # run one of its user endpoints (CallActor)
-    BUILTIN = "builtin"  # run an endpoint every actor has, from `BUILTINS` (CallActor)
-    STOP = "stop"  # stop it after what is queued before (StopActor)
-
+#: What a message asks of an actor: "construct" it (SpawnActor), run one of its user endpoints
+#: ("call", CallActor) or an endpoint every actor has ("builtin", from `BUILTINS`), or "stop" it
+#: after what is queued before (StopActor). Plain strings: read once or twice per message.
+Kind = Literal["construct", "call", "builtin", "stop"]
 
 #: The kinds that answer a caller with the outcome of an endpoint.
-CALL_KINDS = frozenset({Kind.CALL, Kind.BUILTIN})
+CALL_KINDS: frozenset[Kind] = frozenset({"call", "builtin"})
 
 
 class Work(NamedTuple, Generic[H]):
@@ -43,7 +37,7 @@ class Work(NamedTuple, Generic[H]):
     def arguments(self) -> Any:
         """The message's payload, unpickled (raises what unpickling raises)."""
         if self.payload is None:
-            raise ValueError(f"the {self.kind.value} message came without its arguments")
+            raise ValueError(f"the {self.kind} message came without its arguments")
         return self.payload.load()
 
 
@@ -54,10 +48,10 @@ def classify(envelope: Envelope) -> Work[Any]:
     if kind is CallActor:
         builtin = BUILTINS.get(header.endpoint)
         if builtin is None:
-            return Work(Kind.CALL, header, envelope.payload)
-        return Work(Kind.BUILTIN, header, envelope.payload, builtin)
+            return Work("call", header, envelope.payload)
+        return Work("builtin", header, envelope.payload, builtin)
     if kind is SpawnActor:
-        return Work(Kind.CONSTRUCT, header, envelope.payload)
+        return Work("construct", header, envelope.payload)
     if kind is StopActor:
-        return Work(Kind.STOP, header, envelope.payload)
+        return Work("stop", header, envelope.payload)
     raise TypeError(f"an actor cannot handle a {kind.__name__} message")
