@@ -1,0 +1,43 @@
+"""`HostServices`: what the actor host needs from its process's runtime, and nothing more.
+
+The host depends on this interface instead of on `Runtime`, so the runtime can own a host
+without the two importing each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from transport import Payload
+
+
+class HostServices(Protocol):
+    """Sending, scheduling on the event loop, and stopping what an actor owns."""
+
+    @property
+    def proc_id(self) -> str: ...
+
+    @property
+    def hostname(self) -> str: ...
+
+    @property
+    def pid(self) -> int: ...
+
+    def send_message(self, address: str, header: Any, payload: Payload | None = None) -> None:
+        """Send one message; an unreachable address is logged, never raised."""
+
+    def send_frames(self, address: str, header: Any, frames: list[Any]) -> None:
+        """Send the frames `transport.encode` made for `header`."""
+
+    def call_soon(self, function: Callable[..., Any], *args: Any) -> None:
+        """Run `function(*args)` on the loop thread soon, from any thread."""
+
+    def call_later(self, delay_s: float, function: Callable[..., Any], *args: Any) -> None:
+        """Run `function(*args)` on the loop thread after `delay_s` (loop thread only)."""
+
+    def start_task(self, function: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Start a task on the event loop (loop thread only)."""
+
+    def stop_owned_by(self, actor_id: str, grace_s: float = ...) -> None:
+        """Stop every proc that actor `actor_id` spawned (a mesh never outlives its owner)."""

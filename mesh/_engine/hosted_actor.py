@@ -1,0 +1,124 @@
+"""`HostedActor`: one actor living in this proc: its instance, state, mailbox and contexts."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import deque
+from typing import Any
+
+from mesh._actor import EndpointDef
+from mesh._context import Context, actor_identity
+from mesh._engine.messages import CallActor, SpawnActor
+from mesh._engine.work import CALL_KINDS, Work
+from mesh._shape import Extent, Point
+from supervision import SupervisionEvent
+
+#: The states in which an actor still has a future: it is being built, or it runs.
+ALIVE = ("starting", "running")
+
+
+class HostedActor:
+    """The state of one actor. `lock` guards the mailbox, `busy`, `running` and the queue of
+    child failures, which the event loop, worker threads and tasks all touch."""
+
+    __slots__ = (
+        "actor_id",
+        "busy",
+        "contexts",
+        "endpoints",
+        "event",
+        "home",
+        "instance",
+        "lock",
+        "mailbox",
+        "mesh_id",
+        "mesh_name",
+        "owner",
+        "running",
+        "state",
+        "supervising",
+        "to_supervise",
+    )
+
+    def __init__(self, header: SpawnActor, proc_id: str, host: str, pid: int) -> None:
+        self.mesh_id = header.actor_id  # one actor per mesh and proc: its key here
+        self.actor_id = actor_identity(header.actor_id, header.rank)
+        self.mesh_name = header.mesh_name
+        self.owner = header.owner
+        point = Extent(header.labels, header.sizes).point(header.rank)
+        #: Its context at its point in the mesh it was spawned in (constructor, supervision).
+        self.home = Context(
+            self.actor_id, self.mesh_name, point, proc_id, host, pid, header.restart_count
+        )
+        self.instance: Any = None
+        self.endpoints: dict[str, EndpointDef[..., Any]] = {}
+        self.mailbox: deque[Work[Any]] = deque()
+        self.busy = False  # a worker thread or a task is handling the mailbox
+        self.lock = threading.Lock()
+        self.running: CallActor | None = None  # the call in progress, if any
+        self.to_supervise: deque[SupervisionEvent] = deque()
+        self.supervising = False
+        self.state = "starting"
+        self.event: SupervisionEvent | None = None  # why it failed
+        self.contexts: dict[tuple[tuple[str, ...], tuple[int, ...], int], Context] = {}
+
+    @property
+    def point(self) -> Point:
+        return self.home.rank
+
+    def runs_in_task(self, work: Work[Any]) -> bool:
+        """Whether `work` runs in a task on the event loop (a call of an async endpoint of a
+        built actor) rather than on a worker thread."""
+        if work.kind != "call" or self.state != "running":
+            return False
+        found = self.endpoints.get(work.header.endpoint)
+        return found is not None and found.is_async
+
+    def call_context(self, header: CallActor) -> Context:
+        """Its context for a call: its point in the mesh (or slice) the call was sent to."""
+        key = (header.labels, header.sizes, header.rank)
+        found = self.contexts.get(key)
+        if found is None:
+            point = Extent(header.labels, header.sizes).point(header.rank)
+            found = self.contexts[key] = dataclasses.replace(self.home, rank=point)
+        return found
+
+    def stop(self) -> bool:
+        """Mark it stopped; False if it was no longer alive (stopped or failed before)."""
+        if self.state not in ALIVE:
+            return False
+        self.state, self.instance = "stopped", None
+        return True
+
+    def end_call(self, header: CallActor) -> bool:
+        """The endpoint returned or raised: whether its caller still waits for the outcome
+        (not when the actor failed meanwhile: failing it answered the call already)."""
+        with self.lock:
+            ours = self.running is header
+            self.running = None
+        return ours
+
+    def take_waiting_calls(self) -> list[CallActor]:
+        """The call in progress and those queued, which no one will run now that it failed."""
+        with self.lock:
+            waiting = [self.running] if self.running is not None else []
+            waiting += [work.header for work in self.mailbox if work.kind in CALL_KINDS]
+            self.running = None
+            self.mailbox.clear()
+        return waiting
+
+    def make_event(self, kind: Any, message: str, traceback: str | None = None) -> SupervisionEvent:
+        """A supervision event about this actor."""
+        home = self.home
+        return SupervisionEvent(
+            kind,
+            self.mesh_name,
+            rank=home.rank,
+            actor_id=self.actor_id,
+            proc_id=home.proc_id,
+            host=home.host,
+            pid=home.pid,
+            message=message,
+            traceback=traceback,
+        )

@@ -1,0 +1,152 @@
+"""`Replier`: tells callers how their call to an actor of this proc ended.
+
+A value, an exception (the actor lives on) or a failure (the actor cannot serve the call). An
+outcome that cannot be sent as it is (unpicklable, too large) is sent in a form that surely
+can: a caller must never wait forever because its answer could not travel.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+from mesh._engine.host_services import HostServices
+from mesh._engine.hosted_actor import HostedActor
+from mesh._engine.messages import CallActor, Failure, Reply, StopActor
+from transport import (
+    MessageTooLarge,
+    Payload,
+    SerializationError,
+    TransportError,
+    dumps,
+    encode,
+    get_logger,
+    safe_str,
+)
+
+
+class Replier:
+    """Sends the outcome of calls (and the acknowledgement of stops) back to their callers."""
+
+    def __init__(self, services: HostServices) -> None:
+        self._services = services
+        self._log = get_logger("mesh.actor")
+
+    def value(self, actor: HostedActor, header: CallActor, result: Any) -> None:
+        """Send the result; one that cannot be sent (unpicklable, too large) fails the call."""
+        if header.reply_to is None:
+            return
+        error = self._send_value(header.reply_to, Reply(header.call_id, header.rank), result)
+        if error is not None:
+            self.exception(actor, header, _unsendable_result(header, error))
+
+    def exception(self, actor: HostedActor, header: CallActor, exc: BaseException) -> None:
+        """Tell the caller its call raised `exc`: the exception itself where it can travel,
+        else a description that surely can (an error that cannot be sent must not hang it)."""
+        assert header.reply_to is not None
+        failure = Failure(header.call_id, header.rank, "exception")
+        error: Exception | None = None
+        for detail in _exception_details(_exception_fields(actor, header, exc), exc):
+            error = self._send_value(header.reply_to, failure, detail)
+            if error is None:
+                return
+        self._log.error(
+            "reply_lost", actor_id=actor.actor_id, call_id=header.call_id, reason=safe_str(error)
+        )
+
+    def failure(self, header: CallActor | StopActor, kind: str, detail: Any) -> None:
+        """Tell the caller the actor could not serve its call (`kind`: failed, stopped...)."""
+        if header.reply_to is not None:
+            self._services.send_message(
+                header.reply_to, Failure(header.call_id, header.rank, kind), Payload.dump(detail)
+            )
+
+    def stopped(self, header: StopActor) -> None:
+        """Acknowledge a stop, to whoever waits for it."""
+        if header.reply_to is not None:
+            self._services.send_message(
+                header.reply_to, Reply(header.call_id, header.rank), Payload.dump(None)
+            )
+
+    def _send_value(self, reply_to: str, header: Any, value: Any) -> Exception | None:
+        """Send `value` with `header`, or return why it cannot go (serialization, size)."""
+        try:
+            frames = encode(header, Payload.dump(value))
+        except Exception as exc:  # whatever pickling raises must not lose the call
+            return exc
+        self._services.send_frames(reply_to, header, frames)
+        return None
+
+
+def _exception_fields(actor: HostedActor, header: CallActor, exc: BaseException) -> dict[str, Any]:
+    return {
+        "exception_type": type(exc).__qualname__,
+        "message": safe_str(exc),
+        "remote_traceback": format_traceback(exc),
+        "mesh_name": actor.mesh_name,
+        "rank": dict(actor.point),
+        "call_rank": dict(actor.call_context(header).rank),
+        "actor_id": actor.actor_id,
+        "endpoint": header.endpoint,
+        "host": actor.home.host,
+        "pid": actor.home.pid,
+    }
+
+
+def _pickled_or_none(value: object) -> bytes | None:
+    """`value` pickled in-band, or None when it cannot be (the caller then does without)."""
+    try:
+        body, buffers = dumps(value)
+    except Exception:
+        return None
+    return None if buffers else body
+
+
+def _exception_details(fields: dict[str, Any], exc: BaseException) -> Iterator[tuple[Any, ...]]:
+    """What a caller is told of `exc`, from everything to what surely fits in a message."""
+    exception_class = _pickled_or_none(type(exc))
+    yield fields, _pickled_or_none(exc), exception_class
+    clipped = {
+        **fields,
+        "message": clip(fields["message"]),
+        "remote_traceback": clip(fields["remote_traceback"]),
+    }
+    yield clipped, None, exception_class
+    yield clipped, None, None
+
+
+def _unsendable_result(header: CallActor, error: Exception) -> TransportError:
+    """The error a caller gets for a result that could not be sent back; it keeps the
+    transport's error type (SerializationError, MessageTooLarge), so it can be caught as such."""
+    where = f"the result of endpoint {header.endpoint!r}"
+    wrapped: TransportError
+    if isinstance(error, MessageTooLarge):
+        wrapped = MessageTooLarge(f"{where} could not be sent back: {safe_str(error)}")
+    elif isinstance(error, SerializationError):
+        wrapped = SerializationError(f"{where} could not be serialized: {safe_str(error)}")
+    else:
+        why = f"{type(error).__name__}: {safe_str(error)}"
+        wrapped = SerializationError(f"{where} could not be serialized: {why}")
+    wrapped.__cause__ = error
+    return wrapped
+
+
+def format_traceback(exc: BaseException) -> str:
+    """The formatted traceback of `exc`, or why it could not be formatted."""
+    try:
+        return "".join(traceback.format_exception(exc))
+    except Exception as error:
+        return f"<the traceback could not be formatted: {type(error).__name__}>"
+
+
+#: The longest message or traceback text sent when the full one does not fit.
+_CLIP_CHARS = 8000
+
+
+def clip(text: str) -> str:
+    """`text`, or its beginning and end when it is longer than `_CLIP_CHARS`."""
+    if len(text) <= _CLIP_CHARS:
+        return text
+    half = _CLIP_CHARS // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters left out ...]\n{text[-half:]}"
