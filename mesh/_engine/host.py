@@ -1,6 +1,7 @@
 """`ActorHost`: the actors living in this process, each with a FIFO mailbox.
 
-A message for an actor is classified once, when it arrives (`classify`), then queued in its
+A message for an actor is classified once, when it arrives: the runtime's handler table picks
+the entry for its type (`message_handlers`), which builds its `Work` and queues it in the
 actor's mailbox. One actor handles one message at a time, in arrival order (`Lanes`): its sync
 code (constructor, sync endpoints, built-ins) runs on a worker thread, so it sees no running
 event loop and may block, even on a call to another actor of this process; its async endpoints
@@ -25,7 +26,7 @@ from mesh._engine.lanes import Lanes, SyncRunner
 from mesh._engine.messages import ActorFailed, CallActor, SpawnActor, StopActor
 from mesh._engine.replying import Replier, clip, format_traceback
 from mesh._engine.supervising import ChildFailures
-from mesh._engine.work import Kind, Work, classify
+from mesh._engine.work import Kind, Work, call_work
 from mesh._engine.workers import Workers
 from supervision import SupervisionEvent
 from transport import Envelope, Payload, get_logger, safe_str
@@ -54,12 +55,25 @@ class ActorHost:
         self._child_failures = ChildFailures(services, workers, self._fail_with)
         self._log = get_logger("mesh.actor")
 
-    def deliver(self, envelope: Envelope) -> None:
-        """Classify a message for an actor and queue it in the actor's mailbox (loop thread)."""
-        work = classify(envelope)
-        if work.kind == "construct":
-            self._spawned(work)
-            return
+    def message_handlers(self) -> dict[type, Callable[[Envelope], None]]:
+        """The runtime's table entries for the messages actors take (called on the loop thread)."""
+        return {
+            CallActor: self._on_call,
+            SpawnActor: self._on_spawn,
+            StopActor: self._on_stop,
+        }
+
+    def _on_call(self, envelope: Envelope) -> None:
+        self._post(call_work(envelope))
+
+    def _on_spawn(self, envelope: Envelope) -> None:
+        self._spawned(Work("construct", envelope.header, envelope.payload))
+
+    def _on_stop(self, envelope: Envelope) -> None:
+        self._post(Work("stop", envelope.header, envelope.payload))
+
+    def _post(self, work: Work[Any]) -> None:
+        """Queue `work` in its actor's mailbox, or hold it until the actor is built here."""
         actor = self._actors.get(work.header.actor_id)
         if actor is None:
             self._hold_until_spawned(work)

@@ -27,7 +27,6 @@ from mesh._engine.loop import EventLoop
 from mesh._engine.messages import (
     ActorFailed,
     AgentAlive,
-    CallActor,
     Failure,
     InboxClosed,
     ProcExited,
@@ -35,9 +34,7 @@ from mesh._engine.messages import (
     ProcReplaced,
     Reply,
     SetFaultRules,
-    SpawnActor,
     SpawnFailed,
-    StopActor,
     StopProc,
 )
 from mesh._engine.ownership import Ownership
@@ -113,6 +110,7 @@ class Runtime:
             ProcReplaced: self.procs.on_proc_replaced,
             SetFaultRules: apply_fault_rules,
             InboxClosed: self._on_inbox_closed,
+            **self.host.message_handlers(),
         }
 
     # -- the event loop ------------------------------------------------------------------------
@@ -131,9 +129,6 @@ class Runtime:
     def _dispatch(self, envelope: Envelope) -> None:
         kind = type(envelope.header)
         try:
-            if kind is CallActor or kind is SpawnActor or kind is StopActor:
-                self.host.deliver(envelope)
-                return
             handler = self._handlers.get(kind)
             if handler is None:
                 self._log.warning(

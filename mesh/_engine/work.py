@@ -1,7 +1,8 @@
 """`Work`: a message for an actor, classified once when it arrives in the proc.
 
-The proc switches on the message type here and nowhere else: what follows (which lane runs it,
-what runs, what answers the caller) reads the `kind` and the built-in handler chosen here.
+The runtime's table of handlers picks the `ActorHost` entry by message type (the one switch on
+type); the entry builds the `Work`, and what follows (which lane runs it, what runs, what answers
+the caller) reads its `kind` and the built-in handler chosen in `call_work`.
 """
 
 from __future__ import annotations
@@ -41,17 +42,10 @@ class Work(NamedTuple, Generic[H]):
         return self.payload.load()
 
 
-def classify(envelope: Envelope) -> Work[Any]:
-    """The work `envelope` asks of its actor; a message of another type is a bug upstream."""
-    header = envelope.header
-    kind = type(header)
-    if kind is CallActor:
-        builtin = BUILTINS.get(header.endpoint)
-        if builtin is None:
-            return Work("call", header, envelope.payload)
-        return Work("builtin", header, envelope.payload, builtin)
-    if kind is SpawnActor:
-        return Work("construct", header, envelope.payload)
-    if kind is StopActor:
-        return Work("stop", header, envelope.payload)
-    raise TypeError(f"an actor cannot handle a {kind.__name__} message")
+def call_work(envelope: Envelope) -> Work[CallActor]:
+    """A call: to one of the actor's user endpoints, or to a built-in one (by its name)."""
+    header: CallActor = envelope.header
+    builtin = BUILTINS.get(header.endpoint)
+    if builtin is None:
+        return Work("call", header, envelope.payload)
+    return Work("builtin", header, envelope.payload, builtin)
