@@ -182,3 +182,13 @@ def test_tests_use_only_public_api() -> None:
                 if parts[0] in PACKAGES and any(part.startswith("_") for part in parts):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
     assert not offenders, "tests must use the public API or mesh.testing:\n" + "\n".join(offenders)
+
+
+@pytest.mark.parametrize(
+    ("name", "new_home"),
+    [("ReplicaGroup", "recovery"), ("replay_training", "recovery"), ("probe", "mesh.testing")],
+)
+def test_names_that_left_mesh_say_where_they_live_now(name: str, new_home: str) -> None:
+    with pytest.raises(ImportError, match=rf"use `from {new_home} import {name}`"):
+        exec(f"from mesh import {name}", {})
+    assert getattr(importlib.import_module(new_home), name) is not None
