@@ -184,9 +184,14 @@ def _session_error(what: str, error: BaseException) -> OSError:
 
 
 def write_owner_file(rundir: str) -> None:
-    """Name this process as the owner of `rundir`, so a later one can sweep it once we die."""
-    with open(os.path.join(rundir, OWNER_FILE), "w") as owner:
+    """Name this process as the owner of `rundir`, so a later one can sweep it once we die.
+    Written under another name, then renamed: whoever sees the file sees the whole pid, even if
+    this process is killed while writing it."""
+    path = os.path.join(rundir, OWNER_FILE)
+    partial = f"{path}.{os.getpid()}.partial"
+    with open(partial, "w") as owner:
         owner.write(str(os.getpid()))
+    os.replace(partial, path)
 
 
 def sweep_stale_run_dirs(base: str) -> None:
