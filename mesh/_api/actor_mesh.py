@@ -131,7 +131,7 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
         if not messages:
             return resolved(None)
         sink = GatherSink(future, Extent(("actors",), (len(peers),)), expected=len(messages))
-        runtime.send_to_procs(messages, None, sink, call_id, mesh=state.view)
+        runtime.calls.send_to_procs(messages, None, sink, call_id, mesh=state.view)
         done: Future[None] = Future(runtime, f"stop of {state.name}")
         future.add_done_callback(lambda f: done.set_result(None))
         return done

@@ -63,7 +63,7 @@ class ProcMesh(MeshBase, Stoppable):
         self._runtime.ownership.add_actor_mesh(
             ActorMeshRecord(actor_id, name, payload, extent, peers, context().actor_id)
         )
-        self._runtime.send_to_procs(messages, payload, None)
+        self._runtime.calls.send_to_procs(messages, payload, None)
         state = ActorMeshState(name, actor_id, actor_class, peers, extent)
         return ActorMesh(self._runtime, state, Region.full(extent))
 

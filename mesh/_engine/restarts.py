@@ -15,12 +15,11 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from mesh._context import actor_identity
-from mesh._engine.calls import ResultSink
+from mesh._engine.calltable import CallTable
 from mesh._engine.future import Future, LoopPump, all_done
 from mesh._engine.messages import ProcSpec, SpawnActor, SpawnProcs
 from mesh._engine.ownership import ActorMeshRecord, Ownership, ProcMeshRecord
-from mesh._engine.peers import ActorMeshView, ProcPeer
-from mesh._engine.replies import ReplyInbox
+from mesh._engine.peers import ProcPeer
 from mesh._engine.supervisor import Supervisor
 from mesh._settings import Settings
 from supervision import SupervisionEvent
@@ -37,16 +36,6 @@ class RestartHost(LoopPump, Protocol):
     def settings(self) -> Settings: ...
 
     def send_message(self, address: str, header: Any, payload: Payload | None = None) -> None: ...
-
-    def send_to_procs(
-        self,
-        messages: list[tuple[ProcPeer, Any]],
-        payload: Payload | None,
-        sink: ResultSink | None,
-        call_id: int = 0,
-        home: ReplyInbox | None = None,
-        mesh: ActorMeshView | None = None,
-    ) -> None: ...
 
     def call_later(self, delay_s: float, function: Callable[..., Any], *args: Any) -> None: ...
 
@@ -65,9 +54,15 @@ class Restarts:
     """The re-spawn machinery of one runtime."""
 
     def __init__(
-        self, runtime: RestartHost, ownership: Ownership, supervisor: Supervisor, proc_id: str
+        self,
+        runtime: RestartHost,
+        calls: CallTable,
+        ownership: Ownership,
+        supervisor: Supervisor,
+        proc_id: str,
     ) -> None:
         self._runtime = runtime
+        self._calls = calls
         self._ownership = ownership
         self._supervisor = supervisor
         self._log = get_logger("mesh.restart", proc=proc_id)
@@ -133,7 +128,7 @@ class Restarts:
                     ),
                 )
             )
-        self._runtime.send_to_procs(messages, actors.payload, None)
+        self._calls.send_to_procs(messages, actors.payload, None)
 
     # -- by hand -----------------------------------------------------------------------------
 

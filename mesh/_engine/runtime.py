@@ -18,7 +18,6 @@ from typing import Any
 import anyio
 
 from mesh._engine.agents import AgentWatch
-from mesh._engine.calls import ResultSink
 from mesh._engine.calltable import CallTable
 from mesh._engine.fault_rules import apply_fault_rules
 from mesh._engine.future import Future
@@ -38,9 +37,9 @@ from mesh._engine.messages import (
     StopProc,
 )
 from mesh._engine.ownership import Ownership
-from mesh._engine.peers import ActorMeshView, ProcPeer
+from mesh._engine.peers import ProcPeer
 from mesh._engine.procs import ProcLifecycle
-from mesh._engine.replies import ReplyInbox, ReplyRoutes
+from mesh._engine.replies import ReplyRoutes
 from mesh._engine.restarts import Restarts
 from mesh._engine.supervisor import Supervisor
 from mesh._settings import Settings, current_settings
@@ -93,7 +92,7 @@ class Runtime:
         self.supervisor = Supervisor(
             self.ownership, self.host.supervise, proc_id=proc_id, is_root=is_root
         )
-        self.restarts = Restarts(self, self.ownership, self.supervisor, proc_id)
+        self.restarts = Restarts(self, self.calls, self.ownership, self.supervisor, proc_id)
         self.procs = ProcLifecycle(
             self, self.ownership, self.calls, self.supervisor, self.restarts, proc_id
         )
@@ -196,18 +195,6 @@ class Runtime:
             self._log.warning(
                 "send_failed", to=address, kind=type(header).__name__, reason=str(exc)
             )
-
-    def send_to_procs(
-        self,
-        messages: list[tuple[ProcPeer, Any]],
-        payload: Payload | None,
-        sink: ResultSink | None,
-        call_id: int = 0,
-        home: ReplyInbox | None = None,
-        mesh: ActorMeshView | None = None,
-    ) -> None:
-        """Send one header per peer (same payload); with a `sink`, await their replies."""
-        self.calls.send_to_procs(messages, payload, sink, call_id, home, mesh)
 
     def _on_inbox_closed(self, envelope: Envelope) -> None:
         """A caller's reply inbox is gone: drop the connection made to answer it."""
