@@ -888,7 +888,7 @@ def _check_a_restarted_agent_reports_its_old_procs_unreachable(daemon: DaemonAge
 
 INCARNATION_CLIENT = textwrap.dedent("""
     import os, signal, sys, time
-    import mesh, mesh._engine.session
+    import mesh
     # Widen the window (the owner says it is alive every 0.5 s by default); only the new
     # incarnation can tell, not silence.
     mesh.configure(owner_alive_interval_s={interval!r}, agent_timeout_s=600.0)
