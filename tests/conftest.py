@@ -182,3 +182,35 @@ def no_failure_reaches_the_root(root_events: list[Any]) -> Iterator[None]:
     """No failure may reach the client root unless the test expects it (and clears it)."""
     yield
     assert not root_events, f"unexpected failures reached the client: {root_events}"
+
+
+# -- SLURM --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[Any]:
+    """A private SLURM cluster of 4 nodes (n1..n4) for the whole session; SLURM's commands run
+    by this process and its children use it (``SLURM_CONF``). Never skipped: SLURM is installed
+    by tests/install-system-packages."""
+    from job.testing import LocalSlurmCluster
+
+    cluster = LocalSlurmCluster(4)
+    cluster.start()
+    os.environ.update(cluster.env)
+    try:
+        yield cluster
+    finally:
+        for name in cluster.env:
+            os.environ.pop(name, None)
+        cluster.stop()
+
+
+@pytest.fixture
+def slurm(slurm_cluster: Any, tmp_path: Path) -> Iterator[Any]:
+    """The session's SLURM cluster for one test, with a private job directory (`slurm.jobs`,
+    to pass as ``job_dir``); every job still queued or running afterwards is cancelled, and
+    all four nodes are idle again before the next test."""
+    slurm_cluster.jobs = tmp_path / "slurm-jobs"
+    slurm_cluster.jobs.mkdir(mode=0o700)
+    yield slurm_cluster
+    slurm_cluster.restore(timeout_s=60.0)

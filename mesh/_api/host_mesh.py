@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Mapping
 
 from mesh._api.mesh_base import DEFAULT_STOP_GRACE_S, MeshBase, check_name, file_safe
@@ -104,6 +105,24 @@ class HostMesh(MeshBase):
     def _agent_addresses(self) -> list[str]:
         """The address of each host agent of this (sliced) mesh."""
         return sorted({self._agents[base] for base in self._region.ranks})
+
+    def wait_for_agents(self, timeout_s: float = 30.0) -> None:
+        """Block until every host agent of this mesh has answered this process; TimeoutError
+        naming those that did not within `timeout_s`."""
+        agents = self._agent_addresses()
+        watch = current_session().runtime.agents
+        watch.keep_alive(agents)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            silent = [agent for agent in agents if not watch.answered(agent)]
+            if not silent:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"host agents {silent} did not answer within {timeout_s:g} s: they are not "
+                    "running, not reachable from here, or use other CURVE keys"
+                )
+            time.sleep(0.01)
 
     def shutdown(self) -> Future[None]:
         """Stop the host agents of this mesh, and with them every proc they run (for an

@@ -123,6 +123,10 @@ class AgentWatch:
             for agent in sorted(new):  # known before a restart could hide it
                 loop.call_soon_threadsafe(runtime.send_message, agent, OwnerAlive(runtime.address))
 
+    def answered(self, agent: str) -> bool:
+        """Whether `agent` has answered this process since it was attached."""
+        return agent in self.incarnations and agent not in self._silent
+
     def attached_agents(self) -> list[str]:
         """The network agents this process attached to (and keeps alive)."""
         return sorted(self._attached)

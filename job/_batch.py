@@ -1,0 +1,70 @@
+"""The batch script of a SLURM job: ``python -m job._batch JOBDIR`` (sbatch runs it).
+
+It starts one job step per node (``srun`` on that node alone), each running a host agent
+(`job._node`), so that losing one node's step leaves the others running. Without a client
+script it waits while any agent runs (``scancel`` ends the job); in batch mode it runs the
+client script here, on the first node, and the job ends when the script does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from job._formats import expand_hostlist
+from job._jobdir import JobDir
+
+
+def start_agent_step(job_dir: JobDir, python: str, node: str) -> subprocess.Popen[bytes]:
+    """One job step on `node` running its host agent."""
+    return subprocess.Popen(
+        [
+            "srun",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--nodelist={node}",
+            "--overlap",
+            "--kill-on-bad-exit=0",
+            f"--job-name=meshvisor-agent-{node}",
+            python,
+            "-m",
+            "job._node",
+            str(job_dir.path),
+        ],
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def run_client(script: list[str], job_dir: JobDir) -> int:
+    """Run the batch-mode client script; its exit status."""
+    env = {**os.environ, "MESHVISOR_SLURM_JOB_DIR": str(job_dir.path)}
+    client = subprocess.Popen(script, env=env, stdin=subprocess.DEVNULL)
+    signal.signal(signal.SIGTERM, lambda *_: client.terminate())
+    return client.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.exit("usage: python -m job._batch JOBDIR (run by sbatch for a meshvisor SLURM job)")
+    job_dir = JobDir(Path(args[0]))
+    spec = job_dir.read_spec()
+    nodes = expand_hostlist(os.environ["SLURM_JOB_NODELIST"])
+    steps = [start_agent_step(job_dir, spec.python, node) for node in nodes]
+    if spec.script:
+        status = run_client(spec.script, job_dir)
+        print(f"meshvisor: the client script ended with status {status}", flush=True)
+        for step in steps:
+            step.terminate()
+        return status
+    while any(step.poll() is None for step in steps):
+        time.sleep(0.5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,364 @@
+"""`SlurmJob`: host meshes from a SLURM allocation, one meshvisor host agent per node.
+
+``SlurmJob(meshes={"trainers": 4, "spare": 1}, partition=..., time_limit=...)`` describes the
+job; `apply` submits it with ``sbatch`` (one job for all meshes); `state` waits, bounded and
+showing progress, until every node's agent answers and gives a `HostMesh` per named mesh, with
+extent ``{"hosts": N}``. The job outlives its client when `persistent` (attach again with
+`SlurmJob.attach(job_id_or_name)`), and is cancelled when the client exits otherwise, even on
+SIGKILL (a reaper process watches the client). The names follow Monarch's ``monarch.job``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from job._formats import (
+    FINISHED_JOB_STATES,
+    HOPELESS_PENDING_REASONS,
+    pending_reason,
+)
+from job._jobdir import JobDir, JobSpec, find_job_dir
+from job._reaper import start_reaper
+from job._sbatch import batch_script, check_meshes, sbatch_arguments
+from job._scheduler import SlurmError, cancel, job_nodes, job_record, submit
+from mesh import HostMesh, attach
+from transport import CurveKeys, transport_settings, use_curve_keys
+
+#: Where progress goes: one line per change (queued, starting, N of M agents up).
+Progress = Callable[[str], None]
+
+#: SLURM job states in which the job still holds (or waits for) nodes.
+_LIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"})
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _print_progress(line: str) -> None:
+    print(f"meshvisor: {line}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class JobState:
+    """A running job's host meshes by name (``state.trainers`` or ``state["trainers"]``) and
+    the SLURM nodes behind each of them."""
+
+    job_id: str
+    meshes: Mapping[str, HostMesh]
+    nodes: Mapping[str, tuple[str, ...]]
+
+    def __getattr__(self, name: str) -> HostMesh:
+        meshes: Mapping[str, HostMesh] = self.__dict__.get("meshes", {})
+        if name in meshes:
+            return meshes[name]
+        raise AttributeError(f"job {self.__dict__.get('job_id')} has no mesh {name!r}")
+
+    def __getitem__(self, name: str) -> HostMesh:
+        mesh: HostMesh = getattr(self, name)
+        return mesh
+
+
+class SlurmJob:
+    """One SLURM job giving named host meshes; see the module docstring."""
+
+    def __init__(
+        self,
+        meshes: Mapping[str, int],
+        *,
+        name: str = "meshvisor",
+        partition: str | None = None,
+        time_limit: str | float | None = None,
+        gpus_per_node: int | None = None,
+        cpus_per_task: int | None = None,
+        mem: str | None = None,
+        account: str | None = None,
+        qos: str | None = None,
+        exclusive: bool = False,
+        slurm_args: Sequence[str] = (),
+        persistent: bool = False,
+        requeue: bool = False,
+        warning_signal: str = "USR1",
+        warning_time_s: float | None = 60.0,
+        listen_host: str | None = None,
+        python_exe: str = sys.executable,
+        start_timeout_s: float = 600.0,
+        progress: Progress | None = _print_progress,
+        job_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        check_meshes(meshes)
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"job name {name!r} must be 1-64 letters, digits, '_', '.' or '-'")
+        if start_timeout_s <= 0:
+            raise ValueError(f"start_timeout_s must be positive, not {start_timeout_s}")
+        self.name = name
+        self.meshes = dict(meshes)
+        self.persistent = persistent
+        self.start_timeout_s = start_timeout_s
+        self._progress = progress
+        self._root = Path(job_dir) if job_dir is not None else None
+        self._python = python_exe
+        self._listen_host = listen_host
+        self._sbatch_args = sbatch_arguments(
+            name=name,
+            nodes=sum(self.meshes.values()),
+            partition=partition,
+            time_limit=time_limit,
+            gpus_per_node=gpus_per_node,
+            cpus_per_task=cpus_per_task,
+            mem=mem,
+            account=account,
+            qos=qos,
+            exclusive=exclusive,
+            requeue=requeue,
+            warning=f"{warning_signal}@{int(warning_time_s)}" if warning_time_s else None,
+            extra=slurm_args,
+        )
+        self._dir: JobDir | None = None
+        self._spec: JobSpec | None = None
+        self._reaper: subprocess.Popen[bytes] | None = None
+        self._state: JobState | None = None
+
+    # -- attaching to a job that runs -----------------------------------------------------------
+
+    @classmethod
+    def attach(
+        cls,
+        job: str | int,
+        *,
+        job_dir: str | os.PathLike[str] | None = None,
+        start_timeout_s: float = 600.0,
+        progress: Progress | None = _print_progress,
+    ) -> SlurmJob:
+        """The job with SLURM id or name `job` that a `SlurmJob` submitted (from this client
+        or another one); it is not cancelled when this client exits."""
+        found = find_job_dir(str(job), Path(job_dir) if job_dir is not None else None)
+        return cls._from_dir(found, start_timeout_s, progress)
+
+    @classmethod
+    def current(cls, *, progress: Progress | None = _print_progress) -> SlurmJob:
+        """In a batch-mode client script (``meshvisor slurm batch``): the job it runs in."""
+        path = os.environ.get("MESHVISOR_SLURM_JOB_DIR")
+        if not path:
+            raise RuntimeError(
+                "SlurmJob.current() works in a client script run by 'meshvisor slurm batch'; "
+                "elsewhere use SlurmJob.attach(job_id_or_name)"
+            )
+        return cls._from_dir(JobDir(Path(path)), 600.0, progress)
+
+    @classmethod
+    def _from_dir(
+        cls, found: JobDir, start_timeout_s: float, progress: Progress | None
+    ) -> SlurmJob:
+        spec = found.read_spec()
+        job = cls.__new__(cls)
+        job.name, job.meshes, job.persistent = spec.name, dict(spec.meshes), True
+        job.start_timeout_s, job._progress = start_timeout_s, progress
+        job._root, job._python, job._listen_host = found.path.parent, spec.python, None
+        job._sbatch_args = []
+        job._dir, job._spec, job._reaper, job._state = found, spec, None, None
+        return job
+
+    # -- the job --------------------------------------------------------------------------------
+
+    @property
+    def job_id(self) -> str | None:
+        """SLURM's id of the job, once submitted."""
+        return self._spec.job_id if self._spec else None
+
+    @property
+    def directory(self) -> Path | None:
+        """The job's directory (spec, keys, agents' addresses, output), once submitted."""
+        return self._dir.path if self._dir else None
+
+    @property
+    def output_file(self) -> Path | None:
+        """Where the batch script's output goes, once submitted."""
+        if self._dir is None or self.job_id is None:
+            return None
+        return self._dir.output_file(self.job_id)
+
+    def apply(self, *, script: Sequence[str] = ()) -> SlurmJob:
+        """Submit the job (once; later calls do nothing). With `script`, the job runs that
+        client command line on its first node and ends when it does (batch mode)."""
+        if self._spec is not None:
+            return self
+        self._dir = JobDir.create(self.name, self._root)
+        spec = JobSpec(
+            name=self.name,
+            meshes=self.meshes,
+            persistent=self.persistent or bool(script),
+            keys=self._job_keys(self._dir),
+            python=self._python,
+            listen_host=self._listen_host,
+            script=list(script),
+        )
+        self._dir.write_spec(spec)
+        self._dir.batch_script.write_text(batch_script(self._python, self._dir.path))
+        arguments = [*self._sbatch_args, f"--output={self._dir.output_file()}"]
+        job_id = submit(arguments, str(self._dir.batch_script))
+        self._spec = replace(spec, job_id=job_id)
+        self._dir.write_spec(self._spec)
+        if not spec.persistent:
+            self._reaper = start_reaper(job_id)
+            atexit.register(self._cancel_at_exit)
+        self._report(f"submitted SLURM job {job_id} ({self.name}), output in {self.output_file}")
+        return self
+
+    def state(self, timeout_s: float | None = None) -> JobState:
+        """The job's host meshes, submitting it first if needed, once every node's agent
+        answers (bounded by `timeout_s`, default `start_timeout_s`): SlurmError quoting SLURM
+        if the job cannot start or ends, TimeoutError if it is not up in time."""
+        self.apply()
+        assert self._spec is not None and self._spec.job_id is not None and self._dir is not None
+        if self._state is not None and self._still_current(self._state):
+            return self._state
+        deadline = time.monotonic() + (timeout_s or self.start_timeout_s)
+        nodes, addresses = self._wait_for_agents(self._spec.job_id, self._dir, deadline)
+        use_curve_keys(self._spec.keys)
+        meshes, node_names = {}, {}
+        start = 0
+        for mesh_name, count in self.meshes.items():
+            chosen = nodes[start : start + count]
+            start += count
+            meshes[mesh_name] = attach([addresses[node] for node in chosen])
+            node_names[mesh_name] = tuple(chosen)
+        for host_mesh in meshes.values():
+            host_mesh.wait_for_agents(max(1.0, deadline - time.monotonic()))
+        self._report(f"SLURM job {self._spec.job_id}: all {len(nodes)} agents answer")
+        self._state = JobState(self._spec.job_id, meshes, node_names)
+        return self._state
+
+    def cancel(self, wait_s: float = 30.0) -> None:
+        """End the job (``scancel``): its agents and every proc on them stop. Waits up to
+        `wait_s` until SLURM has finished it (its nodes are free again)."""
+        if self.job_id is not None:
+            cancel(self.job_id)
+            deadline = time.monotonic() + wait_s
+            while self.slurm_state() in _LIVE_STATES and time.monotonic() < deadline:
+                time.sleep(0.1)
+        if self._reaper is not None:
+            self._reaper.terminate()
+            self._reaper.wait()
+            self._reaper = None
+        self._state = None
+
+    kill = cancel  # Monarch's name
+
+    def slurm_state(self) -> str:
+        """SLURM's state of the job (``PENDING``, ``RUNNING``, ...; ``UNKNOWN`` once forgotten)."""
+        if self.job_id is None:
+            return "NOT_SUBMITTED"
+        record = job_record(self.job_id)
+        return record.get("JobState", "UNKNOWN") if record else "UNKNOWN"
+
+    def __enter__(self) -> SlurmJob:
+        return self.apply()
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.persistent:
+            self.cancel()
+
+    def __repr__(self) -> str:
+        return f"<SlurmJob {self.name} id={self.job_id} meshes={self.meshes}>"
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _job_keys(self, job_dir: JobDir) -> str:
+        """The CURVE keys the job's agents use: this client's own if it has some (a process
+        uses one key pair), else a pair made for the job in its private directory."""
+        own = transport_settings().curve_keys
+        if own:
+            return str(Path(own).absolute())
+        keys = job_dir.path / "keys"
+        CurveKeys.create(keys)
+        return str(keys)
+
+    def _wait_for_agents(
+        self, job_id: str, job_dir: JobDir, deadline: float
+    ) -> tuple[list[str], dict[str, str]]:
+        """Wait until the job runs and every node's agent wrote its address."""
+        shown = ""
+        while True:
+            record = job_record(job_id)
+            if record is None:
+                raise SlurmError(f"SLURM job {job_id} ({self.name}) is gone (SLURM forgot it)")
+            state = record.get("JobState", "UNKNOWN")
+            reason = pending_reason(record)
+            if state in FINISHED_JOB_STATES or state.split("+")[0] in FINISHED_JOB_STATES:
+                raise SlurmError(self._ended_message(job_id, state, reason, job_dir))
+            if state == "PENDING" and reason in HOPELESS_PENDING_REASONS:
+                cancel(job_id)
+                raise SlurmError(
+                    f"SLURM job {job_id} ({self.name}) cannot start: it is pending with reason "
+                    f"{reason}; cancelled it"
+                )
+            nodes = job_nodes(record) if state in ("RUNNING", "COMPLETING") else []
+            restart = int(record.get("Restarts", "0") or 0)
+            addresses = job_dir.agent_addresses(nodes, restart) if nodes else {}
+            line = _progress_line(job_id, state, reason, len(addresses), self._node_count())
+            if line != shown:
+                self._report(line)
+                shown = line
+            if nodes and len(addresses) == len(nodes):
+                return nodes, addresses
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"SLURM job {job_id} ({self.name}) was not up in time: {line}; see "
+                    f"{job_dir.output_file(job_id)}"
+                )
+            time.sleep(0.1)
+
+    def _ended_message(self, job_id: str, state: str, reason: str, job_dir: JobDir) -> str:
+        output = job_dir.output_file(job_id)
+        tail = ""
+        with contextlib.suppress(OSError):
+            lines = output.read_text(errors="replace").strip().splitlines()[-5:]
+            tail = "; its output ends with: " + " / ".join(lines) if lines else ""
+        return (
+            f"SLURM job {job_id} ({self.name}) ended before its agents came up: state {state}, "
+            f"reason {reason}{tail} ({output})"
+        )
+
+    def _still_current(self, state: JobState) -> bool:
+        """Whether the job still runs with the agents `state` was built from (a requeued job
+        has new ones)."""
+        record = job_record(state.job_id)
+        return record is not None and record.get("JobState") == "RUNNING"
+
+    def _node_count(self) -> int:
+        return sum(self.meshes.values())
+
+    def _report(self, line: str) -> None:
+        if self._progress is not None:
+            self._progress(line)
+
+    def _cancel_at_exit(self) -> None:
+        with contextlib.suppress(Exception):
+            if self._reaper is not None:
+                self.cancel()
+
+
+def _progress_line(job_id: str, state: str, reason: str, up: int, total: int) -> str:
+    if state == "PENDING":
+        return f"SLURM job {job_id}: queued ({reason})"
+    if state in ("CONFIGURING", "RUNNING") and up == 0:
+        return f"SLURM job {job_id}: starting"
+    return f"SLURM job {job_id}: {up} of {total} agents up"
+
+
+@contextlib.contextmanager
+def slurm_job(meshes: Mapping[str, int], **options: object) -> Iterator[JobState]:
+    """A `SlurmJob`'s state for one block; the job is cancelled when the block ends."""
+    job = SlurmJob(meshes, **options)  # type: ignore[arg-type]
+    try:
+        yield job.state()
+    finally:
+        job.cancel()
