@@ -105,24 +105,36 @@ class JobDir:
         return found
 
 
-def find_job_dir(job: str, root: Path | None = None) -> JobDir:
-    """The directory of the job with id or name `job` (the newest of that name)."""
+def job_dirs_matching(job: str, root: Path | None = None) -> list[JobDir]:
+    """The directories of the jobs with SLURM id or name `job`, newest first; LookupError
+    naming the jobs there if there is none."""
     home = root or jobs_home()
     matches = []
-    for spec_file in home.glob("*/job.json"):
+    known = []
+    for found in all_job_dirs(home):
         try:
-            spec = JobDir(spec_file.parent).read_spec()
+            spec = found.read_spec()
         except (ValueError, TypeError):
             continue
+        known.append(f"{spec.name} ({spec.job_id or 'not submitted'})")
         if job in (spec.job_id, spec.name):
-            matches.append((spec_file.stat().st_mtime, spec_file.parent))
+            matches.append(found)
     if not matches:
-        raise LookupError(f"no meshvisor SLURM job {job!r} in {home}")
-    return JobDir(max(matches)[1])
+        there = f"the jobs there are {', '.join(known)}" if known else "there is none"
+        raise LookupError(
+            f"no meshvisor SLURM job has the id or name {job!r} in {home} ({there}); "
+            "'meshvisor slurm list' lists them (pass --job-dir or job_dir= for another place)"
+        )
+    return matches[::-1]
 
 
 def all_job_dirs(root: Path | None = None) -> list[JobDir]:
     """Every job directory, oldest first."""
     home = root or jobs_home()
-    found = sorted((p.stat().st_mtime, p.parent) for p in home.glob("*/job.json"))
-    return [JobDir(path) for _, path in found]
+    found = []
+    for spec_file in home.glob("*/job.json"):
+        try:
+            found.append((spec_file.stat().st_mtime, spec_file.parent))
+        except OSError:  # removed meanwhile
+            continue
+    return [JobDir(path) for _, path in sorted(found)]

@@ -14,6 +14,7 @@ import atexit
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -26,7 +27,7 @@ from job._formats import (
     HOPELESS_PENDING_REASONS,
     pending_reason,
 )
-from job._jobdir import JobDir, JobSpec, find_job_dir
+from job._jobdir import JobDir, JobSpec, job_dirs_matching
 from job._reaper import start_reaper
 from job._sbatch import batch_script, check_meshes, sbatch_arguments
 from job._scheduler import SlurmError, cancel, job_nodes, job_record, submit
@@ -138,9 +139,13 @@ class SlurmJob:
         progress: Progress | None = _print_progress,
     ) -> SlurmJob:
         """The job with SLURM id or name `job` that a `SlurmJob` submitted (from this client
-        or another one); it is not cancelled when this client exits."""
-        found = find_job_dir(str(job), Path(job_dir) if job_dir is not None else None)
-        return cls._from_dir(found, start_timeout_s, progress)
+        or another one), still queued or running; it is not cancelled when this client exits.
+        LookupError if no job has that id or name, SlurmError if SLURM no longer runs it."""
+        found = find_job(job, job_dir=job_dir, start_timeout_s=start_timeout_s, progress=progress)
+        state = found.slurm_state()
+        if state not in _LIVE_STATES:
+            raise SlurmError(found._no_longer_runs(state))
+        return found
 
     @classmethod
     def current(cls, *, progress: Progress | None = _print_progress) -> SlurmJob:
@@ -203,7 +208,12 @@ class SlurmJob:
         self._dir.write_spec(spec)
         self._dir.batch_script.write_text(batch_script(self._python, self._dir.path))
         arguments = [*self._sbatch_args, f"--output={self._dir.output_file()}"]
-        job_id = submit(arguments, str(self._dir.batch_script))
+        try:
+            job_id = submit(arguments, str(self._dir.batch_script))
+        except BaseException:
+            shutil.rmtree(self._dir.path, ignore_errors=True)  # nothing of it runs
+            self._dir = None
+            raise
         self._spec = replace(spec, job_id=job_id)
         self._dir.write_spec(self._spec)
         if not spec.persistent:
@@ -327,6 +337,18 @@ class SlurmJob:
             f"reason {reason}{tail} ({output})"
         )
 
+    def _no_longer_runs(self, state: str) -> str:
+        record = (job_record(self.job_id) if self.job_id else None) or {}
+        ended = f"it ended as {state} (reason {pending_reason(record)}, exit code " + (
+            f"{record.get('ExitCode', '?')})" if record else ""
+        )
+        if not record:
+            ended = "SLURM no longer knows it (it ended a while ago)"
+        return (
+            f"cannot attach to SLURM job {self.job_id} ({self.name}): {ended}; its directory is "
+            f"{self.directory}; start a new SlurmJob instead"
+        )
+
     def _still_current(self, state: JobState) -> bool:
         """Whether the job still runs with the agents `state` was built from (a requeued job
         has new ones)."""
@@ -344,6 +366,20 @@ class SlurmJob:
         with contextlib.suppress(Exception):
             if self._reaper is not None:
                 self.cancel()
+
+
+def find_job(
+    job: str | int,
+    *,
+    job_dir: str | os.PathLike[str] | None = None,
+    start_timeout_s: float = 600.0,
+    progress: Progress | None = _print_progress,
+) -> SlurmJob:
+    """The job with SLURM id or name `job` whether or not SLURM still runs it (of several
+    with that name, the newest one still queued or running, else the newest)."""
+    found = job_dirs_matching(str(job), Path(job_dir) if job_dir is not None else None)
+    jobs = [SlurmJob._from_dir(path, start_timeout_s, progress) for path in found]
+    return next((each for each in jobs if each.slurm_state() in _LIVE_STATES), jobs[0])
 
 
 def _progress_line(job_id: str, state: str, reason: str, up: int, total: int) -> str:
