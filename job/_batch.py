@@ -8,6 +8,7 @@ client script here, on the first node, and the job ends when the script does.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,6 +18,10 @@ from pathlib import Path
 
 from job._formats import expand_hostlist
 from job._jobdir import JobDir
+from job._scheduler import SlurmError, cancel
+
+#: How long the agents get to stop (and stop their procs) after a batch-mode client ended.
+STOP_TIMEOUT_S = 15.0
 
 
 def start_agent_step(job_dir: JobDir, python: str, node: str) -> subprocess.Popen[bytes]:
@@ -44,7 +49,23 @@ def run_client(script: list[str], job_dir: JobDir) -> int:
     env = {**os.environ, "MESHVISOR_SLURM_JOB_DIR": str(job_dir.path)}
     client = subprocess.Popen(script, env=env, stdin=subprocess.DEVNULL)
     signal.signal(signal.SIGTERM, lambda *_: client.terminate())
-    return client.wait()
+    status = client.wait()
+    return status if status >= 0 else 128 - status  # killed by a signal: as a shell says it
+
+
+def stop_steps(steps: list[subprocess.Popen[bytes]], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Ask every agent to stop (SIGTERM to the job's steps, not to srun, which would kill
+    them) and wait, bounded, until they have cleaned up: when the batch script ends, SLURM
+    kills what is left after only its KillWait."""
+    with contextlib.suppress(SlurmError):
+        cancel(os.environ["SLURM_JOB_ID"], signal="TERM")
+    deadline = time.monotonic() + timeout_s
+    for step in steps:
+        try:
+            step.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            step.kill()
+            step.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if spec.script:
         status = run_client(spec.script, job_dir)
         print(f"meshvisor: the client script ended with status {status}", flush=True)
-        for step in steps:
-            step.terminate()
+        stop_steps(steps)
         return status
     while any(step.poll() is None for step in steps):
         time.sleep(0.5)

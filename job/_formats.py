@@ -17,6 +17,11 @@ from dataclasses import dataclass
 #: ``CPUs/Task``, ``MinCPUsNode``, ``Socks/Node``, ``ReqB:S:C:T``).
 _KEY = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
 
+#: Job states in which it still holds nodes or waits for them.
+LIVE_JOB_STATES = frozenset(
+    {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
+)
+
 #: Job states in which it will not run (any more): its agents will never come up.
 FINISHED_JOB_STATES = frozenset(
     {

@@ -72,6 +72,20 @@ def job_nodes(record: dict[str, str]) -> list[str]:
     return expand_hostlist(nodes) if nodes and nodes != "None" else []
 
 
+def job_states(job_ids: Sequence[str]) -> dict[str, str]:
+    """SLURM's state of each of `job_ids` it still knows (``squeue --states=all``); a job it
+    has forgotten (ended more than MinJobAge ago) is missing from the answer."""
+    if not job_ids:
+        return {}
+    wanted = set(job_ids)
+    states = {}
+    for line in run_slurm(["squeue", "-h", "--states=all", "-o", "%i %T"]).splitlines():
+        job_id, _, state = line.strip().partition(" ")
+        if job_id in wanted:
+            states[job_id] = state.strip()
+    return states
+
+
 def jobs_named(name: str) -> list[str]:
     """The ids of this user's queued or running jobs called `name`, newest first."""
     user = getpass.getuser()

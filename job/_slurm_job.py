@@ -25,6 +25,7 @@ from pathlib import Path
 from job._formats import (
     FINISHED_JOB_STATES,
     HOPELESS_PENDING_REASONS,
+    LIVE_JOB_STATES,
     pending_reason,
 )
 from job._jobdir import JobDir, JobSpec, job_dirs_matching
@@ -37,8 +38,7 @@ from transport import CurveKeys, transport_settings, use_curve_keys
 #: Where progress goes: one line per change (queued, starting, N of M agents up).
 Progress = Callable[[str], None]
 
-#: SLURM job states in which the job still holds (or waits for) nodes.
-_LIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"})
+_LIVE_STATES = LIVE_JOB_STATES
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 

@@ -20,6 +20,11 @@ def main(argv: list[str] | None = None) -> int:
         help="run a workload under fault injection (meshvisor chaos run --help)",
         add_help=False,
     )
+    commands.add_parser(
+        "slurm",
+        help="SLURM jobs: batch, cancel, list (meshvisor slurm --help)",
+        add_help=False,
+    )
     keys = commands.add_parser("keys", help="create CURVE keys for an allocation")
     keys.add_argument("directory", type=Path, help="where to write them (made private: mode 0700)")
     commands.add_parser(
@@ -34,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run_chaos(argv[1:])
     if argv[:1] == ["demo"]:
         return _run_demo(argv[1:])
+    if argv[:1] == ["slurm"]:
+        return _run_slurm(argv[1:])
     args, rest = parser.parse_known_args(argv)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -79,3 +86,10 @@ def _run_demo(rest: list[str]) -> int:
     from meshvisor._demo import main as demo_main
 
     return demo_main(rest, prog="meshvisor demo")
+
+
+def _run_slurm(rest: list[str]) -> int:
+    """SLURM jobs from the shell: batch mode, cancel, list (job/_cli.py)."""
+    from job._cli import main as slurm_main
+
+    return slurm_main(rest, prog="meshvisor slurm")

@@ -165,8 +165,12 @@ def test_attaching_to_a_job_that_ended_or_to_a_name_nobody_used_is_a_clear_error
 
 
 def test_a_name_of_several_jobs_attaches_to_the_one_still_running(slurm: Any) -> None:
-    older = SlurmJob({"workers": 1}, name="twice", persistent=True, job_dir=slurm.jobs, progress=None)
-    newer = SlurmJob({"workers": 1}, name="twice", persistent=True, job_dir=slurm.jobs, progress=None)
+    older = SlurmJob(
+        {"workers": 1}, name="twice", persistent=True, job_dir=slurm.jobs, progress=None
+    )
+    newer = SlurmJob(
+        {"workers": 1}, name="twice", persistent=True, job_dir=slurm.jobs, progress=None
+    )
     older.apply()
     newer.apply()
     try:

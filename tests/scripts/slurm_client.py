@@ -49,7 +49,11 @@ def main(argv: list[str]) -> int:
     if verb == "start":
         job_dir, name, mode = argv[1:4]
         job = SlurmJob(
-            {"workers": 2}, name=name, persistent=mode == "persistent", job_dir=job_dir, progress=None
+            {"workers": 2},
+            name=name,
+            persistent=mode == "persistent",
+            job_dir=job_dir,
+            progress=None,
         )
         state = job.state(timeout_s=T)
         emit("JOB", job.job_id)
