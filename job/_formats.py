@@ -13,9 +13,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-#: A key of scontrol's ``Key=value`` output: a word, possibly with ``:`` or ``/`` (``TRES``,
-#: ``CPUs/Task``, ``MinCPUsNode``, ``Socks/Node``, ``ReqB:S:C:T``).
-_KEY = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/]*)=")
+#: A key of scontrol's ``Key=value`` output: a capitalised word, possibly with ``_``, ``:`` or
+#: ``/`` (``TRES``, ``CPUs/Task``, ``MCS_label``, ``Socks/Node``, ``ReqB:S:C:T``). SLURM's keys
+#: all start with a capital, which tells them from ``word=`` in a free-text value.
+_KEY = re.compile(r"(?:^|(?<=\s))([A-Z][A-Za-z0-9_:/]*)=")
+
+#: What SLURM appends to a node's Reason: who set it and when (``[root@2024-01-01T10:00:00]``).
+_REASON_STAMP = re.compile(r"\s*\[[^\[\]@]*@[0-9T:-]+\]$")
 
 #: Job states in which it still holds nodes or waits for them.
 LIVE_JOB_STATES = frozenset(
@@ -63,8 +67,14 @@ class SlurmFormatError(ValueError):
 
 def parse_key_values(line: str) -> dict[str, str]:
     """The ``Key=value`` pairs of one ``scontrol show ... -o`` record. A value runs up to the
-    next `` Key=``, so values with spaces stay whole; ``(null)`` becomes the empty string."""
-    matches = list(_KEY.finditer(line))
+    next `` Key=`` (a capitalised word not seen yet in the record: SLURM prints each key once),
+    so values with spaces or ``=`` stay whole; ``(null)`` becomes the empty string."""
+    matches = []
+    seen = set()
+    for match in _KEY.finditer(line):
+        if match.group(1) not in seen:
+            seen.add(match.group(1))
+            matches.append(match)
     fields = {}
     for match, following in zip(matches, [*matches[1:], None], strict=True):
         end = following.start() if following is not None else len(line)
@@ -140,8 +150,8 @@ class NodeState:
     @property
     def usable(self) -> bool:
         """Whether jobs can run there now."""
-        bad = {"DRAIN", "DRAINED", "DRAINING", "NOT_RESPONDING", "POWERED_DOWN", "FAIL"}
-        return self.base not in ("DOWN", "FUTURE", "UNKNOWN") and not (self.flags & bad)
+        bad = {"DRAIN", "NOT_RESPONDING", "POWERED_DOWN", "FAIL", "MAINTENANCE", "PLANNED"}
+        return self.base not in ("DOWN", "FUTURE", "UNKNOWN", "INVALID") and not self.flags & bad
 
 
 #: sinfo's one-character suffixes (``%t``) and what they mean.
@@ -157,54 +167,53 @@ _SUFFIX_FLAGS = {
     "-": "PLANNED",
 }
 
-#: sinfo's short state names (``%t``) and their long forms.
-_SHORT_STATES = {
-    "alloc": "ALLOCATED",
-    "comp": "COMPLETING",
-    "drain": "IDLE",
-    "drng": "ALLOCATED",
-    "fail": "DOWN",
-    "failg": "ALLOCATED",
-    "futr": "FUTURE",
-    "idle": "IDLE",
-    "maint": "IDLE",
-    "mix": "MIXED",
-    "npc": "IDLE",
-    "plnd": "PLANNED",
-    "pow_dn": "IDLE",
-    "pow_up": "IDLE",
-    "resv": "IDLE",
-    "unk": "UNKNOWN",
+#: sinfo's state names, short (``%t``) and long (``%T``), as base state and flags, where they
+#: differ from scontrol's (``drain`` is an idle node with the DRAIN flag).
+_SINFO_STATES: dict[str, tuple[str, frozenset[str]]] = {
+    name: (base, frozenset(flags.split()))
+    for names, base, flags in (
+        ("alloc allocated", "ALLOCATED", ""),
+        ("comp completing", "COMPLETING", "COMPLETING"),
+        ("drain drained", "IDLE", "DRAIN"),
+        ("drng draining", "ALLOCATED", "DRAIN"),
+        ("fail", "DOWN", "FAIL"),
+        ("failg failing", "ALLOCATED", "FAIL"),
+        ("futr", "FUTURE", ""),
+        ("maint", "IDLE", "MAINTENANCE"),
+        ("mix", "MIXED", ""),
+        ("npc perfctrs", "IDLE", "PERFCTRS"),
+        ("plnd", "IDLE", "PLANNED"),
+        ("pow_dn powered_down power_down", "IDLE", "POWERED_DOWN"),
+        ("powering_down", "IDLE", "POWERING_DOWN"),
+        ("pow_up powering_up", "IDLE", "POWERING_UP"),
+        ("resv reserved", "IDLE", "RESERVED"),
+        ("boot booting", "IDLE", "REBOOT_ISSUED"),
+        ("unk", "UNKNOWN", ""),
+        ("inval", "INVALID", ""),
+    )
+    for name in names.split()
 }
 
 
 def parse_node_state(text: str) -> NodeState:
-    """A node state from sinfo (``down*``, ``mix``, ``drng``) or scontrol (``IDLE+DRAIN``,
-    ``DOWN*+NOT_RESPONDING``, ``MIXED#``)."""
-    text = text.strip()
-    if not text:
+    """A node state from sinfo (``%t``: ``down*``, ``mix``, ``drng``; ``%T``: ``drained``,
+    ``completing*``) or scontrol (``IDLE+DRAIN``, ``DOWN+NOT_RESPONDING``, ``MIXED#``)."""
+    if not text.strip():
         raise SlurmFormatError("an empty node state")
     flags: set[str] = set()
-    while text and text[-1] in _SUFFIX_FLAGS:
-        flags.add(_SUFFIX_FLAGS[text[-1]])
-        text = text[:-1]
-    base, *extra = text.split("+")
-    for flag in extra:
-        while flag and flag[-1] in _SUFFIX_FLAGS:
-            flags.add(_SUFFIX_FLAGS[flag[-1]])
-            flag = flag[:-1]
-        if flag:
-            flags.add(flag.upper())
-    short = base.lower()
-    if short in ("drain", "drng"):
-        flags.add("DRAIN")
-    if short == "fail":
-        flags.add("FAIL")
-    upper = _SHORT_STATES.get(short, base.upper())
-    if upper in ("DRAINED", "DRAINING"):
-        flags.add("DRAIN")
-        upper = "IDLE" if upper == "DRAINED" else "ALLOCATED"
-    return NodeState(upper, frozenset(flags))
+    words = []
+    for word in text.strip().split("+"):
+        while word and word[-1] in _SUFFIX_FLAGS:
+            flags.add(_SUFFIX_FLAGS[word[-1]])
+            word = word[:-1]
+        if not word:
+            raise SlurmFormatError(f"not a SLURM node state: {text!r}")
+        words.append(word)
+    base, extra = _SINFO_STATES.get(words[0].lower(), (words[0].upper(), frozenset()))
+    flags |= extra | {word.upper() for word in words[1:]}
+    if "DRAINED" in flags or "DRAINING" in flags:  # spelled out by some versions
+        flags = (flags - {"DRAINED", "DRAINING"}) | {"DRAIN"}
+    return NodeState(base, frozenset(flags))
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -219,14 +228,14 @@ def expand_hostlist(text: str) -> list[str]:
             names.append(item)
             continue
         prefix, ranges, suffix = match.groups()
-        for tail in expand_hostlist(suffix) if suffix else [""]:
-            for part in ranges.split(","):
-                low, _, high = part.partition("-")
-                if not low.isdigit() or (high and not high.isdigit()):
-                    raise SlurmFormatError(f"not a SLURM host list: {text!r}")
-                width = len(low)
-                for number in range(int(low), int(high or low) + 1):
-                    names.append(f"{prefix}{number:0{width}d}{tail}")
+        tails = expand_hostlist(suffix) if suffix else [""]
+        for part in ranges.split(","):
+            low, _, high = part.partition("-")
+            if not low.isdigit() or (high and not high.isdigit()) or int(high or low) < int(low):
+                raise SlurmFormatError(f"not a SLURM host list: {text!r} (range {part!r})")
+            width = len(low)
+            for number in range(int(low), int(high or low) + 1):
+                names += [f"{prefix}{number:0{width}d}{tail}" for tail in tails]
     return names
 
 
@@ -251,5 +260,6 @@ def _split_top_level(text: str) -> list[str]:
 
 
 def pending_reason(fields: dict[str, str]) -> str:
-    """The reason of a job record (``Reason=``), without SLURM's decorations."""
-    return fields.get("Reason", "").strip() or "None"
+    """The reason of a job or node record (``Reason=``), without SLURM's decorations (the
+    ``[user@time]`` it appends to a node's reason); ``None`` when it gives none."""
+    return _REASON_STAMP.sub("", fields.get("Reason", "")).strip() or "None"
