@@ -75,6 +75,15 @@ def start(clients: list[Client], *args: str) -> Client:
     return client
 
 
+def say_bye(client: Client) -> None:
+    """Let a started client exit normally (it waits for a line on stdin)."""
+    assert client.process.stdin is not None
+    client.process.stdin.write("bye\n")
+    client.process.stdin.flush()
+    client.finish()
+    assert client.process.returncode == 0
+
+
 def squeue_state(slurm: Any, job_id: str) -> str:
     return str(slurm.run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).stdout.strip())
 
@@ -84,16 +93,20 @@ def scontrol_state(slurm: Any, job_id: str) -> str:
     return out.split("JobState=", 1)[1].split()[0] if "JobState=" in out else "UNKNOWN"
 
 
-def test_a_persistent_job_outlives_a_killed_client_and_later_clients_attach_by_id_and_name(
-    slurm: Any, clients: list[Client]
+@pytest.mark.parametrize("ending", ["is SIGKILLed", "exits"])
+def test_a_persistent_job_outlives_its_client_which_and_later_clients_attach_by_id_and_name(
+    slurm: Any, clients: list[Client], ending: str
 ) -> None:
     first = start(clients, "start", str(slurm.jobs), "kept", "persistent")
     job_id = first.read_until("JOB")
     first_pids = first.read_until("PIDS")
     first.read_until("READY")
     assert all(pid_alive(pid) for pid in first_pids)
-    first.kill()
-    # the agents reap the dead client's procs (it stopped telling them it is alive) ...
+    if ending == "exits":
+        say_bye(first)
+    else:
+        first.kill()
+    # the agents reap a dead client's procs (it stopped telling them it is alive) ...
     wait_gone(first_pids, timeout=20)
     # ... and the job keeps running, for the next client
     assert squeue_state(slurm, job_id) == "RUNNING"
@@ -129,11 +142,7 @@ def test_a_non_persistent_job_is_cancelled_when_its_client(
     client.read_until("READY")
     assert squeue_state(slurm, job_id) == "RUNNING"
     if ending == "exits":
-        assert client.process.stdin is not None
-        client.process.stdin.write("bye\n")
-        client.process.stdin.flush()
-        client.finish()
-        assert client.process.returncode == 0
+        say_bye(client)
         # the client waited for SLURM to finish the job before it exited
         assert squeue_state(slurm, job_id) == ""
     else:
