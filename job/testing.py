@@ -102,8 +102,10 @@ class LocalSlurmCluster:
         procs). Returns the pids killed besides slurmd."""
         self.kill_slurmd(node)
         killed: list[int] = []
+        bases = {tempfile.gettempdir()}
         for _ in range(3):  # a task may fork while we look: look again until none is left
             pids = self._node_processes(node)
+            bases |= {base for pid in pids for base in _temp_bases(pid)}
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -111,6 +113,7 @@ class LocalSlurmCluster:
             if not pids:
                 break
             time.sleep(0.05)
+        _remove_run_dirs_of(killed, bases)  # the node's local files go with it
         return killed
 
     def set_node_down(self, node: str, reason: str = "meshvisor test") -> None:
@@ -388,6 +391,24 @@ def _parent(pid: int) -> int:
     if stat is None:
         return 0
     return int(stat[stat.rindex(b")") + 2 :].split()[1])
+
+
+def _temp_bases(pid: int) -> set[str]:
+    """Where process `pid` makes its temporary directories (TMPDIR, XDG_RUNTIME_DIR)."""
+    environ = (_read(pid, "environ") or b"").split(b"\0")
+    names = (b"TMPDIR=", b"XDG_RUNTIME_DIR=")
+    return {v.split(b"=", 1)[1].decode() for v in environ if v.startswith(names)}
+
+
+def _remove_run_dirs_of(pids: list[int], bases: set[str]) -> None:
+    """Remove the meshvisor run directories (``meshvisor-*/owner.pid``) owned by `pids`."""
+    owners = {str(pid) for pid in pids}
+    for base in bases:
+        with contextlib.suppress(OSError):
+            for entry in Path(base).glob("meshvisor-*"):
+                with contextlib.suppress(OSError):
+                    if (entry / "owner.pid").read_text().strip() in owners:
+                        shutil.rmtree(entry, ignore_errors=True)
 
 
 def _kill_processes_with_env(name: str, value: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from mesh._actor import check_actor_class
 from mesh._api.actor_mesh import ActorMesh, ActorMeshState
@@ -27,10 +27,13 @@ from mesh._engine.session import current_session
 from mesh._shape import Extent, Region
 from transport import Payload
 
-if TYPE_CHECKING:
-    from mesh._api.host_mesh import HostMesh
-
 A = TypeVar("A")
+
+
+class Hosts(Protocol):
+    """What `ProcMesh.respawn` needs of a `HostMesh` (which imports this module)."""
+
+    def _agents_in_order(self) -> list[str]: ...
 
 
 class ProcMesh(MeshBase, Stoppable):
@@ -72,14 +75,14 @@ class ProcMesh(MeshBase, Stoppable):
         return ActorMesh(self._runtime, state, Region.full(extent))
 
     def respawn(
-        self, ranks: Sequence[int] | None = None, *, on: HostMesh | None = None
+        self, ranks: Sequence[int] | None = None, *, on: Hosts | None = None
     ) -> Future[None]:
         """Re-spawn the failed procs of this mesh (or of its `ranks`, row-major indices of
         this mesh) and rebuild failed actors: same name, points and constructor arguments;
-        healthy ranks untouched. They go to the hosts of `on` if given (a spare for a lost
-        host: the procs of one old host together, old hosts spread over those of `on`), else
-        to the hosts they ran on. The future is done when the new procs are up; calls made
-        meanwhile wait for them."""
+        healthy ranks untouched. They go to the hosts of `on` (a `HostMesh`: a spare for a
+        lost host; the procs of one old host together, old hosts spread over those of `on`),
+        else to the hosts they ran on. The future is done when the new procs are up; calls
+        made meanwhile wait for them."""
         bases = list(self._region.ranks)
         if ranks is not None:
             bad = [r for r in ranks if not 0 <= r < len(bases)]
