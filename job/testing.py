@@ -96,6 +96,62 @@ class LocalSlurmCluster:
         self.kill_slurmd(node)
         self._start(f"slurmd-{node}", ["slurmd", "-D", "-N", node])
 
+    def kill_node(self, node: str) -> list[int]:
+        """What a lost machine looks like: SIGKILL the slurmd of `node` and every process that
+        runs for that node (its job steps' slurmstepd and their tasks: host agent, fork server,
+        procs). Returns the pids killed besides slurmd."""
+        self.kill_slurmd(node)
+        killed: list[int] = []
+        bases = {tempfile.gettempdir()}
+        for _ in range(3):  # a task may fork while we look: look again until none is left
+            pids = self._node_processes(node)
+            bases |= {base for pid in pids for base in _temp_bases(pid)}
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            killed += [pid for pid in pids if pid not in killed]
+            if not pids:
+                break
+            time.sleep(0.05)
+        _remove_run_dirs_of(killed, bases)  # the node's local files go with it
+        return killed
+
+    def set_node_down(self, node: str, reason: str = "meshvisor test") -> None:
+        """Set `node` DOWN in slurmctld (``scontrol update state=down``), as an admin or a
+        health check does; `restore` resumes it."""
+        self.run(["scontrol", "update", f"nodename={node}", "state=down", f"reason={reason}"])
+
+    def kill_job_step(self, job_id: int | str, node: str) -> str:
+        """``scancel`` the job step running the host agent of `node` (named
+        ``meshvisor-agent-NODE``) of job `job_id`; returns its id ``JOB.STEP``."""
+        out = self.run(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i %j"]).stdout
+        for line in out.splitlines():
+            step, _, name = line.strip().partition(" ")
+            if name.strip() == f"meshvisor-agent-{node}":
+                self.run(["scancel", step])
+                return step
+        raise LookupError(f"job {job_id} has no step meshvisor-agent-{node}; its steps:\n{out}")
+
+    def _node_processes(self, node: str) -> list[int]:
+        """The processes running for `node` of this cluster: those whose environment has
+        ``SLURMD_NODENAME=node`` and this cluster's ``SLURM_CONF``, and the slurmstepd above
+        them (the step daemons, whose environment does not name the node)."""
+        wanted = {f"SLURMD_NODENAME={node}".encode(), f"SLURM_CONF={self.conf}".encode()}
+        found: set[int] = set()
+        for pid in _pids():
+            environ = _read(pid, "environ")
+            if environ is not None and wanted <= set(environ.split(b"\0")):
+                found.add(pid)
+        for pid in list(found):
+            parent = _parent(pid)
+            while parent > 1 and parent not in found:
+                if (_read(parent, "cmdline") or b"").startswith(b"slurmstepd"):
+                    found.add(parent)
+                    break
+                parent = _parent(parent)
+        found.discard(os.getpid())
+        return sorted(found)
+
     def node_states(self) -> dict[str, str]:
         """Each node's state as ``sinfo`` prints it (lower case, e.g. ``idle``, ``down*``)."""
         out = self.run(["sinfo", "-h", "-N", "-o", "%N %t"]).stdout
@@ -146,8 +202,9 @@ class LocalSlurmCluster:
         self._wait_for_no_jobs(timeout_s)
 
     def restore(self, timeout_s: float = 60.0) -> None:
-        """Back to a fresh cluster: no job, every slurmd running, every node idle (nodes set
-        down or drained by a test are resumed)."""
+        """Back to a fresh cluster: no job, every slurmd running (those killed by `kill_slurmd`
+        or `kill_node` are started again), every node idle (nodes set down or drained by a
+        test, or by slurmctld after losing them, are resumed)."""
         self.cancel_all_jobs(timeout_s / 2)
         for node in self.node_names:
             daemon = self._daemons.get(f"slurmd-{node}")
@@ -315,6 +372,43 @@ def _free_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def _pids() -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def _read(pid: int, name: str) -> bytes | None:
+    try:
+        return (Path("/proc") / str(pid) / name).read_bytes()
+    except OSError:
+        return None
+
+
+def _parent(pid: int) -> int:
+    """The parent of `pid` (0 if it is gone)."""
+    stat = _read(pid, "stat")
+    if stat is None:
+        return 0
+    return int(stat[stat.rindex(b")") + 2 :].split()[1])
+
+
+def _temp_bases(pid: int) -> set[str]:
+    """Where process `pid` makes its temporary directories (TMPDIR, XDG_RUNTIME_DIR)."""
+    environ = (_read(pid, "environ") or b"").split(b"\0")
+    names = (b"TMPDIR=", b"XDG_RUNTIME_DIR=")
+    return {v.split(b"=", 1)[1].decode() for v in environ if v.startswith(names)}
+
+
+def _remove_run_dirs_of(pids: list[int], bases: set[str]) -> None:
+    """Remove the meshvisor run directories (``meshvisor-*/owner.pid``) owned by `pids`."""
+    owners = {str(pid) for pid in pids}
+    for base in bases:
+        with contextlib.suppress(OSError):
+            for entry in Path(base).glob("meshvisor-*"):
+                with contextlib.suppress(OSError):
+                    if (entry / "owner.pid").read_text().strip() in owners:
+                        shutil.rmtree(entry, ignore_errors=True)
 
 
 def _kill_processes_with_env(name: str, value: str) -> None:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from transport import reset_logging, use_transport_settings
@@ -33,6 +34,7 @@ ENV_NAMES = {
     "restart_wait_s": "MESHVISOR_RESTART_WAIT_S",
     "preload": "MESHVISOR_PRELOAD",
     "home": "MESHVISOR_HOME",
+    "host_name": "MESHVISOR_HOST_NAME",
 }
 #: The busy timeout when none is set: this long, or the heartbeat timeout where that is longer.
 DEFAULT_BUSY_TIMEOUT_S = 60.0
@@ -45,7 +47,8 @@ _HEARTBEATS = ("heartbeat_interval_s", "heartbeat_timeout_s", "busy_timeout_s")
 @dataclass(frozen=True)
 class Settings:
     """How this process supervises: heartbeat and failure-detection timeouts, restart waits,
-    the fork server's preloads and where allocations are kept. Validated when built."""
+    the fork server's preloads, where allocations are kept and the name of this host.
+    Validated when built."""
 
     #: How often new procs send a heartbeat to their agent.
     heartbeat_interval_s: float = 0.25
@@ -66,6 +69,9 @@ class Settings:
     preload: tuple[str, ...] = ()
     #: Where named allocations (and the keys made for them) are kept; None: ~/.meshvisor.
     home: str | None = None
+    #: The name of this host in supervision events (the `host` of events about procs here);
+    #: a SLURM job sets its node's name, as several nodes may share one machine.
+    host_name: str = field(default_factory=socket.gethostname)
 
     def __post_init__(self) -> None:
         for name in _DURATIONS:
@@ -80,6 +86,8 @@ class Settings:
             raise TypeError(f"preload must be a tuple of module names, not {self.preload!r}")
         if self.home is not None and not isinstance(self.home, str):
             raise TypeError(f"home must be a directory path (str), not {self.home!r}")
+        if not isinstance(self.host_name, str) or not self.host_name.strip():
+            raise ValueError(f"host_name must be a non-empty name (str), not {self.host_name!r}")
         self.heartbeats(None, None, None)
 
     @classmethod

@@ -9,6 +9,7 @@ everywhere, else it is aborted everywhere and retried. A replica that fails (a
 re-spawned on the same allocation in the background; between two steps it heals from a live
 peer (the peer's tensors go straight to it) and takes part from the next step on. Below
 `min_replicas` the group waits for replacements, within a bound, rather than train alone.
+A replica whose host is lost ("unreachable": its node died) comes back on a `spare_hosts` host.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from supervision import ActorError, SupervisionError, SupervisionEvent
 from transport import get_logger
 
 from ._replica import Replica
+from ._spares import SparePool, host_lost
 
 
 class ReplicaGroupError(RuntimeError):
@@ -63,6 +65,7 @@ class _Member:
     up: Future[Any] | None = None  # done once the replacement runs (configured)
     recovery: Recovery | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    host_lost: bool = False  # its last failure was the loss of its host
 
 
 class ReplicaGroup:
@@ -82,6 +85,7 @@ class ReplicaGroup:
         wait_for_replicas_s: float = 60.0,
         store_host: str = "127.0.0.1",
         heartbeat_timeout_s: float | None = None,
+        spare_hosts: HostMesh | None = None,
         **kwargs: Any,
     ) -> None:
         if not 1 <= min_replicas <= replicas:
@@ -114,6 +118,7 @@ class ReplicaGroup:
         self._quorum = 0
         self._quorum_members: tuple[int, ...] | None = None
         self._log = get_logger("recovery.group", group=name)
+        self._spares = SparePool(spare_hosts)
         self._members = [
             self._spawn(hosts, index, heartbeat_timeout_s) for index in range(replicas)
         ]
@@ -167,7 +172,7 @@ class ReplicaGroup:
         committed = self._call_all(members, "commit", step)
         for index, result in committed.items():  # the step is decided: a late death is a
             if isinstance(result, BaseException):  # failure of that replica, not of the step
-                self._failed(index, f"died while committing: {_short(result)}")
+                self._failed(index, f"died while committing: {_short(result)}", host_lost(result))
         self.history.append((step, members))
         now = time.monotonic()
         for index in members:
@@ -240,17 +245,19 @@ class ReplicaGroup:
         try:
             call.get(timeout=timeout_s)
         except (SupervisionError, ActorError, TimeoutError) as exc:
-            self._failed(member.index, f"failed while the group started: {_short(exc)}")
+            why = f"failed while the group started: {_short(exc)}"
+            self._failed(member.index, why, host_lost(exc))
 
     def _on_event(self, member: _Member, event: SupervisionEvent) -> bool:
         """A failure of `member`, from the supervision tree (event loop thread): handled here."""
         self.events.append(event)
-        self._failed(member.index, str(event))
+        self._failed(member.index, str(event), host_lost(event))
         return True
 
-    def _failed(self, index: int, why: str) -> None:
+    def _failed(self, index: int, why: str, host_lost: bool = False) -> None:
         member = self._members[index]
         with member.lock:
+            member.host_lost = member.host_lost or host_lost
             if member.state != "live":
                 return
             member.state = "failed"
@@ -280,7 +287,9 @@ class ReplicaGroup:
             if member.state != "failed":
                 continue
             if member.respawn is None:
-                member.respawn = member.procs.respawn()
+                lost, member.host_lost = member.host_lost, False
+                spare = self._spares.take() if lost else None  # its host is lost: move it
+                member.respawn = member.procs.respawn(on=spare)
                 # calls to a re-spawning rank wait for it: this one tells when it is up
                 member.up = member.actors.configure.call(member.index, self.ranks_per_replica)
             elif member.up is not None and member.up.done():
@@ -329,7 +338,7 @@ class ReplicaGroup:
         if failed:
             for index, error in failed.items():
                 if isinstance(error, SupervisionError):
-                    self._failed(index, _short(error))
+                    self._failed(index, _short(error), host_lost(error))
             self._quorum_members = None
             return False
         self._quorum_members = members
@@ -361,7 +370,7 @@ class ReplicaGroup:
         """Undo `step` everywhere it was prepared; replicas that died are re-spawned."""
         for index, error in failed.items():
             if isinstance(error, SupervisionError):
-                self._failed(index, _short(error))
+                self._failed(index, _short(error), host_lost(error))
         survivors = tuple(i for i in members if i not in failed or _alive(failed[i]))
         self._call_all(survivors, "abort", step)
         self._quorum_members = None  # a collective failed: the group must be formed again

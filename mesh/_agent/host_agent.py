@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import selectors
 import signal
-import socket
 import time
 
 from mesh._agent.forkserver import ForkServerClient
@@ -43,6 +42,7 @@ from mesh._engine.messages import (
     invalid_request,
     refusable_spawn,
 )
+from mesh._settings import current_settings
 from transport import (
     Envelope,
     Inbox,
@@ -77,7 +77,7 @@ class HostAgent:
         self._zmq = new_context()
         self._inbox = Inbox(self._zmq, address)
         self._outbox = Outbox(self._zmq)
-        self._hostname = socket.gethostname()
+        self._hostname = current_settings().host_name  # a SLURM node's name, on SLURM
         self._log = get_logger("mesh.agent", address=address)
         self._procs = ProcTable()
         self._watchdog = Watchdog(self._procs, owner_timeout_s, self._log)

@@ -44,6 +44,7 @@ class HostMesh(MeshBase):
         heartbeat_timeout_s: float | None = None,
         busy_timeout_s: float | None = None,
         restart: RestartPolicy | None = None,
+        spare_hosts: HostMesh | None = None,
     ) -> ProcMesh:
         """One new OS process per point of each host times ``per_host``; returns at once.
 
@@ -51,8 +52,15 @@ class HostMesh(MeshBase):
         (stopped, or blocked) is killed and reported as hung; one that keeps using CPU time
         meanwhile (a long C call holding the GIL, an overloaded machine) gets up to
         `busy_timeout_s`. With a `restart` policy, failed ranks are re-spawned on their agents
-        (with their actors) instead of escalating, within its limits.
+        (with their actors) instead of escalating, within its limits; the ranks of a host that
+        is lost (its agent died or went silent) are re-spawned on a host of `spare_hosts` not
+        taken yet (one spare per lost host), and escalate when none is left.
         """
+        if spare_hosts is not None and restart is None:
+            raise ValueError(
+                "spare_hosts is used by a restart policy: pass restart=RestartPolicy(...) too, "
+                "or re-spawn on a spare by hand with ProcMesh.respawn(on=spare_hosts)"
+            )
         interval, timeout, busy = current_session().runtime.settings.heartbeats(
             heartbeat_interval_s, heartbeat_timeout_s, busy_timeout_s
         )
@@ -98,9 +106,15 @@ class HostMesh(MeshBase):
         record = ProcMeshRecord(
             key, name, extent, peers, tuple((env or {}).items()), interval, timeout, busy
         )
+        if spare_hosts is not None:
+            record.spares = tuple(spare_hosts._agents_in_order())
         runtime.ownership.add_proc_mesh(record, restart)
         runtime.restarts.launch(record, list(range(len(peers))))
         return ProcMesh(runtime, name, Region.full(extent), peers)
+
+    def _agents_in_order(self) -> list[str]:
+        """The host agents of this (sliced) mesh, each once, in the order of its points."""
+        return list(dict.fromkeys(self._agents[base] for base in self._region.ranks))
 
     def _agent_addresses(self) -> list[str]:
         """The address of each host agent of this (sliced) mesh."""

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import secrets
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
 
 from mesh._actor import check_actor_class
 from mesh._api.actor_mesh import ActorMesh, ActorMeshState
@@ -27,6 +28,12 @@ from mesh._shape import Extent, Region
 from transport import Payload
 
 A = TypeVar("A")
+
+
+class Hosts(Protocol):
+    """What `ProcMesh.respawn` needs of a `HostMesh` (which imports this module)."""
+
+    def _agents_in_order(self) -> list[str]: ...
 
 
 class ProcMesh(MeshBase, Stoppable):
@@ -67,10 +74,24 @@ class ProcMesh(MeshBase, Stoppable):
         state = ActorMeshState(name, actor_id, actor_class, peers, extent)
         return ActorMesh(self._runtime, state, Region.full(extent))
 
-    def respawn(self) -> Future[None]:
-        """Re-spawn the failed procs of this mesh (and rebuild failed actors) on the agents
-        they ran on: same name, points and constructor arguments; healthy ranks untouched.
-        The future is done when the new procs are up; calls made meanwhile wait for them."""
+    def respawn(
+        self, ranks: Sequence[int] | None = None, *, on: Hosts | None = None
+    ) -> Future[None]:
+        """Re-spawn the failed procs of this mesh (or of its `ranks`, row-major indices of
+        this mesh) and rebuild failed actors: same name, points and constructor arguments;
+        healthy ranks untouched. They go to the hosts of `on` (a `HostMesh`: a spare for a
+        lost host; the procs of one old host together, old hosts spread over those of `on`),
+        else to the hosts they ran on. The future is done when the new procs are up; calls
+        made meanwhile wait for them."""
+        bases = list(self._region.ranks)
+        if ranks is not None:
+            bad = [r for r in ranks if not 0 <= r < len(bases)]
+            if bad:
+                raise ValueError(
+                    f"ranks {bad} are not in proc mesh {self.name!r} of {len(bases)} ranks"
+                )
+            bases = [bases[r] for r in ranks]
+        agents = on._agents_in_order() if on is not None else None
         record = self._runtime.ownership.proc_mesh(self._peers[0].mesh_key)
         if record is None and all(peer.state == "stopped" for peer in self._peers):
             return resolved(None)  # stopped on purpose: nothing failed, nothing to re-spawn
@@ -79,8 +100,8 @@ class ProcMesh(MeshBase, Stoppable):
                 f"proc mesh {self.name!r} was not spawned by this process, so it "
                 "cannot re-spawn it; ask its owner."
             )
-        ranks = [record.peers.index(self._peers[base]) for base in self._region.ranks]
-        return self._runtime.restarts.respawn(record, ranks)
+        indices = [record.peers.index(self._peers[base]) for base in bases]
+        return self._runtime.restarts.respawn(record, indices, agents)
 
     def on_failure(self, handler: FailureHandler) -> None:
         """Call `handler(event)` when a proc of this mesh fails; truthy return = handled."""

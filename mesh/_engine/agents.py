@@ -123,6 +123,13 @@ class AgentWatch:
             for agent in sorted(new):  # known before a restart could hide it
                 loop.call_soon_threadsafe(runtime.send_message, agent, OwnerAlive(runtime.address))
 
+    def is_lost(self, agent: str) -> bool:
+        """Whether `agent` is lost: its process died (a local agent), or it is silent (a
+        network agent: its host died, or is cut off). One shut down on purpose is not."""
+        if agent in self._stopping:
+            return False
+        return agent in self._silent or agent in self._lost
+
     def answered(self, agent: str) -> bool:
         """Whether `agent` has answered this process since it was attached."""
         return agent in self.incarnations and agent not in self._silent

@@ -56,6 +56,11 @@ class ProcMeshRecord:
     actor_meshes: list[ActorMeshRecord] = field(default_factory=list)
     generation: int = 0
     restarting: set[int] = field(default_factory=set)
+    #: The agents of the spare hosts a policy re-spawns ranks on when their host is lost
+    #: (None: none given; the ranks of a lost host then escalate).
+    spares: tuple[str, ...] | None = None
+    #: rank -> the agent its next launch goes to (a spare, or a host named to `respawn`).
+    moves: dict[int, str] = field(default_factory=dict)
 
 
 class Ownership:

@@ -197,12 +197,15 @@ class ProcLifecycle:
         self._supervisor.handle(escalate, owner, keys)
 
     def fail_procs_of(self, agent: str, why: str) -> None:
-        """Every live proc of `agent` failed with kind "unreachable" (`why`: the agent's fate)."""
-        lost = [p for p in self._ownership.all_peers() if p.agent == agent and p.alive]
+        """Every live proc of `agent` failed with kind "unreachable" (`why`: the agent's fate);
+        each event names the host (learned when its procs started), even for one still
+        starting."""
+        on_agent = [p for p in self._ownership.all_peers() if p.agent == agent]
+        host = next((p.host for p in on_agent if p.host), None)
+        lost = [p for p in on_agent if p.alive]
         for peer in lost:
-            self.mark_peer_gone(
-                peer, peer.make_event("unreachable", f"its host agent {why}"), "failed"
-            )
+            event = peer.make_event("unreachable", f"its host agent {why}", host=peer.host or host)
+            self.mark_peer_gone(peer, event, "failed")
         # If the agent is only cut off, it gets this once the link is back: procs given up
         # for lost must not live on beside their replacements.
         owned = tuple(p.proc_id for p in lost if p.owned)

@@ -1,9 +1,12 @@
-"""Re-spawning failed ranks on the agents they ran on, by hand or by a `RestartPolicy`.
+"""Re-spawning failed ranks, by hand or by a `RestartPolicy`: on the agents they ran on, or
+elsewhere when their host is lost (on hosts named to `respawn`, or on a policy's spare hosts).
 
 A runtime remembers how it built each proc mesh and actor mesh it owns (`ProcMeshRecord`,
-`ActorMeshRecord`), so a failed rank can be built again with the same name, point, agent and
-constructor arguments. The `ProcPeer` objects are reset in place, which is why every mesh
-handle the user holds works again for those ranks.
+`ActorMeshRecord`), so a failed rank can be built again with the same name, point and
+constructor arguments. The `ProcPeer` objects are reset in place (a moved rank's agent
+changes), which is why every mesh handle the user holds works again for those ranks. The ranks
+of one lost host move together to one spare host; a spare taken is no longer spare, for every
+proc mesh of this process.
 """
 
 from __future__ import annotations
@@ -43,6 +46,10 @@ class RestartHost(LoopPump, Protocol):
         """Procs were just requested from `agent`: fail them if it is known to be gone."""
         ...
 
+    def agent_lost(self, agent: str) -> bool:
+        """Whether `agent` is lost (its process died, or it went silent)."""
+        ...
+
     def stop_peers(
         self, peers: list[ProcPeer], grace_s: float, why: str = "by its owner"
     ) -> None: ...
@@ -66,6 +73,7 @@ class Restarts:
         self._ownership = ownership
         self._supervisor = supervisor
         self._log = get_logger("mesh.restart", proc=proc_id)
+        self._taken: dict[str, str] = {}  # spare agent -> the lost agent it replaces
 
     # -- launching -------------------------------------------------------------------------
 
@@ -81,6 +89,7 @@ class Restarts:
             new_id = f"{record.key}-{rank}{suffix}"
             old_id = peer.proc_id if suffix else ""
             self._ownership.rekey(peer, new_id)
+            peer.agent = record.moves.pop(rank, peer.agent)
             spec = ProcSpec(
                 new_id, record.name, record.extent.labels, record.extent.sizes, rank, old_id
             )
@@ -132,10 +141,19 @@ class Restarts:
 
     # -- by hand -----------------------------------------------------------------------------
 
-    def respawn(self, record: ProcMeshRecord, ranks: list[int] | None = None) -> Future[None]:
-        """Re-spawn the failed procs of `record` (or `ranks`) and rebuild failed actors."""
+    def respawn(
+        self, record: ProcMeshRecord, ranks: list[int] | None = None, on: list[str] | None = None
+    ) -> Future[None]:
+        """Re-spawn the failed procs of `record` (or `ranks`) and rebuild failed actors; on
+        the agents `on` if given (the ranks of one old agent together, old agents spread over
+        them), else where they ran."""
         dead = [r for r, p in enumerate(record.peers) if p.state == "failed"]
         targets = dead if ranks is None else [r for r in ranks if r in dead]
+        if on:
+            spread: dict[str | None, str] = {}
+            for rank in targets:
+                old = record.peers[rank].agent
+                record.moves[rank] = spread.setdefault(old, on[len(spread) % len(on)])
         ready = self.launch(record, targets) if targets else None
         allowed = set(range(len(record.peers)) if ranks is None else ranks)
         for actors in record.actor_meshes:  # actors that failed on procs that still run
@@ -168,6 +186,9 @@ class Restarts:
             return dataclasses.replace(
                 event, message=_joined(event.message, f"not restarted: {decision.reason}")
             )
+        refusal = self._move_off_lost_hosts(record, decision.ranks)
+        if refusal:
+            return dataclasses.replace(event, message=_joined(event.message, refusal))
         self._log.info(
             "restart_scheduled",
             mesh=record.name,
@@ -178,6 +199,43 @@ class Restarts:
         record.restarting.update(decision.ranks)
         self._hold_calls(peer)  # calls made meanwhile wait for the new proc
         self._runtime.call_later(decision.delay_s, self._restart, record, list(decision.ranks))
+        return None
+
+    def _move_off_lost_hosts(self, record: ProcMeshRecord, ranks: tuple[int, ...]) -> str:
+        """Send the `ranks` whose agent is lost to a spare agent (those of one lost agent to
+        the same one). Returns why not, in words, if some cannot go anywhere ("" if all can)."""
+        runtime = self._runtime
+        for rank in ranks:
+            peer = record.peers[rank]
+            agent = peer.agent
+            if agent is None or rank in record.moves or not runtime.agent_lost(agent):
+                continue
+            spare = self._spare_for(record, agent)
+            if spare is None:
+                where = f"its host {peer.host} (agent at {agent})" if peer.host else agent
+                if record.spares is None:
+                    return (
+                        f"not restarted: {where} is lost and no spare host was given to "
+                        "re-spawn it on (spawn_procs(..., spare_hosts=HOSTS))"
+                    )
+                return (
+                    f"not restarted: {where} is lost and no spare host is left (spares: "
+                    f"{', '.join(record.spares) or 'none'}, all taken or lost)"
+                )
+            record.moves[rank] = spare
+            self._log.warning("rank_moved", mesh=record.name, rank=rank, lost=agent, spare=spare)
+        return ""
+
+    def _spare_for(self, record: ProcMeshRecord, lost: str) -> str | None:
+        """The spare agent of `record` that replaces agent `lost` (taking a free one)."""
+        spares = record.spares or ()
+        for spare in spares:
+            if self._taken.get(spare) == lost and not self._runtime.agent_lost(spare):
+                return spare
+        for spare in spares:
+            if spare not in self._taken and not self._runtime.agent_lost(spare):
+                self._taken[spare] = lost
+                return spare
         return None
 
     def on_actor_failure(

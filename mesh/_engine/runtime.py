@@ -10,7 +10,6 @@ process runs (`ActorHost`). Each message is dispatched by its type to one of the
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -73,7 +72,7 @@ class Runtime:
         self.settings = settings if settings is not None else current_settings()
         self.proc_id = proc_id
         self.agent = agent
-        self.hostname = socket.gethostname()
+        self.hostname = self.settings.host_name
         self.pid = os.getpid()
         self.zmq_context = new_context()
         self.inbox = Inbox(self.zmq_context, address)
@@ -211,6 +210,10 @@ class Runtime:
     def check_agent(self, agent: str) -> None:
         """Procs were just requested from `agent`: fail them if it is known to be gone."""
         self.agents.check_agent(agent)
+
+    def agent_lost(self, agent: str) -> bool:
+        """Whether host agent `agent` is lost (died, or silent)."""
+        return self.agents.is_lost(agent)
 
     def mark_peer_gone(self, peer: ProcPeer, event: SupervisionEvent, state: str) -> None:
         """Record that `peer` is gone and fail every call still waiting on it."""
