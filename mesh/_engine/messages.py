@@ -1,7 +1,7 @@
 """The closed set of messages meshvisor processes exchange. Payloads travel beside them.
 
 Owner → agent: SpawnProcs, StopProcs, ShutdownAgent, WatchProcs.
-Agent → owner (and watchers): ProcExited, SpawnFailed.   Proc → agent: Heartbeat.
+Agent → owner (and watchers): ProcExited, SpawnFailed.   Agent → owner: PreemptionNotice.   Proc → agent: Heartbeat.
 Proc → owner: ProcReady, ActorFailed.   Caller → proc: SpawnActor, CallActor, StopActor, StopProc.
 Proc → caller: Reply (payload: the value) and Failure (payload: the error).
 Caller → procs it called: InboxClosed (a reply inbox is gone: drop the connection to it).
@@ -244,6 +244,18 @@ class ProcReplaced:
     address: str
     pid: int
     host: str
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class PreemptionNotice:
+    """Agent → the owner of `proc_ids`: the agent got the notice signal `signal` (its host is
+    about to be preempted or reach its time limit); `time_left_s` is None when not known."""
+
+    proc_ids: tuple[str, ...]
+    host: str
+    signal: str
+    time_left_s: float | None = None
 
 
 # -- validation of what a peer sent ------------------------------------------------------------
