@@ -20,9 +20,9 @@ from ._restart import RestartTracker as RestartTracker
 
 __all__ = (
     "EVENT_KINDS",
+    "NOTICE_KINDS",
     "ActorError",
     "EventKind",
-    "NOTICE_KINDS",
     "EventListener",
     "RestartDecision",
     "RestartPolicy",

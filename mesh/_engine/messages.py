@@ -1,10 +1,14 @@
 """The closed set of messages meshvisor processes exchange. Payloads travel beside them.
 
 Owner → agent: SpawnProcs, StopProcs, ShutdownAgent, WatchProcs.
-Agent → owner (and watchers): ProcExited, SpawnFailed.   Agent → owner: PreemptionNotice.   Proc → agent: Heartbeat.
+Agent → owner (and watchers): ProcExited, SpawnFailed.   Proc → agent: Heartbeat.
+Agent → owner: PreemptionNotice (the host goes away soon).
 Proc → owner: ProcReady, ActorFailed.   Caller → proc: SpawnActor, CallActor, StopActor, StopProc.
 Proc → caller: Reply (payload: the value) and Failure (payload: the error).
 Caller → procs it called: InboxClosed (a reply inbox is gone: drop the connection to it).
+
+Long because the wire contract is one closed set, reviewed together: every message, and the
+checks of what a peer sent against the types each declares.
 """
 
 from __future__ import annotations
