@@ -114,6 +114,17 @@ def test_an_unhandled_notice_is_printed_and_nothing_fails(
         procs.stop().get(timeout=T)
 
 
+def test_a_signal_name_that_names_no_signal_is_refused(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [*AGENT, "--listen", f"ipc://{tmp_path}/a", "--notice-signal", "USR9"],
+        capture_output=True,
+        text=True,
+        timeout=T,
+    )
+    assert done.returncode == 2
+    assert "--notice-signal: 'USR9' names no signal (e.g. USR1, SIGUSR2 or 10)" in done.stderr
+
+
 class Owner(Actor):
     """Owns a mesh on the agent at `address`; its __supervise__ does not handle notices."""
 
@@ -216,6 +227,7 @@ def test_a_requeued_job_comes_back_with_new_agents_and_old_procs_fail(slurm: Any
         fresh = after.spawn("where", Where)
         assert fresh.restart_count.call_one().get(timeout=T) == "1"
         after.stop().get(timeout=T)
+        print(f"the old run's proc, as its owner heard: {heard.kinds()}")
         assert heard.kinds() and set(heard.kinds()) <= {"unreachable", "signal", "exit"}
     finally:
         job.cancel()
