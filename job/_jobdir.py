@@ -33,6 +33,7 @@ class JobSpec:
     listen_host: str | None = None
     script: list[str] = field(default_factory=list)  # batch mode: the client's command line
     job_id: str | None = None
+    notice_signal: str | None = None  # SLURM's warning (--signal) that agents turn into events
 
     @property
     def nodes(self) -> int:

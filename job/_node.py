@@ -4,7 +4,9 @@ It finds the address other hosts reach this node at (the job's ``listen_host``, 
 ``NodeAddr`` as SLURM knows it, else what its host name resolves to) and becomes a
 ``meshvisor agent`` listening there with the job's CURVE keys, writing its address to
 ``agents/NODE.RESTART`` in the job directory. Procs are told their node's name
-(``MESHVISOR_HOST_NAME``), so supervision events name the node.
+(``MESHVISOR_HOST_NAME``), so supervision events name the node. The agent turns the job's
+warning signal into "preempting" events, asking ``python -m job._node --time-left JOB`` how
+much time is left.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import socket
 import sys
 from pathlib import Path
 
+from job._formats import SlurmFormatError, parse_duration
 from job._jobdir import JobDir
-from job._scheduler import node_record
+from job._scheduler import SlurmError, node_record, run_slurm
 
 
 def node_name() -> str:
@@ -53,11 +56,36 @@ def agent_command(job_dir: JobDir) -> list[str]:
         spec.keys,
         "--address-file",
         str(job_dir.agent_file(node, restart)),
+        *_notice_options(spec.python, spec.notice_signal),
     ]
+
+
+def _notice_options(python: str, signal: str | None) -> list[str]:
+    """The agent's options for the job's warning signal (none without one)."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not signal or not job_id:
+        return []
+    ask = f"{python} -m job._node --time-left {job_id}"
+    return ["--notice-signal", signal, "--time-left-command", ask]
+
+
+def time_left(job_id: str) -> float | None:
+    """Seconds until SLURM ends job `job_id` (its time limit, or a preemption's grace time),
+    None when unknown (no limit, job gone)."""
+    try:
+        return parse_duration(run_slurm(["squeue", "-h", "-j", job_id, "-o", "%L"]))
+    except (SlurmError, SlurmFormatError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "--time-left":  # the agent asks, at a notice
+        seconds = time_left(args[1])
+        if seconds is None:
+            sys.exit(1)
+        print(seconds)
+        return
     if len(args) != 1:
         sys.exit("usage: python -m job._node JOBDIR (run by a meshvisor SLURM job on each node)")
     job_dir = JobDir(Path(args[0]))

@@ -55,6 +55,7 @@ class JobState:
     job_id: str
     meshes: Mapping[str, HostMesh]
     nodes: Mapping[str, tuple[str, ...]]
+    restarts: int = 0  # SLURM's requeue count of the run these agents belong to
 
     def __getattr__(self, name: str) -> HostMesh:
         meshes: Mapping[str, HostMesh] = self.__dict__.get("meshes", {})
@@ -107,6 +108,7 @@ class SlurmJob:
         self._root = Path(job_dir) if job_dir is not None else None
         self._python = python_exe
         self._listen_host = listen_host
+        self._notice_signal = warning_signal if warning_time_s else None
         self._sbatch_args = sbatch_arguments(
             name=name,
             nodes=sum(self.meshes.values()),
@@ -204,6 +206,7 @@ class SlurmJob:
             python=self._python,
             listen_host=self._listen_host,
             script=list(script),
+            notice_signal=self._notice_signal,
         )
         self._dir.write_spec(spec)
         self._dir.batch_script.write_text(batch_script(self._python, self._dir.path))
@@ -231,7 +234,7 @@ class SlurmJob:
         if self._state is not None and self._still_current(self._state):
             return self._state
         deadline = time.monotonic() + (timeout_s or self.start_timeout_s)
-        nodes, addresses = self._wait_for_agents(self._spec.job_id, self._dir, deadline)
+        nodes, addresses, restarts = self._wait_for_agents(self._spec.job_id, self._dir, deadline)
         use_curve_keys(self._spec.keys)
         meshes, node_names = {}, {}
         start = 0
@@ -243,7 +246,7 @@ class SlurmJob:
         for host_mesh in meshes.values():
             host_mesh.wait_for_agents(max(1.0, deadline - time.monotonic()))
         self._report(f"SLURM job {self._spec.job_id}: all {len(nodes)} agents answer")
-        self._state = JobState(self._spec.job_id, meshes, node_names)
+        self._state = JobState(self._spec.job_id, meshes, node_names, restarts)
         return self._state
 
     def cancel(self, wait_s: float = 30.0) -> None:
@@ -293,7 +296,7 @@ class SlurmJob:
 
     def _wait_for_agents(
         self, job_id: str, job_dir: JobDir, deadline: float
-    ) -> tuple[list[str], dict[str, str]]:
+    ) -> tuple[list[str], dict[str, str], int]:
         """Wait until the job runs and every node's agent wrote its address."""
         shown = ""
         while True:
@@ -318,7 +321,7 @@ class SlurmJob:
                 self._report(line)
                 shown = line
             if nodes and len(addresses) == len(nodes):
-                return nodes, addresses
+                return nodes, addresses, restart
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"SLURM job {job_id} ({self.name}) was not up in time: {line}; see "
@@ -353,7 +356,11 @@ class SlurmJob:
         """Whether the job still runs with the agents `state` was built from (a requeued job
         has new ones)."""
         record = job_record(state.job_id)
-        return record is not None and record.get("JobState") == "RUNNING"
+        return (
+            record is not None
+            and record.get("JobState") == "RUNNING"
+            and int(record.get("Restarts", "0") or 0) == state.restarts
+        )
 
     def _node_count(self) -> int:
         return sum(self.meshes.values())

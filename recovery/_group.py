@@ -14,6 +14,7 @@ A replica whose host is lost ("unreachable": its node died) comes back on a `spa
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Mapping
@@ -115,6 +116,7 @@ class ReplicaGroup:
         self.outcomes: list[StepOutcome] = []
         self.recoveries: list[Recovery] = []
         self.events: list[SupervisionEvent] = []
+        self.preempted: SupervisionEvent | None = None  # a notice: the loop should drain()
         self._quorum = 0
         self._quorum_members: tuple[int, ...] | None = None
         self._log = get_logger("recovery.group", group=name)
@@ -199,6 +201,13 @@ class ReplicaGroup:
             return f"live replicas hold different parameters: {status}"
         return None
 
+    def drain(self) -> dict[str, Any]:
+        """After a notice (`preempted`): the committed state of a live replica, to save, then
+        every replica stopped. No step is left half done: `step` commits or aborts each."""
+        found = self._call_all(self.live()[:1], "state")
+        self.close()
+        return next((v[0] for v in found.values() if isinstance(v, list)), {})
+
     def close(self) -> None:
         """Stop every replica."""
         for member in self._members:
@@ -221,10 +230,7 @@ class ReplicaGroup:
         )
         actors = procs.spawn(f"{self.name}{index}", self.replica_class, *self.args, **self.kwargs)
         member = _Member(index, procs, actors)
-
-        def on_failure(event: SupervisionEvent) -> bool:
-            return self._on_event(member, event)
-
+        on_failure = functools.partial(self._on_event, member)
         procs.on_failure(on_failure)
         actors.on_failure(on_failure)
         return member
@@ -250,6 +256,9 @@ class ReplicaGroup:
 
     def _on_event(self, member: _Member, event: SupervisionEvent) -> bool:
         """A failure of `member`, from the supervision tree (event loop thread): handled here."""
+        if event.is_notice:  # its host goes away soon: the training loop drains
+            self.preempted = self.preempted or event
+            return True
         self.events.append(event)
         self._failed(member.index, str(event), host_lost(event))
         return True

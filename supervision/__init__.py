@@ -5,6 +5,7 @@ from ._errors import SupervisionError as SupervisionError
 from ._escalation import escalated as escalated
 from ._escalation import is_handled as is_handled
 from ._events import EVENT_KINDS as EVENT_KINDS
+from ._events import NOTICE_KINDS as NOTICE_KINDS
 from ._events import EventKind as EventKind
 from ._events import SupervisionEvent as SupervisionEvent
 from ._hooks import EventListener as EventListener
@@ -19,6 +20,7 @@ from ._restart import RestartTracker as RestartTracker
 
 __all__ = (
     "EVENT_KINDS",
+    "NOTICE_KINDS",
     "ActorError",
     "EventKind",
     "EventListener",

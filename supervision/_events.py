@@ -1,4 +1,9 @@
-"""`SupervisionEvent`: the immutable record of one failure travelling up the supervision tree."""
+"""`SupervisionEvent`: the immutable record of one failure travelling up the supervision tree.
+
+One kind is a warning, not a failure: ``"preempting"`` says that the proc's host is about to be
+taken away (SLURM's notice ahead of a preemption or of the job's time limit), `time_left_s`
+how long it has. Its owner's handlers hear it so that they can drain; unhandled, it is logged
+(the root prints it) and nothing fails until the kill that may follow."""
 
 from __future__ import annotations
 
@@ -8,7 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 EventKind = Literal[
-    "exception", "exit", "signal", "hung", "unreachable", "spawn_failed", "escalated", "stopped"
+    "exception",
+    "exit",
+    "signal",
+    "hung",
+    "unreachable",
+    "spawn_failed",
+    "escalated",
+    "stopped",
+    "preempting",
 ]
 EVENT_KINDS: tuple[str, ...] = (
     "exception",
@@ -19,12 +32,16 @@ EVENT_KINDS: tuple[str, ...] = (
     "spawn_failed",
     "escalated",
     "stopped",
+    "preempting",
 )
+#: Kinds that warn of what is coming rather than report a failure: unhandled, nothing fails.
+NOTICE_KINDS: tuple[str, ...] = ("preempting",)
 
 
 @dataclass(frozen=True)
 class SupervisionEvent:
-    """What failed, where and why. `cause` is the child's event when this one is an escalation."""
+    """What failed, where and why. `cause` is the child's event when this one is an escalation;
+    `time_left_s` is the time a ``"preempting"`` notice gives (None when not known)."""
 
     kind: EventKind
     mesh_name: str
@@ -39,6 +56,7 @@ class SupervisionEvent:
     traceback: str | None = None
     time: float = field(default_factory=time.time)
     cause: SupervisionEvent | None = None
+    time_left_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in EVENT_KINDS:
@@ -74,9 +92,17 @@ class SupervisionEvent:
             return f"could not be spawned{detail}."
         if self.kind == "escalated":
             return f"failed because a child failure was not handled{detail}."
+        if self.kind == "preempting":
+            left = "" if self.time_left_s is None else f", {self.time_left_s:g} s left"
+            return f"is about to be preempted or reach its time limit{left}{detail}."
         if self.kind == "stopped":
             return f"was stopped {self.message}." if self.message else "was stopped."
         return f"failed with an exception{detail}."
+
+    @property
+    def is_notice(self) -> bool:
+        """Whether this warns of what is coming (``"preempting"``) rather than reports a failure."""
+        return self.kind in NOTICE_KINDS
 
     def root_cause(self) -> SupervisionEvent:
         """The deepest event of the escalation chain."""

@@ -21,6 +21,7 @@ from mesh._agent import proc_main  # noqa: F401
 from mesh._agent.allocations import add_to_allocation, allocation_keys_dir, remove_from_allocation
 from mesh._agent.forkserver import PRELOAD_ENV, ForkServerClient, start_forkserver
 from mesh._agent.host_agent import HostAgent
+from mesh._agent.notices import NoticeWatch, notice_signal
 from mesh._agent.rundir import own_run_dir
 from mesh._settings import reload_settings
 from transport import (
@@ -47,7 +48,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
     if args.preload:
         os.environ[PRELOAD_ENV] = args.preload
         reload_settings()  # the fork server preloads what its settings name
+    notices = _notice_watch(args, parser)
+    if notices is not None:
+        notices.ignore_in_children()  # the scheduler signals procs too: only the agent hears it
     forkserver = start_forkserver()
+    if notices is not None:
+        notices.install()
     agent = HostAgent(
         forkserver,
         address,
@@ -56,6 +62,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
         args.orphan_timeout,
         args.owner_timeout,
         args.parent_pid,
+        notices,
     )
     signal.signal(signal.SIGTERM, lambda *_: agent.request_shutdown())
     if args.address_file:
@@ -65,6 +72,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
     try:
         agent.serve()
     finally:
+        if notices is not None:
+            notices.close()
         _clean_up(args, agent, forkserver, rundir)
     sys.exit(0)
 
@@ -130,11 +139,33 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "so that they start with them loaded (e.g. torch)",
     )
     parser.add_argument(
+        "--notice-signal",
+        default=None,
+        help="a signal (e.g. USR1) that warns of a preemption or time limit: the owner of each "
+        'proc here gets a "preempting" supervision event (procs themselves ignore the signal)',
+    )
+    parser.add_argument(
+        "--time-left-command",
+        default=None,
+        help="a command printing the seconds left (a plain number) when the notice comes, for "
+        "the event's time_left_s",
+    )
+    parser.add_argument(
         "--remove-rundir",
         action="store_true",
         help="remove the run directory if the owner dies without cleaning up",
     )
     return parser
+
+
+def _notice_watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> NoticeWatch | None:
+    """The watch of --notice-signal, or None without one; a bad signal name ends the program."""
+    if args.notice_signal is None:
+        return None
+    try:
+        return NoticeWatch(notice_signal(args.notice_signal), args.time_left_command)
+    except ValueError as error:
+        parser.error(f"--notice-signal: {error}")
 
 
 def _listen_address(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:

@@ -14,6 +14,7 @@ import signal
 import time
 
 from mesh._agent.forkserver import ForkServerClient
+from mesh._agent.notices import NoticeWatch
 from mesh._agent.procs import (
     ProcRecord,
     ProcTable,
@@ -29,6 +30,7 @@ from mesh._engine.messages import (
     AgentAlive,
     Heartbeat,
     OwnerAlive,
+    PreemptionNotice,
     ProcReady,
     ProcReplaced,
     ProcSpec,
@@ -71,8 +73,10 @@ class HostAgent:
         orphan_timeout_s: float = 0.0,
         owner_timeout_s: float = 3.0,
         parent_pid: int | None = None,
+        notices: NoticeWatch | None = None,
     ) -> None:
         self._forkserver = forkserver
+        self._notices = notices
         self._rundir = rundir
         self._zmq = new_context()
         self._inbox = Inbox(self._zmq, address)
@@ -102,6 +106,8 @@ class HostAgent:
         refusals = self._inbox.watch_refusals() if configured_keys() is not None else None
         if refusals is not None:
             selector.register(refusals.fileno(), selectors.EVENT_READ, "refusals")
+        if self._notices is not None:
+            selector.register(self._notices.fileno(), selectors.EVENT_READ, "notices")
         self._log.info("agent_started", pid=os.getpid())
         self._watchdog.start()
         while True:
@@ -125,6 +131,9 @@ class HostAgent:
                 elif key.data == "owner":
                     selector.unregister(key.fd)
                     self._on_owner_exited()
+                elif key.data == "notices" and self._notices is not None:
+                    for name, left in self._notices.take():
+                        self._on_notice(name, left)
             self._drain_inbox()  # heartbeats that queued while it waited count first
             self._watchdog.forgive_absence(wait_s)
             self._enforce_deadlines()
@@ -270,6 +279,16 @@ class HostAgent:
         self._log.warning("owner_gone", reason="the client process exited")
         self.owner_died = True
         self._shutdown(grace_s=self._orphan_timeout_s)
+
+    def _on_notice(self, signame: str, time_left_s: float | None) -> None:
+        """The notice signal came (the host goes away soon): tell the owner of every proc."""
+        by_owner: dict[str, list[str]] = {}
+        for proc in self._procs:
+            by_owner.setdefault(proc.owner, []).append(proc.proc_id)
+        self._log.warning("notice_received", signal=signame, time_left_s=time_left_s)
+        for owner, proc_ids in by_owner.items():
+            notice = PreemptionNotice(tuple(proc_ids), self._hostname, signame, time_left_s)
+            self._send(owner, notice)
 
     # -- fork server reports -------------------------------------------------------------------
 

@@ -2,9 +2,13 @@
 
 Owner → agent: SpawnProcs, StopProcs, ShutdownAgent, WatchProcs.
 Agent → owner (and watchers): ProcExited, SpawnFailed.   Proc → agent: Heartbeat.
+Agent → owner: PreemptionNotice (the host goes away soon).
 Proc → owner: ProcReady, ActorFailed.   Caller → proc: SpawnActor, CallActor, StopActor, StopProc.
 Proc → caller: Reply (payload: the value) and Failure (payload: the error).
 Caller → procs it called: InboxClosed (a reply inbox is gone: drop the connection to it).
+
+Long because the wire contract is one closed set, reviewed together: every message, and the
+checks of what a peer sent against the types each declares.
 """
 
 from __future__ import annotations
@@ -244,6 +248,18 @@ class ProcReplaced:
     address: str
     pid: int
     host: str
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class PreemptionNotice:
+    """Agent → the owner of `proc_ids`: the agent got the notice signal `signal` (its host is
+    about to be preempted or reach its time limit); `time_left_s` is None when not known."""
+
+    proc_ids: tuple[str, ...]
+    host: str
+    signal: str
+    time_left_s: float | None = None
 
 
 # -- validation of what a peer sent ------------------------------------------------------------

@@ -109,5 +109,8 @@ class ChildFailures:
     def _escalate(
         self, actor: HostedActor, child: SupervisionEvent, error: BaseException | None
     ) -> None:
+        if child.is_notice:  # a warning, not a failure: the owner lives on
+            self._log.warning("notice_not_handled", actor_id=actor.actor_id, child=str(child))
+            return
         own = actor.make_event("escalated", "")
         self._fail(actor, escalated(child, own, error))
