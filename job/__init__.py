@@ -5,8 +5,8 @@ running a meshvisor host agent; see `job._slurm_job` and the README's SLURM sect
 """
 
 from job._formats import SlurmFormatError as SlurmFormatError
+from job._job_state import JobState as JobState
 from job._scheduler import SlurmError as SlurmError
-from job._slurm_job import JobState as JobState
 from job._slurm_job import SlurmJob as SlurmJob
 from job._slurm_job import slurm_job as slurm_job
 

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from job._formats import (
@@ -28,11 +28,12 @@ from job._formats import (
     LIVE_JOB_STATES,
     pending_reason,
 )
+from job._job_state import JobState
 from job._jobdir import JobDir, JobSpec, job_dirs_matching
 from job._reaper import start_reaper
 from job._sbatch import batch_script, check_meshes, sbatch_arguments
 from job._scheduler import SlurmError, cancel, job_nodes, job_record, submit
-from mesh import HostMesh, attach
+from mesh import attach
 from transport import CurveKeys, transport_settings, use_curve_keys
 
 #: Where progress goes: one line per change (queued, starting, N of M agents up).
@@ -45,27 +46,6 @@ _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 def _print_progress(line: str) -> None:
     print(f"meshvisor: {line}", file=sys.stderr, flush=True)
-
-
-@dataclass(frozen=True)
-class JobState:
-    """A running job's host meshes by name (``state.trainers`` or ``state["trainers"]``) and
-    the SLURM nodes behind each of them."""
-
-    job_id: str
-    meshes: Mapping[str, HostMesh]
-    nodes: Mapping[str, tuple[str, ...]]
-    restarts: int = 0  # SLURM's requeue count of the run these agents belong to
-
-    def __getattr__(self, name: str) -> HostMesh:
-        meshes: Mapping[str, HostMesh] = self.__dict__.get("meshes", {})
-        if name in meshes:
-            return meshes[name]
-        raise AttributeError(f"job {self.__dict__.get('job_id')} has no mesh {name!r}")
-
-    def __getitem__(self, name: str) -> HostMesh:
-        mesh: HostMesh = getattr(self, name)
-        return mesh
 
 
 class SlurmJob:

@@ -18,14 +18,15 @@ import getpass
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from job import _local_processes as _processes
 from job._formats import parse_node_state as _parse_node_state
+from job._local_processes import SlurmNotInstalled
 
 __all__ = ("LocalSlurmCluster", "SlurmNotInstalled", "local_slurm_cluster")
 
@@ -33,15 +34,11 @@ __all__ = ("LocalSlurmCluster", "SlurmNotInstalled", "local_slurm_cluster")
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol", "scancel")
 
 
-class SlurmNotInstalled(RuntimeError):
-    """SLURM's or munge's programs are not installed on this machine."""
-
-
 class LocalSlurmCluster:
     """munged, slurmctld and `nodes` slurmd daemons (nodes n1..nN, partition `partition`)."""
 
     def __init__(self, nodes: int = 4, *, cpus_per_node: int = 2, partition: str = "debug") -> None:
-        missing = [p for p in PROGRAMS if shutil.which(p) is None and not _in_sbin(p)]
+        missing = [p for p in PROGRAMS if shutil.which(p) is None and not _processes.in_sbin(p)]
         if missing:
             raise SlurmNotInstalled(
                 f"cannot start a local SLURM cluster: {', '.join(missing)} not found; on Debian "
@@ -105,7 +102,7 @@ class LocalSlurmCluster:
         bases = {tempfile.gettempdir()}
         for _ in range(3):  # a task may fork while we look: look again until none is left
             pids = self._node_processes(node)
-            bases |= {base for pid in pids for base in _temp_bases(pid)}
+            bases |= {base for pid in pids for base in _processes.temp_bases(pid)}
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -113,7 +110,7 @@ class LocalSlurmCluster:
             if not pids:
                 break
             time.sleep(0.05)
-        _remove_run_dirs_of(killed, bases)  # the node's local files go with it
+        _processes.remove_run_dirs_of(killed, bases)  # the node's local files go with it
         return killed
 
     def set_node_down(self, node: str, reason: str = "meshvisor test") -> None:
@@ -138,17 +135,17 @@ class LocalSlurmCluster:
         them (the step daemons, whose environment does not name the node)."""
         wanted = {f"SLURMD_NODENAME={node}".encode(), f"SLURM_CONF={self.conf}".encode()}
         found: set[int] = set()
-        for pid in _pids():
-            environ = _read(pid, "environ")
+        for pid in _processes.all_pids():
+            environ = _processes.read_proc(pid, "environ")
             if environ is not None and wanted <= set(environ.split(b"\0")):
                 found.add(pid)
         for pid in list(found):
-            parent = _parent(pid)
+            parent = _processes.parent_of(pid)
             while parent > 1 and parent not in found:
-                if (_read(parent, "cmdline") or b"").startswith(b"slurmstepd"):
+                if (_processes.read_proc(parent, "cmdline") or b"").startswith(b"slurmstepd"):
                     found.add(parent)
                     break
-                parent = _parent(parent)
+                parent = _processes.parent_of(parent)
         found.discard(os.getpid())
         return sorted(found)
 
@@ -233,7 +230,7 @@ class LocalSlurmCluster:
                 daemon.kill()
                 daemon.wait()
         self._daemons.clear()
-        _kill_processes_with_env("SLURM_CONF", str(self.conf))
+        _processes.kill_processes_with_env("SLURM_CONF", str(self.conf))
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def _wait_for_no_jobs(self, timeout_s: float) -> None:
@@ -259,7 +256,7 @@ class LocalSlurmCluster:
         for sub in ("state", "spool", "run", "log", "munge"):
             (d / sub).mkdir(mode=0o700)
         user = getpass.getuser()
-        ctld, slurmd, *node_ports = _free_ports(2 + len(self.node_names))
+        ctld, slurmd, *node_ports = _processes.free_ports(2 + len(self.node_names))
         nodes = "\n".join(
             f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "
             f"CPUs={self.cpus_per_node} RealMemory=2000 State=UNKNOWN"
@@ -329,7 +326,7 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP O
     def _start(self, name: str, command: list[str]) -> None:
         with open(self.directory / "log" / f"{name}.out", "wb") as log:
             self._daemons[name] = subprocess.Popen(
-                [_program(command[0]), *command[1:]],
+                [_processes.program(command[0]), *command[1:]],
                 env=self.environ(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -344,91 +341,3 @@ def local_slurm_cluster(nodes: int = 4) -> Iterator[LocalSlurmCluster]:
     cluster = LocalSlurmCluster(nodes)
     with cluster:
         yield cluster
-
-
-def _in_sbin(program: str) -> bool:
-    return any(os.access(f"{d}/{program}", os.X_OK) for d in ("/usr/sbin", "/sbin"))
-
-
-def _program(name: str) -> str:
-    found = shutil.which(name)
-    if found:
-        return found
-    for directory in ("/usr/sbin", "/sbin"):
-        if os.access(f"{directory}/{name}", os.X_OK):
-            return f"{directory}/{name}"
-    raise SlurmNotInstalled(f"{name} is not installed")
-
-
-def _free_ports(count: int) -> list[int]:
-    """`count` tcp ports nothing listens on now (bound together, so they differ)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def _pids() -> list[int]:
-    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
-
-
-def _read(pid: int, name: str) -> bytes | None:
-    try:
-        return (Path("/proc") / str(pid) / name).read_bytes()
-    except OSError:
-        return None
-
-
-def _parent(pid: int) -> int:
-    """The parent of `pid` (0 if it is gone)."""
-    stat = _read(pid, "stat")
-    if stat is None:
-        return 0
-    return int(stat[stat.rindex(b")") + 2 :].split()[1])
-
-
-def _temp_bases(pid: int) -> set[str]:
-    """Where process `pid` makes its temporary directories (TMPDIR, XDG_RUNTIME_DIR)."""
-    environ = (_read(pid, "environ") or b"").split(b"\0")
-    names = (b"TMPDIR=", b"XDG_RUNTIME_DIR=")
-    return {v.split(b"=", 1)[1].decode() for v in environ if v.startswith(names)}
-
-
-def _remove_run_dirs_of(pids: list[int], bases: set[str]) -> None:
-    """Remove the meshvisor run directories (``meshvisor-*/owner.pid``) owned by `pids`."""
-    owners = {str(pid) for pid in pids}
-    for base in bases:
-        with contextlib.suppress(OSError):
-            for entry in Path(base).glob("meshvisor-*"):
-                with contextlib.suppress(OSError):
-                    if (entry / "owner.pid").read_text().strip() in owners:
-                        shutil.rmtree(entry, ignore_errors=True)
-
-
-def _kill_processes_with_env(name: str, value: str) -> None:
-    """SIGKILL every process of this user whose environment has ``name=value``: the step
-    daemons and tasks of this cluster's jobs, which outlive a killed slurmd."""
-    wanted = f"{name}={value}".encode()
-    for _ in range(3):
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            try:
-                environ = (entry / "environ").read_bytes()
-            except OSError:
-                continue
-            if wanted in environ.split(b"\0"):
-                found.append(int(entry.name))
-        for pid in found:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if not found:
-            return
-        time.sleep(0.1)

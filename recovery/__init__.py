@@ -5,10 +5,10 @@ a replica that dies is re-spawned in place, heals from a live peer and rejoins. 
 the public `mesh` API.
 """
 
-from ._group import Recovery as Recovery
 from ._group import ReplicaGroup as ReplicaGroup
-from ._group import ReplicaGroupError as ReplicaGroupError
-from ._group import StepOutcome as StepOutcome
+from ._outcomes import Recovery as Recovery
+from ._outcomes import ReplicaGroupError as ReplicaGroupError
+from ._outcomes import StepOutcome as StepOutcome
 from ._replica import Replica as Replica
 from ._replica import digest as parameter_digest
 from ._replica import replay_training as replay_training

@@ -25,35 +25,9 @@ from mesh import ActorMesh, Future, HostMesh, ProcMesh
 from supervision import ActorError, SupervisionError, SupervisionEvent
 from transport import get_logger
 
+from ._outcomes import Recovery, ReplicaGroupError, StepOutcome
 from ._replica import Replica
 from ._spares import SparePool, host_lost
-
-
-class ReplicaGroupError(RuntimeError):
-    """The group cannot go on: too few replicas for too long, or replicas diverged."""
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """What became of one attempt at a step."""
-
-    step: int
-    committed: bool
-    participants: tuple[int, ...]
-    seconds: float
-    reason: str = ""
-
-
-@dataclass
-class Recovery:
-    """The life of one replacement: when its replica failed, came back and committed again."""
-
-    replica: int
-    failed_at: float
-    event: str
-    respawned_at: float | None = None
-    healed_at: float | None = None
-    first_commit_at: float | None = None
 
 
 @dataclass

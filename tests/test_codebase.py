@@ -20,9 +20,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The packages of the distribution, lowest layer first.
-PACKAGES = ("transport", "supervision", "mesh", "recovery", "chaos", "meshvisor")
+PACKAGES = ("transport", "supervision", "mesh", "job", "recovery", "chaos", "meshvisor")
 #: Modules whose `__all__` is public API.
-PUBLIC_MODULES = ("transport", "supervision", "mesh", "mesh.testing", "recovery", "chaos")
+PUBLIC_MODULES = (
+    *("transport", "supervision", "mesh", "mesh.testing", "job", "job.testing", "job.formats"),
+    *("recovery", "chaos"),
+)
 MAX_MODULE_LINES = 400
 MAX_CLASS_METHODS = 25
 #: A module longer than MAX_MODULE_LINES says why in its docstring, starting with this.

@@ -1,0 +1,29 @@
+"""`JobState`: what a running SLURM job gives, its host meshes by name and their nodes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from mesh import HostMesh
+
+
+@dataclass(frozen=True)
+class JobState:
+    """A running job's host meshes by name (``state.trainers`` or ``state["trainers"]``) and
+    the SLURM nodes behind each of them."""
+
+    job_id: str
+    meshes: Mapping[str, HostMesh]
+    nodes: Mapping[str, tuple[str, ...]]
+    restarts: int = 0  # SLURM's requeue count of the run these agents belong to
+
+    def __getattr__(self, name: str) -> HostMesh:
+        meshes: Mapping[str, HostMesh] = self.__dict__.get("meshes", {})
+        if name in meshes:
+            return meshes[name]
+        raise AttributeError(f"job {self.__dict__.get('job_id')} has no mesh {name!r}")
+
+    def __getitem__(self, name: str) -> HostMesh:
+        mesh: HostMesh = getattr(self, name)
+        return mesh
