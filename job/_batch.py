@@ -1,8 +1,8 @@
 """The batch script of a SLURM job: ``python -m job._batch JOBDIR`` (sbatch runs it).
 
 It starts one job step per node (``srun`` on that node alone), each running a host agent
-(`job._node`), so that losing one node's step leaves the others running. Without a client
-script it waits while any agent runs (``scancel`` ends the job); in batch mode it runs the
+(`job._node.agent_command`), so that losing one node's step leaves the others running. Without
+a client script it waits while any agent runs (``scancel`` ends the job); in batch mode it runs the
 client script here, on the first node, and the job ends when the script does.
 """
 
@@ -18,14 +18,17 @@ from pathlib import Path
 
 from job._formats import expand_hostlist
 from job._jobdir import JobDir
+from job._node import agent_command
 from job._scheduler import SlurmError, cancel
 
 #: How long the agents get to stop (and stop their procs) after a batch-mode client ended.
 STOP_TIMEOUT_S = 15.0
 
 
-def start_agent_step(job_dir: JobDir, python: str, node: str) -> subprocess.Popen[bytes]:
-    """One job step on `node` running its host agent."""
+def start_agent_step(job_dir: JobDir, node: str) -> subprocess.Popen[bytes]:
+    """One job step on `node` running its host agent, told its node's name (so that events
+    name the node: several nodes may share one machine)."""
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     return subprocess.Popen(
         [
             "srun",
@@ -35,10 +38,8 @@ def start_agent_step(job_dir: JobDir, python: str, node: str) -> subprocess.Pope
             "--overlap",
             "--kill-on-bad-exit=0",
             f"--job-name=meshvisor-agent-{node}",
-            python,
-            "-m",
-            "job._node",
-            str(job_dir.path),
+            f"--export=ALL,MESHVISOR_HOST_NAME={node}",
+            *agent_command(job_dir, node, restart),
         ],
         stdin=subprocess.DEVNULL,
     )
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     job_dir = JobDir(Path(args[0]))
     spec = job_dir.read_spec()
     nodes = expand_hostlist(os.environ["SLURM_JOB_NODELIST"])
-    steps = [start_agent_step(job_dir, spec.python, node) for node in nodes]
+    steps = [start_agent_step(job_dir, node) for node in nodes]
     if spec.script:
         status = run_client(spec.script, job_dir)
         print(f"meshvisor: the client script ended with status {status}", flush=True)

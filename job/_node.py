@@ -1,12 +1,11 @@
-"""What runs on each node of a SLURM job: ``python -m job._node JOBDIR`` (started by srun).
+"""The host agent of each node of a SLURM job, and what it asks SLURM at a notice.
 
-It finds the address other hosts reach this node at (the job's ``listen_host``, else the node's
-``NodeAddr`` as SLURM knows it, else what its host name resolves to) and becomes a
-``meshvisor agent`` listening there with the job's CURVE keys, writing its address to
-``agents/NODE.RESTART`` in the job directory. Procs are told their node's name
-(``MESHVISOR_HOST_NAME``), so supervision events name the node. The agent turns the job's
-warning signal into "preempting" events, asking ``python -m job._node --time-left JOB`` how
-much time is left.
+`agent_command` is the ``meshvisor agent`` command line that the batch process (`job._batch`)
+runs with srun on a node: listening at the address other hosts reach that node at (the job's
+``listen_host``, else the node's ``NodeAddr`` as SLURM knows it, else what its host name
+resolves to) with the job's CURVE keys, writing its address to ``agents/NODE.RESTART`` in the
+job directory. The agent turns the job's warning signal into "preempting" events, asking
+``python -m job._node --time-left JOB`` how much time is left.
 """
 
 from __future__ import annotations
@@ -14,16 +13,10 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from pathlib import Path
 
 from job._formats import SlurmFormatError, parse_duration
 from job._jobdir import JobDir
 from job._scheduler import SlurmError, node_record, run_slurm
-
-
-def node_name() -> str:
-    """This node's name in SLURM (several nodes may share one machine, so not its host name)."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def node_address(node: str) -> str:
@@ -38,11 +31,9 @@ def node_address(node: str) -> str:
         return "127.0.0.1"
 
 
-def agent_command(job_dir: JobDir) -> list[str]:
-    """The ``meshvisor agent`` command line for this node."""
+def agent_command(job_dir: JobDir, node: str, restart: int) -> list[str]:
+    """The ``meshvisor agent`` command line for `node` in run `restart` of the job."""
     spec = job_dir.read_spec()
-    node = node_name()
-    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     host = spec.listen_host or node_address(node)
     listen = f"tcp://[{host}]:0" if ":" in host else f"tcp://{host}:0"
     return [
@@ -86,12 +77,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(1)
         print(seconds)
         return
-    if len(args) != 1:
-        sys.exit("usage: python -m job._node JOBDIR (run by a meshvisor SLURM job on each node)")
-    job_dir = JobDir(Path(args[0]))
-    command = agent_command(job_dir)
-    os.environ["MESHVISOR_HOST_NAME"] = node_name()
-    os.execv(command[0], command)
+    sys.exit("usage: python -m job._node --time-left JOB (asked by a SLURM job's agents)")
 
 
 if __name__ == "__main__":
