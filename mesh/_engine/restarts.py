@@ -210,14 +210,11 @@ class Restarts:
             agent = peer.agent
             if agent is None or rank in record.moves or not runtime.agent_lost(agent):
                 continue
+            if record.spares is None:  # in place: a silent agent may only be cut off
+                continue
             spare = self._spare_for(record, agent)
             if spare is None:
                 where = f"its host {peer.host} (agent at {agent})" if peer.host else agent
-                if record.spares is None:
-                    return (
-                        f"not restarted: {where} is lost and no spare host was given to "
-                        "re-spawn it on (spawn_procs(..., spare_hosts=HOSTS))"
-                    )
                 return (
                     f"not restarted: {where} is lost and no spare host is left (spares: "
                     f"{', '.join(record.spares) or 'none'}, all taken or lost)"
