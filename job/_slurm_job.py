@@ -232,6 +232,8 @@ class SlurmJob:
     def cancel(self, wait_s: float = 30.0) -> None:
         """End the job (``scancel``): its agents and every proc on them stop. Waits up to
         `wait_s` until SLURM has finished it (its nodes are free again)."""
+        for host_mesh in self._state.meshes.values() if self._state else ():
+            host_mesh.shutdown()  # this client knows they stop on purpose: no "lost" agents
         if self.job_id is not None:
             cancel(self.job_id)
             deadline = time.monotonic() + wait_s
