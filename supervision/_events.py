@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 EventKind = Literal[
     "exception",
@@ -23,17 +23,7 @@ EventKind = Literal[
     "stopped",
     "preempting",
 ]
-EVENT_KINDS: tuple[str, ...] = (
-    "exception",
-    "exit",
-    "signal",
-    "hung",
-    "unreachable",
-    "spawn_failed",
-    "escalated",
-    "stopped",
-    "preempting",
-)
+EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
 #: Kinds that warn of what is coming rather than report a failure: unhandled, nothing fails.
 NOTICE_KINDS: tuple[str, ...] = ("preempting",)
 
