@@ -28,10 +28,11 @@ from job._formats import (
     LIVE_JOB_STATES,
     pending_reason,
 )
+from job._job import JobTrait, check_meshes
 from job._job_state import JobState
 from job._jobdir import JobDir, JobSpec, job_dirs_matching
 from job._reaper import start_reaper
-from job._sbatch import batch_script, check_meshes, sbatch_arguments
+from job._sbatch import batch_script, sbatch_arguments
 from job._scheduler import SlurmError, cancel, job_nodes, job_record, submit
 from mesh import attach
 from transport import CurveKeys, transport_settings, use_curve_keys
@@ -48,7 +49,7 @@ def _print_progress(line: str) -> None:
     print(f"meshvisor: {line}", file=sys.stderr, flush=True)
 
 
-class SlurmJob:
+class SlurmJob(JobTrait):
     """One SLURM job giving named host meshes; see the module docstring."""
 
     def __init__(
@@ -253,13 +254,6 @@ class SlurmJob:
             return "NOT_SUBMITTED"
         record = job_record(self.job_id)
         return record.get("JobState", "UNKNOWN") if record else "UNKNOWN"
-
-    def __enter__(self) -> SlurmJob:
-        return self.apply()
-
-    def __exit__(self, *exc: object) -> None:
-        if not self.persistent:
-            self.cancel()
 
     def __repr__(self) -> str:
         return f"<SlurmJob {self.name} id={self.job_id} meshes={self.meshes}>"
