@@ -260,3 +260,19 @@ def test_a_slurm_job_answers_through_the_same_job_interface(slurm: Any) -> None:
     job = SlurmJob({"trainers": 2}, name="job-interface", job_dir=slurm.jobs, progress=None)
     assert first_answers(job) == {"trainers": ["n1", "n2"]}
     assert job.slurm_state() not in ("RUNNING", "PENDING")
+
+
+def test_a_host_mesh_is_initialized_once_its_workers_answer(tmp_path: Path) -> None:
+    address = f"tcp://127.0.0.1:{free_port()}"
+    hosts = attach_to_workers(workers=[address])  # nothing listens there yet
+    initialized = hosts.initialized
+    with pytest.raises(TimeoutError):
+        initialized.get(timeout=0.5)
+    worker = launch_worker(address, tmp_path / "w.log")
+    try:
+        assert initialized.get(timeout=60) is True
+        hosts.shutdown().get(timeout=30)
+        assert worker.wait(30) == 0
+    finally:
+        worker.kill()
+        worker.wait()
