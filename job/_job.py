@@ -8,6 +8,7 @@ applies it and leaving kills it, unless the job is persistent.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TypeVar
@@ -29,9 +30,12 @@ class JobTrait(ABC):
         """Create the job if it does not exist yet (later calls do nothing); returns itself."""
 
     @abstractmethod
-    def state(self, timeout_s: float | None = None) -> JobState:
+    def state(
+        self, timeout_s: float | None = None, *, cached_path: str | os.PathLike[str] | None = None
+    ) -> JobState:
         """The job's host meshes by name, applying it first if needed, once every host answers
-        (bounded by `timeout_s`; TimeoutError naming what did not come up)."""
+        (bounded by `timeout_s`; TimeoutError naming what did not come up). With `cached_path`
+        a job that outlives its client is reused by the next run (see `SlurmJob.state`)."""
 
     @abstractmethod
     def kill(self) -> None:

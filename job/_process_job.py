@@ -78,10 +78,18 @@ class ProcessJob(JobTrait):
             raise
         return self
 
-    def state(self, timeout_s: float | None = None) -> JobState:
+    def state(
+        self, timeout_s: float | None = None, *, cached_path: str | os.PathLike[str] | None = None
+    ) -> JobState:
         """The host meshes by name once every agent answers (bounded by `timeout_s`, default
         `start_timeout_s`): RuntimeError quoting an agent that exited, TimeoutError naming the
-        hosts that did not come up."""
+        hosts that did not come up. There is no `cached_path`: the agents end with the client."""
+        if cached_path is not None:
+            raise ValueError(
+                "a ProcessJob cannot be cached for a later run: its agents stop with this "
+                "client; use a persistent allocation ('meshvisor agent --allocation NAME', "
+                "then mesh.attach(NAME)) or SlurmJob(..., persistent=True)"
+            )
         self.apply()
         if self._state is not None:
             return self._state

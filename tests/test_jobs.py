@@ -276,3 +276,44 @@ def test_a_host_mesh_is_initialized_once_its_workers_answer(tmp_path: Path) -> N
     finally:
         worker.kill()
         worker.wait()
+
+
+# -- the job cache ------------------------------------------------------------------------------
+
+
+def test_a_cached_persistent_job_is_reused_by_the_next_run_while_it_runs(
+    slurm: Any, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache" / "job.json"
+
+    def run(meshes: dict[str, int]) -> SlurmJob:
+        job = SlurmJob(meshes, name="cached", persistent=True, job_dir=slurm.jobs, progress=None)
+        job.state(timeout_s=60, cached_path=cache)
+        return job
+
+    first = run({"trainers": 1})
+    try:
+        assert cache.stat().st_mode & 0o777 == 0o600
+        second = run({"trainers": 1})  # as a later run of the same script would
+        assert second.job_id == first.job_id
+        other = run({"trainers": 2})  # another request: a new job, cached instead
+        assert other.job_id != first.job_id
+        other.cancel()
+        again = run({"trainers": 2})  # the cached job ended: a new one
+        assert again.job_id not in (first.job_id, other.job_id)
+        again.cancel()
+    finally:
+        first.cancel()
+
+
+def test_the_job_cache_refuses_what_it_cannot_honour(slurm: Any, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"persistent=True"):
+        SlurmJob({"a": 1}, job_dir=slurm.jobs, progress=None).state(cached_path=tmp_path / "c")
+    with pytest.raises(ValueError, match=r"cannot be cached"):
+        ProcessJob({"a": 1}).state(cached_path=tmp_path / "c")
+    broken = tmp_path / "broken.json"
+    broken.write_text("not json")
+    job = SlurmJob({"a": 1}, persistent=True, job_dir=slurm.jobs, progress=None)
+    with pytest.raises(ValueError, match=r"broken.json is not a meshvisor job cache"):
+        job.state(cached_path=broken)
+    assert job.job_id is None  # nothing was submitted
