@@ -157,12 +157,20 @@ def free_port() -> int:
         return port
 
 
-def launch_worker(address: str, log: Path, **env: str) -> subprocess.Popen[bytes]:
-    """What any launcher does on a host: run a program that becomes the host's worker."""
+def launch_worker(
+    address: str, log: Path, *, then: str | None = None, **env: str
+) -> subprocess.Popen[bytes]:
+    """What any launcher does on a host: run a program that becomes the host's worker (and,
+    with `then`, goes on with that code once its mesh shut it down)."""
     code = (
         "from mesh import run_worker_loop_forever; "
         f"run_worker_loop_forever(address={address!r}, ca='trust_all_connections')"
     )
+    if then is not None:
+        code = (
+            "from mesh import run_worker_loop_until_shutdown; "
+            f"run_worker_loop_until_shutdown(address={address!r}); {then}"
+        )
     with open(log, "wb") as output:
         return subprocess.Popen(
             [sys.executable, "-c", code],
@@ -211,6 +219,21 @@ def test_a_worker_without_keys_refuses_to_listen_on_tcp(tmp_path: Path) -> None:
     )
     assert worker.returncode != 0
     assert "without authentication" in worker.stderr
+
+
+def test_a_worker_run_until_shutdown_goes_on_afterwards(tmp_path: Path) -> None:
+    address = f"tcp://127.0.0.1:{free_port()}"
+    after = tmp_path / "after"
+    worker = launch_worker(address, tmp_path / "w.log", then=f"open({str(after)!r}, 'w')")
+    try:
+        hosts = attach_to_workers(workers=[address])
+        hosts.initialized.get(timeout=60)
+        hosts.shutdown().get(timeout=30)
+        assert worker.wait(30) == 0
+        assert after.exists(), (tmp_path / "w.log").read_text()
+    finally:
+        worker.kill()
+        worker.wait()
 
 
 def test_a_worker_address_can_come_as_a_future(tmp_path: Path, make_procs: Any) -> None:

@@ -1,5 +1,5 @@
 """Bring your own launcher: `run_worker_loop_forever` on each host, `attach_to_workers` in the
-client (``monarch.actor``'s names).
+client (``monarch.actor``'s names; `run_worker_loop_until_shutdown` returns instead of exiting).
 
 Any launcher (ssh, a container orchestrator, mpirun, a SLURM step) starts a Python program on
 each host that calls ``run_worker_loop_forever(address="tcp://HOST:PORT")``: the program becomes
@@ -55,6 +55,25 @@ def run_worker_loop_forever(
     argv = ["--listen", address, *(["--allocation", allocation] if allocation else [])]
     run_agent(argv, prog="run_worker_loop_forever")
     raise SystemExit(0)  # run_agent exits; for the type checker
+
+
+def run_worker_loop_until_shutdown(
+    *,
+    address: str,
+    ca: str | None = None,
+    private_key: object = None,
+    keys: str | os.PathLike[str] | None = None,
+    allocation: str | None = None,
+) -> None:
+    """`run_worker_loop_forever`, but return once the host mesh shuts this worker down (the
+    program goes on) instead of exiting."""
+    try:
+        run_worker_loop_forever(
+            address=address, ca=ca, private_key=private_key, keys=keys, allocation=allocation
+        )
+    except SystemExit as stop:
+        if stop.code not in (0, None):
+            raise
 
 
 def attach_to_workers(
