@@ -1,4 +1,4 @@
-"""`JobState`: what a running SLURM job gives, its host meshes by name and their nodes."""
+"""`JobState`: what a running job gives, its host meshes by name and the hosts behind them."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from mesh import HostMesh
 @dataclass(frozen=True)
 class JobState:
     """A running job's host meshes by name (``state.trainers`` or ``state["trainers"]``) and
-    the SLURM nodes behind each of them."""
+    the hosts behind each of them (SLURM node names; a `ProcessJob`'s host keys)."""
 
     job_id: str
     meshes: Mapping[str, HostMesh]
     nodes: Mapping[str, tuple[str, ...]]
-    restarts: int = 0  # SLURM's requeue count of the run these agents belong to
+    restarts: int = 0  # a SLURM job's requeue count of the run these agents belong to
 
     def __getattr__(self, name: str) -> HostMesh:
         meshes: Mapping[str, HostMesh] = self.__dict__.get("meshes", {})

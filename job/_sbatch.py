@@ -3,20 +3,10 @@
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from job._formats import format_duration
-
-
-def check_meshes(meshes: Mapping[str, int]) -> None:
-    if not meshes:
-        raise ValueError("a SlurmJob needs at least one mesh, e.g. meshes={'trainers': 2}")
-    for mesh_name, count in meshes.items():
-        if not isinstance(mesh_name, str) or not mesh_name.isidentifier():
-            raise ValueError(f"mesh name {mesh_name!r} must be a Python identifier")
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise ValueError(f"mesh {mesh_name!r} needs a positive number of nodes, not {count!r}")
 
 
 def sbatch_arguments(

@@ -22,24 +22,24 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from job._cache import CachedJob, job_fingerprint, live_cached_job, write_cached_job
 from job._formats import (
     FINISHED_JOB_STATES,
     HOPELESS_PENDING_REASONS,
     LIVE_JOB_STATES,
     pending_reason,
 )
+from job._job import JobTrait, check_meshes
 from job._job_state import JobState
 from job._jobdir import JobDir, JobSpec, job_dirs_matching
 from job._reaper import start_reaper
-from job._sbatch import batch_script, check_meshes, sbatch_arguments
+from job._sbatch import batch_script, sbatch_arguments
 from job._scheduler import SlurmError, cancel, job_nodes, job_record, submit
 from mesh import attach
 from transport import CurveKeys, transport_settings, use_curve_keys
 
 #: Where progress goes: one line per change (queued, starting, N of M agents up).
 Progress = Callable[[str], None]
-
-_LIVE_STATES = LIVE_JOB_STATES
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
@@ -48,7 +48,7 @@ def _print_progress(line: str) -> None:
     print(f"meshvisor: {line}", file=sys.stderr, flush=True)
 
 
-class SlurmJob:
+class SlurmJob(JobTrait):
     """One SLURM job giving named host meshes; see the module docstring."""
 
     def __init__(
@@ -125,7 +125,7 @@ class SlurmJob:
         LookupError if no job has that id or name, SlurmError if SLURM no longer runs it."""
         found = find_job(job, job_dir=job_dir, start_timeout_s=start_timeout_s, progress=progress)
         state = found.slurm_state()
-        if state not in _LIVE_STATES:
+        if state not in LIVE_JOB_STATES:
             raise SlurmError(found._no_longer_runs(state))
         return found
 
@@ -205,10 +205,16 @@ class SlurmJob:
         self._report(f"submitted SLURM job {job_id} ({self.name}), output in {self.output_file}")
         return self
 
-    def state(self, timeout_s: float | None = None) -> JobState:
+    def state(
+        self, timeout_s: float | None = None, *, cached_path: str | os.PathLike[str] | None = None
+    ) -> JobState:
         """The job's host meshes, submitting it first if needed, once every node's agent
         answers (bounded by `timeout_s`, default `start_timeout_s`): SlurmError quoting SLURM
-        if the job cannot start or ends, TimeoutError if it is not up in time."""
+        if the job cannot start or ends, TimeoutError if it is not up in time. With
+        `cached_path`, a persistent job reuses the job cached there by an earlier run if it
+        still runs and asked for the same, and caches itself there otherwise."""
+        if cached_path is not None:
+            self._use_cache(Path(cached_path))
         self.apply()
         assert self._spec is not None and self._spec.job_id is not None and self._dir is not None
         if self._state is not None and self._still_current(self._state):
@@ -237,7 +243,7 @@ class SlurmJob:
         if self.job_id is not None:
             cancel(self.job_id)
             deadline = time.monotonic() + wait_s
-            while self.slurm_state() in _LIVE_STATES and time.monotonic() < deadline:
+            while self.slurm_state() in LIVE_JOB_STATES and time.monotonic() < deadline:
                 time.sleep(0.1)
         if self._reaper is not None:
             self._reaper.terminate()
@@ -253,13 +259,6 @@ class SlurmJob:
             return "NOT_SUBMITTED"
         record = job_record(self.job_id)
         return record.get("JobState", "UNKNOWN") if record else "UNKNOWN"
-
-    def __enter__(self) -> SlurmJob:
-        return self.apply()
-
-    def __exit__(self, *exc: object) -> None:
-        if not self.persistent:
-            self.cancel()
 
     def __repr__(self) -> str:
         return f"<SlurmJob {self.name} id={self.job_id} meshes={self.meshes}>"
@@ -298,7 +297,7 @@ class SlurmJob:
             nodes = job_nodes(record) if state in ("RUNNING", "COMPLETING") else []
             restart = int(record.get("Restarts", "0") or 0)
             addresses = job_dir.agent_addresses(nodes, restart) if nodes else {}
-            line = _progress_line(job_id, state, reason, len(addresses), self._node_count())
+            line = _progress_line(job_id, state, reason, len(addresses), sum(self.meshes.values()))
             if line != shown:
                 self._report(line)
                 shown = line
@@ -344,8 +343,20 @@ class SlurmJob:
             and int(record.get("Restarts", "0") or 0) == state.restarts
         )
 
-    def _node_count(self) -> int:
-        return sum(self.meshes.values())
+    def _use_cache(self, path: Path) -> None:
+        if not self.persistent:
+            raise ValueError(
+                "cached_path reuses the job in a later run, so the job must outlive this client: "
+                "make it with SlurmJob(..., persistent=True)"
+            )
+        fingerprint = job_fingerprint(self.name, self.meshes, self._sbatch_args)
+        found = live_cached_job(path, fingerprint) if self._spec is None else None
+        if found is not None:
+            self._dir, self._spec = found, found.read_spec()
+            self._report(f"reusing SLURM job {self.job_id} ({self.name}) cached in {path}")
+        self.apply()
+        assert self.job_id is not None and self.directory is not None
+        write_cached_job(path, CachedJob(str(self.directory), self.job_id, fingerprint))
 
     def _report(self, line: str) -> None:
         if self._progress is not None:
@@ -368,7 +379,7 @@ def find_job(
     with that name, the newest one still queued or running, else the newest)."""
     found = job_dirs_matching(str(job), Path(job_dir) if job_dir is not None else None)
     jobs = [SlurmJob._from_dir(path, start_timeout_s, progress) for path in found]
-    return next((each for each in jobs if each.slurm_state() in _LIVE_STATES), jobs[0])
+    return next((each for each in jobs if each.slurm_state() in LIVE_JOB_STATES), jobs[0])
 
 
 def _progress_line(job_id: str, state: str, reason: str, up: int, total: int) -> str:

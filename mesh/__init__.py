@@ -14,6 +14,9 @@ from mesh._api.placement import placement as placement
 from mesh._api.proc_mesh import ProcMesh as ProcMesh
 from mesh._api.proc_mesh import this_proc as this_proc
 from mesh._api.supervised import supervised as supervised
+from mesh._api.workers import attach_to_workers as attach_to_workers
+from mesh._api.workers import run_worker_loop_forever as run_worker_loop_forever
+from mesh._api.workers import run_worker_loop_until_shutdown as run_worker_loop_until_shutdown
 from mesh._context import Context as Context
 from mesh._context import context as context
 from mesh._context import current_rank as current_rank
@@ -40,6 +43,7 @@ __all__ = (
     "Settings",
     "ValueMesh",
     "attach",
+    "attach_to_workers",
     "configure",
     "context",
     "current_rank",
@@ -47,6 +51,8 @@ __all__ = (
     "current_size",
     "endpoint",
     "placement",
+    "run_worker_loop_forever",
+    "run_worker_loop_until_shutdown",
     "supervised",
     "this_host",
     "this_proc",

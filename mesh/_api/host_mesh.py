@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from collections.abc import Mapping
+from typing import Literal
 
 from mesh._api.mesh_base import DEFAULT_STOP_GRACE_S, MeshBase, check_name, file_safe
 from mesh._api.proc_mesh import ProcMesh
@@ -22,6 +24,8 @@ from transport import check_fd_headroom
 #: File descriptors one proc costs the process that owns and calls it (connections both
 #: ways, more while it starts), an upper bound measured on Linux.
 FDS_PER_PROC = 9
+#: How long `HostMesh.initialized` waits for host agents that a launcher is still starting.
+INITIALIZE_TIMEOUT_S = 600.0
 
 
 class HostMesh(MeshBase):
@@ -137,6 +141,23 @@ class HostMesh(MeshBase):
                     "running, not reachable from here, or use other CURVE keys"
                 )
             time.sleep(0.01)
+
+    @property
+    def initialized(self) -> Future[Literal[True]]:
+        """Done with True once every host agent of this mesh has answered (Monarch's
+        ``await host_mesh.initialized``); TimeoutError after `INITIALIZE_TIMEOUT_S`."""
+        future: Future[Literal[True]] = Future(description="the host mesh's initialization")
+
+        def wait() -> None:
+            try:
+                self.wait_for_agents(INITIALIZE_TIMEOUT_S)
+            except BaseException as error:
+                future.set_exception(error)
+            else:
+                future.set_result(True)
+
+        threading.Thread(target=wait, name="host-mesh-initialized", daemon=True).start()
+        return future
 
     def shutdown(self) -> Future[None]:
         """Stop the host agents of this mesh, and with them every proc they run (for an
