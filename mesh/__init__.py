@@ -5,6 +5,9 @@ from mesh._actor import EndpointDef as EndpointDef
 from mesh._actor import endpoint as endpoint
 from mesh._api.actor_mesh import ActorMesh as ActorMesh
 from mesh._api.attach import attach as attach
+from mesh._api.channel import Channel as Channel
+from mesh._api.channel import Port as Port
+from mesh._api.channel import PortReceiver as PortReceiver
 from mesh._api.configure import configure as configure
 from mesh._api.endpoint import EndpointRef as EndpointRef
 from mesh._api.host_mesh import HostMesh as HostMesh
@@ -28,6 +31,7 @@ from mesh._values import ValueMesh as ValueMesh
 __all__ = (
     "Actor",
     "ActorMesh",
+    "Channel",
     "Context",
     "EndpointDef",
     "EndpointRef",
@@ -36,6 +40,8 @@ __all__ = (
     "HostMesh",
     "Placement",
     "Point",
+    "Port",
+    "PortReceiver",
     "ProcMesh",
     "Settings",
     "ValueMesh",

@@ -27,6 +27,8 @@ from mesh._engine.messages import (
     AgentAlive,
     Failure,
     InboxClosed,
+    PortHeld,
+    PortMessage,
     PreemptionNotice,
     ProcExited,
     ProcReady,
@@ -38,6 +40,7 @@ from mesh._engine.messages import (
 )
 from mesh._engine.ownership import Ownership
 from mesh._engine.peers import ProcPeer
+from mesh._engine.ports import PortTable
 from mesh._engine.procs import ProcLifecycle
 from mesh._engine.replies import ReplyRoutes
 from mesh._engine.restarts import Restarts
@@ -89,6 +92,7 @@ class Runtime:
         self.calls = CallTable(self.ownership.lock, self.outbox, self.pid)
         self.replies = ReplyRoutes(self)
         self.host = ActorHost(self)
+        self.ports = PortTable(self)
         self.supervisor = Supervisor(
             self.ownership, self.host.supervise, proc_id=proc_id, is_root=is_root
         )
@@ -110,6 +114,8 @@ class Runtime:
             PreemptionNotice: self.supervisor.on_notice,
             SetFaultRules: apply_fault_rules,
             InboxClosed: self._on_inbox_closed,
+            PortMessage: self.ports.on_message,
+            PortHeld: self.ports.on_held,
             **self.host.message_handlers(),
         }
 
