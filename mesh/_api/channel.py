@@ -20,11 +20,11 @@ from __future__ import annotations
 from typing import Any, Generic, TypeVar
 
 from mesh._context import context
+from mesh._engine.future import Future
 from mesh._engine.messages import PortHeld, PortMessage
 from mesh._engine.ports import DEFAULT_PORT_BOUND, PortQueue, watch_proc
 from mesh._engine.runtime import Runtime
 from mesh._engine.session import current_session
-from mesh._engine.future import Future
 from supervision import SupervisionError
 from transport import Payload, encode
 
