@@ -3,6 +3,8 @@
 from mesh._actor import Actor as Actor
 from mesh._actor import EndpointDef as EndpointDef
 from mesh._actor import endpoint as endpoint
+from mesh._api.accumulate import Accumulator as Accumulator
+from mesh._api.accumulate import ReducerError as ReducerError
 from mesh._api.actor_mesh import ActorMesh as ActorMesh
 from mesh._api.attach import attach as attach
 from mesh._api.channel import Channel as Channel
@@ -29,6 +31,7 @@ from mesh._shape import Point as Point
 from mesh._values import ValueMesh as ValueMesh
 
 __all__ = (
+    "Accumulator",
     "Actor",
     "ActorMesh",
     "Channel",
@@ -43,6 +46,7 @@ __all__ = (
     "Port",
     "PortReceiver",
     "ProcMesh",
+    "ReducerError",
     "Settings",
     "ValueMesh",
     "attach",

@@ -6,6 +6,8 @@ Agent → owner: PreemptionNotice (the host goes away soon).
 Proc → owner: ProcReady, ActorFailed.   Caller → proc: SpawnActor, CallActor, StopActor, StopProc.
 Proc → caller: Reply (payload: the value) and Failure (payload: the error).
 Caller → procs it called: InboxClosed (a reply inbox is gone: drop the connection to it).
+Caller → a proc: Relay (payload: a function whose Future answers the call, as a Reply or a
+Failure of kind "raised" whose payload is the exception).
 Any process → a port's receiver: PortMessage (payload: the value), PortHeld (a new holder).
 
 Long because the wire contract is one closed set, reviewed together: every message, and the
@@ -168,8 +170,9 @@ class Reply:
 @message_type
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """A call did not produce a value. `kind` is "exception" (the actor lives on) or the reason
-    the actor cannot serve it ("failed", "stopped", "unknown"). Payload: the error object."""
+    """A call did not produce a value. `kind` is "exception" (the actor lives on), "raised" (a
+    relay's error, the payload being the exception itself) or the reason the actor cannot serve
+    it ("failed", "stopped", "unknown"). Payload: the error object."""
 
     call_id: int
     rank: int
@@ -261,6 +264,18 @@ class PreemptionNotice:
     host: str
     signal: str
     time_left_s: float | None = None
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class Relay:
+    """Run a function in the receiving proc's runtime (not in an actor) and answer the call
+    with the outcome of the Future it returns: partial reductions of a mesh call's answers.
+    Payload: (function, args); it is called as ``function(rank, *args)``."""
+
+    call_id: int
+    reply_to: str
+    rank: int
 
 
 @message_type

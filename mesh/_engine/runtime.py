@@ -33,6 +33,7 @@ from mesh._engine.messages import (
     ProcExited,
     ProcReady,
     ProcReplaced,
+    Relay,
     Reply,
     SetFaultRules,
     SpawnFailed,
@@ -42,6 +43,7 @@ from mesh._engine.ownership import Ownership
 from mesh._engine.peers import ProcPeer
 from mesh._engine.ports import PortTable
 from mesh._engine.procs import ProcLifecycle
+from mesh._engine.relays import Relays
 from mesh._engine.replies import ReplyRoutes
 from mesh._engine.restarts import Restarts
 from mesh._engine.supervisor import Supervisor
@@ -93,6 +95,7 @@ class Runtime:
         self.replies = ReplyRoutes(self)
         self.host = ActorHost(self)
         self.ports = PortTable(self)
+        self.relays = Relays(self)
         self.supervisor = Supervisor(
             self.ownership, self.host.supervise, proc_id=proc_id, is_root=is_root
         )
@@ -116,6 +119,7 @@ class Runtime:
             InboxClosed: self._on_inbox_closed,
             PortMessage: self.ports.on_message,
             PortHeld: self.ports.on_held,
+            Relay: self.relays.on_relay,
             **self.host.message_handlers(),
         }
 
