@@ -79,8 +79,14 @@ class PortQueue:
 
     def _why_nothing_comes(self) -> BaseException | None:
         """Why no message can come any more (lock held), or None while one still may."""
+        if self.once and self.received:
+            return ValueError(
+                f"port {self.port_id} is a once port and delivered its message already"
+                + (f" ({self.dropped} later one(s) were dropped)" if self.dropped else "")
+                + "; open it without once=True to receive several."
+            )
         if self.dropped:
-            why = "it is a once port that got its message" if self.once else "its queue was full"
+            why = "its queue was full"
             return OverflowError(
                 f"port {self.port_id}: {self.dropped} message(s) were dropped because {why} "
                 f"(bound {self.bound}); take messages with recv() sooner, or open the "
