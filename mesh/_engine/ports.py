@@ -11,17 +11,32 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from mesh._engine.future import Future
+from mesh._engine.future import Future, LoopPump
 from mesh._engine.messages import PortHeld, PortMessage, WatchProcs, invalid_fields
+from mesh._engine.ownership import Ownership
 from mesh._engine.peers import ProcPeer
 from mesh._shape import Extent, Point
 from supervision import SupervisionError
 from transport import Envelope, get_logger
 
-if TYPE_CHECKING:
-    from mesh._engine.runtime import Runtime
+
+class PortHost(LoopPump, Protocol):
+    """What ports need of their process's runtime: its loop (for futures), its registry of
+    procs (to watch holders) and sending."""
+
+    @property
+    def proc_id(self) -> str: ...
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def ownership(self) -> Ownership: ...
+
+    def send_message(self, address: str, header: Any, payload: Any = None) -> None: ...
+
 
 #: How many messages a port's receiver holds when nobody asks for them, by default.
 DEFAULT_PORT_BOUND = 10_000
@@ -32,7 +47,7 @@ class PortQueue:
     """One port's receiving end: messages not taken yet, the ``recv()`` futures waiting for
     one, and the procs holding a copy of the port. `lock` guards all of it."""
 
-    def __init__(self, runtime: Runtime, port_id: int, bound: int, once: bool) -> None:
+    def __init__(self, runtime: PortHost, port_id: int, bound: int, once: bool) -> None:
         self.runtime = runtime
         self.port_id = port_id
         self.bound = bound
@@ -132,7 +147,7 @@ def _settle(future: Future[Any], kind: str, value: Any) -> None:
 class PortTable:
     """The ports whose receiver lives in this process, by id."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: PortHost) -> None:
         self._runtime = runtime
         self._ports: dict[int, PortQueue] = {}
         self._ids = itertools.count(1)
@@ -183,7 +198,7 @@ class PortTable:
         return queue
 
 
-def watch_proc(runtime: Runtime, proc_id: str, agent: str, address: str) -> ProcPeer:
+def watch_proc(runtime: PortHost, proc_id: str, agent: str, address: str) -> ProcPeer:
     """The peer of proc `proc_id`; one not known here yet is watched through its agent."""
     peer = runtime.ownership.peer(proc_id)
     if peer is None:

@@ -7,20 +7,26 @@ thread and must not block: it starts calls and returns a Future.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from mesh._engine.future import Future
 from mesh._engine.messages import Failure, Relay, Reply, invalid_fields
 from transport import Envelope, Payload, encode, get_logger, safe_str
 
-if TYPE_CHECKING:
-    from mesh._engine.runtime import Runtime
+
+class RelayHost(Protocol):
+    """What relays need of their process's runtime."""
+
+    @property
+    def proc_id(self) -> str: ...
+
+    def send_frames(self, address: str, header: Any, frames: list[Any]) -> None: ...
 
 
 class Relays:
     """Runs `Relay` requests and sends each one's outcome to its caller."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: RelayHost) -> None:
         self._runtime = runtime
         self._log = get_logger("mesh.relays", proc=runtime.proc_id)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from mesh._engine.hosted_actor import HostedActor
@@ -109,7 +110,7 @@ def with_response_port(
     header: CallActor,
     method: Any,
     arguments: tuple[tuple[Any, ...], dict[str, Any]],
-) -> Any:
+) -> Callable[[], Any]:
     """A function that runs ``method(port, *args, **kwargs)`` and returns `NO_REPLY` (a
     coroutine function when `method` is one)."""
     port = ResponsePort(replier, actor, header)
