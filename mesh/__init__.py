@@ -3,8 +3,13 @@
 from mesh._actor import Actor as Actor
 from mesh._actor import EndpointDef as EndpointDef
 from mesh._actor import endpoint as endpoint
+from mesh._api.accumulate import Accumulator as Accumulator
+from mesh._api.accumulate import ReducerError as ReducerError
 from mesh._api.actor_mesh import ActorMesh as ActorMesh
 from mesh._api.attach import attach as attach
+from mesh._api.channel import Channel as Channel
+from mesh._api.channel import Port as Port
+from mesh._api.channel import PortReceiver as PortReceiver
 from mesh._api.configure import configure as configure
 from mesh._api.endpoint import EndpointRef as EndpointRef
 from mesh._api.host_mesh import HostMesh as HostMesh
@@ -29,8 +34,10 @@ from mesh._shape import Point as Point
 from mesh._values import ValueMesh as ValueMesh
 
 __all__ = (
+    "Accumulator",
     "Actor",
     "ActorMesh",
+    "Channel",
     "Context",
     "EndpointDef",
     "EndpointRef",
@@ -39,7 +46,10 @@ __all__ = (
     "HostMesh",
     "Placement",
     "Point",
+    "Port",
+    "PortReceiver",
     "ProcMesh",
+    "ReducerError",
     "Settings",
     "ValueMesh",
     "attach",

@@ -35,10 +35,14 @@ class EndpointDef(Generic[P, R]):
     coroutine; a call through a mesh gives what it returns when awaited).
     """
 
-    def __init__(self, function: Callable[Concatenate[Any, P], R]) -> None:
+    def __init__(
+        self, function: Callable[Concatenate[Any, P], R], explicit_response_port: bool = False
+    ) -> None:
         if not callable(function):
             raise TypeError(f"@endpoint decorates a function, got {function!r}")
         self.function = function
+        #: The method's first argument (after self) is the call's response port (see `endpoint`).
+        self.explicit_response_port = explicit_response_port
         self.name: str = function.__name__
         self.owner: type | None = None
         self.is_async = inspect.iscoroutinefunction(function)
@@ -59,9 +63,26 @@ class EndpointDef(Generic[P, R]):
         return self.function.__get__(instance, owner)  # type: ignore[attr-defined]
 
 
-def endpoint(function: Callable[Concatenate[Any, P], R]) -> EndpointDef[P, R]:
-    """Mark an actor method (``def`` or ``async def``) as callable through meshes."""
-    return EndpointDef(function)
+@overload
+def endpoint(function: Callable[Concatenate[Any, P], R]) -> EndpointDef[P, R]: ...
+@overload
+def endpoint(
+    *, explicit_response_port: bool = False
+) -> Callable[[Callable[..., Any]], EndpointDef[..., Any]]: ...
+
+
+def endpoint(function: Any = None, *, explicit_response_port: bool = False) -> Any:
+    """Mark an actor method (``def`` or ``async def``) as callable through meshes.
+
+    ``@endpoint(explicit_response_port=True)``: the method gets its call's response port as
+    its first argument (after ``self``) and answers through it, once, now or later:
+    ``port.send(value)`` or ``port.exception(error)``; what it returns is ignored. Callers call
+    it as any endpoint, without the port. Unlike Monarch, an exception that escapes it before
+    the port answered answers the call (the actor lives on); after, it fails the actor.
+    """
+    if function is None:
+        return lambda method: EndpointDef(method, explicit_response_port)
+    return EndpointDef(function, explicit_response_port)
 
 
 def endpoints_of(cls: type) -> dict[str, EndpointDef[..., Any]]:

@@ -87,6 +87,8 @@ class CallTable:
             detail = envelope.payload.load()  # type: ignore[union-attr]
             if header.kind == "exception":
                 error: BaseException = _actor_error(*detail)
+            elif header.kind == "raised" and isinstance(detail, BaseException):
+                error = detail
             else:
                 error = SupervisionError(detail)
         except Exception as exc:  # the call must end even when its error cannot be rebuilt

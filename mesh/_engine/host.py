@@ -25,6 +25,7 @@ from mesh._engine.hosted_actor import ALIVE, HostedActor
 from mesh._engine.lanes import Lanes, SyncRunner
 from mesh._engine.messages import ActorFailed, CallActor, SpawnActor, StopActor
 from mesh._engine.replying import Replier, clip, format_traceback
+from mesh._engine.response_port import NO_REPLY, with_response_port
 from mesh._engine.supervising import ChildFailures
 from mesh._engine.work import Kind, Work, call_work
 from mesh._engine.workers import Workers
@@ -174,7 +175,7 @@ class ActorHost:
             return
         finally:
             exit_context(token)
-        if actor.end_call(work.header):
+        if actor.end_call(work.header) and result is not NO_REPLY:
             self._replier.value(actor, work.header, result)
 
     async def _call_async(self, actor: HostedActor, work: Work[CallActor]) -> None:
@@ -193,7 +194,7 @@ class ActorHost:
             return
         finally:
             exit_context(token)
-        if actor.end_call(work.header):
+        if actor.end_call(work.header) and result is not NO_REPLY:
             self._replier.value(actor, work.header, result)
 
     def _start_call(self, actor: HostedActor, work: Work[CallActor]) -> Callable[[], Any] | None:
@@ -238,7 +239,10 @@ class ActorHost:
         except Exception as exc:
             self._endpoint_raised(actor, header, exc, fatal=False)
             return None
-        return functools.partial(found.function.__get__(actor.instance), *args, **kwargs)
+        method = found.function.__get__(actor.instance)
+        if found.explicit_response_port:
+            return with_response_port(self._replier, actor, header, method, (args, kwargs))
+        return functools.partial(method, *args, **kwargs)
 
     def _endpoint_raised(
         self, actor: HostedActor, header: CallActor, exc: BaseException, fatal: bool | None = None

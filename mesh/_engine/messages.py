@@ -6,6 +6,9 @@ Agent → owner: PreemptionNotice (the host goes away soon).
 Proc → owner: ProcReady, ActorFailed.   Caller → proc: SpawnActor, CallActor, StopActor, StopProc.
 Proc → caller: Reply (payload: the value) and Failure (payload: the error).
 Caller → procs it called: InboxClosed (a reply inbox is gone: drop the connection to it).
+Caller → a proc: Relay (payload: a function whose Future answers the call, as a Reply or a
+Failure of kind "raised" whose payload is the exception).
+Any process → a port's receiver: PortMessage (payload: the value), PortHeld (a new holder).
 
 Long because the wire contract is one closed set, reviewed together: every message, and the
 checks of what a peer sent against the types each declares.
@@ -167,8 +170,9 @@ class Reply:
 @message_type
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """A call did not produce a value. `kind` is "exception" (the actor lives on) or the reason
-    the actor cannot serve it ("failed", "stopped", "unknown"). Payload: the error object."""
+    """A call did not produce a value. `kind` is "exception" (the actor lives on), "raised" (a
+    relay's error, the payload being the exception itself) or the reason the actor cannot serve
+    it ("failed", "stopped", "unknown"). Payload: the error object."""
 
     call_id: int
     rank: int
@@ -260,6 +264,41 @@ class PreemptionNotice:
     host: str
     signal: str
     time_left_s: float | None = None
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class Relay:
+    """Run a function in the receiving proc's runtime (not in an actor) and answer the call
+    with the outcome of the Future it returns: partial reductions of a mesh call's answers.
+    Payload: (function, args); it is called as ``function(rank, *args)``."""
+
+    call_id: int
+    reply_to: str
+    rank: int
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class PortMessage:
+    """To the process of a port's receiver: one message for port `port_id`. `kind` is "value"
+    or "exception"; payload: the value or the exception. `rank`: the sender's, -1 if none."""
+
+    port_id: int
+    rank: int
+    kind: str
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class PortHeld:
+    """To the process of a port's receiver: proc `proc_id` (at `address`, run by agent
+    `agent`) now holds a copy of the port, so the receiver can tell when every sender is gone."""
+
+    port_id: int
+    proc_id: str
+    agent: str
+    address: str
 
 
 # -- validation of what a peer sent ------------------------------------------------------------

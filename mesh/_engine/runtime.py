@@ -27,10 +27,13 @@ from mesh._engine.messages import (
     AgentAlive,
     Failure,
     InboxClosed,
+    PortHeld,
+    PortMessage,
     PreemptionNotice,
     ProcExited,
     ProcReady,
     ProcReplaced,
+    Relay,
     Reply,
     SetFaultRules,
     SpawnFailed,
@@ -38,7 +41,9 @@ from mesh._engine.messages import (
 )
 from mesh._engine.ownership import Ownership
 from mesh._engine.peers import ProcPeer
+from mesh._engine.ports import PortTable
 from mesh._engine.procs import ProcLifecycle
+from mesh._engine.relays import Relays
 from mesh._engine.replies import ReplyRoutes
 from mesh._engine.restarts import Restarts
 from mesh._engine.supervisor import Supervisor
@@ -89,6 +94,8 @@ class Runtime:
         self.calls = CallTable(self.ownership.lock, self.outbox, self.pid)
         self.replies = ReplyRoutes(self)
         self.host = ActorHost(self)
+        self.ports = PortTable(self)
+        self.relays = Relays(self)
         self.supervisor = Supervisor(
             self.ownership, self.host.supervise, proc_id=proc_id, is_root=is_root
         )
@@ -110,6 +117,9 @@ class Runtime:
             PreemptionNotice: self.supervisor.on_notice,
             SetFaultRules: apply_fault_rules,
             InboxClosed: self._on_inbox_closed,
+            PortMessage: self.ports.on_message,
+            PortHeld: self.ports.on_held,
+            Relay: self.relays.on_relay,
             **self.host.message_handlers(),
         }
 
