@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mesh import HostMesh
 
@@ -11,12 +11,13 @@ from mesh import HostMesh
 @dataclass(frozen=True)
 class JobState:
     """A running job's host meshes by name (``state.trainers`` or ``state["trainers"]``) and
-    the SLURM nodes behind each of them."""
+    the SLURM nodes behind each of them, and the address of each node's host agent."""
 
     job_id: str
     meshes: Mapping[str, HostMesh]
     nodes: Mapping[str, tuple[str, ...]]
     restarts: int = 0  # SLURM's requeue count of the run these agents belong to
+    addresses: Mapping[str, str] = field(default_factory=dict)  # node: its agent's address
 
     def __getattr__(self, name: str) -> HostMesh:
         meshes: Mapping[str, HostMesh] = self.__dict__.get("meshes", {})
