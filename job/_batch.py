@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 from job._formats import expand_hostlist
 from job._jobdir import JobDir
@@ -32,10 +33,12 @@ def start_agent_step(
     job_id: str | None = None,
     restart: int | None = None,
     listen: str | None = None,
+    output: IO[bytes] | None = None,
 ) -> subprocess.Popen[bytes]:
     """One job step on `node` running its host agent, told its node's name (so that events
     name the node: several nodes may share one machine). Inside the job by default; from
-    outside it, in job `job_id` (run `restart`), listening at `listen` (see `agent_command`)."""
+    outside it, in job `job_id` (run `restart`), listening at `listen` (see `agent_command`),
+    writing to `output` (default: this process's output)."""
     if restart is None:
         restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     return subprocess.Popen(
@@ -52,6 +55,8 @@ def start_agent_step(
             *agent_command(job_dir, node, restart, job_id=job_id, listen=listen),
         ],
         stdin=subprocess.DEVNULL,
+        stdout=output,
+        stderr=output,
     )
 
 
@@ -72,7 +77,10 @@ def restart_agent_step(
         raise SlurmError(f"the agent of {node} in SLURM job {job_id} never started")
     written = job_dir.agent_file(node, restart)
     before = written.stat().st_ino
-    step = start_agent_step(job_dir, node, job_id=job_id, restart=restart, listen=address)
+    with open(job_dir.output_file(job_id), "ab") as output:  # with the other steps' output
+        step = start_agent_step(
+            job_dir, node, job_id=job_id, restart=restart, listen=address, output=output
+        )
     deadline = time.monotonic() + timeout_s
     while not written.exists() or written.stat().st_ino == before:  # rewritten once it listens
         if step.poll() is not None or time.monotonic() > deadline:
