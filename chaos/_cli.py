@@ -36,7 +36,8 @@ def build_parser(prog: str = "meshvisor chaos") -> argparse.ArgumentParser:
         "run",
         help="run a workload under a seeded random fault schedule",
         description="Run SCRIPT's workload function (def workload(job)) on a fresh local "
-        "allocation while injecting random faults, then print the report.",
+        "allocation (or a SLURM job, --slurm) while injecting random faults, then print the "
+        "report.",
     )
     run.add_argument("script", help="FILE.py or FILE.py:FUNCTION (default function: workload)")
     run.add_argument("--seed", type=int, default=0, help="the schedule's seed (default 0)")
