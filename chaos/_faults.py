@@ -4,6 +4,9 @@ A spec holds everything chaos decides by the kind of a fault: the level of targe
 at, its description, the supervision events that count as noticing it, how a random schedule
 draws one, how the harness injects it and how the harness heals it. Adding a kind means adding
 its constructor to `Fault` and its spec to the table, here and nowhere else.
+
+Long because that rule keeps every kind in this one module: ten kinds of a few lines each,
+which `Fault` and the table both need (splitting them would make an import cycle).
 """
 
 from __future__ import annotations
