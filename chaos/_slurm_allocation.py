@@ -152,10 +152,13 @@ class SlurmAllocation:
         return sorted(found)
 
     def close(self) -> None:
-        """Cancel the job (its agents stop their procs) and remove the run's directory."""
+        """Cancel the job (its agents stop their procs) and remove its directory and the
+        run's (nobody attaches to a chaos run's job afterwards)."""
         try:
             self._job.cancel()
         finally:
+            if self._job.directory is not None:
+                shutil.rmtree(self._job.directory, ignore_errors=True)
             for step in self._restarted:
                 try:
                     step.wait(STEP_END_TIMEOUT_S)

@@ -29,6 +29,7 @@ from chaos import (
     run_chaos,
     validate_report,
 )
+from mesh.testing import settings
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -45,15 +46,19 @@ NODE_FAULTS = ScriptedSchedule(
 )
 
 
-@pytest.fixture
-def node_faults(slurm: Any) -> RunReport:
-    """`counters` on a SLURM job of the session's cluster, through both node faults."""
+@pytest.fixture(params=["local", "env"])
+def node_faults(request: pytest.FixtureRequest, slurm: Any, tmp_path: Path) -> RunReport:
+    """`counters` on a SLURM job of the session's cluster, through both node faults: run as
+    on the cluster itself (a lost node is a lost machine) and as on any SLURM ("env": only
+    the node's agent step is lost), with job directories under `tmp_path`."""
     lines: list[str] = []
     before = snapshot()
+    where = slurm if request.param == "local" else "env"
     try:
-        report = run_chaos(
-            COUNTERS, NODE_FAULTS, ChaosOptions(hosts=2, slurm=slurm, on_update=lines.append)
-        )
+        with settings(home=str(tmp_path / "home")):
+            report = run_chaos(
+                COUNTERS, NODE_FAULTS, ChaosOptions(hosts=2, slurm=where, on_update=lines.append)
+            )
     finally:
         print("\n".join(lines))
         left = clean_up(before)
@@ -63,6 +68,7 @@ def node_faults(slurm: Any) -> RunReport:
     validate_report(data)
     assert RunReport.from_dict(data).to_dict() == data
     assert not slurm.run(["squeue", "-h"]).stdout.strip(), "the run's job is still in squeue"
+    assert not list(tmp_path.glob("home/slurm/*")), "the run's job directory is left"
     return report
 
 
@@ -89,7 +95,7 @@ def test_a_run_on_slurm_sees_and_heals_a_lost_node_and_a_preemption_notice(
     text = render_text(report)
     assert "kill node" in text and "preemption notice" in text and "job" in text
     assert report.to_dict()["by_kind"].keys() == {"kill_node", "preempt"}
-    assert "--slurm local" in report.replay
+    assert report.replay.endswith(("--slurm local", "--slurm env")), report.replay
 
 
 def test_node_faults_on_a_run_without_slurm_are_refused_before_anything_starts() -> None:
