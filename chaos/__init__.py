@@ -1,10 +1,10 @@
 """Chaos engineering for meshvisor jobs: seeded fault injection, invariants and reports.
 
-``run_chaos(workload, schedule)`` runs a workload function on a fresh local allocation,
-injects the schedule's faults (kills, pauses, raised exceptions, dropped or delayed messages,
-partitions, killed agents, a killed client), measures detection and recovery, checks the
-invariants and returns a `RunReport`. Also available as a pytest plugin and as
-``meshvisor chaos run`` / ``python -m chaos run``.
+``run_chaos(workload, schedule)`` runs a workload function on a fresh local allocation (or a
+SLURM job), injects the schedule's faults (kills, pauses, raised exceptions, dropped or delayed
+messages, partitions, killed agents, a killed client; on SLURM lost nodes and preemption
+notices), measures detection and recovery, checks the invariants and returns a `RunReport`.
+Also available as a pytest plugin and as ``meshvisor chaos run`` / ``python -m chaos run``.
 
 Each fault kind is one `FaultSpec` in `FAULT_SPECS` (its target level, expected events, how it
 is drawn, injected and healed). `REPORT_SCHEMA`, `VERDICTS` and `percentiles` define the JSON

@@ -1,4 +1,5 @@
-"""`LocalAllocation`: the persistent allocation a chaos run works on, built on this machine.
+"""The allocation a chaos run works on (`Allocation`), and `LocalAllocation`, the persistent
+one built on this machine (`SlurmAllocation` is the one on SLURM).
 
 One daemon host agent (``python -m mesh._agent``) per simulated host, each listening on an ipc
 address in a private directory, so that a killed agent can be started again at the same
@@ -16,14 +17,61 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Protocol
 
 from ._errors import ChaosSetupError
 
 AGENT_START_TIMEOUT_S = 30.0
 
 
+class Allocation(Protocol):
+    """Host agents a chaos run works on, and what the harness may do to them."""
+
+    #: How many hosts; their agents' addresses, in host order.
+    hosts: int
+    addresses: list[str]
+    #: A private directory for the run's files (the clients' logs).
+    directory: Path
+    #: Whether it is a SLURM job (node faults and the job's preemption are possible).
+    on_slurm: bool
+
+    def start(self, host: int) -> None:
+        """Start the agent of `host` again, at its address."""
+        ...
+
+    def kill(self, host: int) -> object:
+        """SIGKILL the agent of `host` (its procs die with it)."""
+        ...
+
+    def kill_node(self, host: int) -> None:
+        """Lose the SLURM node of `host`."""
+        ...
+
+    def restore_node(self, host: int) -> None:
+        """Bring the node of `host` back, with its agent at its address."""
+        ...
+
+    def preempt(self) -> None:
+        """Send SLURM's preemption notice to the job."""
+        ...
+
+    def procs(self) -> set[int]:
+        """Every proc the agents run (on this machine)."""
+        ...
+
+    def leftover_sockets(self) -> list[Path]:
+        """Socket files left in the agents' run directories by procs that ended."""
+        ...
+
+    def close(self) -> None:
+        """Stop everything and remove what the allocation made."""
+        ...
+
+
 class LocalAllocation:
     """Host agents started as daemons on this machine, one per simulated host."""
+
+    on_slurm = False
 
     def __init__(
         self,
@@ -106,14 +154,29 @@ class LocalAllocation:
         agent.wait()
         return agent.pid
 
+    def kill_node(self, host: int) -> None:
+        raise self._not_on_slurm()
+
+    def restore_node(self, host: int) -> None:
+        raise self._not_on_slurm()
+
+    def preempt(self) -> None:
+        raise self._not_on_slurm()
+
+    def _not_on_slurm(self) -> ChaosSetupError:
+        return ChaosSetupError(
+            "node faults and preemption need a run on SLURM (--slurm local or env); "
+            "this run's hosts are agents on this machine"
+        )
+
     def procs(self) -> set[int]:
         """Every process below the agents (fork servers excluded): the procs they run."""
         below: set[int] = set()
         for agent in self._agents:
             if agent is None or agent.poll() is not None:
                 continue
-            for forkserver in _children(agent.pid):
-                below |= _children(forkserver)
+            for forkserver in children(agent.pid):
+                below |= children(forkserver)
         return below
 
     def leftover_sockets(self) -> list[Path]:
@@ -141,7 +204,7 @@ class LocalAllocation:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _children(pid: int) -> set[int]:
+def children(pid: int) -> set[int]:
     """The child processes of `pid`."""
     found = set()
     for entry in Path("/proc").iterdir():

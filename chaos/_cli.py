@@ -5,17 +5,22 @@ command line, with a live display, the report, and exit status 0 only if every i
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from job.testing import LocalSlurmCluster, SlurmNotInstalled
+
 from ._errors import ChaosSetupError
 from ._faults import FAULT_KINDS
-from ._harness import run_chaos
+from ._harness import check_fits_allocation, run_chaos
 from ._options import ChaosOptions
 from ._render import render
 from ._report import RunReport
@@ -31,7 +36,8 @@ def build_parser(prog: str = "meshvisor chaos") -> argparse.ArgumentParser:
         "run",
         help="run a workload under a seeded random fault schedule",
         description="Run SCRIPT's workload function (def workload(job)) on a fresh local "
-        "allocation while injecting random faults, then print the report.",
+        "allocation (or a SLURM job, --slurm) while injecting random faults, then print the "
+        "report.",
     )
     run.add_argument("script", help="FILE.py or FILE.py:FUNCTION (default function: workload)")
     run.add_argument("--seed", type=int, default=0, help="the schedule's seed (default 0)")
@@ -46,6 +52,15 @@ def build_parser(prog: str = "meshvisor chaos") -> argparse.ArgumentParser:
     run.add_argument("--warmup", type=float, default=1.0, help="seconds before the first fault")
     run.add_argument("--max-concurrent", type=int, default=1, help="faults at the same time")
     run.add_argument("--hosts", type=int, default=2, help="hosts (local agents) to run on")
+    run.add_argument(
+        "--slurm",
+        choices=("local", "env"),
+        default=None,
+        help="run the hosts on SLURM nodes: 'local' starts a private SLURM cluster on this "
+        "machine for the run, 'env' uses the SLURM of the environment (SLURM_CONF); allows "
+        "the faults kill_node and preempt",
+    )
+    run.add_argument("--partition", default=None, help="with --slurm: the SLURM partition")
     run.add_argument("--heal-timeout", type=float, default=30.0, help="seconds to heal a fault")
     run.add_argument(
         "--detect-timeout", type=float, default=15.0, help="seconds for a fault to be noticed"
@@ -71,10 +86,23 @@ def main(argv: list[str] | None = None, prog: str = "meshvisor chaos") -> int:
         )
     except ValueError as exc:
         parser.error(str(exc))
+    options = ChaosOptions(
+        hosts=args.hosts,
+        heal_timeout_s=args.heal_timeout,
+        detect_timeout_s=args.detect_timeout,
+        verbose=args.verbose,
+        slurm="env" if args.slurm else None,
+        slurm_partition=args.partition,
+    )
+    try:
+        check_fits_allocation(schedule, options)
+    except ChaosSetupError as exc:
+        parser.error(str(exc))
     console = Console(stderr=False)
     try:
-        report = _run_with_display(args, schedule, console)
-    except ChaosSetupError as exc:
+        with _slurm_for_the_run(args, options):
+            report = _run_with_display(args, schedule, options, console)
+    except (ChaosSetupError, SlurmNotInstalled) as exc:
         console.print(f"[red]chaos run could not start:[/red] {exc}", markup=True)
         return 2
     render(report, console)
@@ -84,8 +112,29 @@ def main(argv: list[str] | None = None, prog: str = "meshvisor chaos") -> int:
     return 0 if report.ok else 1
 
 
+@contextlib.contextmanager
+def _slurm_for_the_run(args: argparse.Namespace, options: ChaosOptions) -> Iterator[None]:
+    """With ``--slurm local``: a private SLURM cluster (one node per host, and one for the
+    job's batch script) that SLURM's commands use while the run lasts, removed after it."""
+    if args.slurm != "local":
+        yield
+        return
+    with LocalSlurmCluster(args.hosts + 1) as cluster:
+        saved = {name: os.environ.get(name) for name in cluster.env}
+        os.environ.update(cluster.env)
+        options.slurm = cluster
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
 def _run_with_display(
-    args: argparse.Namespace, schedule: RandomSchedule, console: Console
+    args: argparse.Namespace, schedule: RandomSchedule, options: ChaosOptions, console: Console
 ) -> RunReport:
     """Run, showing a progress bar over the fault period and a line per fault."""
     with Progress(
@@ -113,13 +162,7 @@ def _run_with_display(
 
         ticker = threading.Thread(target=tick, daemon=True)
         ticker.start()
-        options = ChaosOptions(
-            hosts=args.hosts,
-            heal_timeout_s=args.heal_timeout,
-            detect_timeout_s=args.detect_timeout,
-            verbose=args.verbose,
-            on_update=on_update,
-        )
+        options.on_update = on_update
         try:
             return run_chaos(args.script, schedule, options)
         finally:

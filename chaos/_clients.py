@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._allocation import LocalAllocation
+from ._allocation import Allocation
 from ._channel import CHANNEL_FD_ENV, Channel, Message
 from ._errors import ChaosSetupError
 from ._model import InvariantResult
@@ -54,7 +54,7 @@ class Clients:
         self,
         workload: str,
         options: ChaosOptions,
-        alloc: LocalAllocation,
+        alloc: Allocation,
         on_event: Callable[[Message], None],
     ) -> None:
         self.workload = workload

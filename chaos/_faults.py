@@ -4,6 +4,9 @@ A spec holds everything chaos decides by the kind of a fault: the level of targe
 at, its description, the supervision events that count as noticing it, how a random schedule
 draws one, how the harness injects it and how the harness heals it. Adding a kind means adding
 its constructor to `Fault` and its spec to the table, here and nowhere else.
+
+Long because that rule keeps every kind in this one module: ten kinds of a few lines each,
+which `Fault` and the table both need (splitting them would make an import cycle).
 """
 
 from __future__ import annotations
@@ -23,7 +26,16 @@ from ._fault_sites import Detectors, FaultRanges, FaultSite
 from ._targets import Target, TargetLevel
 
 FaultKind = Literal[
-    "kill", "pause", "raise", "drop", "delay", "partition", "kill_agent", "kill_client"
+    "kill",
+    "pause",
+    "raise",
+    "drop",
+    "delay",
+    "partition",
+    "kill_agent",
+    "kill_client",
+    "kill_node",
+    "preempt",
 ]
 #: Among the expected event kinds: no event is fine too.
 NO_EVENT = "none"
@@ -31,6 +43,12 @@ NO_EVENT = "none"
 DEFAULT_HEARTBEAT_TIMEOUT_S = 2.0
 #: The chance that a random "kill" exits with a code instead of dying of a signal.
 EXIT_PROBABILITY = 0.2
+#: How long a lost node stays lost unless its loss is seen sooner: long enough for the owner
+#: to notice the silence, short enough to bring it back before SLURM declares it DOWN (the
+#: local cluster's SlurmdTimeout is 10 s; real clusters use minutes).
+NODE_LOST_AT_MOST_S = 6.0
+#: How long SLURM's notice may take to reach every process of the job.
+NOTICE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +108,16 @@ class Fault:
     def kill_client(cls) -> Fault:
         """The workload's client is killed (and started again)."""
         return cls("kill_client")
+
+    @classmethod
+    def kill_node(cls) -> Fault:
+        """A host's SLURM node is lost (and brought back before SLURM declares it down)."""
+        return cls("kill_node")
+
+    @classmethod
+    def preempt(cls) -> Fault:
+        """SLURM's preemption notice reaches the job (its warning signal)."""
+        return cls("preempt")
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_SPECS:
@@ -158,6 +186,8 @@ class FaultSpec:
     kills_process: bool = False
     #: Raise ValueError unless a random schedule's ranges can draw a fault of this kind.
     check_ranges: Callable[[FaultRanges], None] = _any_ranges
+    #: Whether the fault acts on SLURM's nodes or job (only a run on SLURM can inject it).
+    needs_slurm: bool = False
 
 
 def _around(duration_s: float, timeout_s: float, kind: str) -> tuple[str, ...]:
@@ -334,11 +364,67 @@ KILL_CLIENT = FaultSpec(
     heal=lambda f, t, site: site.restart_client(),
 )
 
+
+# -- SLURM's nodes and job -------------------------------------------------------------------
+
+
+def _restore_node(fault: Fault, target: Target, site: FaultSite) -> None:
+    """Bring a lost node back once the owner has seen it lost (a lost machine is noticed by
+    its silence, not by its agent coming back), or after `NODE_LOST_AT_MOST_S`."""
+    site.detected.wait(site.remaining_s(NODE_LOST_AT_MOST_S))
+    site.restore_node(_host(target))
+
+
+KILL_NODE = FaultSpec(
+    "kill_node",
+    "host",
+    describe=lambda f: "kill node",
+    expected=lambda f, d: ("unreachable",),
+    draw=lambda r, rng: Fault.kill_node(),
+    inject=lambda f, t, site: site.kill_node(_host(t)),
+    heal=_restore_node,
+    kills_process=True,
+    needs_slurm=True,
+)
+
+
+def _every_process_told(fault: Fault, target: Target, site: FaultSite) -> None:
+    """A notice is healed once every process of the job was told (each handler may drain)."""
+    told = site.wait_until_every_process_told(NOTICE_TIMEOUT_S)
+    if told < len(site.pids):
+        raise RuntimeError(
+            f"the notice reached {told} of the {len(site.pids)} processes of the job's targets "
+            f"in {NOTICE_TIMEOUT_S:g} s"
+        )
+
+
+PREEMPT = FaultSpec(
+    "preempt",
+    "job",
+    describe=lambda f: "preemption notice",
+    expected=lambda f, d: ("preempting",),
+    draw=lambda r, rng: Fault.preempt(),
+    inject=lambda f, t, site: site.preempt(),
+    heal=_every_process_told,
+    needs_slurm=True,
+)
+
 #: Every fault kind's spec, in the order used by reports and ``--faults``.
 FAULT_SPECS: Mapping[str, FaultSpec] = MappingProxyType(
     {
         spec.kind: spec
-        for spec in (KILL, PAUSE, RAISE, DROP, DELAY, PARTITION, KILL_AGENT, KILL_CLIENT)
+        for spec in (
+            KILL,
+            PAUSE,
+            RAISE,
+            DROP,
+            DELAY,
+            PARTITION,
+            KILL_AGENT,
+            KILL_CLIENT,
+            KILL_NODE,
+            PREEMPT,
+        )
     }
 )
 #: Every fault kind, in the order used by reports and ``--faults``.

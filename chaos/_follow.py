@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._allocation import LocalAllocation
+from ._allocation import Allocation
 from ._channel import Message
 from ._clients import Clients
 from ._clock import RunClock
@@ -17,6 +17,7 @@ from ._fault_sites import Detectors
 from ._faults import DEFAULT_HEARTBEAT_TIMEOUT_S, NO_EVENT
 from ._model import FaultRecord, ObservedEvent, PlannedFault
 from ._options import ChaosOptions
+from ._targets import Target
 
 #: How long after a fault ends an event that may or may not come is still waited for.
 OPTIONAL_EVENT_GRACE_S = 1.0
@@ -50,8 +51,10 @@ class FaultRun:
         self.pids: set[int] = set()
         self.detected = threading.Event()
         self.done = threading.Event()
+        self._told: set[int | None] = set()
+        self._told_changed = threading.Condition()
         self._clients = clients
-        self._alloc: LocalAllocation = clients.alloc
+        self._alloc: Allocation = clients.alloc
         self._options = options
         self._clock = clock
         self._seed = seed or 0
@@ -87,6 +90,38 @@ class FaultRun:
         """Start the workload's client again, the restart delay after it was killed."""
         time.sleep(self.remaining_s(self._options.restart_delay_s))
         self._clients.restart()
+
+    def wait_until_every_process_told(self, timeout_s: float) -> int:
+        """Wait until an expected event came about each of the target's processes (at most
+        `timeout_s`); how many were told."""
+        with self._told_changed:
+            self._told_changed.wait_for(lambda: self.pids <= self._told, timeout_s)
+            return len(self.pids & self._told)
+
+    def note_told(self, pid: int | None) -> None:
+        """An expected event came about process `pid`."""
+        with self._told_changed:
+            self._told.add(pid)
+            self._told_changed.notify_all()
+
+    def follows_host(self, host: int | None) -> bool:
+        """Whether this fault, aimed at host `host` or the whole job, is still followed."""
+        target = self.record.planned.target
+        aimed = target.level == "job" or (target.level == "host" and target.host == host)
+        return aimed and host is not None and not self.done.is_set()
+
+    def kill_node(self, host: int) -> None:
+        """Lose the SLURM node of `host`."""
+        self._alloc.kill_node(host)
+
+    def restore_node(self, host: int) -> None:
+        """Bring the node of `host` and its agent back, the restart delay after it was lost."""
+        time.sleep(self.remaining_s(self._options.restart_delay_s))
+        self._alloc.restore_node(host)
+
+    def preempt(self) -> None:
+        """Send SLURM's preemption notice to the job."""
+        self._alloc.preempt()
 
     # -- the run of the fault -----------------------------------------------------------------
 
@@ -128,13 +163,19 @@ class FaultRun:
                 "resolve", _REQUEST_TIMEOUT_S, mesh=target.mesh, rank=target.rank, timeout=5.0
             )
             return {resolved["pid"]}
-        if target.level == "host":
-            return {pid for _, _, pid in self._ranks_on(target.host) if pid is not None}
+        if target.level in ("host", "job"):
+            return {pid for _, _, pid in self._ranks_of(target) if pid is not None}
         return set()
 
-    def _ranks_on(self, host: int | None) -> list[tuple[str, int, int | None]]:
-        """Every target rank on `host`: (mesh, rank, pid)."""
-        return [tuple(r) for r in self._clients.request("ranks_on", _REQUEST_TIMEOUT_S, host=host)]
+    def _ranks_of(self, target: Target) -> list[tuple[str, int, int | None]]:
+        """Every target rank on the host `target` is (on every host for the job): (mesh,
+        rank, pid)."""
+        hosts = range(self._alloc.hosts) if target.level == "job" else [target.host]
+        return [
+            tuple(r)
+            for host in hosts
+            for r in self._clients.request("ranks_on", _REQUEST_TIMEOUT_S, host=host)
+        ]
 
     def _follow(self) -> None:
         record = self.record
@@ -190,7 +231,7 @@ class FaultRun:
             if target.level == "rank":
                 ranks = [[target.mesh, target.rank]]
             else:
-                ranks = [[mesh, rank] for mesh, rank, _ in self._ranks_on(target.host)]
+                ranks = [[mesh, rank] for mesh, rank, _ in self._ranks_of(target)]
             gone = self._gone_pids()
             answer = self._clients.request(
                 "wait_healthy", timeout + 5, ranks=ranks, exclude_pids=sorted(gone), timeout=timeout
@@ -254,22 +295,28 @@ class Observations:
             return
         record = run.record
         record.observed.append(event.kind)
-        if event.kind in record.expected and record.detected_at_s is None:
-            record.detected_at_s = at_s
-            run.detected.set()
+        if event.kind in record.expected:
+            run.note_told(event.pid)
+            if record.detected_at_s is None:
+                record.detected_at_s = at_s
+                run.detected.set()
 
     def _attribute(self, message: Message) -> FaultRun | None:
-        """The latest fault injected before this event on the process it concerns."""
+        """The latest fault injected before this event on the process it concerns; else, for
+        an event on a rank with no process (its host is lost), the fault being followed on that
+        host."""
         pid = message.get("pid")
         at = message["at"] - self._clock.t0
         with self._lock:
-            for run in reversed(self.runs):
-                record = run.record
-                if record.injected_at_s is None or record.injected_at_s > at + 0.001:
-                    continue
-                if pid is not None and pid in run.pids:
-                    return run
-        return None
+            injected = [
+                run
+                for run in reversed(self.runs)
+                if run.record.injected_at_s is not None and run.record.injected_at_s <= at + 0.001
+            ]
+        if pid is not None:
+            return next((run for run in injected if pid in run.pids), None)
+        host = message.get("host")
+        return next((run for run in injected if run.follows_host(host)), None)
 
 
 def _ms(seconds: float | None) -> str:

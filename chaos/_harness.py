@@ -1,5 +1,6 @@
-"""`run_chaos`: run a workload on a local allocation, inject a schedule of faults, measure how
-the job notices and heals each one, check the invariants, and return the report.
+"""`run_chaos`: run a workload on a local allocation (or a SLURM job), inject a schedule of
+faults, measure how the job notices and heals each one, check the invariants, and return the
+report.
 
 The harness is its own process, apart from the workload's client, so that it can kill the
 client too. It starts the allocation (one daemon agent per host), starts the client, learns
@@ -23,11 +24,13 @@ from ._allocation import LocalAllocation
 from ._clients import Clients
 from ._clock import RunClock
 from ._errors import ChaosSetupError
+from ._faults import FAULT_SPECS
 from ._follow import FaultRun, Observations, expected_events
 from ._model import FaultRecord, PlannedFault
 from ._options import ChaosOptions
 from ._report import RunReport
 from ._schedule import Schedule
+from ._slurm_allocation import SlurmAllocation
 from ._targets import TargetSet
 from ._verdicts import builtin_invariants, check_leftovers
 
@@ -47,12 +50,8 @@ class Harness:
         """Run the workload under the schedule and return the report."""
         started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         wall = time.monotonic()
-        with LocalAllocation(
-            self.options.hosts,
-            owner_timeout_s=self.options.owner_timeout_s,
-            preload=self.options.preload,
-            verbose=self.options.verbose,
-        ) as alloc:
+        check_fits_allocation(self.schedule, self.options)
+        with self._allocation() as alloc:
             clients = Clients(self.workload, self.options, alloc, self._observations.on_event)
             targets = self._run_faults(clients)
             leftovers = check_leftovers(alloc, clients.orphans_of_killed, self.options)
@@ -81,12 +80,36 @@ class Harness:
             },
         )
 
+    def _allocation(self) -> LocalAllocation | SlurmAllocation:
+        """A fresh allocation: local agents, or a SLURM job when the options say so."""
+        options = self.options
+        if options.slurm is None:
+            return LocalAllocation(
+                options.hosts,
+                owner_timeout_s=options.owner_timeout_s,
+                preload=options.preload,
+                verbose=options.verbose,
+            )
+        return SlurmAllocation(
+            options.hosts,
+            cluster=None if options.slurm == "env" else options.slurm,
+            partition=options.slurm_partition,
+            slurm_args=options.slurm_args,
+            start_timeout_s=options.start_timeout_s,
+            progress=self._update,
+        )
+
     def _run_faults(self, clients: Clients) -> TargetSet:
         """Start the client, inject the schedule's faults, heal and let the workload finish."""
         client = clients.start(0)
         try:
             ready = clients.wait_ready(client)
-            targets = TargetSet(tuple(ready["meshes"].items()), ready["hosts"], client=True)
+            targets = TargetSet(
+                tuple(ready["meshes"].items()),
+                ready["hosts"],
+                client=True,
+                job=clients.alloc.on_slurm,
+            )
             self._heartbeat_timeouts = dict(ready["heartbeat_timeouts"])
             try:
                 plan = self.schedule.plan(targets)
@@ -142,7 +165,23 @@ def replay_command(workload: str, schedule: Schedule, options: ChaosOptions) -> 
     `schedule` with `options` (the report's "replay with" line)."""
     args = ["meshvisor", "chaos", "run", workload, *schedule.replay_args()]
     args += ["--hosts", str(options.hosts)]
+    if options.slurm is not None:
+        args += ["--slurm", "env" if options.slurm == "env" else "local"]
+    if options.slurm_partition is not None:
+        args += ["--partition", options.slurm_partition]
     return shlex.join(args)
+
+
+def check_fits_allocation(schedule: Schedule, options: ChaosOptions) -> None:
+    """ChaosSetupError if `schedule` has faults that only a run on SLURM can inject (node
+    faults, preemption) while `options` run it on this machine's agents."""
+    needing = [kind for kind in schedule.kinds() if FAULT_SPECS[kind].needs_slurm]
+    if needing and options.slurm is None:
+        raise ChaosSetupError(
+            f"the fault kinds {', '.join(needing)} act on SLURM's nodes and jobs, but this run "
+            "is on agents of this machine: run it on SLURM (ChaosOptions(slurm=...), or "
+            "--slurm local / --slurm env), or take them out of the schedule"
+        )
 
 
 def run_chaos(
@@ -151,7 +190,8 @@ def run_chaos(
     options: ChaosOptions | None = None,
 ) -> RunReport:
     """Run `workload` (``file.py:function``, ``module:function`` or an importable function)
-    under `schedule` on a fresh local allocation, and return the report."""
+    under `schedule` on a fresh allocation (local agents, or a SLURM job: `ChaosOptions.slurm`),
+    and return the report."""
     return Harness(workload_reference(workload), schedule, options or ChaosOptions()).run()
 
 

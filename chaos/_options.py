@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from job.testing import LocalSlurmCluster
 
 
 @dataclass
@@ -12,6 +14,13 @@ class ChaosOptions:
     """How the harness runs: the allocation, the time limits and what it shows."""
 
     hosts: int = 2
+    #: Where the hosts are: None for agents on this machine; on SLURM, a started
+    #: `LocalSlurmCluster` or "env" (the SLURM this process's environment uses, e.g.
+    #: SLURM_CONF), with one node per host plus one for the job's batch script.
+    slurm: LocalSlurmCluster | Literal["env"] | None = field(default=None, repr=False)
+    #: On SLURM: the partition (None: the cluster's default) and more sbatch arguments.
+    slurm_partition: str | None = None
+    slurm_args: tuple[str, ...] = ()
     #: How long after a fault (and its duration) the owner has to see the event.
     detect_timeout_s: float = 15.0
     #: How long a target gets to answer again after a fault, and everything after the last.

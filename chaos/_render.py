@@ -33,7 +33,7 @@ def _where(mesh: str | None, rank: int | None, host: int | None) -> str:
 
 
 def _target_text(target: Target) -> str:
-    return _where(target.mesh, target.rank, target.host)
+    return "job" if target.level == "job" else _where(target.mesh, target.rank, target.host)
 
 
 def _event_target(event: ObservedEvent) -> str:

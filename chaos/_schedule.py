@@ -150,6 +150,10 @@ class RandomSchedule:
             mix.append((kind, weight))
         return cls(seed=seed, mtbf_s=mtbf_s, duration_s=duration_s, faults=tuple(mix), **kwargs)
 
+    def kinds(self) -> tuple[str, ...]:
+        """The fault kinds this schedule may plan."""
+        return tuple(kind for kind, _ in self.faults)
+
     @property
     def mix(self) -> str:
         """The fault mix as ``--faults`` spells it, e.g. ``"kill:1,pause:0.5"``."""
@@ -255,6 +259,10 @@ class ScriptedSchedule:
         """A scripted schedule has no seed."""
         return None
 
+    def kinds(self) -> tuple[str, ...]:
+        """The fault kinds this schedule plans, each once."""
+        return tuple(dict.fromkeys(pf.fault.kind for pf in self.faults))
+
     def plan(self, targets: TargetSet) -> list[PlannedFault]:
         """The faults sorted by time, after checking that each is aimed at a target of
         `targets` of the level its kind needs."""
@@ -281,5 +289,6 @@ class ScriptedSchedule:
         return []
 
 
-#: Either kind of schedule; both have ``plan``, ``to_dict``, ``replay_args`` and ``seed``.
+#: Either kind of schedule; both have ``plan``, ``kinds``, ``to_dict``, ``replay_args`` and
+#: ``seed``.
 Schedule: TypeAlias = RandomSchedule | ScriptedSchedule

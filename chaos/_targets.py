@@ -1,5 +1,5 @@
-"""What a fault may be aimed at: a `Target` (a rank of an actor mesh, a host, or the client),
-and the `TargetSet` a schedule plans against."""
+"""What a fault may be aimed at: a `Target` (a rank of an actor mesh, a host, the client, or
+the whole SLURM job), and the `TargetSet` a schedule plans against."""
 
 from __future__ import annotations
 
@@ -7,14 +7,18 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-#: The levels of target: a rank of an actor mesh, a host of the allocation, the client.
-TargetLevel = Literal["rank", "host", "client"]
+#: The levels of target: a rank of an actor mesh, a host of the allocation, the client, the
+#: SLURM job of the allocation (a run on SLURM only).
+TargetLevel = Literal["rank", "host", "client", "job"]
+#: Every level of target, in a fixed order.
+TARGET_LEVELS: tuple[TargetLevel, ...] = ("rank", "host", "client", "job")
 
 
 @dataclass(frozen=True, order=True)
 class Target:
-    """What a fault is aimed at: a rank of an actor mesh, a host of the allocation, or the
-    client. Ranks are flat indices into the mesh (row-major over its extent)."""
+    """What a fault is aimed at: a rank of an actor mesh, a host of the allocation, the
+    client, or the allocation's SLURM job. Ranks are flat indices into the mesh (row-major
+    over its extent)."""
 
     level: TargetLevel
     mesh: str | None = None
@@ -33,12 +37,16 @@ class Target:
     def client(cls) -> Target:
         return cls("client")
 
+    @classmethod
+    def job(cls) -> Target:
+        return cls("job")
+
     def __str__(self) -> str:
         if self.level == "rank":
             return f"rank {self.rank} of mesh {self.mesh!r}"
         if self.level == "host":
             return f"host {self.host}"
-        return "the client"
+        return "the job" if self.level == "job" else "the client"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -51,22 +59,26 @@ class Target:
 @dataclass(frozen=True)
 class TargetSet:
     """Everything a schedule may aim at: the ranks of the registered actor meshes (name and
-    size), the hosts of the allocation and the client. Its order is fixed, so that the same
+    size), the hosts of the allocation, the client, and the SLURM job when the allocation is
+    one (`job`). Its order is fixed, so that the same
     workload gives the same candidates in the same order."""
 
     meshes: tuple[tuple[str, int], ...]
     hosts: int
     client: bool = True
+    job: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "meshes", tuple(sorted(self.meshes)))
 
     def candidates(self, level: str) -> list[Target]:
-        """Every target of `level` ("rank", "host" or "client"), in a fixed order."""
+        """Every target of `level` ("rank", "host", "client" or "job"), in a fixed order."""
         if level == "rank":
             return [Target.of_rank(name, r) for name, size in self.meshes for r in range(size)]
         if level == "host":
             return [Target.of_host(h) for h in range(self.hosts)]
+        if level == "job":
+            return [Target.job()] if self.job else []
         return [Target.client()] if self.client else []
 
     def __contains__(self, target: object) -> bool:
@@ -77,4 +89,5 @@ class TargetSet:
             "meshes": {name: size for name, size in self.meshes},
             "hosts": self.hosts,
             "client": self.client,
+            "job": self.job,
         }

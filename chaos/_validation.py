@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 from ._faults import FAULT_KINDS
 from ._model import VERDICTS
 from ._percentiles import PERCENTILE_KEYS
+from ._targets import TARGET_LEVELS
 
 #: The value of the ``"schema"`` key of every report chaos writes and reads.
 SCHEMA = "meshvisor.chaos/1"
@@ -156,7 +157,7 @@ def _percentile_summary(value: Any, path: str) -> None:
 
 _target = _object(
     {
-        "level": _one_of(("rank", "host", "client")),
+        "level": _one_of(TARGET_LEVELS),
         "mesh": _optional(_string),
         "rank": _optional(_count),
         "host": _optional(_count),

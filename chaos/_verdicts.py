@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from ._allocation import LocalAllocation
+from ._allocation import Allocation
 from ._clients import Clients
 from ._model import FaultRecord, InvariantResult, ObservedEvent
 from ._options import ChaosOptions
@@ -54,7 +54,7 @@ def _client_invariants(clients: Clients) -> list[InvariantResult]:
 
 
 def check_leftovers(
-    alloc: LocalAllocation, orphans_of_killed: set[int], options: ChaosOptions
+    alloc: Allocation, orphans_of_killed: set[int], options: ChaosOptions
 ) -> list[InvariantResult]:
     """After the last client: no proc left on the agents, no socket file left behind."""
     deadline = time.monotonic() + options.owner_timeout_s + 10.0

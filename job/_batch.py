@@ -15,23 +15,36 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 from job._formats import expand_hostlist
 from job._jobdir import JobDir
 from job._node import agent_command
-from job._scheduler import SlurmError, cancel
+from job._scheduler import SlurmError, cancel, job_nodes, job_record
 
 #: How long the agents get to stop (and stop their procs) after a batch-mode client ended.
 STOP_TIMEOUT_S = 15.0
 
 
-def start_agent_step(job_dir: JobDir, node: str) -> subprocess.Popen[bytes]:
+def start_agent_step(
+    job_dir: JobDir,
+    node: str,
+    *,
+    job_id: str | None = None,
+    restart: int | None = None,
+    listen: str | None = None,
+    output: IO[bytes] | None = None,
+) -> subprocess.Popen[bytes]:
     """One job step on `node` running its host agent, told its node's name (so that events
-    name the node: several nodes may share one machine)."""
-    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    name the node: several nodes may share one machine). Inside the job by default; from
+    outside it, in job `job_id` (run `restart`), listening at `listen` (see `agent_command`),
+    writing to `output` (default: this process's output)."""
+    if restart is None:
+        restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     return subprocess.Popen(
         [
             "srun",
+            *([f"--jobid={job_id}"] if job_id else []),
             "--nodes=1",
             "--ntasks=1",
             f"--nodelist={node}",
@@ -39,10 +52,46 @@ def start_agent_step(job_dir: JobDir, node: str) -> subprocess.Popen[bytes]:
             "--kill-on-bad-exit=0",
             f"--job-name=meshvisor-agent-{node}",
             f"--export=ALL,MESHVISOR_HOST_NAME={node}",
-            *agent_command(job_dir, node, restart),
+            *agent_command(job_dir, node, restart, job_id=job_id, listen=listen),
         ],
         stdin=subprocess.DEVNULL,
+        stdout=output,
+        stderr=output,
     )
+
+
+def restart_agent_step(
+    job_dir: JobDir, job_id: str, node: str, timeout_s: float
+) -> subprocess.Popen[bytes]:
+    """Start the host agent of `node` again (from outside job `job_id`, as a node manager
+    brings a lost node's daemon back) in a new step, at the address its agent of this run
+    had, so that host meshes holding that address stay valid; returns once it listens."""
+    record = job_record(job_id)
+    if record is None or record.get("JobState") != "RUNNING":
+        raise SlurmError(f"cannot restart an agent of SLURM job {job_id}: it does not run")
+    if node not in job_nodes(record):
+        raise ValueError(f"SLURM job {job_id} holds no node {node!r}: {job_nodes(record)}")
+    restart = int(record.get("Restarts", "0") or 0)
+    address = job_dir.agent_addresses([node], restart).get(node)
+    if address is None:
+        raise SlurmError(f"the agent of {node} in SLURM job {job_id} never started")
+    written = job_dir.agent_file(node, restart)
+    before = written.stat().st_ino
+    with open(job_dir.output_file(job_id), "ab") as output:  # with the other steps' output
+        step = start_agent_step(
+            job_dir, node, job_id=job_id, restart=restart, listen=address, output=output
+        )
+    deadline = time.monotonic() + timeout_s
+    while not written.exists() or written.stat().st_ino == before:  # rewritten once it listens
+        if step.poll() is not None or time.monotonic() > deadline:
+            step.kill()
+            step.wait()
+            raise SlurmError(
+                f"the agent of {node} in SLURM job {job_id} did not start again at {address} "
+                f"within {timeout_s:g} s (srun exit status {step.returncode})"
+            )
+        time.sleep(0.02)
+    return step
 
 
 def run_client(script: list[str], job_dir: JobDir) -> int:

@@ -31,11 +31,21 @@ def node_address(node: str) -> str:
         return "127.0.0.1"
 
 
-def agent_command(job_dir: JobDir, node: str, restart: int) -> list[str]:
-    """The ``meshvisor agent`` command line for `node` in run `restart` of the job."""
+def agent_command(
+    job_dir: JobDir,
+    node: str,
+    restart: int,
+    *,
+    job_id: str | None = None,
+    listen: str | None = None,
+) -> list[str]:
+    """The ``meshvisor agent`` command line for `node` in run `restart` of job `job_id` (the
+    job this runs in when None), listening at `listen` (when None: any port of the node's
+    address; an agent started again gives the address it had)."""
     spec = job_dir.read_spec()
-    host = spec.listen_host or node_address(node)
-    listen = f"tcp://[{host}]:0" if ":" in host else f"tcp://{host}:0"
+    if listen is None:
+        host = spec.listen_host or node_address(node)
+        listen = f"tcp://[{host}]:0" if ":" in host else f"tcp://{host}:0"
     return [
         spec.python,
         "-m",
@@ -47,13 +57,12 @@ def agent_command(job_dir: JobDir, node: str, restart: int) -> list[str]:
         spec.keys,
         "--address-file",
         str(job_dir.agent_file(node, restart)),
-        *_notice_options(spec.python, spec.notice_signal),
+        *_notice_options(spec.python, spec.notice_signal, job_id or os.environ.get("SLURM_JOB_ID")),
     ]
 
 
-def _notice_options(python: str, signal: str | None) -> list[str]:
+def _notice_options(python: str, signal: str | None, job_id: str | None) -> list[str]:
     """The agent's options for the job's warning signal (none without one)."""
-    job_id = os.environ.get("SLURM_JOB_ID")
     if not signal or not job_id:
         return []
     ask = f"{python} -m job._node --time-left {job_id}"

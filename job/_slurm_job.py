@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from job._batch import restart_agent_step
 from job._cache import CachedJob, job_fingerprint, live_cached_job, write_cached_job
 from job._formats import (
     FINISHED_JOB_STATES,
@@ -232,7 +233,7 @@ class SlurmJob(JobTrait):
         for host_mesh in meshes.values():
             host_mesh.wait_for_agents(max(1.0, deadline - time.monotonic()))
         self._report(f"SLURM job {self._spec.job_id}: all {len(nodes)} agents answer")
-        self._state = JobState(self._spec.job_id, meshes, node_names, restarts)
+        self._state = JobState(self._spec.job_id, meshes, node_names, restarts, addresses)
         return self._state
 
     def cancel(self, wait_s: float = 30.0) -> None:
@@ -252,6 +253,14 @@ class SlurmJob(JobTrait):
         self._state = None
 
     kill = cancel  # Monarch's name
+
+    def restart_agent(self, node: str, timeout_s: float = 60.0) -> subprocess.Popen[bytes]:
+        """Start the host agent of `node` again, in a new job step at the address it had (a
+        node manager bringing a lost node back): host meshes holding it stay valid. Returns
+        the step's ``srun`` once the agent listens (ending the srun ends the step)."""
+        if self._dir is None or self.job_id is None:
+            raise RuntimeError(f"{self!r} is not submitted: call apply() or state() first")
+        return restart_agent_step(self._dir, self.job_id, node, timeout_s)
 
     def slurm_state(self) -> str:
         """SLURM's state of the job (``PENDING``, ``RUNNING``, ...; ``UNKNOWN`` once forgotten)."""

@@ -28,7 +28,7 @@ from job import _local_processes as _processes
 from job._formats import parse_node_state as _parse_node_state
 from job._local_processes import SlurmNotInstalled
 
-__all__ = ("LocalSlurmCluster", "SlurmNotInstalled", "local_slurm_cluster")
+__all__ = ("LocalSlurmCluster", "SlurmNotInstalled", "agent_step", "local_slurm_cluster")
 
 #: The programs a local cluster needs, all from the distribution's SLURM and munge packages.
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol", "scancel")
@@ -121,13 +121,9 @@ class LocalSlurmCluster:
     def kill_job_step(self, job_id: int | str, node: str) -> str:
         """``scancel`` the job step running the host agent of `node` (named
         ``meshvisor-agent-NODE``) of job `job_id`; returns its id ``JOB.STEP``."""
-        out = self.run(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i %j"]).stdout
-        for line in out.splitlines():
-            step, _, name = line.strip().partition(" ")
-            if name.strip() == f"meshvisor-agent-{node}":
-                self.run(["scancel", step])
-                return step
-        raise LookupError(f"job {job_id} has no step meshvisor-agent-{node}; its steps:\n{out}")
+        step = agent_step(job_id, node, self.environ())
+        self.run(["scancel", step])
+        return step
 
     def _node_processes(self, node: str) -> list[int]:
         """The processes running for `node` of this cluster: those whose environment has
@@ -333,6 +329,28 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP O
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+
+
+def agent_step(job_id: int | str, node: str, env: Mapping[str, str] | None = None) -> str:
+    """The id ``JOB.STEP`` of the newest step of job `job_id` running the host agent of
+    `node` (named ``meshvisor-agent-NODE``), asking the SLURM of `env` (default: this
+    process's); LookupError naming the job's steps if none runs."""
+    out = subprocess.run(
+        ["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i %j"],
+        env=None if env is None else dict(env),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    found = []
+    for line in out.splitlines():
+        step, _, name = line.strip().partition(" ")
+        if name.strip() == f"meshvisor-agent-{node}":
+            found.append(step)
+    if not found:
+        raise LookupError(f"job {job_id} has no step meshvisor-agent-{node}; its steps:\n{out}")
+    return max(found, key=lambda step: int(step.rpartition(".")[2]))
 
 
 @contextlib.contextmanager

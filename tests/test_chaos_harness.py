@@ -180,7 +180,7 @@ def test_kills_run_passes(kills: RunReport) -> None:
     assert kills.seed is None
     assert kills.workload_stats["clients"] == 1
     assert kills.workload_stats["steps"] > 0
-    assert kills.targets == {"meshes": {"counters": 4}, "hosts": 2, "client": True}
+    assert kills.targets == {"meshes": {"counters": 4}, "hosts": 2, "client": True, "job": False}
 
 
 @pytest.mark.parametrize(

@@ -525,9 +525,12 @@ def test_every_fault_kind_is_covered() -> None:
                 Fault.partition(1),
                 Fault.kill_agent(),
                 Fault.kill_client(),
+                Fault.kill_node(),
+                Fault.preempt(),
             ]
         )
     ]
+    report.faults[-1] = FaultRecord(9, PlannedFault(9.0, Fault.preempt(), Target.job()), ())
     report.events = []
     data = loaded(report)
     validate_report(data)

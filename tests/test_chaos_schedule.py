@@ -44,6 +44,7 @@ target_sets = st.builds(
     ).map(lambda d: tuple(d.items())),
     hosts=st.integers(0, 3),
     client=st.booleans(),
+    job=st.booleans(),
 )
 weights = st.one_of(
     st.integers(1, 5).map(float), st.floats(0.05, 5.0, allow_nan=False, allow_infinity=False)
@@ -139,7 +140,7 @@ def test_same_seed_and_targets_give_the_same_plan(schedule: RandomSchedule, ts: 
     rebuilt = RandomSchedule(
         **{f.name: getattr(schedule, f.name) for f in dataclasses.fields(schedule)}
     )
-    same_targets = TargetSet(tuple(reversed(ts.meshes)), ts.hosts, ts.client)
+    same_targets = TargetSet(tuple(reversed(ts.meshes)), ts.hosts, ts.client, ts.job)
     assert key(first) == key(again)
     assert key(first) == key(rebuilt.plan(same_targets))
     assert json.dumps([p.to_dict() for p in first]) == json.dumps([p.to_dict() for p in again])
@@ -148,7 +149,7 @@ def test_same_seed_and_targets_give_the_same_plan(schedule: RandomSchedule, ts: 
 @SETTINGS
 @given(st.integers(0, 2**32), mixes)
 def test_distinct_seeds_give_distinct_plans(base: int, mix: tuple[tuple[str, float], ...]) -> None:
-    ts = TargetSet(meshes=(("w", 4),), hosts=2)
+    ts = TargetSet(meshes=(("w", 4),), hosts=2, job=True)
     plans = []
     for seed in range(base, base + 20):
         plan = RandomSchedule(seed=seed, mtbf_s=1.0, duration_s=60.0, faults=mix).plan(ts)
@@ -255,12 +256,13 @@ def test_kinds_without_candidates_are_left_out() -> None:
 
 
 def test_every_kind_of_the_mix_appears_and_weights_count() -> None:
-    ts = TargetSet(meshes=(("w", 16),), hosts=4)
+    ts = TargetSet(meshes=(("w", 16),), hosts=4, job=True)
     s = RandomSchedule.from_mix(
         11,
         0.5,
         2000.0,
-        "kill:6,pause:1,raise:1,drop:1,delay:1,partition:1,kill_agent:1,kill_client:1",
+        "kill:8,pause:1,raise:1,drop:1,delay:1,partition:1,kill_agent:1,kill_client:1,"
+        "kill_node:1,preempt:1",
         max_concurrent=64,
         settle_s=0.0,
         raise_endpoint="step",
@@ -269,7 +271,7 @@ def test_every_kind_of_the_mix_appears_and_weights_count() -> None:
     check_plan(s, ts, plan)
     kinds = Counter(p.fault.kind for p in plan)
     assert set(kinds) == set(FAULT_KINDS)
-    assert 0.35 < kinds["kill"] / len(plan) < 0.65  # weight 6 of 13
+    assert 0.35 < kinds["kill"] / len(plan) < 0.65  # weight 8 of 17
     exits = sum(1 for p in plan if p.fault.kind == "kill" and p.fault.exit_code is not None)
     assert 0.1 < exits / kinds["kill"] < 0.3  # EXIT_PROBABILITY = 0.2
 
