@@ -6,6 +6,7 @@ from mesh._actor import endpoint as endpoint
 from mesh._api.actor_mesh import ActorMesh as ActorMesh
 from mesh._api.attach import attach as attach
 from mesh._api.configure import configure as configure
+from mesh._api.configure import configured as configured
 from mesh._api.endpoint import EndpointRef as EndpointRef
 from mesh._api.host_mesh import HostMesh as HostMesh
 from mesh._api.host_mesh import this_host as this_host
@@ -41,6 +42,7 @@ __all__ = (
     "ValueMesh",
     "attach",
     "configure",
+    "configured",
     "context",
     "current_rank",
     "current_settings",
