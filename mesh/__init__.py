@@ -7,6 +7,7 @@ from mesh._api.actor_mesh import ActorMesh as ActorMesh
 from mesh._api.attach import attach as attach
 from mesh._api.configure import configure as configure
 from mesh._api.configure import configured as configured
+from mesh._api.controllers import get_or_spawn_controller as get_or_spawn_controller
 from mesh._api.endpoint import EndpointRef as EndpointRef
 from mesh._api.host_mesh import HostMesh as HostMesh
 from mesh._api.host_mesh import this_host as this_host
@@ -48,6 +49,7 @@ __all__ = (
     "current_settings",
     "current_size",
     "endpoint",
+    "get_or_spawn_controller",
     "placement",
     "supervised",
     "this_host",
