@@ -13,10 +13,11 @@ from typing import Any
 import actors
 import pytest
 from conftest import meshvisor_processes
-from polling import wait_until
+from polling import wait_gone, wait_until
 
 import mesh
 import mesh.testing
+import transport
 from mesh import Actor, ActorMesh, endpoint, get_or_spawn_controller
 from supervision import SupervisionError
 
@@ -101,6 +102,27 @@ def test_a_controller_whose_constructor_fails_is_spawned_anew(root_events: list[
     wait_until(lambda: root_events, what="the constructor's failure to reach the client")
     root_events.clear()
     assert get_or_spawn_controller("broken", actors.BrokenInit).get(timeout=T) is not broken
+
+
+def test_a_stopped_controller_is_spawned_anew() -> None:
+    controller = get_or_spawn_controller("stopped", actors.Counter).get(timeout=T)
+    pid = controller.pid_of.call_one().get(timeout=T)
+    controller.stop().get(timeout=T)
+    with pytest.raises(SupervisionError, match="stopped"):
+        controller.incr.call_one().get(timeout=T)
+    fresh = get_or_spawn_controller("stopped", actors.Counter).get(timeout=T)
+    assert fresh is not controller and fresh.incr.call_one().get(timeout=T) == 1
+    assert fresh.pid_of.call_one().get(timeout=T) != pid
+    wait_gone([pid])  # the old controller's proc is stopped, not left behind
+
+
+def test_arguments_that_do_not_pickle_leave_no_proc_behind() -> None:
+    mesh.this_host()
+    before = {pid for pid, _ in meshvisor_processes()}
+    with pytest.raises(transport.SerializationError, match="cannot pickle"):
+        get_or_spawn_controller("unpicklable", actors.Counter, threading.Lock())
+    wait_until(lambda: not ({pid for pid, _ in meshvisor_processes()} - before), what="no proc")
+    assert get_or_spawn_controller("unpicklable", actors.Counter).get(timeout=T).sizes == {}
 
 
 def test_bad_requests_are_refused_clearly() -> None:

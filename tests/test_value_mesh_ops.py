@@ -81,7 +81,7 @@ def test_rename_size_and_errors() -> None:
     assert vm.rename(gpus="g").values() == vm.values()
     assert vm.size("gpus") == 3 and vm.size(["hosts", "gpus"]) == 6
     assert vm.slice(hosts=1, gpus=2).item() == 5  # a single point: item() takes no coordinates
-    with pytest.raises(ValueError, match="'nope'.*dimensions"):
+    with pytest.raises(ValueError, match=r"'nope'.*dimensions"):
         vm.slice(nope=0)
     with pytest.raises(IndexError, match="out of range for dimension 'gpus'"):
         vm.slice(gpus=3)

@@ -91,7 +91,11 @@ class _Registry:
     @staticmethod
     def _spawn(name: str, actor_class: type, args: Any, kwargs: Any) -> _Controller:
         procs = this_host().spawn_procs(per_host={}, name=name)
-        actors: ActorMesh[Any] = procs.spawn(name, actor_class, *args, **kwargs)
+        try:
+            actors: ActorMesh[Any] = procs.spawn(name, actor_class, *args, **kwargs)
+        except BaseException:  # e.g. arguments that do not pickle: leave no proc behind
+            procs.stop()
+            raise
         actor_id = actor_identity(actors._state.actor_id, 0)
         return _Controller(actor_class, procs, actors, procs._peers[0].proc_id, actor_id)
 
