@@ -83,6 +83,7 @@ def test_monarch_durations_are_read_as_seconds(parts: list[tuple[int, str]]) -> 
         ({"default_transport": "tcp"}, "ipc between processes of one host, tcp with CURVE"),
         ({"stop_actor_timeout": "5s"}, "ProcMesh.stop(grace_s=...)"),
         ({"host_spawn_ready_timeout": "5s"}, "set heartbeat_timeout_s"),
+        ({"rdma_qps_per_cq": 8}, "it tunes Monarch's Rust runtime"),
         (
             {"mesh_orphan_timeout": "1s", "orphan_timeout_s": 2.0},
             "mesh_orphan_timeout and orphan_timeout_s set the same setting",

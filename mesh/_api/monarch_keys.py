@@ -105,6 +105,22 @@ INSTEAD: dict[str, str] = {
     "remote_alloc_bind_to_inaddr_any": (
         "meshvisor agents listen on loopback unless started with `meshvisor agent --listen`"
     ),
+    "mesh_bootstrap_enable_pdeathsig": "meshvisor procs always die with their host agent",
+    **dict.fromkeys(
+        (
+            *("message_ack_time_interval", "message_ack_every_n_messages"),
+            *("split_max_buffer_size", "split_max_buffer_age", "small_write_threshold"),
+            *("channel_net_rx_buffer_full_check_interval", "message_latency_sampling_rate"),
+            *("enable_dest_actor_reordering_buffer", "mesh_terminate_concurrency"),
+            *("max_cast_dimension_size", "remote_alloc_bootstrap_addr", "mesh_admin_addr"),
+            *("remote_alloc_allowed_port_range", "mesh_attach_config_timeout", "pyspy_bin"),
+            *("rdma_allow_tcp_fallback", "rdma_disable_ibverbs", "rdma_max_chunk_size_mb"),
+            *("rdma_ibverbs_target", "rdma_peer_device_affinity", "rdma_max_nics_per_buffer"),
+            *("rdma_min_stripe_size_kb", "rdma_qps_per_cq", "rdma_cq_poller_per_device"),
+            "rdma_runtime_worker_threads",
+        ),
+        "it tunes Monarch's Rust runtime, which meshvisor does not have; leave it out",
+    ),
 }
 
 
