@@ -11,6 +11,8 @@ from mesh._api.channel import Channel as Channel
 from mesh._api.channel import Port as Port
 from mesh._api.channel import PortReceiver as PortReceiver
 from mesh._api.configure import configure as configure
+from mesh._api.configure import configured as configured
+from mesh._api.controllers import get_or_spawn_controller as get_or_spawn_controller
 from mesh._api.endpoint import EndpointRef as EndpointRef
 from mesh._api.host_mesh import HostMesh as HostMesh
 from mesh._api.host_mesh import this_host as this_host
@@ -55,11 +57,13 @@ __all__ = (
     "attach",
     "attach_to_workers",
     "configure",
+    "configured",
     "context",
     "current_rank",
     "current_settings",
     "current_size",
     "endpoint",
+    "get_or_spawn_controller",
     "placement",
     "run_worker_loop_forever",
     "run_worker_loop_until_shutdown",

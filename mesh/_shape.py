@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,57 @@ class Region:
             )
         labels = tuple(names.get(label, label) for label in self.extent.labels)
         return Region(Extent(labels, self.extent.sizes), self.ranks)
+
+
+S = TypeVar("S", bound="Sliceable")
+
+
+class Sliceable:
+    """What meshes of hosts, procs and actors and value meshes share: an extent and array-like
+    slicing over a `Region`, so a `ValueMesh` slices exactly as the mesh it came from."""
+
+    _region: Region
+
+    def _with_region(self: S, region: Region) -> S:
+        raise NotImplementedError
+
+    @property
+    def extent(self) -> Extent:
+        return self._region.extent
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return dict(self._region.extent)
+
+    def size(self, dim: str | Iterable[str] | None = None) -> int:
+        """Number of points along `dim` (a label or several), or in the whole mesh."""
+        if dim is None:
+            return len(self._region)
+        labels = [dim] if isinstance(dim, str) else list(dim)
+        total = 1
+        for label in labels:
+            if label not in self.extent.labels:
+                raise ValueError(
+                    f"mesh has no dimension {label!r}; its dimensions are "
+                    f"{list(self.extent.labels)}"
+                )
+            total *= self.extent[label]
+        return total
+
+    def __len__(self) -> int:
+        return len(self._region)
+
+    def slice(self: S, **selection: int | slice) -> S:
+        """A sub-mesh: an int drops that dimension, a slice keeps it."""
+        return self._with_region(self._region.slice(**selection))
+
+    def flatten(self: S, name: str) -> S:
+        """The same points along a single dimension called `name`."""
+        return self._with_region(self._region.flatten(name))
+
+    def rename(self: S, **names: str) -> S:
+        """The same mesh with dimensions renamed, ``old=new``."""
+        return self._with_region(self._region.rename(**names))
 
 
 def _select(label: str, size: int, selector: int | slice) -> range:

@@ -3,11 +3,12 @@
 The fault hooks (`probe`, `fail_next_call`, `exit_process`, `break_links`, `heal_links`) are
 what the `chaos` package injects faults with; nothing here changes a job that does not call it.
 
-`settings(**overrides)` changes `mesh.configure`'s settings for one block. The other helpers let
-tests look at this process's session (`run_dir`, `inbox_address`,
-`local_agent`, `known_agents`, `bookkeeping`), end it (`shutdown`, `stop_local_agent`), check
-the slicing algebra without processes (`Region`), and play a raw peer of an agent or a proc
-with the typed wire messages of `wire`. Each reads the engine in one place, here.
+`settings(**overrides)` is `mesh.configured` (settings for one block). The other helpers let
+tests look at this process's session (`run_dir`, `inbox_address`, `local_agent`,
+`known_agents`, `bookkeeping`), end it or parts of it (`shutdown`, `stop_local_agent`,
+`stop_controllers`), check the slicing algebra without processes (`Region`), and play a raw
+peer of an agent or a proc with the typed wire messages of `wire`. Each reads the engine in
+one place, here.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass
 
-from mesh._api.configure import overridden_settings as settings
+from mesh._api.configure import configured as settings
+from mesh._api.controllers import stop_controllers as stop_controllers
 from mesh._api.faults import Party as Party
 from mesh._api.faults import break_links as break_links
 from mesh._api.faults import exit_process as exit_process
@@ -43,6 +45,7 @@ __all__ = (
     "run_dir",
     "settings",
     "shutdown",
+    "stop_controllers",
     "stop_local_agent",
     "wire",
 )

@@ -12,11 +12,10 @@ from mesh._engine.future import Future
 from mesh._engine.messages import WatchProcs
 from mesh._engine.peers import ProcPeer
 from mesh._engine.runtime import Runtime
-from mesh._shape import Extent, Region
+from mesh._shape import Sliceable
 from supervision import SupervisionError
 
 A = TypeVar("A")
-M = TypeVar("M", bound="MeshBase")
 DEFAULT_STOP_GRACE_S = 5.0
 #: The longest mesh name spawn_procs and spawn accept.
 MAX_NAME_LEN = 255
@@ -42,51 +41,8 @@ def file_safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:20].lstrip(".-") or "procs"
 
 
-class MeshBase:
-    """What every mesh shares: an extent and array-like slicing."""
-
-    _region: Region
-
-    def _with_region(self: M, region: Region) -> M:
-        raise NotImplementedError
-
-    @property
-    def extent(self) -> Extent:
-        return self._region.extent
-
-    @property
-    def sizes(self) -> dict[str, int]:
-        return dict(self._region.extent)
-
-    def size(self, dim: str | Iterable[str] | None = None) -> int:
-        """Number of points along `dim` (a label or several), or in the whole mesh."""
-        if dim is None:
-            return len(self._region)
-        labels = [dim] if isinstance(dim, str) else list(dim)
-        total = 1
-        for label in labels:
-            if label not in self.extent.labels:
-                raise ValueError(
-                    f"mesh has no dimension {label!r}; its dimensions are "
-                    f"{list(self.extent.labels)}"
-                )
-            total *= self.extent[label]
-        return total
-
-    def __len__(self) -> int:
-        return len(self._region)
-
-    def slice(self: M, **selection: int | slice) -> M:
-        """A sub-mesh: an int drops that dimension, a slice keeps it."""
-        return self._with_region(self._region.slice(**selection))
-
-    def flatten(self: M, name: str) -> M:
-        """The same points along a single dimension called `name`."""
-        return self._with_region(self._region.flatten(name))
-
-    def rename(self: M, **names: str) -> M:
-        """The same mesh with dimensions renamed, ``old=new``."""
-        return self._with_region(self._region.rename(**names))
+class MeshBase(Sliceable):
+    """What every mesh handle shares: an extent and array-like slicing (see `Sliceable`)."""
 
 
 class Stoppable:
