@@ -18,31 +18,38 @@ from pathlib import Path
 
 from job._formats import expand_hostlist
 from job._jobdir import JobDir
-from job._node import agent_command
+from job._node import agent_command, node_addresses
 from job._scheduler import SlurmError, cancel
 
 #: How long the agents get to stop (and stop their procs) after a batch-mode client ended.
 STOP_TIMEOUT_S = 15.0
 
 
-def start_agent_step(job_dir: JobDir, node: str) -> subprocess.Popen[bytes]:
-    """One job step on `node` running its host agent, told its node's name (so that events
-    name the node: several nodes may share one machine)."""
+def start_agent_steps(job_dir: JobDir, nodelist: str) -> list[subprocess.Popen[bytes]]:
+    """One job step per node of the host list `nodelist`, each running its host agent, told
+    its node's name (so that events name the node: several nodes may share one machine). The
+    steps start together; SLURM is asked once for every node's address."""
+    spec = job_dir.read_spec()
+    nodes = expand_hostlist(nodelist)
+    addresses = node_addresses(nodes, nodelist)
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    return subprocess.Popen(
-        [
-            "srun",
-            "--nodes=1",
-            "--ntasks=1",
-            f"--nodelist={node}",
-            "--overlap",
-            "--kill-on-bad-exit=0",
-            f"--job-name=meshvisor-agent-{node}",
-            f"--export=ALL,MESHVISOR_HOST_NAME={node}",
-            *agent_command(job_dir, node, restart),
-        ],
-        stdin=subprocess.DEVNULL,
-    )
+    return [
+        subprocess.Popen(
+            [
+                "srun",
+                "--nodes=1",
+                "--ntasks=1",
+                f"--nodelist={node}",
+                "--overlap",
+                "--kill-on-bad-exit=0",
+                f"--job-name=meshvisor-agent-{node}",
+                f"--export=ALL,MESHVISOR_HOST_NAME={node}",
+                *agent_command(spec, job_dir, node, addresses[node], restart),
+            ],
+            stdin=subprocess.DEVNULL,
+        )
+        for node in nodes
+    ]
 
 
 def run_client(script: list[str], job_dir: JobDir) -> int:
@@ -75,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("usage: python -m job._batch JOBDIR (run by sbatch for a meshvisor SLURM job)")
     job_dir = JobDir(Path(args[0]))
     spec = job_dir.read_spec()
-    nodes = expand_hostlist(os.environ["SLURM_JOB_NODELIST"])
-    steps = [start_agent_step(job_dir, node) for node in nodes]
+    steps = start_agent_steps(job_dir, os.environ["SLURM_JOB_NODELIST"])
     if spec.script:
         status = run_client(spec.script, job_dir)
         print(f"meshvisor: the client script ended with status {status}", flush=True)

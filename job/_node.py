@@ -15,26 +15,32 @@ import socket
 import sys
 
 from job._formats import SlurmFormatError, parse_duration
-from job._jobdir import JobDir
-from job._scheduler import SlurmError, node_record, run_slurm
+from job._jobdir import JobDir, JobSpec
+from job._scheduler import SlurmError, node_records, run_slurm
 
 
-def node_address(node: str) -> str:
-    """Where other hosts reach `node`: its NodeAddr in SLURM, else its resolved host name."""
-    record = node_record(node) or {}
-    address = record.get("NodeAddr", "")
-    if address and address != node:
-        return address
+def node_addresses(nodes: list[str], nodelist: str) -> dict[str, str]:
+    """Where other hosts reach each of `nodes` (the host list `nodelist`): its NodeAddr in
+    SLURM, else its resolved host name; one question to SLURM for all of them."""
+    records = node_records(nodelist)
+    return {node: _address(records.get(node, {}).get("NodeAddr", ""), node) for node in nodes}
+
+
+def _address(node_addr: str, node: str) -> str:
+    if node_addr and node_addr != node:
+        return node_addr
     try:
-        return socket.gethostbyname(address or socket.gethostname())
+        return socket.gethostbyname(node_addr or socket.gethostname())
     except OSError:
         return "127.0.0.1"
 
 
-def agent_command(job_dir: JobDir, node: str, restart: int) -> list[str]:
-    """The ``meshvisor agent`` command line for `node` in run `restart` of the job."""
-    spec = job_dir.read_spec()
-    host = spec.listen_host or node_address(node)
+def agent_command(
+    spec: JobSpec, job_dir: JobDir, node: str, address: str, restart: int
+) -> list[str]:
+    """The ``meshvisor agent`` command line for `node` (reached at `address`, unless the job
+    names its `listen_host`) in run `restart` of the job."""
+    host = spec.listen_host or address
     listen = f"tcp://[{host}]:0" if ":" in host else f"tcp://{host}:0"
     return [
         spec.python,
