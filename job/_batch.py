@@ -18,29 +18,41 @@ from pathlib import Path
 from typing import IO
 
 from job._formats import expand_hostlist
-from job._jobdir import JobDir
-from job._node import agent_command
+from job._jobdir import JobDir, JobSpec
+from job._node import agent_command, node_addresses
 from job._scheduler import SlurmError, cancel, job_nodes, job_record
 
 #: How long the agents get to stop (and stop their procs) after a batch-mode client ended.
 STOP_TIMEOUT_S = 15.0
 
 
+def start_agent_steps(job_dir: JobDir, nodelist: str) -> list[subprocess.Popen[bytes]]:
+    """One job step per node of the host list `nodelist`, each running its host agent. The
+    steps start together; SLURM is asked once for every node's address."""
+    spec = job_dir.read_spec()
+    nodes = expand_hostlist(nodelist)
+    addresses = node_addresses(nodes, nodelist)
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    return [
+        start_agent_step(spec, job_dir, node, restart, node_addr=addresses[node]) for node in nodes
+    ]
+
+
 def start_agent_step(
+    spec: JobSpec,
     job_dir: JobDir,
     node: str,
+    restart: int,
     *,
+    node_addr: str | None = None,
     job_id: str | None = None,
-    restart: int | None = None,
     listen: str | None = None,
     output: IO[bytes] | None = None,
 ) -> subprocess.Popen[bytes]:
     """One job step on `node` running its host agent, told its node's name (so that events
     name the node: several nodes may share one machine). Inside the job by default; from
-    outside it, in job `job_id` (run `restart`), listening at `listen` (see `agent_command`),
-    writing to `output` (default: this process's output)."""
-    if restart is None:
-        restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    outside it, in job `job_id`, listening at `listen` (see `agent_command`), writing to
+    `output` (default: this process's output)."""
     return subprocess.Popen(
         [
             "srun",
@@ -52,7 +64,9 @@ def start_agent_step(
             "--kill-on-bad-exit=0",
             f"--job-name=meshvisor-agent-{node}",
             f"--export=ALL,MESHVISOR_HOST_NAME={node}",
-            *agent_command(job_dir, node, restart, job_id=job_id, listen=listen),
+            *agent_command(
+                spec, job_dir, node, restart, node_addr=node_addr, job_id=job_id, listen=listen
+            ),
         ],
         stdin=subprocess.DEVNULL,
         stdout=output,
@@ -79,7 +93,13 @@ def restart_agent_step(
     before = written.stat().st_ino
     with open(job_dir.output_file(job_id), "ab") as output:  # with the other steps' output
         step = start_agent_step(
-            job_dir, node, job_id=job_id, restart=restart, listen=address, output=output
+            job_dir.read_spec(),
+            job_dir,
+            node,
+            restart,
+            job_id=job_id,
+            listen=address,
+            output=output,
         )
     deadline = time.monotonic() + timeout_s
     while not written.exists() or written.stat().st_ino == before:  # rewritten once it listens
@@ -124,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("usage: python -m job._batch JOBDIR (run by sbatch for a meshvisor SLURM job)")
     job_dir = JobDir(Path(args[0]))
     spec = job_dir.read_spec()
-    nodes = expand_hostlist(os.environ["SLURM_JOB_NODELIST"])
-    steps = [start_agent_step(job_dir, node) for node in nodes]
+    steps = start_agent_steps(job_dir, os.environ["SLURM_JOB_NODELIST"])
     if spec.script:
         status = run_client(spec.script, job_dir)
         print(f"meshvisor: the client script ended with status {status}", flush=True)

@@ -18,8 +18,6 @@ import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from mesh import current_settings
-
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -42,6 +40,8 @@ class JobSpec:
 
 def jobs_home() -> Path:
     """Where job directories are kept (created private on first use)."""
+    from mesh import current_settings  # here: the processes on the nodes never need `mesh`
+
     path = current_settings().allocations_home / "slurm"
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     return path
@@ -92,6 +92,14 @@ class JobDir:
 
     def agent_file(self, node: str, restart: int) -> Path:
         return self.agents_dir / f"{node}.{restart}"
+
+    def agents_written(self, restart: int) -> int:
+        """How many agents of run `restart` wrote their address so far (a directory read)."""
+        try:
+            names = os.listdir(self.agents_dir)
+        except OSError:
+            return 0
+        return sum(1 for name in names if name.endswith(f".{restart}"))
 
     def agent_addresses(self, nodes: list[str], restart: int) -> dict[str, str]:
         """The addresses that the agents of this run (requeue count `restart`) wrote so far."""

@@ -15,36 +15,44 @@ import socket
 import sys
 
 from job._formats import SlurmFormatError, parse_duration
-from job._jobdir import JobDir
-from job._scheduler import SlurmError, node_record, run_slurm
+from job._jobdir import JobDir, JobSpec
+from job._scheduler import SlurmError, node_records, run_slurm
 
 
-def node_address(node: str) -> str:
-    """Where other hosts reach `node`: its NodeAddr in SLURM, else its resolved host name."""
-    record = node_record(node) or {}
-    address = record.get("NodeAddr", "")
-    if address and address != node:
-        return address
+def node_addresses(nodes: list[str], nodelist: str) -> dict[str, str]:
+    """Where other hosts reach each of `nodes` (the host list `nodelist`): its NodeAddr in
+    SLURM, else its resolved host name; one question to SLURM for all of them."""
+    records = node_records(nodelist)
+    return {node: _address(records.get(node, {}).get("NodeAddr", ""), node) for node in nodes}
+
+
+def _address(node_addr: str, node: str) -> str:
+    if node_addr and node_addr != node:
+        return node_addr
     try:
-        return socket.gethostbyname(address or socket.gethostname())
+        return socket.gethostbyname(node_addr or socket.gethostname())
     except OSError:
         return "127.0.0.1"
 
 
 def agent_command(
+    spec: JobSpec,
     job_dir: JobDir,
     node: str,
     restart: int,
     *,
+    node_addr: str | None = None,
     job_id: str | None = None,
     listen: str | None = None,
 ) -> list[str]:
     """The ``meshvisor agent`` command line for `node` in run `restart` of job `job_id` (the
-    job this runs in when None), listening at `listen` (when None: any port of the node's
-    address; an agent started again gives the address it had)."""
-    spec = job_dir.read_spec()
+    job this runs in when None), listening at `listen`; when None, at any port of the job's
+    `listen_host`, else of `node_addr` (where other hosts reach the node). An agent started
+    again gets the address it had."""
     if listen is None:
-        host = spec.listen_host or node_address(node)
+        host = spec.listen_host or node_addr
+        if host is None:
+            raise ValueError(f"agent_command() needs the address of node {node}")
         listen = f"tcp://[{host}]:0" if ":" in host else f"tcp://{host}:0"
     return [
         spec.python,

@@ -100,7 +100,7 @@ class ProcessJob(JobTrait):
         }
         for host_mesh in meshes.values():
             host_mesh.wait_for_agents(max(1.0, deadline - time.monotonic()))
-        self._state = JobState(f"process-{os.getpid()}", meshes, self.hosts)
+        self._state = JobState(f"process-{os.getpid()}", meshes, self.hosts, 0, addresses)
         return self._state
 
     def kill(self) -> None:

@@ -57,13 +57,14 @@ def job_record(job_id: str) -> dict[str, str] | None:
     return records[0] if records else None
 
 
-def node_record(node: str) -> dict[str, str] | None:
-    """``scontrol show node -o NODE`` as a dict (None if SLURM does not know the node)."""
+def node_records(nodes: str) -> dict[str, dict[str, str]]:
+    """``scontrol show node -o NODES`` (a host list, e.g. ``n[1-4]``) by node name, in one
+    call; empty if SLURM does not know them."""
     try:
-        records = parse_records(run_slurm(["scontrol", "show", "node", "-o", node]))
+        records = parse_records(run_slurm(["scontrol", "show", "node", "-o", nodes]))
     except SlurmError:
-        return None
-    return records[0] if records else None
+        return {}
+    return {record["NodeName"]: record for record in records if "NodeName" in record}
 
 
 def job_nodes(record: dict[str, str]) -> list[str]:

@@ -24,18 +24,14 @@ from pathlib import Path
 
 from job._batch import restart_agent_step
 from job._cache import CachedJob, job_fingerprint, live_cached_job, write_cached_job
-from job._formats import (
-    FINISHED_JOB_STATES,
-    HOPELESS_PENDING_REASONS,
-    LIVE_JOB_STATES,
-    pending_reason,
-)
+from job._formats import LIVE_JOB_STATES, pending_reason
 from job._job import JobTrait, check_meshes
 from job._job_state import JobState
 from job._jobdir import JobDir, JobSpec, job_dirs_matching
 from job._reaper import start_reaper
 from job._sbatch import batch_script, sbatch_arguments
-from job._scheduler import SlurmError, cancel, job_nodes, job_record, submit
+from job._scheduler import SlurmError, cancel, job_record, submit
+from job._startup import AgentsWait, client_host
 from mesh import attach
 from transport import CurveKeys, transport_settings, use_curve_keys
 
@@ -221,14 +217,19 @@ class SlurmJob(JobTrait):
         if self._state is not None and self._still_current(self._state):
             return self._state
         deadline = time.monotonic() + (timeout_s or self.start_timeout_s)
-        nodes, addresses, restarts = self._wait_for_agents(self._spec.job_id, self._dir, deadline)
+        nodes, addresses, restarts = AgentsWait(
+            self._spec.job_id, self.name, self._dir, sum(self.meshes.values()), self._report
+        ).until(deadline)
         use_curve_keys(self._spec.keys)
+        listen_host = client_host(addresses.values())
         meshes, node_names = {}, {}
         start = 0
         for mesh_name, count in self.meshes.items():
             chosen = nodes[start : start + count]
             start += count
-            meshes[mesh_name] = attach([addresses[node] for node in chosen])
+            meshes[mesh_name] = attach(
+                [addresses[node] for node in chosen], listen_host=listen_host
+            )
             node_names[mesh_name] = tuple(chosen)
         for host_mesh in meshes.values():
             host_mesh.wait_for_agents(max(1.0, deadline - time.monotonic()))
@@ -283,52 +284,6 @@ class SlurmJob(JobTrait):
         keys = job_dir.path / "keys"
         CurveKeys.create(keys)
         return str(keys)
-
-    def _wait_for_agents(
-        self, job_id: str, job_dir: JobDir, deadline: float
-    ) -> tuple[list[str], dict[str, str], int]:
-        """Wait until the job runs and every node's agent wrote its address."""
-        shown = ""
-        while True:
-            record = job_record(job_id)
-            if record is None:
-                raise SlurmError(f"SLURM job {job_id} ({self.name}) is gone (SLURM forgot it)")
-            state = record.get("JobState", "UNKNOWN")
-            reason = pending_reason(record)
-            if state in FINISHED_JOB_STATES or state.split("+")[0] in FINISHED_JOB_STATES:
-                raise SlurmError(self._ended_message(job_id, state, reason, job_dir))
-            if state == "PENDING" and reason in HOPELESS_PENDING_REASONS:
-                cancel(job_id)
-                raise SlurmError(
-                    f"SLURM job {job_id} ({self.name}) cannot start: it is pending with reason "
-                    f"{reason}; cancelled it"
-                )
-            nodes = job_nodes(record) if state in ("RUNNING", "COMPLETING") else []
-            restart = int(record.get("Restarts", "0") or 0)
-            addresses = job_dir.agent_addresses(nodes, restart) if nodes else {}
-            line = _progress_line(job_id, state, reason, len(addresses), sum(self.meshes.values()))
-            if line != shown:
-                self._report(line)
-                shown = line
-            if nodes and len(addresses) == len(nodes):
-                return nodes, addresses, restart
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"SLURM job {job_id} ({self.name}) was not up in time: {line}; see "
-                    f"{job_dir.output_file(job_id)}"
-                )
-            time.sleep(0.1)
-
-    def _ended_message(self, job_id: str, state: str, reason: str, job_dir: JobDir) -> str:
-        output = job_dir.output_file(job_id)
-        tail = ""
-        with contextlib.suppress(OSError):
-            lines = output.read_text(errors="replace").strip().splitlines()[-5:]
-            tail = "; its output ends with: " + " / ".join(lines) if lines else ""
-        return (
-            f"SLURM job {job_id} ({self.name}) ended before its agents came up: state {state}, "
-            f"reason {reason}{tail} ({output})"
-        )
 
     def _no_longer_runs(self, state: str) -> str:
         record = (job_record(self.job_id) if self.job_id else None) or {}
@@ -389,14 +344,6 @@ def find_job(
     found = job_dirs_matching(str(job), Path(job_dir) if job_dir is not None else None)
     jobs = [SlurmJob._from_dir(path, start_timeout_s, progress) for path in found]
     return next((each for each in jobs if each.slurm_state() in LIVE_JOB_STATES), jobs[0])
-
-
-def _progress_line(job_id: str, state: str, reason: str, up: int, total: int) -> str:
-    if state == "PENDING":
-        return f"SLURM job {job_id}: queued ({reason})"
-    if state in ("CONFIGURING", "RUNNING") and up == 0:
-        return f"SLURM job {job_id}: starting"
-    return f"SLURM job {job_id}: {up} of {total} agents up"
 
 
 @contextlib.contextmanager

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextvars
 import os
-import socket
 from dataclasses import dataclass
 
+from mesh._settings import current_settings
 from mesh._shape import Extent, Point
 
 
@@ -35,7 +35,10 @@ def actor_identity(mesh_id: str, rank: int) -> str:
 
 
 def client_context() -> Context:
-    return Context(None, None, _EMPTY_POINT, "client", socket.gethostname(), os.getpid())
+    """The client's context: its host is named as its agents name theirs (`Settings.host_name`,
+    on SLURM the node's name), so that a client on a node and that node's procs agree."""
+    host = current_settings().host_name
+    return Context(None, None, _EMPTY_POINT, "client", host, os.getpid())
 
 
 def context() -> Context:

@@ -20,15 +20,35 @@ import pytest
 
 import transport
 
+#: Names the session's base to the processes it starts. Procs import test modules again (actor
+#: classes defined there are pickled by reference), and with them this one: they reuse the
+#: base instead of making one of their own that nobody would remove.
+RUN_BASE_ENV = "MESHVISOR_TEST_RUN_BASE"
+#: Written in the base, naming the session that made it (for the session-end leak check).
+SESSION_FILE = ".session"
+
+
+def _make_run_base() -> tuple[str, bool]:
+    """The session's private base directory, and whether this process made it."""
+    inherited = os.environ.get(RUN_BASE_ENV)
+    if inherited and os.path.isdir(inherited):
+        return inherited, False
+    base = tempfile.mkdtemp(prefix="mvt-")
+    os.chmod(base, 0o700)
+    Path(base, SESSION_FILE).write_text(inherited or base)
+    os.environ[RUN_BASE_ENV] = base
+    return base, True
+
+
 # Must happen before the first mesh session exists (fixtures and tests create it lazily).
-RUN_BASE = tempfile.mkdtemp(prefix="mvt-")
-os.chmod(RUN_BASE, 0o700)
+RUN_BASE, OWN_RUN_BASE = _make_run_base()
 os.environ["XDG_RUNTIME_DIR"] = RUN_BASE
 os.environ.pop("MESHVISOR_LOG_LEVEL", None)  # the suite checks that logs are quiet by default
 # Every tcp connection is authenticated: this process (a client) and the agents the tests start
 # share one CURVE key pair. Tests of keys give their subprocesses other keys, or none.
 SUITE_KEYS = os.path.join(RUN_BASE, "keys")
-transport.CurveKeys.create(SUITE_KEYS)
+if OWN_RUN_BASE:
+    transport.CurveKeys.create(SUITE_KEYS)
 os.environ[transport.KEYS_ENV] = SUITE_KEYS
 
 # meshvisor's structlog logger writes to the `sys.stderr` object it finds on first use. Create it
@@ -54,7 +74,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     # Also when no test ran (--collect-only, a collection error): leave nothing in /tmp.
-    shutil.rmtree(RUN_BASE, ignore_errors=True)
+    if OWN_RUN_BASE:
+        shutil.rmtree(RUN_BASE, ignore_errors=True)
 
 
 #: What the command line of a host agent holds, however it was started: ``meshvisor agent``
@@ -83,10 +104,24 @@ def meshvisor_run_dirs() -> list[str]:
     return sorted(str(p) for p in Path(RUN_BASE).glob("meshvisor-*"))
 
 
+def other_run_bases() -> list[str]:
+    """Bases that processes of this session made besides `RUN_BASE` (they name it in their
+    session file): each one is a leak, as nothing removes it."""
+    found = []
+    for session_file in Path(tempfile.gettempdir()).glob(f"mvt-*/{SESSION_FILE}"):
+        try:
+            if session_file.read_text() == RUN_BASE and str(session_file.parent) != RUN_BASE:
+                found.append(str(session_file.parent))
+        except OSError:
+            continue
+    return sorted(found)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_leaks_at_session_end() -> Iterator[None]:
     """After the whole session: close the client session, then nothing of ours may be left:
-    no agent, fork server or proc process, and no run directory."""
+    no agent, fork server or proc process, no run directory, and no base directory that a
+    process of the session made besides `RUN_BASE`."""
     yield
     import mesh.testing
 
@@ -98,13 +133,16 @@ def no_leaks_at_session_end() -> Iterator[None]:
     owned = meshvisor_processes(f"--owner-pid {os.getpid()}")  # also outside RUN_BASE
     leftovers = sorted(set(meshvisor_processes()) | set(owned))
     dirs = meshvisor_run_dirs()
+    bases = other_run_bases()
     for pid, _ in leftovers:  # do not leave them behind for the next run either
         with contextlib.suppress(OSError):
             os.kill(pid, 9)
-    shutil.rmtree(RUN_BASE, ignore_errors=True)
+    for base in [RUN_BASE, *bases]:
+        shutil.rmtree(base, ignore_errors=True)
     assert shutdown_error is None, f"closing the client session failed: {shutdown_error!r}"
     assert not leftovers, f"meshvisor processes left behind after the test session: {leftovers}"
     assert not dirs, f"meshvisor run directories left behind after the test session: {dirs}"
+    assert not bases, f"processes of the test session made base directories of their own: {bases}"
 
 
 # -- procs ------------------------------------------------------------------------------------

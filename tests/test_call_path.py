@@ -16,6 +16,7 @@ from typing import Any
 import actors
 import failing_actors as fa
 import pytest
+from conftest import RUN_BASE
 from polling import wait_gone, wait_until
 from test_mesh import run_client_script
 
@@ -115,7 +116,7 @@ def test_a_call_with_a_non_string_reply_address_leaves_the_proc_working(
     the error left a socket open and the proc hung at exit, in zmq's context.term())."""
     procs = make_procs({"gpus": 1})
     pid, address, actor_id = procs.spawn("target", actors.Exposed).reach.call_one().get(T)
-    folder = tempfile.mkdtemp(prefix="mvt-raw-")
+    folder = tempfile.mkdtemp(prefix="raw-", dir=RUN_BASE)  # removed with it, even on failure
     context = transport.new_context()
     inbox = transport.Inbox(context, f"ipc://{folder}/inbox")
     outbox = Outbox(context)

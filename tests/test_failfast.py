@@ -25,6 +25,7 @@ from typing import Any
 
 import failing_actors as fa
 import pytest
+from conftest import RUN_BASE
 from polling import pid_alive, wait_until
 
 SCRIPT = Path(__file__).parent / "scripts" / "failfast_client.py"
@@ -36,7 +37,7 @@ GONE_TIMEOUT_S = 5.0  # "within a couple of seconds", with room for a loaded mac
 def xdg() -> Iterator[Path]:
     """The client's own ``XDG_RUNTIME_DIR``: short (ipc socket paths are limited to 107
     bytes, and pytest's tmp_path is long), private, and removed after the test."""
-    path = Path(tempfile.mkdtemp(prefix="mvf-"))
+    path = Path(tempfile.mkdtemp(prefix="mvf-", dir=RUN_BASE))
     try:
         yield path
     finally:

@@ -27,6 +27,7 @@ from typing import Any
 
 import failing_actors as fa
 import pytest
+from conftest import RUN_BASE
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -106,7 +107,7 @@ trees = st.tuples(
 def test_real_trees_follow_the_model(tree: tuple[list[tuple[str, bool]], str | None, str]) -> None:
     owners, root, signame = tree
     expected = model([decision for decision, _ in owners], root)
-    workdir = Path(tempfile.mkdtemp(prefix="mvt-model-"))
+    workdir = Path(tempfile.mkdtemp(prefix="model-", dir=RUN_BASE))  # removed with it at the end
     record = workdir / "record.jsonl"
     hooked: list[SupervisionEvent] = []
     root_asked: list[SupervisionEvent] = []

@@ -138,6 +138,14 @@ def test_an_override_lasts_for_its_block() -> None:
     assert (mesh.current_settings(), transport.transport_settings()) == before
 
 
+def test_the_client_names_its_host_as_the_settings_do() -> None:
+    """On a SLURM node the client's context names the node (MESHVISOR_HOST_NAME), as the
+    agents there name theirs, not the machine's host name."""
+    name = f"node-{uuid.uuid4().hex[:8]}"
+    with overridden(host_name=name):
+        assert mesh.context().host == name
+
+
 def test_spawn_procs_takes_its_heartbeat_defaults_from_the_current_settings() -> None:
     with (
         overridden(heartbeat_timeout_s=5.0),
