@@ -5,6 +5,7 @@ from mesh._actor import EndpointDef as EndpointDef
 from mesh._actor import endpoint as endpoint
 from mesh._api.actor_mesh import ActorMesh as ActorMesh
 from mesh._api.attach import attach as attach
+from mesh._api.bootstrap import BootstrapCommand as BootstrapCommand
 from mesh._api.configure import configure as configure
 from mesh._api.endpoint import EndpointRef as EndpointRef
 from mesh._api.host_mesh import HostMesh as HostMesh
@@ -28,6 +29,7 @@ from mesh._values import ValueMesh as ValueMesh
 __all__ = (
     "Actor",
     "ActorMesh",
+    "BootstrapCommand",
     "Context",
     "EndpointDef",
     "EndpointRef",

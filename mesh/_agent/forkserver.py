@@ -8,6 +8,7 @@ blocking on it: output that nobody reads is dropped (with a notice) rather than 
 
 Protocol over a SOCK_SEQPACKET pair, pickled tuples:
   agent → server  ("spawn", proc_id, prefix, config) | ("signal", pid, signum)
+                  (a config with a "bootstrap" command: the child executes it, see launching)
   server → agent  ("spawned", proc_id, pid) | ("spawn_failed", proc_id, reason)
                   | ("exited", pid, status)
 Requests travel in packets of at most `_CHUNK` bytes, each starting with b"+" (more follow)
@@ -31,6 +32,7 @@ import traceback
 from collections import deque
 from typing import Any, NoReturn
 
+from mesh._agent.launching import exec_bootstrap, launch_refusal
 from mesh._settings import ENV_NAMES, current_settings
 
 _PR_SET_PDEATHSIG = 1
@@ -281,6 +283,10 @@ def _handle_request(
             os.kill(request[1], request[2])
         return
     _, proc_id, prefix, config = request
+    refusal = launch_refusal(config) if config["bootstrap"] else None
+    if refusal is not None:
+        control.send(pickle.dumps(("spawn_failed", proc_id, refusal)))
+        return
     try:
         pid, relays = _fork_proc(config, prefix, control, selector, wake_read, outputs)
     except OSError as exc:
@@ -332,6 +338,8 @@ def _become_proc(
         os.close(err_fd)
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        if config["bootstrap"]:
+            exec_bootstrap(config)
     except BaseException:
         _exit_now(1, print_error=True)
     raise _ProcStart(config)

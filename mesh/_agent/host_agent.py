@@ -215,6 +215,7 @@ class HostAgent:
             spec, request.owner, address, request.heartbeat_timeout_s, request.busy_timeout_s
         )
         proc.expect_first_heartbeat()
+        proc.bootstrap = request.bootstrap
         self._procs.add(proc)
         config = proc_config(request, spec, address, self._inbox.address, self._rundir)
         self._forkserver.spawn(spec.proc_id, output_prefix(spec), config)
@@ -249,6 +250,7 @@ class HostAgent:
         if proc is None:
             return
         proc.address = ready.address  # a tcp proc picked its port itself
+        proc.connected = True
         if proc.spec.replaces:  # holders of handles to the old proc learn where it went
             moved = ProcReplaced(
                 proc.spec.replaces, ready.proc_id, ready.address, ready.pid, ready.host
@@ -326,6 +328,7 @@ class HostAgent:
         if proc is None:
             return
         code, signame = exit_code_and_signal(status)
+        proc.note_exit_before_connecting(code, signame)
         self._log.info(
             "proc_exited",
             proc=proc.proc_id,

@@ -48,6 +48,7 @@ class SpawnProcs:
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
     busy_timeout_s: float = 60.0
+    bootstrap: tuple[str, ...] = ()  # (program, argv0, *args): launch, not fork; see bootstrap
 
 
 @message_type
