@@ -54,6 +54,7 @@ def proc_config(
         "cwd": request.cwd,
         "heartbeat_interval_s": request.heartbeat_interval_s,
         "bootstrap": list(request.bootstrap),
+        "forward_output": request.forward_output,
     }
 
 

@@ -6,6 +6,7 @@ Agent → owner: PreemptionNotice (the host goes away soon).
 Proc → owner: ProcReady, ActorFailed.   Caller → proc: SpawnActor, CallActor, StopActor, StopProc.
 Proc → caller: Reply (payload: the value) and Failure (payload: the error).
 Caller → procs it called: InboxClosed (a reply inbox is gone: drop the connection to it).
+Proc output and log settings (SyncOutput, ProcOutput, ...) are in `log_messages`.
 
 Long because the wire contract is one closed set, reviewed together: every message, and the
 checks of what a peer sent against the types each declares.
@@ -49,6 +50,7 @@ class SpawnProcs:
     heartbeat_timeout_s: float
     busy_timeout_s: float = 60.0
     bootstrap: tuple[str, ...] = ()  # (program, argv0, *args): launch, not fork; see bootstrap
+    forward_output: bool = False  # lines to the owner (`ProcOutput`), not the agent's output
 
 
 @message_type

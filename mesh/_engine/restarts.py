@@ -108,6 +108,7 @@ class Restarts:
                     record.heartbeat_timeout_s,
                     record.busy_timeout_s,
                     record.bootstrap,
+                    record.forward_output,
                 ),
             )
             runtime.check_agent(agent)  # a gone agent never answers: fail its procs now
