@@ -20,6 +20,8 @@ from mesh._engine.log_messages import OutputSynced, ProcOutput
 
 #: The most bytes of lines one forwarded report carries (a longer line is cut in pieces).
 _BATCH_BYTES = 32 * 1024
+#: Reads of 64 KiB a sync makes at most per pipe: more than a pipe holds (64 KiB by default).
+_DRAIN_READS = 16
 
 
 def dropped_notice(count: int) -> bytes:
@@ -100,10 +102,13 @@ class Relay:
         return self._copy_once() is not False
 
     def drain(self) -> bool:
-        """Copy everything written so far; False at end of file."""
-        while (copied := self._copy_once()) is True:
-            pass
-        return copied is None
+        """Copy what was written so far (at most `_DRAIN_READS` reads: a proc that keeps
+        printing must not hold the fork server); False at end of file."""
+        for _ in range(_DRAIN_READS):
+            copied = self._copy_once()
+            if copied is not True:
+                return copied is None
+        return True
 
     def _copy_once(self) -> bool | None:
         """Copy one read: True if it read something, None if nothing is there now, False at

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from mesh._engine.future import Future
+from mesh._engine.future import Future, LoopPump
 from mesh._engine.log_messages import OutputSynced, ProcOutput, SyncOutput
 from mesh._engine.ownership import Ownership
 from mesh._engine.peers import ProcPeer
@@ -40,8 +40,9 @@ class LogMode:
     aggregate_window_s: float | None
 
 
-class SinkHost(Protocol):
-    """What the sink needs of the runtime."""
+class SinkHost(LoopPump, Protocol):
+    """What the sink needs of the runtime (its loop: a sync waited for on the loop thread
+    receives the agents' answers meanwhile)."""
 
     @property
     def address(self) -> str: ...
@@ -90,7 +91,7 @@ class OutputSink:
         for peer in peers:
             if peer.alive and peer.agent is not None:
                 by_agent.setdefault(peer.agent, []).append(peer.proc_id)
-        done: Future[None] = Future(description="the sync of the procs' output")
+        done: Future[None] = Future(self._host, "the sync of the procs' output")
         if not by_agent:
             done.set_result(None)
             return done
