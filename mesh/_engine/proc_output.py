@@ -152,6 +152,13 @@ class OutputSink:
         """The writer thread: print lines at once, or when their mesh's window closes."""
         windows: dict[str, tuple[float, Aggregator]] = {}
         while True:
+            if self.dropped:  # the queue was full: say how many lines never made it
+                dropped, self.dropped = self.dropped, 0
+                _print(
+                    2,
+                    f"[meshvisor] {dropped} proc lines were dropped: they came faster "
+                    "than this process could print them",
+                )
             now = time.monotonic()
             due = min((deadline for deadline, _ in windows.values()), default=None)
             try:
