@@ -7,6 +7,7 @@ from mesh._api.accumulate import Accumulator as Accumulator
 from mesh._api.accumulate import ReducerError as ReducerError
 from mesh._api.actor_mesh import ActorMesh as ActorMesh
 from mesh._api.attach import attach as attach
+from mesh._api.bootstrap import BootstrapCommand as BootstrapCommand
 from mesh._api.channel import Channel as Channel
 from mesh._api.channel import Port as Port
 from mesh._api.channel import PortReceiver as PortReceiver
@@ -39,6 +40,7 @@ __all__ = (
     "Accumulator",
     "Actor",
     "ActorMesh",
+    "BootstrapCommand",
     "Channel",
     "Context",
     "EndpointDef",

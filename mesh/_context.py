@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import contextvars
+import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+import structlog
 
 from mesh._settings import current_settings
 from mesh._shape import Extent, Point
@@ -59,9 +64,41 @@ def current_size() -> dict[str, int]:
     return dict(context().rank.extent)
 
 
-def enter_context(value: Context) -> contextvars.Token[Context]:
-    return _current.set(value)
+#: What `exit_context` needs to restore the context (and structlog's) of before.
+ContextToken = tuple[contextvars.Token[Context], Mapping[str, contextvars.Token[Any]]]
 
 
-def exit_context(token: contextvars.Token[Context]) -> None:
-    _current.reset(token)
+def enter_context(value: Context) -> ContextToken:
+    """Run as `value`: `context()` returns it, and structlog's context variables hold its
+    identity (``actor_id``, ``mesh_name``, ``rank``), so that structlog loggers configured
+    with ``merge_contextvars`` (structlog's default) log it."""
+    token = _current.set(value)
+    bound = structlog.contextvars.bind_contextvars(
+        actor_id=value.actor_id, mesh_name=value.mesh_name, rank=dict(value.rank)
+    )
+    return token, bound
+
+
+def exit_context(token: ContextToken) -> None:
+    structlog.contextvars.reset_contextvars(**token[1])
+    _current.reset(token[0])
+
+
+def install_record_identity() -> None:
+    """Give every `logging` record made in this process the running actor's identity, as
+    the attributes ``actor_id``, ``mesh_name`` (None outside actors) and ``rank`` (a dict, {}
+    outside actors), for formats such as ``"%(mesh_name)s %(rank)s %(message)s"``."""
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "meshvisor_identity", False):
+        return
+
+    def make_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        running = _current.get(None)
+        record.actor_id = running.actor_id if running is not None else None
+        record.mesh_name = running.mesh_name if running is not None else None
+        record.rank = dict(running.rank) if running is not None else {}
+        return record
+
+    make_record.meshvisor_identity = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(make_record)

@@ -3,13 +3,15 @@
 The host agent forks it before creating any zmq context or thread, so each proc starts as a
 copy of an interpreter that has already imported meshvisor (a few milliseconds instead of a
 full interpreter start). The fork server is the procs' parent: it reaps them the moment they
-exit and relays their stdout/stderr line by line with a ``[mesh rank]`` prefix, never
-blocking on it: output that nobody reads is dropped (with a notice) rather than delay reaping.
+exit and relays their stdout/stderr line by line (`output_relay`), never blocking on it.
 
 Protocol over a SOCK_SEQPACKET pair, pickled tuples:
   agent → server  ("spawn", proc_id, prefix, config) | ("signal", pid, signum)
+                  | ("sync", proc_ids, forward, reply_to, token)
+                  (a config with a "bootstrap" command: the child executes it, see launching)
   server → agent  ("spawned", proc_id, pid) | ("spawn_failed", proc_id, reason)
-                  | ("exited", pid, status)
+                  | ("exited", pid, status) | ("synced", reply_to, token)
+                  | ("output", owner, proc_id, prefix, stream, lines)
 Requests travel in packets of at most `_CHUNK` bytes, each starting with b"+" (more follow)
 or b"." (the last), so that a request of any size fits; the agent queues them and sends as
 the socket takes them, never blocking. Reports are small: one packet each.
@@ -25,12 +27,14 @@ import pickle
 import selectors
 import signal
 import socket
-import stat
 import sys
 import traceback
 from collections import deque
 from typing import Any, NoReturn
 
+from mesh._agent.launching import exec_bootstrap, launch_refusal
+from mesh._agent.output_relay import Output, Relay
+from mesh._engine.log_messages import SyncOutput
 from mesh._settings import ENV_NAMES, current_settings
 
 _PR_SET_PDEATHSIG = 1
@@ -58,6 +62,11 @@ class ForkServerClient:
 
     def signal(self, pid: int, signum: int) -> None:
         self._send(("signal", pid, signum))
+
+    def sync_output(self, request: SyncOutput) -> None:
+        """Relay what the procs wrote so far; forward their lines to the agent from now on (or
+        stop); then report ("synced", reply_to, token)."""
+        self._send(("sync", request.proc_ids, request.forward, request.reply_to, request.token))
 
     def receive(self) -> tuple[Any, ...] | None:
         """One report, or None if the fork server is gone."""
@@ -120,89 +129,6 @@ class _ProcStart(BaseException):
         self.config = config
 
 
-class _Output:
-    """One of the fork server's stdout/stderr, written without ever blocking: what a full pipe
-    (a reader that stopped reading) cannot take is dropped and counted, so that relaying
-    output never keeps the fork server from reaping procs."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = _nonblocking_copy(fd)
-        self.dropped = 0
-        self._socket: socket.socket | None = None
-        with contextlib.suppress(OSError):
-            if stat.S_ISSOCK(os.fstat(fd).st_mode):  # e.g. the journal: send, never wait
-                self._socket = socket.socket(fileno=os.dup(fd))
-                self.fd = self._socket.fileno()
-
-    def write(self, data: bytes) -> None:
-        if self.dropped:
-            notice = (
-                f"[meshvisor] {self.dropped} bytes of proc output were dropped: nobody was "
-                "reading this output\n"
-            ).encode()
-            if not self._write_all(notice):
-                self.dropped += len(data)
-                return
-            self.dropped = 0
-        self._write_all(data)
-
-    def _write_all(self, data: bytes) -> bool:
-        """Write `data`; False (and the rest counted as dropped) when it does not fit now."""
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[self._send(view) :]
-            except (BlockingIOError, InterruptedError):
-                self.dropped += len(view)
-                return False
-            except OSError:  # the output is gone (closed pipe): nothing to tell anyone
-                return True
-        return True
-
-    def _send(self, data: memoryview) -> int:
-        if self._socket is not None:
-            return self._socket.send(data, socket.MSG_DONTWAIT)
-        return os.write(self.fd, data)
-
-
-def _nonblocking_copy(fd: int) -> int:
-    """A non-blocking descriptor for what `fd` writes to (pipes, terminals), opened anew so
-    that the client sharing `fd` keeps its blocking one; `fd` itself for regular files (they
-    never block, and share the client's offset) and where no copy can be opened."""
-    try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            return fd
-        return os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return fd
-
-
-class _Relay:
-    """Copies one child pipe to our stdout or stderr, prefixing every line."""
-
-    def __init__(self, fd: int, target: _Output, prefix: bytes) -> None:
-        self.fd, self.target, self.prefix, self.partial = fd, target, prefix, b""
-
-    def pump(self) -> bool:
-        """Copy what is available; False at end of file."""
-        try:
-            data = os.read(self.fd, 65536)
-        except (BlockingIOError, InterruptedError):
-            return True
-        if not data:
-            self._emit(self.partial + b"\n" if self.partial else b"")
-            return False
-        *lines, self.partial = (self.partial + data).split(b"\n")
-        self._emit(b"".join(self.prefix + line + b"\n" for line in lines))
-        return True
-
-    def _emit(self, data: bytes) -> None:
-        if data and not data.startswith(self.prefix):
-            data = self.prefix + data
-        if data:
-            self.target.write(data)
-
-
 #: Modules the fork server imports before forking anything (comma-separated), so that procs
 #: start with them loaded: e.g. ``torch``, which takes a second or two to import.
 PRELOAD_ENV = ENV_NAMES["preload"]
@@ -229,7 +155,7 @@ def _serve(control: socket.socket) -> NoReturn:
     selector.register(control, selectors.EVENT_READ, "control")
     selector.register(wake_read, selectors.EVENT_READ, "wake")
     children: set[int] = set()
-    outputs = (_Output(1), _Output(2))
+    outputs = (Output(1), Output(2))
     partial: list[bytes] = []  # the packets of a request still arriving
     try:
         while True:
@@ -274,13 +200,20 @@ def _handle_request(
     selector: selectors.BaseSelector,
     children: set[int],
     wake_read: int,
-    outputs: tuple[_Output, _Output],
+    outputs: tuple[Output, Output],
 ) -> None:
     if request[0] == "signal":
         with contextlib.suppress(ProcessLookupError):
             os.kill(request[1], request[2])
         return
+    if request[0] == "sync":
+        _sync_output(request, control, selector)
+        return
     _, proc_id, prefix, config = request
+    refusal = launch_refusal(config) if config["bootstrap"] else None
+    if refusal is not None:
+        control.send(pickle.dumps(("spawn_failed", proc_id, refusal)))
+        return
     try:
         pid, relays = _fork_proc(config, prefix, control, selector, wake_read, outputs)
     except OSError as exc:
@@ -292,14 +225,31 @@ def _handle_request(
     control.send(pickle.dumps(("spawned", proc_id, pid)))
 
 
+def _sync_output(
+    request: tuple[Any, ...], control: socket.socket, selector: selectors.BaseSelector
+) -> None:
+    """Relay what the procs of `request` wrote so far, switch them to forwarding their lines
+    to the agent (or back), then say so: the agent tells the owner after those lines."""
+    _, proc_ids, forward, reply_to, token = request
+    wanted = set(proc_ids)
+    relays = [key.data for key in selector.get_map().values() if isinstance(key.data, Relay)]
+    for relay in relays:
+        if relay.proc_id in wanted:
+            if not relay.drain():
+                selector.unregister(relay.fd)
+                os.close(relay.fd)
+            relay.forward_to = control if forward else None
+    control.send(pickle.dumps(("synced", reply_to, token)))
+
+
 def _fork_proc(
     config: dict[str, Any],
     prefix: str,
     control: socket.socket,
     selector: selectors.BaseSelector,
     wake_read: int,
-    outputs: tuple[_Output, _Output],
-) -> tuple[int, list[_Relay]]:
+    outputs: tuple[Output, Output],
+) -> tuple[int, list[Relay]]:
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     pid = os.fork()
@@ -310,8 +260,11 @@ def _fork_proc(
         _become_proc(config, out_write, err_write, inherited)
     os.close(out_write)
     os.close(err_write)
-    tag = f"[{prefix}] ".encode()
-    return pid, [_Relay(out_read, outputs[0], tag), _Relay(err_read, outputs[1], tag)]
+    relays = [Relay(out_read, outputs[0], 1, config, prefix)]
+    relays.append(Relay(err_read, outputs[1], 2, config, prefix))
+    for relay in relays:
+        relay.forward_to = control if config["forward_output"] else None
+    return pid, relays
 
 
 def _become_proc(
@@ -332,6 +285,8 @@ def _become_proc(
         os.close(err_fd)
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        if config["bootstrap"]:
+            exec_bootstrap(config)
     except BaseException:
         _exit_now(1, print_error=True)
     raise _ProcStart(config)

@@ -15,6 +15,7 @@ import time
 
 from mesh._agent.forkserver import ForkServerClient
 from mesh._agent.notices import NoticeWatch
+from mesh._agent.output_relay import forwarded_report
 from mesh._agent.procs import (
     ProcRecord,
     ProcTable,
@@ -26,6 +27,7 @@ from mesh._agent.rundir import remove_proc_sockets, remove_stale_sockets
 from mesh._agent.spawning import output_prefix, proc_address, proc_config, socket_path_too_long
 from mesh._agent.watchdog import Watchdog
 from mesh._engine.fault_rules import apply_fault_rules
+from mesh._engine.log_messages import SyncOutput
 from mesh._engine.messages import (
     AgentAlive,
     Heartbeat,
@@ -149,9 +151,7 @@ class HostAgent:
 
     def _watch_forkserver(self, selector: selectors.BaseSelector) -> None:
         """Read the fork server's reports; also wait for room to send while requests queue."""
-        events = selectors.EVENT_READ
-        if self._forkserver.pending:
-            events |= selectors.EVENT_WRITE
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self._forkserver.pending else 0)
         selector.modify(self._forkserver.socket, events, "forkserver")
 
     # -- requests ------------------------------------------------------------------------------
@@ -202,6 +202,8 @@ class HostAgent:
             self._on_start_failed(header)
         elif type(header) is SetFaultRules:
             apply_fault_rules(envelope)
+        elif type(header) is SyncOutput:
+            self._forkserver.sync_output(header)
         else:
             self._log.warning("message_ignored", kind=type(header).__name__)
 
@@ -215,6 +217,7 @@ class HostAgent:
             spec, request.owner, address, request.heartbeat_timeout_s, request.busy_timeout_s
         )
         proc.expect_first_heartbeat()
+        proc.bootstrap = request.bootstrap
         self._procs.add(proc)
         config = proc_config(request, spec, address, self._inbox.address, self._rundir)
         self._forkserver.spawn(spec.proc_id, output_prefix(spec), config)
@@ -249,6 +252,7 @@ class HostAgent:
         if proc is None:
             return
         proc.address = ready.address  # a tcp proc picked its port itself
+        proc.connected = True
         if proc.spec.replaces:  # holders of handles to the old proc learn where it went
             moved = ProcReplaced(
                 proc.spec.replaces, ready.proc_id, ready.address, ready.pid, ready.host
@@ -305,6 +309,8 @@ class HostAgent:
             elif report[0] == "exited":
                 self._drain_inbox()  # what the proc said before it exited comes first
                 self._on_exited(report[1], report[2])
+            elif report[0] in ("output", "synced"):
+                self._send(*forwarded_report(report))
             elif report[0] == "spawn_failed":
                 proc = self._procs.discard(report[1])
                 if proc is not None:
@@ -326,6 +332,7 @@ class HostAgent:
         if proc is None:
             return
         code, signame = exit_code_and_signal(status)
+        proc.note_exit_before_connecting(code, signame)
         self._log.info(
             "proc_exited",
             proc=proc.proc_id,

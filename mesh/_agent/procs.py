@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from mesh._agent.liveness import CpuSample
+from mesh._agent.spawning import bootstrap_failure
 from mesh._engine.messages import ProcExited, ProcSpec
 
 #: Exit reports kept for watchers that ask about a proc after it is gone.
@@ -40,10 +41,17 @@ class ProcRecord:
     cpu_at: float = 0.0
     owned_by_proc: set[str] = field(default_factory=set)
     watchers: set[str] = field(default_factory=set)
+    bootstrap: tuple[str, ...] = ()  # the command that starts it (`SpawnProcs.bootstrap`)
+    connected: bool = False  # it said it is ready
 
     @property
     def proc_id(self) -> str:
         return self.spec.proc_id
+
+    def note_exit_before_connecting(self, code: int, signame: str | None) -> None:
+        """A launched proc that ends before it connected failed to start: say which command."""
+        if self.bootstrap and not self.connected and self.failure is None:
+            self.failure = bootstrap_failure(self.bootstrap, code, signame, self.hung)
 
     def expect_first_heartbeat(self) -> None:
         """Start the heartbeat clock of a proc about to be forked: it gets a start-up grace."""

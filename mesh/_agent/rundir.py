@@ -26,9 +26,10 @@ def own_run_dir() -> str:
 
 
 def remove_proc_sockets(rundir: str, proc_id: str) -> None:
-    """Remove the socket files of a proc that exited: a killed one could not."""
+    """Remove the socket (and hand-over) files of a proc that exited: a killed one could not."""
     for path in (
         os.path.join(rundir, proc_id),
+        os.path.join(rundir, f"{proc_id}.bootstrap"),  # a launched proc that never read it
         *glob.glob(os.path.join(glob.escape(rundir), f"{glob.escape(proc_id)}-r*")),
     ):
         with contextlib.suppress(OSError):

@@ -4,6 +4,7 @@ prefix the fork server hands it."""
 from __future__ import annotations
 
 import os
+import shlex
 from typing import Any
 
 from mesh._engine.messages import ProcSpec, SpawnProcs
@@ -52,7 +53,25 @@ def proc_config(
         "sys_path": request.sys_path,
         "cwd": request.cwd,
         "heartbeat_interval_s": request.heartbeat_interval_s,
+        "bootstrap": list(request.bootstrap),
+        "forward_output": request.forward_output,
     }
+
+
+def bootstrap_failure(command: tuple[str, ...], code: int, signame: str | None, hung: bool) -> str:
+    """Why the proc of bootstrap `command` (`SpawnProcs.bootstrap`) failed to join its mesh,
+    when its process ended with `code` (killed by `signame`, hung: never connected)."""
+    shown = shlex.join([command[0], *command[2:]])
+    if hung:
+        ended = "never connected to its agent and was killed"
+    elif signame is not None:
+        ended = f"was killed by {signame} before its proc connected"
+    else:
+        ended = f"exited with code {code} before its proc connected"
+    return (
+        f"the bootstrap command {shown!r} {ended}; it must run `python -m mesh.bootstrap_main` "
+        "with meshvisor importable (its output above may say why)"
+    )
 
 
 def output_prefix(spec: ProcSpec) -> str:

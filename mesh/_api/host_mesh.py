@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping
 from typing import Literal
 
+from mesh._api.bootstrap import BootstrapCommand
 from mesh._api.mesh_base import DEFAULT_STOP_GRACE_S, MeshBase, check_name, file_safe
 from mesh._api.proc_mesh import ProcMesh
 from mesh._context import context
@@ -31,12 +32,20 @@ INITIALIZE_TIMEOUT_S = 600.0
 class HostMesh(MeshBase):
     """Hosts, each served by a host agent; spawns procs on them."""
 
-    def __init__(self, agents: tuple[str, ...], region: Region) -> None:
+    def __init__(
+        self, agents: tuple[str, ...], region: Region, bootstrap: BootstrapCommand | None = None
+    ) -> None:
         self._agents = agents
         self._region = region
+        self._bootstrap = bootstrap
 
     def _with_region(self, region: Region) -> HostMesh:
-        return HostMesh(self._agents, region)
+        return HostMesh(self._agents, region, self._bootstrap)
+
+    def with_python_executable(self, executable: str) -> HostMesh:
+        """These hosts, spawning procs with the Python interpreter `executable` (another
+        virtualenv, say) instead of forking them: `BootstrapCommand.python(executable)`."""
+        return HostMesh(self._agents, self._region, BootstrapCommand.python(executable))
 
     def spawn_procs(
         self,
@@ -49,6 +58,7 @@ class HostMesh(MeshBase):
         busy_timeout_s: float | None = None,
         restart: RestartPolicy | None = None,
         spare_hosts: HostMesh | None = None,
+        bootstrap_command: BootstrapCommand | None = None,
     ) -> ProcMesh:
         """One new OS process per point of each host times ``per_host``; returns at once.
 
@@ -58,8 +68,14 @@ class HostMesh(MeshBase):
         `busy_timeout_s`. With a `restart` policy, failed ranks are re-spawned on their agents
         (with their actors) instead of escalating, within its limits; the ranks of a host that
         is lost (its agent died or went silent) are re-spawned on a host of `spare_hosts` not
-        taken yet (one spare per lost host), and escalate when none is left.
+        taken yet (one spare per lost host), and escalate when none is left. Procs are forked
+        from the agent's fork server, unless a `bootstrap_command` (or this mesh's
+        `with_python_executable`) starts each with a command; a command that cannot start
+        fails its ranks with a `SupervisionError` naming it.
         """
+        bootstrap = bootstrap_command or self._bootstrap
+        if bootstrap is not None and not isinstance(bootstrap, BootstrapCommand):
+            raise TypeError(f"bootstrap_command must be a BootstrapCommand, not {bootstrap!r}")
         if spare_hosts is not None and restart is None:
             raise ValueError(
                 "spare_hosts is used by a restart policy: pass restart=RestartPolicy(...) too, "
@@ -108,8 +124,9 @@ class HostMesh(MeshBase):
             for rank, point in enumerate(extent.points())
         )
         record = ProcMeshRecord(
-            key, name, extent, peers, tuple((env or {}).items()), interval, timeout, busy
+            key, name, extent, peers, _proc_env(env, bootstrap), interval, timeout, busy
         )
+        record.bootstrap = bootstrap.argv() if bootstrap is not None else ()
         if spare_hosts is not None:
             record.spares = tuple(spare_hosts._agents_in_order())
         runtime.ownership.add_proc_mesh(record, restart)
@@ -173,6 +190,14 @@ class HostMesh(MeshBase):
 
     def __repr__(self) -> str:
         return f"<HostMesh {self.sizes}>"
+
+
+def _proc_env(
+    env: Mapping[str, str] | None, bootstrap: BootstrapCommand | None
+) -> tuple[tuple[str, str], ...]:
+    """The environment the procs get on top of their agent's: `env`, and a bootstrap
+    command's own."""
+    return tuple({**(env or {}), **(bootstrap.env if bootstrap else {})}.items())
 
 
 def _check_fds_for_procs(runtime: Runtime, count: int) -> None:

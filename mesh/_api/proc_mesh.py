@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
 from mesh._actor import check_actor_class
 from mesh._api.actor_mesh import ActorMesh, ActorMeshState
+from mesh._api.log_options import (
+    check_logging_option,
+    flush_logs,
+    owned_record,
+    set_logging_option,
+)
 from mesh._api.mesh_base import (
     DEFAULT_STOP_GRACE_S,
     MeshBase,
@@ -102,6 +109,30 @@ class ProcMesh(MeshBase, Stoppable):
             )
         indices = [record.peers.index(self._peers[base]) for base in bases]
         return self._runtime.restarts.respawn(record, indices, agents)
+
+    def logging_option(
+        self,
+        stream_to_client: bool = True,
+        aggregate_window_sec: float | None = 3,
+        level: int = logging.INFO,
+    ) -> Future[None]:
+        """Where this mesh's procs' stdout/stderr lines go from now on (the whole mesh, also
+        when called on a slice; re-spawned procs too): to this process, printed with their
+        mesh and point, identical lines of many ranks within `aggregate_window_sec` shown
+        once with their ranks (``[4 ranks: trainers{gpus=0..3}] loss 0.12``; None: each line
+        at once), or, with ``stream_to_client=False``, held back here. `level` is the procs'
+        root `logging` level. Without a call, lines go to the host agent's own output, which
+        for `this_host()` is this terminal. Done once the lines printed before are handled;
+        as Monarch's (its future may be awaited; ``get()`` also works).
+        """
+        mode = check_logging_option(stream_to_client, aggregate_window_sec, level)
+        record = owned_record(self._runtime, self._peers, self.name)
+        return set_logging_option(self._runtime, record, mode, level)
+
+    def flush_logs(self) -> Future[None]:
+        """Done once every line this mesh's procs printed before is shown (aggregated lines
+        at once); a sync point for scripts and tests. Needs `logging_option` to matter."""
+        return flush_logs(self._runtime, owned_record(self._runtime, self._peers, self.name))
 
     def on_failure(self, handler: FailureHandler) -> None:
         """Call `handler(event)` when a proc of this mesh fails; truthy return = handled."""

@@ -9,6 +9,7 @@ Caller → procs it called: InboxClosed (a reply inbox is gone: drop the connect
 Caller → a proc: Relay (payload: a function whose Future answers the call, as a Reply or a
 Failure of kind "raised" whose payload is the exception).
 Any process → a port's receiver: PortMessage (payload: the value), PortHeld (a new holder).
+Proc output and log settings (SyncOutput, ProcOutput, ...) are in `log_messages`.
 
 Long because the wire contract is one closed set, reviewed together: every message, and the
 checks of what a peer sent against the types each declares.
@@ -51,6 +52,8 @@ class SpawnProcs:
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
     busy_timeout_s: float = 60.0
+    bootstrap: tuple[str, ...] = ()  # (program, argv0, *args): launch, not fork; see bootstrap
+    forward_output: bool = False  # lines to the owner (`ProcOutput`), not the agent's output
 
 
 @message_type

@@ -61,6 +61,10 @@ class ProcMeshRecord:
     spares: tuple[str, ...] | None = None
     #: rank -> the agent its next launch goes to (a spare, or a host named to `respawn`).
     moves: dict[int, str] = field(default_factory=dict)
+    #: The command that starts each proc instead of a fork (`SpawnProcs.bootstrap`), or ().
+    bootstrap: tuple[str, ...] = ()
+    #: Whether its procs' lines go to this process (`ProcMesh.logging_option` was called).
+    forward_output: bool = False
 
 
 class Ownership:

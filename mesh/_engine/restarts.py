@@ -107,6 +107,8 @@ class Restarts:
                     record.heartbeat_interval_s,
                     record.heartbeat_timeout_s,
                     record.busy_timeout_s,
+                    record.bootstrap,
+                    record.forward_output,
                 ),
             )
             runtime.check_agent(agent)  # a gone agent never answers: fail its procs now

@@ -9,6 +9,7 @@ process runs (`ActorHost`). Each message is dispatched by its type to one of the
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Awaitable, Callable
@@ -21,6 +22,7 @@ from mesh._engine.calltable import CallTable
 from mesh._engine.fault_rules import apply_fault_rules
 from mesh._engine.future import Future
 from mesh._engine.host import ActorHost
+from mesh._engine.log_messages import OutputSynced, ProcOutput, SetProcLogLevel
 from mesh._engine.loop import EventLoop
 from mesh._engine.messages import (
     ActorFailed,
@@ -42,6 +44,7 @@ from mesh._engine.messages import (
 from mesh._engine.ownership import Ownership
 from mesh._engine.peers import ProcPeer
 from mesh._engine.ports import PortTable
+from mesh._engine.proc_output import OutputSink
 from mesh._engine.procs import ProcLifecycle
 from mesh._engine.relays import Relays
 from mesh._engine.replies import ReplyRoutes
@@ -104,6 +107,7 @@ class Runtime:
             self, self.ownership, self.calls, self.supervisor, self.restarts, proc_id
         )
         self.agents = AgentWatch(self, self.loop, self.procs.fail_procs_of, proc_id)
+        self.output = OutputSink(self, self.ownership)
         self._handlers: dict[type, Callable[[Envelope], None]] = {
             Reply: self.calls.on_reply,
             Failure: self.calls.on_failure,
@@ -120,6 +124,9 @@ class Runtime:
             PortMessage: self.ports.on_message,
             PortHeld: self.ports.on_held,
             Relay: self.relays.on_relay,
+            ProcOutput: self.output.on_output,
+            OutputSynced: self.output.on_synced,
+            SetProcLogLevel: _set_log_level,
             **self.host.message_handlers(),
         }
 
@@ -179,6 +186,7 @@ class Runtime:
         self.loop.start_task(function, *args)
 
     def close(self) -> None:
+        self.output.close()  # lines still aggregated are printed first
         self.closed.set()
         self.replies.close()
         self.outbox.close(linger_ms=500)
@@ -245,6 +253,11 @@ class Runtime:
             return
         self.host.stop_all()
         self.loop.request_stop()
+
+
+def _set_log_level(envelope: Envelope) -> None:
+    """This proc's root `logging` level, as its owner set it (`ProcMesh.logging_option`)."""
+    logging.getLogger().setLevel(envelope.header.level)
 
 
 def _tcp_host(address: str) -> str | None:

@@ -17,6 +17,7 @@ import sys
 import threading
 from typing import Any
 
+from mesh._context import install_record_identity
 from mesh._engine.failfast import FAIL_FAST
 from mesh._engine.fork import check_not_forked, forked_from
 from mesh._engine.messages import ShutdownAgent
@@ -55,6 +56,7 @@ class Session:
         self._agent_process: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
         self._log = get_logger("mesh.session")
+        install_record_identity()  # logging records made in actors say which actor
 
     @property
     def local_agent(self) -> str | None:

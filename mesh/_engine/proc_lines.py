@@ -1,0 +1,76 @@
+"""Proc lines with their source, and their aggregation: identical lines of many ranks within
+one window are shown once, with how many ranks (and which) printed them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: A rank as its coordinates, e.g. (("gpus", 2),).
+Coords = tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class RankedLine:
+    """One line a proc printed: its `stream` (1 stdout, 2 stderr), `text`, `source` (the mesh
+    and point, as the agent names it) and the rank's coordinates."""
+
+    stream: int
+    text: str
+    source: str
+    rank: Coords
+
+    def shown_alone(self) -> str:
+        return f"[{self.source}] {self.text}"
+
+
+class Aggregator:
+    """The lines of one mesh within one window, each distinct (stream, text) once, in the order
+    first seen, with the ranks that printed it and how many times."""
+
+    def __init__(self) -> None:
+        self._lines: dict[tuple[int, str], list[RankedLine]] = {}
+
+    def add(self, line: RankedLine) -> None:
+        self._lines.setdefault((line.stream, line.text), []).append(line)
+
+    def take(self) -> list[tuple[int, str]]:
+        """(stream, shown line) for each distinct line, and forget them."""
+        shown = [(stream, _show(lines)) for (stream, _), lines in self._lines.items()]
+        self._lines.clear()
+        return shown
+
+
+def _show(lines: list[RankedLine]) -> str:
+    """``[trainers {'gpus': 1}] text`` for one line, ``[4 ranks: trainers{gpus=0..3}] text``
+    for one from four ranks (``, 8 times`` when ranks repeated it)."""
+    ranks = list(dict.fromkeys(line.rank for line in lines))
+    if len(lines) == 1:
+        return lines[0].shown_alone()
+    mesh = lines[0].source.split(" ", 1)[0]
+    times = f", {len(lines)} times" if len(lines) > len(ranks) else ""
+    noun = "rank" if len(ranks) == 1 else "ranks"
+    return f"[{len(ranks)} {noun}{times}: {mesh}{{{describe_ranks(ranks)}}}] {lines[0].text}"
+
+
+def describe_ranks(ranks: list[Coords]) -> str:
+    """The coordinates each dimension takes among `ranks`, as runs: ``gpus=0..3`` or
+    ``hosts=0, gpus=0..1,3``."""
+    if not ranks or not ranks[0]:
+        return ""
+    labels = [label for label, _ in ranks[0]]
+    parts = []
+    for index, label in enumerate(labels):
+        values = sorted({rank[index][1] for rank in ranks})
+        parts.append(f"{label}={_runs(values)}")
+    return ", ".join(parts)
+
+
+def _runs(values: list[int]) -> str:
+    """Sorted distinct `values` as runs: [0, 1, 2, 3, 5] -> ``0..3,5``."""
+    runs: list[list[int]] = []
+    for value in values:
+        if runs and value == runs[-1][1] + 1:
+            runs[-1][1] = value
+        else:
+            runs.append([value, value])
+    return ",".join(str(a) if a == b else f"{a}..{b}" for a, b in runs)
