@@ -2,6 +2,7 @@
 
 from mesh._actor import Actor as Actor
 from mesh._actor import EndpointDef as EndpointDef
+from mesh._actor import concurrent_endpoint as concurrent_endpoint
 from mesh._actor import endpoint as endpoint
 from mesh._api.actor_mesh import ActorMesh as ActorMesh
 from mesh._api.attach import attach as attach
@@ -14,6 +15,8 @@ from mesh._api.placement import placement as placement
 from mesh._api.proc_mesh import ProcMesh as ProcMesh
 from mesh._api.proc_mesh import this_proc as this_proc
 from mesh._api.supervised import supervised as supervised
+from mesh._context import ActorAborted as ActorAborted
+from mesh._context import ActorInstance as ActorInstance
 from mesh._context import Context as Context
 from mesh._context import context as context
 from mesh._context import current_rank as current_rank
@@ -27,6 +30,8 @@ from mesh._values import ValueMesh as ValueMesh
 
 __all__ = (
     "Actor",
+    "ActorAborted",
+    "ActorInstance",
     "ActorMesh",
     "Context",
     "EndpointDef",
@@ -40,6 +45,7 @@ __all__ = (
     "Settings",
     "ValueMesh",
     "attach",
+    "concurrent_endpoint",
     "configure",
     "context",
     "current_rank",
