@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import lifecycle_actors as la
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import lifecycle_actors as la
 from mesh import Actor, ProcMesh, concurrent_endpoint, endpoint, this_host
 from supervision import ActorError, SupervisionError
 
