@@ -282,7 +282,7 @@ class ActorHost:
 
     def _fail(self, actor: HostedActor, exc: BaseException, what: str) -> SupervisionEvent:
         if isinstance(exc, ActorAborted):
-            message = clip(f"the actor aborted itself: {safe_str(exc.reason)}")
+            message = clip(f"the actor aborted itself: {safe_str(exc)}")
         else:
             message = clip(f"{what} {type(exc).__name__}: {safe_str(exc)}")
         event = actor.make_event("exception", message, clip(format_traceback(exc)))
