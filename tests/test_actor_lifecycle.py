@@ -104,8 +104,8 @@ def test_abort_is_not_swallowed_by_except_exception(procs: ProcMesh) -> None:
         actors.slice(gpus=1).abort.call_one("no way out").get(timeout=T)
 
 
-def test_abort_in_the_constructor_is_a_constructor_failure(procs: ProcMesh) -> None:
-    actors = procs.spawn("aborted", la.AbortsInConstructor, "missing config")
+def test_abort_in_the_constructor_is_a_constructor_failure(make_procs: Any) -> None:
+    actors = make_procs({"gpus": 1}).spawn("aborted", la.AbortsInConstructor, "missing config")
     with pytest.raises(SupervisionError, match="aborted itself: missing config"):
         actors.initialized.get(timeout=T)
 
