@@ -293,9 +293,11 @@ class ActorHost:
         self, actor: HostedActor, event: SupervisionEvent, exc: BaseException | None = None
     ) -> None:
         """The actor is dead: what it owns is stopped first, then its owner is told, then the
-        callers of the call in progress (failed by ``__supervise__``) and of those queued;
-        last its ``__cleanup__`` runs with `exc` (a SupervisionError of `event` if None)."""
+        callers of the call in progress (failed by ``__supervise__``) and of those queued.
+        Its ``__cleanup__`` starts first, elsewhere, with `exc` (a SupervisionError of `event`
+        if None), so that a proc stop asked for by whoever is told waits for it."""
         actor.state, actor.event = "failed", event
+        self._cleanups.run(actor, SupervisionError(event) if exc is None else exc)
         self._log.warning("actor_failed", **event.to_dict())
         self._services.stop_owned_by(actor.actor_id)
         self._services.send_message(
@@ -303,7 +305,6 @@ class ActorHost:
         )
         for header in actor.take_waiting_calls():
             self._replier.failure(header, "failed", event)
-        self._cleanups.run(actor, SupervisionError(event) if exc is None else exc)
 
 
 def _raise(error: BaseException) -> None:
