@@ -2,7 +2,8 @@
 
 A message for an actor is classified once, when it arrives: the runtime's handler table picks
 the entry for its type (`message_handlers`), which builds its `Work` and queues it in the
-actor's mailbox. One actor handles one message at a time, in arrival order (`Lanes`): its sync
+actor's mailbox. One actor handles one message at a time, in arrival order (`Lanes`; a call of
+a concurrent endpoint only starts in that order, then overlaps what follows): its sync
 code (constructor, sync endpoints, built-ins) runs on a worker thread, so it sees no running
 event loop and may block, even on a call to another actor of this process; its async endpoints
 run in tasks on the event loop. Both kinds of call take one path: prepare the function, run it
