@@ -2,6 +2,7 @@
 
 from mesh._actor import Actor as Actor
 from mesh._actor import EndpointDef as EndpointDef
+from mesh._actor import concurrent_endpoint as concurrent_endpoint
 from mesh._actor import endpoint as endpoint
 from mesh._api.accumulate import Accumulator as Accumulator
 from mesh._api.accumulate import ReducerError as ReducerError
@@ -25,6 +26,8 @@ from mesh._api.supervised import supervised as supervised
 from mesh._api.workers import attach_to_workers as attach_to_workers
 from mesh._api.workers import run_worker_loop_forever as run_worker_loop_forever
 from mesh._api.workers import run_worker_loop_until_shutdown as run_worker_loop_until_shutdown
+from mesh._context import ActorAborted as ActorAborted
+from mesh._context import ActorInstance as ActorInstance
 from mesh._context import Context as Context
 from mesh._context import context as context
 from mesh._context import current_rank as current_rank
@@ -39,6 +42,8 @@ from mesh._values import ValueMesh as ValueMesh
 __all__ = (
     "Accumulator",
     "Actor",
+    "ActorAborted",
+    "ActorInstance",
     "ActorMesh",
     "BootstrapCommand",
     "Channel",
@@ -58,6 +63,7 @@ __all__ = (
     "ValueMesh",
     "attach",
     "attach_to_workers",
+    "concurrent_endpoint",
     "configure",
     "configured",
     "context",

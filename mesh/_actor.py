@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import Any, ClassVar, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -20,12 +20,25 @@ R = TypeVar("R")
 _RESERVED: dict[str, type] = {}
 
 
+#: How many calls of `@concurrent_endpoint`s one actor runs at the same time, unless its class
+#: sets `Actor.max_concurrent_calls`.
+DEFAULT_MAX_CONCURRENT_CALLS = 16
+
+
 class Actor:
-    """Base class of user actors. Instances live in procs; their endpoints are called remotely."""
+    """Base class of user actors. Instances live in procs; their endpoints are called remotely.
+
+    Optional hooks: ``__cleanup__(self, exc)`` (sync or async) runs once when the actor stops
+    (`exc` None) or fails (`exc` the failure); `max_concurrent_calls` bounds how many calls of
+    its `concurrent_endpoint`s run at once (a further one waits, and so does what follows it).
+    """
+
+    max_concurrent_calls: ClassVar[int] = DEFAULT_MAX_CONCURRENT_CALLS
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         check_endpoint_names(cls)
+        check_concurrency_bound(cls)
 
 
 class EndpointDef(Generic[P, R]):
@@ -36,7 +49,11 @@ class EndpointDef(Generic[P, R]):
     """
 
     def __init__(
-        self, function: Callable[Concatenate[Any, P], R], explicit_response_port: bool = False
+        self,
+        function: Callable[Concatenate[Any, P], R],
+        explicit_response_port: bool = False,
+        *,
+        concurrent: bool = False,
     ) -> None:
         if not callable(function):
             raise TypeError(f"@endpoint decorates a function, got {function!r}")
@@ -46,6 +63,8 @@ class EndpointDef(Generic[P, R]):
         self.name: str = function.__name__
         self.owner: type | None = None
         self.is_async = inspect.iscoroutinefunction(function)
+        #: Whether its calls may overlap other messages of the actor (`concurrent_endpoint`).
+        self.concurrent = concurrent
         functools.update_wrapper(self, function)  # type: ignore[arg-type]
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -83,6 +102,44 @@ def endpoint(function: Any = None, *, explicit_response_port: bool = False) -> A
     if function is None:
         return lambda method: EndpointDef(method, explicit_response_port)
     return EndpointDef(function, explicit_response_port)
+
+
+@overload
+def concurrent_endpoint(method: Callable[Concatenate[Any, P], R], /) -> EndpointDef[P, R]: ...
+@overload
+def concurrent_endpoint(
+    method: None = None, /
+) -> Callable[[Callable[Concatenate[Any, P], R]], EndpointDef[P, R]]: ...
+
+
+def concurrent_endpoint(method: Any = None, /) -> Any:
+    """Mark an actor method as an endpoint whose calls may run while the actor handles its
+    other messages (``@concurrent_endpoint`` or ``@concurrent_endpoint()``).
+
+    Calls start in arrival order, like every message; once started, a concurrent call does not
+    hold up the messages behind it, so it overlaps later calls (concurrent or not). Ordinary
+    endpoints still run one at a time. At most `Actor.max_concurrent_calls` run at once per
+    actor; the next one waits, in order, with everything behind it. A stop waits for the
+    concurrent calls in progress. Unlike Monarch's (async only, a task), a ``def`` endpoint
+    is allowed too: it runs on its own worker thread.
+    """
+    if method is None:
+        return concurrent_endpoint
+    if isinstance(method, EndpointDef):
+        raise TypeError(
+            "@concurrent_endpoint replaces @endpoint: use one of them on a method, not both."
+        )
+    return EndpointDef(method, concurrent=True)
+
+
+def check_concurrency_bound(cls: type) -> None:
+    """Raise a TypeError unless `cls.max_concurrent_calls` is a positive int."""
+    bound = getattr(cls, "max_concurrent_calls", DEFAULT_MAX_CONCURRENT_CALLS)
+    if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
+        raise TypeError(
+            f"actor class {cls.__qualname__} sets max_concurrent_calls = {bound!r}: it must "
+            "be a positive int (how many calls of its concurrent endpoints run at once)."
+        )
 
 
 def endpoints_of(cls: type) -> dict[str, EndpointDef[..., Any]]:

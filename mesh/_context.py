@@ -7,12 +7,46 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import structlog
 
 from mesh._settings import current_settings
 from mesh._shape import Extent, Point
+
+
+class ActorAborted(BaseException):
+    """Raised by `ActorInstance.abort`: the actor fails with `reason`. A BaseException, so
+    that ``except Exception`` in the endpoint does not swallow it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ActorInstance:
+    """The running actor itself, as Monarch's ``context().actor_instance``."""
+
+    __slots__ = ("_context",)
+
+    def __init__(self, context: Context) -> None:
+        self._context = context
+
+    @property
+    def actor_id(self) -> str | None:
+        return self._context.actor_id
+
+    def abort(self, reason: str | None = None) -> NoReturn:
+        """Fail this actor with `reason`: its owner gets a supervision event saying so, and
+        the callers of this call and of those queued get a SupervisionError. Unlike Monarch's
+        (which returns and kills the actor soon after), it raises `ActorAborted` at once, so
+        nothing after it runs; in the client it is a RuntimeError."""
+        if self._context.actor_id is None:
+            raise RuntimeError(
+                "abort() fails the actor it is called in, but this code runs in the client, "
+                "outside any actor; raise an exception or stop the program instead."
+            )
+        raise ActorAborted(reason or "no reason given")
 
 
 @dataclass(frozen=True)
@@ -27,6 +61,11 @@ class Context:
     host: str
     pid: int
     restart_count: int = 0  # how many times this actor was rebuilt after a failure
+
+    @property
+    def actor_instance(self) -> ActorInstance:
+        """The running actor (``context().actor_instance.abort(reason)`` fails it)."""
+        return ActorInstance(self)
 
 
 _EMPTY_POINT = Point((), Extent((), ()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
@@ -9,6 +10,7 @@ from mesh._actor import reserve_endpoint_names, resolve_endpoint
 from mesh._api.endpoint import EndpointRef
 from mesh._api.mesh_base import MeshBase, Stoppable, adopt_peers, peer_infos, wait_ready
 from mesh._context import actor_identity
+from mesh._engine.builtins import INITIALIZED
 from mesh._engine.calls import GatherSink, ResultSink
 from mesh._engine.future import Future, resolved
 from mesh._engine.messages import CallActor, StopActor
@@ -115,6 +117,20 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
             for r in self._region.ranks
         )
 
+    @property
+    def initialized(self) -> Future[None]:
+        """A future that resolves once every actor's constructor has returned, or raises a
+        SupervisionError naming the first rank whose constructor failed. Answered as soon as
+        the constructors end, not after the calls already queued behind them."""
+        runtime, what = self._runtime, f"initialized of {self._state.name}"
+        home = runtime.replies.for_current_thread()
+        gathered: Future[Any] = Future(runtime, what, home, self._covers)
+        done: Future[None] = Future(runtime, what, home, self._covers)
+        gathered.add_done_callback(functools.partial(_settle_initialized, done))
+        sink = GatherSink(gathered, self.extent)
+        self._invoke(INITIALIZED, (), {}, range(len(self)), sink, home)
+        return done
+
     def stop(self) -> Future[None]:
         """Stop these actors after the messages already sent to them; later calls fail."""
         state, runtime = self._state, self._runtime
@@ -153,6 +169,14 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
 
 
 reserve_endpoint_names(ActorMesh)  # an endpoint named like a mesh attribute could not be called
+
+
+def _settle_initialized(done: Future[None], calling: Future[Any]) -> None:
+    error = calling.exception()
+    if error is None:
+        done.set_result(None)
+    else:
+        done.set_exception(error)
 
 
 def _rebuild_actor_mesh(

@@ -1,6 +1,7 @@
 """The endpoints every actor has, as a table: name -> handler.
 
-``__ping__`` answers the proc's pid once the actor runs (health probes); for fault injection,
+``__ping__`` answers the proc's pid once the actor runs (health probes), ``__initialized__``
+None once its constructor has ended (`ActorMesh.initialized`); for fault injection,
 ``__fail_next__`` makes the next call of an endpoint raise and ``__exit_process__`` makes the
 proc exit with a code. A handler turns the call's payload into the function the call runs, so
 built-ins go through the same call path as user endpoints (the same checks, context and reply).
@@ -73,8 +74,18 @@ def _nothing() -> None:
     return None
 
 
+def _initialized(
+    payload: Payload | None, actor_id: str, injected: InjectedFailures
+) -> Callable[[], None]:
+    return _nothing
+
+
+#: The built-in that `ActorMesh.initialized` calls: answered once the constructor has ended.
+INITIALIZED = "__initialized__"
+
 BUILTINS: Mapping[str, Builtin] = {
     "__ping__": _ping,
+    INITIALIZED: _initialized,
     "__fail_next__": _fail_next,
     "__exit_process__": _exit_process,
 }

@@ -2,7 +2,8 @@
 
 A message for an actor is classified once, when it arrives: the runtime's handler table picks
 the entry for its type (`message_handlers`), which builds its `Work` and queues it in the
-actor's mailbox. One actor handles one message at a time, in arrival order (`Lanes`): its sync
+actor's mailbox. One actor handles one message at a time, in arrival order (`Lanes`; a call of
+a concurrent endpoint only starts in that order, then overlaps what follows): its sync
 code (constructor, sync endpoints, built-ins) runs on a worker thread, so it sees no running
 event loop and may block, even on a call to another actor of this process; its async endpoints
 run in tasks on the event loop. Both kinds of call take one path: prepare the function, run it
@@ -18,8 +19,9 @@ from typing import Any
 import anyio
 
 from mesh._actor import endpoints_of
-from mesh._context import enter_context, exit_context
-from mesh._engine.builtins import InjectedFailures
+from mesh._context import ActorAborted, enter_context, exit_context
+from mesh._engine.builtins import INITIALIZED, InjectedFailures
+from mesh._engine.cleanup import Cleanups, Then
 from mesh._engine.host_services import HostServices
 from mesh._engine.hosted_actor import ALIVE, HostedActor
 from mesh._engine.lanes import Lanes, SyncRunner
@@ -29,7 +31,7 @@ from mesh._engine.response_port import NO_REPLY, with_response_port
 from mesh._engine.supervising import ChildFailures
 from mesh._engine.work import Kind, Work, call_work
 from mesh._engine.workers import Workers
-from supervision import SupervisionEvent
+from supervision import SupervisionError, SupervisionEvent
 from transport import Envelope, Payload, get_logger, safe_str
 
 #: How long a message for an actor that is not spawned here (yet) waits for its spawn message.
@@ -53,6 +55,7 @@ class ActorHost:
             "stop": self._stop,
         }
         self._lanes = Lanes(services, workers, sync_runners, self._call_async)
+        self._cleanups = Cleanups(services, workers)
         self._child_failures = ChildFailures(services, workers, self._fail_with)
         self._log = get_logger("mesh.actor")
 
@@ -78,8 +81,22 @@ class ActorHost:
         actor = self._actors.get(work.header.actor_id)
         if actor is None:
             self._hold_until_spawned(work)
+        elif work.kind == "builtin" and work.header.endpoint == INITIALIZED:
+            self._answer_initialized(actor, work.header)
         else:
             self._lanes.post(actor, work)
+
+    def _answer_initialized(self, actor: HostedActor, header: CallActor) -> None:
+        """`ActorMesh.initialized`: answered as soon as the constructor has ended, without
+        waiting behind the messages queued after it."""
+        with actor.lock:
+            if actor.state == "starting":
+                actor.awaiting_init.append(header)
+                return
+        if actor.state == "running":
+            self._replier.value(actor, header, None)
+        else:
+            self._can_run(actor, header)  # tells the caller why it is gone
 
     def _spawned(self, work: Work[SpawnActor]) -> None:
         """A new actor: its constructor runs first, then the messages that waited for it."""
@@ -127,15 +144,20 @@ class ActorHost:
         self._child_failures.decide(actor, event)
         return True
 
-    def stop_all(self) -> None:
-        for actor in self._actors.values():
+    def stop_all(self, then: Then) -> None:
+        """Stop every actor (the proc ends); call `then` once their cleanups have ended."""
+        for actor in list(self._actors.values()):
             self._stop_actor(actor)
+        self._cleanups.when_idle(then)
 
-    def _stop_actor(self, actor: HostedActor) -> None:
-        """Stop `actor` if it is alive, and the meshes it owns with it."""
+    def _stop_actor(self, actor: HostedActor, then: Then | None = None) -> None:
+        """Stop `actor` if it is alive, and the meshes it owns with it, then clean it up."""
         if actor.stop():
             self._log.info("actor_stopped", actor_id=actor.actor_id, mesh=actor.mesh_name)
             self._services.stop_owned_by(actor.actor_id)
+            self._cleanups.run(actor, None, then)
+        elif then is not None:
+            then()
 
     # -- the work of a mailbox -----------------------------------------------------------------
 
@@ -144,21 +166,25 @@ class ActorHost:
         try:
             cls, args, kwargs = work.arguments()
             actor.endpoints = endpoints_of(cls)
+            actor.max_concurrent = cls.max_concurrent_calls
             actor.instance = cls(*args, **kwargs)
         except BaseException as exc:
             self._fail(actor, exc, f"the constructor of {actor.mesh_name!r} raised")
             return
         finally:
             exit_context(token)
-        actor.state = "running"
+        with actor.lock:
+            actor.state = "running"
+            waiting, actor.awaiting_init = actor.awaiting_init, []
+        for header in waiting:
+            self._replier.value(actor, header, None)
         self._log.info(
             "actor_ready", actor_id=actor.actor_id, mesh=actor.mesh_name, rank=dict(actor.point)
         )
         self._child_failures.resume(actor)  # children that failed while it was being built
 
     def _stop(self, actor: HostedActor, work: Work[StopActor]) -> None:
-        self._stop_actor(actor)
-        self._replier.stopped(work.header)
+        self._stop_actor(actor, functools.partial(self._replier.stopped, work.header))
 
     # -- calls: prepare, run (on a worker thread or in a task), then reply ---------------------
 
@@ -203,7 +229,7 @@ class ActorHost:
             return None
         function = self._prepare(actor, work)
         if function is not None:
-            actor.running = work.header
+            actor.start_call(work.header)
         return function
 
     def _call_raised(self, actor: HostedActor, header: CallActor, exc: BaseException) -> None:
@@ -260,15 +286,23 @@ class ActorHost:
     # -- failing -------------------------------------------------------------------------------
 
     def _fail(self, actor: HostedActor, exc: BaseException, what: str) -> SupervisionEvent:
-        message = clip(f"{what} {type(exc).__name__}: {safe_str(exc)}")
+        if isinstance(exc, ActorAborted):
+            message = clip(f"the actor aborted itself: {safe_str(exc)}")
+        else:
+            message = clip(f"{what} {type(exc).__name__}: {safe_str(exc)}")
         event = actor.make_event("exception", message, clip(format_traceback(exc)))
-        self._fail_with(actor, event)
+        self._fail_with(actor, event, exc)
         return event
 
-    def _fail_with(self, actor: HostedActor, event: SupervisionEvent) -> None:
+    def _fail_with(
+        self, actor: HostedActor, event: SupervisionEvent, exc: BaseException | None = None
+    ) -> None:
         """The actor is dead: what it owns is stopped first, then its owner is told, then the
-        callers of the call in progress (failed by ``__supervise__``) and of those queued."""
-        actor.state, actor.instance, actor.event = "failed", None, event
+        callers of the call in progress (failed by ``__supervise__``) and of those queued.
+        Its ``__cleanup__`` starts first, elsewhere, with `exc` (a SupervisionError of `event`
+        if None), so that a proc stop asked for by whoever is told waits for it."""
+        actor.state, actor.event = "failed", event
+        self._cleanups.run(actor, SupervisionError(event) if exc is None else exc)
         self._log.warning("actor_failed", **event.to_dict())
         self._services.stop_owned_by(actor.actor_id)
         self._services.send_message(

@@ -7,7 +7,7 @@ import threading
 from collections import deque
 from typing import Any
 
-from mesh._actor import EndpointDef
+from mesh._actor import DEFAULT_MAX_CONCURRENT_CALLS, EndpointDef
 from mesh._context import Context, actor_identity
 from mesh._engine.messages import CallActor, SpawnActor
 from mesh._engine.work import CALL_KINDS, Work
@@ -19,12 +19,15 @@ ALIVE = ("starting", "running")
 
 
 class HostedActor:
-    """The state of one actor. `lock` guards the mailbox, `busy`, `running` and the queue of
-    child failures, which the event loop, worker threads and tasks all touch."""
+    """The state of one actor. `lock` guards the mailbox, `busy`, `parked`, `running`,
+    `concurrent`, `awaiting_init` and the queue of child failures, which the event loop, worker
+    threads and tasks all touch."""
 
     __slots__ = (
         "actor_id",
+        "awaiting_init",
         "busy",
+        "concurrent",
         "contexts",
         "endpoints",
         "event",
@@ -32,9 +35,11 @@ class HostedActor:
         "instance",
         "lock",
         "mailbox",
+        "max_concurrent",
         "mesh_id",
         "mesh_name",
         "owner",
+        "parked",
         "running",
         "state",
         "supervising",
@@ -55,8 +60,12 @@ class HostedActor:
         self.endpoints: dict[str, EndpointDef[..., Any]] = {}
         self.mailbox: deque[Work[Any]] = deque()
         self.busy = False  # a worker thread or a task is handling the mailbox
+        self.parked = False  # busy, but the next message waits for concurrent calls to end
         self.lock = threading.Lock()
-        self.running: CallActor | None = None  # the call in progress, if any
+        self.running: list[CallActor] = []  # the calls in progress (ordinary and concurrent)
+        self.concurrent = 0  # how many calls of concurrent endpoints are in progress
+        self.max_concurrent = DEFAULT_MAX_CONCURRENT_CALLS
+        self.awaiting_init: list[CallActor] = []  # `initialized` calls made while it is built
         self.to_supervise: deque[SupervisionEvent] = deque()
         self.supervising = False
         self.state = "starting"
@@ -75,6 +84,13 @@ class HostedActor:
         found = self.endpoints.get(work.header.endpoint)
         return found is not None and found.is_async
 
+    def is_concurrent(self, work: Work[Any]) -> bool:
+        """Whether `work` is a call of a concurrent endpoint of a built actor."""
+        if work.kind != "call" or self.state != "running":
+            return False
+        found = self.endpoints.get(work.header.endpoint)
+        return found is not None and found.concurrent
+
     def call_context(self, header: CallActor) -> Context:
         """Its context for a call: its point in the mesh (or slice) the call was sent to."""
         key = (header.labels, header.sizes, header.rank)
@@ -88,23 +104,36 @@ class HostedActor:
         """Mark it stopped; False if it was no longer alive (stopped or failed before)."""
         if self.state not in ALIVE:
             return False
-        self.state, self.instance = "stopped", None
+        self.state = "stopped"
         return True
+
+    def take_instance(self) -> Any:
+        """The instance, which it no longer holds (None if another caller took it first):
+        whoever takes it runs its ``__cleanup__``, so that runs once."""
+        with self.lock:
+            instance, self.instance = self.instance, None
+        return instance
+
+    def start_call(self, header: CallActor) -> None:
+        with self.lock:
+            self.running.append(header)
 
     def end_call(self, header: CallActor) -> bool:
         """The endpoint returned or raised: whether its caller still waits for the outcome
         (not when the actor failed meanwhile: failing it answered the call already)."""
         with self.lock:
-            ours = self.running is header
-            self.running = None
-        return ours
+            for index, running in enumerate(self.running):
+                if running is header:
+                    del self.running[index]
+                    return True
+        return False
 
     def take_waiting_calls(self) -> list[CallActor]:
-        """The call in progress and those queued, which no one will run now that it failed."""
+        """The calls in progress and those queued, which no one will run now that it failed."""
         with self.lock:
-            waiting = [self.running] if self.running is not None else []
+            waiting = self.running + self.awaiting_init
             waiting += [work.header for work in self.mailbox if work.kind in CALL_KINDS]
-            self.running = None
+            self.running, self.awaiting_init = [], []
             self.mailbox.clear()
         return waiting
 

@@ -1,8 +1,12 @@
-"""`Lanes`: each actor handles its messages one at a time, in arrival order, each on its lane.
+"""`Lanes`: each actor starts its messages in arrival order, each on its lane.
 
 Sync work (the constructor, sync endpoints, built-ins, stop) runs on a worker thread, so it may
 block; a call of an async endpoint runs in a task on the event loop. One lane at a time owns an
 actor's mailbox: when the next message belongs to the other lane, it hands the mailbox over.
+The lane runs each message to its end before the next, except a call of a concurrent endpoint:
+that one it starts (on a worker thread of its own, or in a task of its own) and moves on. When
+`max_concurrent` of those are in progress, or a stop is next while any is, the lane parks; the
+concurrent call that ends next resumes it.
 """
 
 from __future__ import annotations
@@ -75,20 +79,78 @@ class Lanes:
             raise
 
     def _next(self, actor: HostedActor, *, in_task: bool) -> Work[Any] | None:
-        """The next message for the caller's lane (None when the mailbox is empty, or after
-        handing the mailbox over to the other lane)."""
-        with actor.lock:
-            if not actor.mailbox:
-                actor.busy = False
-                return None
-            if actor.runs_in_task(actor.mailbox[0]) == in_task:
-                return actor.mailbox.popleft()
-        if in_task:
-            self._workers.submit(self._drain_sync, actor)
-        else:
-            self._services.call_soon(self._services.start_task, self._drain_async, actor)
+        """The next message for the caller's lane (None when the mailbox is empty, when the
+        lane parks, or after handing the mailbox over to the other lane). Calls of concurrent
+        endpoints met on the way are started, not returned."""
+        while True:
+            with actor.lock:
+                if not actor.mailbox:
+                    actor.busy = False
+                    return None
+                head = actor.mailbox[0]
+                if _must_wait(actor, head):
+                    actor.parked = True
+                    return None
+                concurrent = actor.is_concurrent(head)
+                if concurrent:
+                    actor.concurrent += 1
+                elif actor.runs_in_task(head) != in_task:
+                    break
+                actor.mailbox.popleft()
+            if not concurrent:
+                return head
+            self._start_concurrent(actor, head)
+        self._resume(actor, in_task=not in_task)
         return None
+
+    def _start_concurrent(self, actor: HostedActor, work: Work[Any]) -> None:
+        """Start a concurrent call in its own task (async) or on its own worker thread."""
+        if actor.runs_in_task(work):
+            services = self._services
+            services.call_soon(services.start_task, self._run_concurrent_async, actor, work)
+        else:
+            self._workers.submit(self._run_concurrent_sync, actor, work)
+
+    def _run_concurrent_sync(self, actor: HostedActor, work: Work[Any]) -> None:
+        try:
+            self._sync_runners[work.kind](actor, work)
+        finally:
+            self._concurrent_ended(actor)
+
+    async def _run_concurrent_async(self, actor: HostedActor, work: Work[Any]) -> None:
+        try:
+            await self._run_async(actor, work)
+        finally:
+            self._concurrent_ended(actor)
+
+    def _concurrent_ended(self, actor: HostedActor) -> None:
+        """A concurrent call ended: resume the lane if it waited for that."""
+        with actor.lock:
+            actor.concurrent -= 1
+            resume = actor.parked and not (actor.mailbox and _must_wait(actor, actor.mailbox[0]))
+            if resume:
+                actor.parked = False
+                in_task = bool(actor.mailbox) and actor.runs_in_task(actor.mailbox[0])
+        if resume:
+            self._resume(actor, in_task=in_task)
+
+    def _resume(self, actor: HostedActor, *, in_task: bool) -> None:
+        """Drain the (busy) actor's mailbox on the given lane."""
+        if in_task:
+            self._services.call_soon(self._services.start_task, self._drain_async, actor)
+        else:
+            self._workers.submit(self._drain_sync, actor)
 
     def _idle(self, actor: HostedActor) -> None:
         with actor.lock:
-            actor.busy = False
+            actor.busy = actor.parked = False
+
+
+def _must_wait(actor: HostedActor, head: Work[Any]) -> bool:
+    """Whether the next message waits for concurrent calls in progress to end: a concurrent
+    call beyond the actor's bound, or a stop (it comes after what was sent before it)."""
+    if not actor.concurrent:
+        return False
+    if head.kind == "stop":
+        return True
+    return actor.concurrent >= actor.max_concurrent and actor.is_concurrent(head)

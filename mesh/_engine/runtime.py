@@ -251,8 +251,7 @@ class Runtime:
         if self.supervisor.is_root:  # only procs are stopped by their agent; a client ends itself
             self._log.warning("message_ignored", kind="StopProc", reason="the client has no agent")
             return
-        self.host.stop_all()
-        self.loop.request_stop()
+        self.host.stop_all(then=lambda: self.call_soon(self.loop.request_stop))
 
 
 def _set_log_level(envelope: Envelope) -> None:
