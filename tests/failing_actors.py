@@ -24,7 +24,7 @@ from typing import Any
 
 import anyio
 
-from mesh import Actor, current_rank, endpoint, this_host
+from mesh import Actor, Context, current_rank, endpoint, this_host
 from supervision import SupervisionError, SupervisionEvent
 
 
@@ -332,6 +332,20 @@ class OwnerBase(Actor):
 class SyncOwner(OwnerBase):
     def __supervise__(self, event: SupervisionEvent) -> bool:
         return self._decide(event)
+
+
+class MonarchStyleOwner(OwnerBase):
+    """Monarch's two-argument ``__supervise__(self, cx, failure)``."""
+
+    contexts: list[str] = []
+
+    def __supervise__(self, cx: Context, failure: SupervisionEvent) -> bool:
+        self.contexts = [*self.contexts, type(cx).__name__]
+        return self._decide(failure)
+
+    @endpoint
+    def seen_contexts(self) -> list[str]:
+        return self.contexts
 
 
 class AsyncOwner(OwnerBase):

@@ -532,7 +532,9 @@ def _owner(
     return procs, owner, recorder
 
 
-@pytest.mark.parametrize("cls", [fa.SyncOwner, fa.AsyncOwner], ids=["sync", "async"])
+@pytest.mark.parametrize(
+    "cls", [fa.SyncOwner, fa.AsyncOwner, fa.MonarchStyleOwner], ids=["sync", "async", "cx"]
+)
 def test_owner_handles_each_failed_rank_once(
     make_procs: Callable[..., Any], tmp_path: Path, cls: type
 ) -> None:
@@ -548,6 +550,8 @@ def test_owner_handles_each_failed_rank_once(
     assert {e.kind for e in seen} == {"exception"} and {e.mesh_name for e in seen} == {"kids"}
     assert all("EndpointError: both ranks" in (e.traceback or "") for e in seen)
     assert recorder.events == []  # handled: nothing reaches the client
+    if cls is fa.MonarchStyleOwner:  # Monarch's __supervise__(cx, failure) gets the context
+        assert owner.seen_contexts.call_one().get(timeout=T) == ["Context", "Context"]
 
 
 def test_owner_is_told_when_a_child_constructor_raises(

@@ -3,16 +3,18 @@
 ``__supervise__`` is a control signal, not a message: it runs as soon as a child fails, beside
 an endpoint that is in progress (on another worker thread, or in another task when async), one
 failure at a time. A falsy decision or an exception fails the actor with an escalated event.
+Monarch's two-argument form, ``__supervise__(self, cx, failure)``, gets the actor's context too.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 
-from mesh._context import enter_context, exit_context
+from mesh._context import context, enter_context, exit_context
 from mesh._engine.host_services import HostServices
 from mesh._engine.hosted_actor import HostedActor
 from mesh._engine.workers import Workers
@@ -77,7 +79,7 @@ class ChildFailures:
         handler = getattr(actor.instance, "__supervise__", None)
         token = enter_context(actor.home)
         try:
-            decision = handler(event) if handler is not None else False
+            decision = handler(*supervise_arguments(handler, event)) if handler else False
         except Exception as exc:
             self._escalate(actor, event, exc)
             return
@@ -90,7 +92,8 @@ class ChildFailures:
             return
         token = enter_context(actor.home)
         try:
-            decision = await actor.instance.__supervise__(event)
+            handler = actor.instance.__supervise__
+            decision = await handler(*supervise_arguments(handler, event))
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:
@@ -114,3 +117,14 @@ class ChildFailures:
             return
         own = actor.make_event("escalated", "")
         self._fail(actor, escalated(child, own, error))
+
+
+def supervise_arguments(handler: Callable[..., object], event: SupervisionEvent) -> tuple[Any, ...]:
+    """The arguments of a bound ``__supervise__``: ``(event)``, or ``(context, event)`` for one
+    that takes two (Monarch's ``__supervise__(self, cx, failure)``)."""
+    try:
+        parameters = inspect.signature(handler).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): the plain form
+        return (event,)
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return (context(), event) if len(positional) >= 2 else (event,)
