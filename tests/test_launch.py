@@ -3,10 +3,14 @@ they join the mesh like forked procs, and a command that cannot start fails with
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,8 +20,8 @@ from actors import Echo
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mesh import BootstrapCommand, this_host
-from supervision import SupervisionError
+from mesh import BootstrapCommand, current_rank, this_host
+from supervision import RestartPolicy, SupervisionError
 
 CALL_TIMEOUT_S = 60.0
 
@@ -162,3 +166,98 @@ def test_the_entry_point_run_by_hand_says_what_it_needs() -> None:
     )
     assert done.returncode == 1
     assert "started by a host agent's bootstrap command" in done.stderr
+
+
+# -- bootstrap functions ------------------------------------------------------------------------
+
+
+LOCK = threading.Lock()
+
+
+def mark_bootstrapped() -> None:
+    """A bootstrap function: leaves a mark in the proc that its actors can see."""
+    os.environ["MV_BOOTSTRAPPED"] = f"rank {dict(current_rank())}"
+
+
+async def mark_bootstrapped_async() -> None:
+    await asyncio.sleep(0)
+    os.environ["MV_BOOTSTRAPPED"] = "async"
+
+
+def refuse_to_bootstrap() -> None:
+    raise ValueError("no GPU here")
+
+
+@pytest.mark.parametrize(
+    ("function", "marks"),
+    [
+        (mark_bootstrapped, ("rank {'gpus': 0}", "rank {'gpus': 1}")),
+        (mark_bootstrapped_async, ("async", "async")),
+    ],
+    ids=["sync", "async"],
+)
+def test_a_bootstrap_function_runs_in_each_proc_before_its_actors(
+    make_procs: Callable[..., Any], function: Callable[[], Any], marks: tuple[str, ...]
+) -> None:
+    procs = make_procs({"gpus": 2}, bootstrap=function)
+    echo = procs.spawn("echo", Echo)
+    assert echo.getenv.call("MV_BOOTSTRAPPED").get(timeout=CALL_TIMEOUT_S).values() == marks
+
+
+def test_a_bootstrap_function_runs_in_launched_and_respawned_procs(
+    make_procs: Callable[..., Any],
+) -> None:
+    procs = make_procs(
+        {"gpus": 1},
+        bootstrap=mark_bootstrapped,
+        bootstrap_command=BootstrapCommand.python(sys.executable),
+        restart=RestartPolicy(max_restarts=3, within_s=60),
+    )
+    echo = procs.spawn("echo", Echo)
+    (pid,) = echo.pid.call().get(timeout=CALL_TIMEOUT_S).values()
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + CALL_TIMEOUT_S
+    while True:
+        try:
+            (new_pid,) = echo.pid.call().get(timeout=CALL_TIMEOUT_S).values()
+        except SupervisionError:  # the call in flight when it died
+            new_pid = pid
+        if new_pid != pid or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert new_pid != pid
+    assert echo.getenv.call("MV_BOOTSTRAPPED").get(timeout=CALL_TIMEOUT_S).values() == (
+        "rank {'gpus': 0}",
+    )
+
+
+def test_a_bootstrap_function_that_raises_fails_its_ranks_saying_why(
+    make_procs: Callable[..., Any], root_events: list[Any]
+) -> None:
+    procs = make_procs({"gpus": 1}, bootstrap=refuse_to_bootstrap)
+    echo = procs.spawn("echo", Echo)
+    with pytest.raises(SupervisionError) as caught:
+        echo.pid.call().get(timeout=CALL_TIMEOUT_S)
+    event = caught.value.event
+    assert event.kind == "spawn_failed"
+    assert "the bootstrap function refuse_to_bootstrap raised ValueError: no GPU here" in str(
+        event.message
+    )
+    assert 'raise ValueError("no GPU here")' in str(event.message)  # with its traceback
+    root_events.clear()
+
+
+@pytest.mark.parametrize(
+    ("bootstrap", "message"),
+    [
+        ("setup.sh", "must be a function"),
+        (BootstrapCommand.python(sys.executable), "bootstrap_command="),
+        (functools.partial(print, LOCK), "cannot be pickled"),
+    ],
+    ids=["a string", "a command", "unpicklable"],
+)
+def test_a_bootstrap_that_is_not_a_picklable_function_is_refused(
+    bootstrap: Any, message: str
+) -> None:
+    with pytest.raises(TypeError, match=message):
+        this_host().spawn_procs({"gpus": 1}, bootstrap=bootstrap)

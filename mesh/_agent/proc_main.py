@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import inspect
 import os
 import sys
 import threading
+import traceback
+from collections.abc import Awaitable
 from typing import Any
 
+from mesh._context import Context, enter_context, exit_context
 from mesh._engine.messages import Heartbeat, ProcReady, SpawnFailed
 from mesh._engine.runtime import Runtime
 from mesh._engine.session import Session, install_session
 from mesh._settings import reload_settings
+from mesh._shape import Extent
 from transport import (
     Outbox,
     TransportError,
     close_context,
     encode,
     get_logger,
+    loads,
     new_context,
 )
 
@@ -55,6 +63,38 @@ def report_start_failure(config: dict[str, Any], reason: str) -> None:
     close_context(context)
 
 
+def run_setup(setup: str, where: Context) -> str | None:
+    """Run the proc mesh's bootstrap function (``spawn_procs(bootstrap=...)``, pickled and
+    base64-encoded in `setup`; an async one to its end) as `where` (`current_rank()` is the
+    proc's point); why it failed, or None."""
+    if not setup:
+        return None
+    name = "the bootstrap function"
+    token = enter_context(where)
+    try:
+        function = loads(base64.b64decode(setup))
+        name = f"the bootstrap function {getattr(function, '__qualname__', repr(function))}"
+        result = function()
+        if inspect.isawaitable(result):
+            asyncio.run(_wait_for(result))
+    except BaseException as error:
+        trace = "".join(traceback.format_exception(error)).rstrip()
+        return f"{name} raised {type(error).__name__}: {error}\n{trace}"
+    finally:
+        exit_context(token)
+    return None
+
+
+def _proc_context(config: dict[str, Any], host: str) -> Context:
+    """The context of a proc outside its actors: its mesh and point."""
+    point = Extent(tuple(config["labels"]), tuple(config["sizes"])).point(config["rank"])
+    return Context(None, config["mesh_name"], point, config["proc_id"], host, os.getpid())
+
+
+async def _wait_for(awaitable: Awaitable[object]) -> None:
+    await awaitable
+
+
 def run_proc(config: dict[str, Any]) -> int:
     """Run a proc described by `config` (built by the host agent); returns the exit code."""
     os.environ.update(config["env"])
@@ -74,11 +114,16 @@ def run_proc(config: dict[str, Any]) -> int:
     )
     install_session(session)
     log = get_logger("mesh.proc", proc=config["proc_id"])
+    start_heartbeats(runtime, config["agent"], config["proc_id"], config["heartbeat_interval_s"])
+    failure = run_setup(config["setup"], _proc_context(config, runtime.hostname))
+    if failure is not None:
+        session.close()
+        report_start_failure(config, failure)
+        return 1
     ready = ProcReady(config["proc_id"], runtime.address, os.getpid(), runtime.hostname)
     runtime.send_message(config["owner"], ready)
     runtime.send_message(config["agent"], ready)  # a tcp proc's port is news to the agent too
     log.info("proc_started", mesh=config["mesh_name"], rank=config["rank"])
-    start_heartbeats(runtime, config["agent"], config["proc_id"], config["heartbeat_interval_s"])
     try:
         runtime.run()
     finally:

@@ -3,6 +3,7 @@ prefix the fork server hands it."""
 
 from __future__ import annotations
 
+import base64
 import os
 import shlex
 from typing import Any
@@ -55,6 +56,7 @@ def proc_config(
         "heartbeat_interval_s": request.heartbeat_interval_s,
         "bootstrap": list(request.bootstrap),
         "forward_output": request.forward_output,
+        "setup": base64.b64encode(request.setup).decode(),
     }
 
 

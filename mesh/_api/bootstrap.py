@@ -1,11 +1,14 @@
 """`BootstrapCommand`: start procs with a command (another Python, a virtualenv, a container
-entry point) instead of forking them from the host agent's fork server."""
+entry point) instead of forking them from the host agent's fork server; `pickled_bootstrap`:
+a function each proc runs before it is ready (``spawn_procs(bootstrap=...)``)."""
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from transport import dumps
 
 #: The module a bootstrap command must end up running (``python -m mesh.bootstrap_main``):
 #: it reads the proc's configuration from the agent and joins the mesh like a forked proc.
@@ -63,3 +66,25 @@ class BootstrapCommand:
 
 def _is_sequence(value: object) -> bool:
     return isinstance(value, Sequence) and not isinstance(value, str)
+
+
+def pickled_bootstrap(function: Callable[[], object] | None) -> bytes:
+    """`spawn_procs(bootstrap=function)` as the bytes each proc unpickles and runs (b"" for
+    none); TypeError naming the function if it is not a callable that can be pickled."""
+    if function is None:
+        return b""
+    if not callable(function) or isinstance(function, BootstrapCommand):
+        raise TypeError(
+            f"bootstrap must be a function each proc runs before it is ready, not {function!r}"
+            " (a command that starts procs goes in bootstrap_command=)"
+        )
+    try:
+        body, buffers = dumps(function)
+    except Exception as error:
+        raise TypeError(f"the bootstrap function {function!r} cannot be pickled: {error}") from None
+    if buffers:
+        raise TypeError(
+            f"the bootstrap function {function!r} captures large buffers; let it load what it "
+            "needs in the proc instead"
+        )
+    return body

@@ -5,10 +5,10 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Literal
 
-from mesh._api.bootstrap import BootstrapCommand
+from mesh._api.bootstrap import BootstrapCommand, pickled_bootstrap
 from mesh._api.mesh_base import DEFAULT_STOP_GRACE_S, MeshBase, check_name, file_safe
 from mesh._api.proc_mesh import ProcMesh
 from mesh._context import context
@@ -59,6 +59,7 @@ class HostMesh(MeshBase):
         restart: RestartPolicy | None = None,
         spare_hosts: HostMesh | None = None,
         bootstrap_command: BootstrapCommand | None = None,
+        bootstrap: Callable[[], object] | None = None,
     ) -> ProcMesh:
         """One new OS process per point of each host times ``per_host``; returns at once.
 
@@ -71,11 +72,14 @@ class HostMesh(MeshBase):
         taken yet (one spare per lost host), and escalate when none is left. Procs are forked
         from the agent's fork server, unless a `bootstrap_command` (or this mesh's
         `with_python_executable`) starts each with a command; a command that cannot start
-        fails its ranks with a `SupervisionError` naming it.
+        fails its ranks with a `SupervisionError` naming it. A `bootstrap` function (sync or
+        async, no arguments) runs in each proc before it is ready, and again in a re-spawned
+        one; one that raises fails its rank (``"spawn_failed"``, with its traceback).
         """
-        bootstrap = bootstrap_command or self._bootstrap
-        if bootstrap is not None and not isinstance(bootstrap, BootstrapCommand):
-            raise TypeError(f"bootstrap_command must be a BootstrapCommand, not {bootstrap!r}")
+        setup = pickled_bootstrap(bootstrap)
+        command = bootstrap_command or self._bootstrap
+        if command is not None and not isinstance(command, BootstrapCommand):
+            raise TypeError(f"bootstrap_command must be a BootstrapCommand, not {command!r}")
         if spare_hosts is not None and restart is None:
             raise ValueError(
                 "spare_hosts is used by a restart policy: pass restart=RestartPolicy(...) too, "
@@ -124,9 +128,10 @@ class HostMesh(MeshBase):
             for rank, point in enumerate(extent.points())
         )
         record = ProcMeshRecord(
-            key, name, extent, peers, _proc_env(env, bootstrap), interval, timeout, busy
+            key, name, extent, peers, _proc_env(env, command), interval, timeout, busy
         )
-        record.bootstrap = bootstrap.argv() if bootstrap is not None else ()
+        record.bootstrap = command.argv() if command is not None else ()
+        record.setup = setup
         if spare_hosts is not None:
             record.spares = tuple(spare_hosts._agents_in_order())
         runtime.ownership.add_proc_mesh(record, restart)

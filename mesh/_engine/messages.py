@@ -54,6 +54,8 @@ class SpawnProcs:
     busy_timeout_s: float = 60.0
     bootstrap: tuple[str, ...] = ()  # (program, argv0, *args): launch, not fork; see bootstrap
     forward_output: bool = False  # lines to the owner (`ProcOutput`), not the agent's output
+    setup: bytes = b""  # a pickled function each proc runs before it is ready (the agent never
+    # unpickles it): spawn_procs(bootstrap=...)
 
 
 @message_type

@@ -109,6 +109,7 @@ class Restarts:
                     record.busy_timeout_s,
                     record.bootstrap,
                     record.forward_output,
+                    record.setup,
                 ),
             )
             runtime.check_agent(agent)  # a gone agent never answers: fail its procs now
