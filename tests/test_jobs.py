@@ -5,10 +5,12 @@ that `SlurmJob` shares."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -127,24 +129,30 @@ def test_the_agents_of_a_process_job_stop_when_its_client_is_killed(tmp_path: Pa
             """
         )
     )
-    base = tmp_path / "run"  # the killed client's own run directory waits there for a sweep
-    base.mkdir(mode=0o700)
+    # The killed client's own run directory stays for the next client to sweep: give it a
+    # private base, short enough for socket paths (a longer one would send it to /tmp).
+    base = Path(tempfile.mkdtemp(prefix="pj", dir=os.environ["XDG_RUNTIME_DIR"]))
     env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_RUNTIME_DIR": str(base)}
-    with subprocess.Popen(
-        [sys.executable, str(client)], stdout=subprocess.PIPE, env=env, text=True
-    ) as process:
-        try:
-            assert process.stdout is not None
-            agents = [int(pid) for pid in process.stdout.readline().split()]
-            assert len(live(agents)) == 2, agents
-            process.send_signal(signal.SIGKILL)
-        finally:
-            process.kill()
-    wait_until_gone(agents)
-    left = [
-        (path, sorted(p.name for p in path.iterdir())) for path in base.glob("meshvisor-hosts_*")
-    ]
-    assert not left, f"the agents left their directories: {left}"
+    try:
+        with subprocess.Popen(
+            [sys.executable, str(client)], stdout=subprocess.PIPE, env=env, text=True
+        ) as process:
+            try:
+                assert process.stdout is not None
+                agents = [int(pid) for pid in process.stdout.readline().split()]
+                assert len(live(agents)) == 2, agents
+                process.send_signal(signal.SIGKILL)
+            finally:
+                process.kill()
+        wait_until_gone(agents)
+        left = [
+            (path, sorted(p.name for p in path.iterdir()))
+            for path in base.glob("meshvisor-hosts_*")
+        ]
+        assert not left, f"the agents left their directories: {left}"
+        assert list(base.glob("meshvisor-*/owner.pid")), "the client's run dir went elsewhere"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 # -- bring your own launcher -------------------------------------------------------------------
