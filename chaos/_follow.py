@@ -302,9 +302,10 @@ class Observations:
                 run.detected.set()
 
     def _attribute(self, message: Message) -> FaultRun | None:
-        """The latest fault injected before this event on the process it concerns; else, for
-        an event on a rank with no process (its host is lost), the fault being followed on that
-        host."""
+        """The latest fault injected before this event on the process it concerns; else the
+        fault being followed on its host: for an event on a rank with no process (its host is
+        lost), one aimed at that host or the job; for a process the fault did not know of (its
+        rank was still starting when a host fault was injected), one aimed at that host."""
         pid = message.get("pid")
         at = message["at"] - self._clock.t0
         with self._lock:
@@ -313,10 +314,14 @@ class Observations:
                 for run in reversed(self.runs)
                 if run.record.injected_at_s is not None and run.record.injected_at_s <= at + 0.001
             ]
-        if pid is not None:
-            return next((run for run in injected if pid in run.pids), None)
         host = message.get("host")
-        return next((run for run in injected if run.follows_host(host)), None)
+        if pid is None:
+            return next((run for run in injected if run.follows_host(host)), None)
+        known = next((run for run in injected if pid in run.pids), None)
+        if known is not None:
+            return known
+        at_host = (run for run in injected if run.record.planned.target.level == "host")
+        return next((run for run in at_host if run.follows_host(host)), None)
 
 
 def _ms(seconds: float | None) -> str:
