@@ -287,6 +287,7 @@ class Observations:
             message.get("pid"),
             message.get("message", ""),
             run.record.index if run is not None else None,
+            message.get("evidence", ""),
         )
         with self._lock:
             self.events.append(event)

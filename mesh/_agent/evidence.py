@@ -84,7 +84,7 @@ def _dump_outcome(proc: ProcRecord, stacks: str, signame: str | None) -> str:
     """What the hung proc's report adds about its stacks."""
     if stacks.strip():
         waited = time.monotonic() - proc.dump_requested_at
-        return f"; its Python stacks were dumped in {waited:.2f} s (see the traceback)"
+        return f"; its Python stacks were dumped in {waited * 1e3:.0f} ms (see the traceback)"
     if signame == "SIGKILL":
         return (
             f"; no Python stack could be read: it did not answer the dump signal within "

@@ -43,7 +43,10 @@ def record_stacks_on_faults(rundir: str, proc_id: str) -> None:
     """From now on, a fatal signal or `DUMP_SIGNAL` writes this proc's stacks to its file."""
     global _stacks_file
     path = stacks_path(rundir, proc_id)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return  # no evidence then (e.g. the run directory is gone), but the proc runs
     _stacks_file = os.fdopen(fd, "wb", buffering=0)
     faulthandler.enable(_stacks_file, all_threads=True)
     if DUMP_SIGNAL is not None:
