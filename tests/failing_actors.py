@@ -185,6 +185,14 @@ class Fragile(Actor):
         return current_rank().rank
 
     @endpoint
+    def ignore_signal(self, signum: int) -> None:
+        """Ignore `signum` from now on, at the C level (Python's signal() is main-thread only)."""
+        libc = ctypes.CDLL(None)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal(signum, ctypes.c_void_p(1))  # SIG_IGN
+
+    @endpoint
     def data_limit(self) -> int:
         """This proc's RLIMIT_DATA (what ``memory_limit`` sets), in bytes."""
         return resource.getrlimit(resource.RLIMIT_DATA)[0]

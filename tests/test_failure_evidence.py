@@ -94,6 +94,21 @@ def test_a_stopped_proc_is_continued_for_its_dump(
     wait_gone([pid])
 
 
+def test_a_proc_that_cannot_dump_is_killed_and_the_event_says_so(
+    make_procs: Callable[..., Any],
+) -> None:
+    """A proc that does not answer the dump signal (SIGRTMIN+8: here it ignores it; in life a
+    tracer holds it) is SIGKILLed after a bounded wait, and the event says no stack was read."""
+    actors, recorder, pid = spawn_fragile(make_procs, **FAST_HB)
+    actors.ignore_signal.call_one(signal.SIGRTMIN + 8).get(timeout=T)
+    event = failure_of(actors.hold_gil.call(600))
+    assert (event.kind, event.pid) == ("hung", pid)
+    assert "no Python stack could be read: it did not answer the dump signal" in event.message
+    assert "SIGKILL" in event.message and event.traceback is None
+    recorder.wait(1)
+    wait_gone([pid])
+
+
 # -- segfaults carry the Python stack of the fault ------------------------------------------
 
 
