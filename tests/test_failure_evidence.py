@@ -133,6 +133,21 @@ def test_other_fatal_signals_carry_the_stack_too(
     recorder.wait(1)
 
 
+def test_a_real_time_signal_is_named_and_the_agent_lives_on(
+    make_procs: Callable[..., Any],
+) -> None:
+    """A proc killed by a signal without a name in Python (SIGRTMIN+3) is reported with one,
+    and its agent goes on serving."""
+    actors, recorder, pid = spawn_fragile(make_procs)
+    in_flight = actors.sleep.call(600)
+    os.kill(pid, signal.SIGRTMIN + 3)
+    event = failure_of(in_flight)
+    assert (event.kind, event.signal, event.pid) == ("signal", "SIGRTMIN+3", pid)
+    recorder.wait(1)
+    others, _, _ = spawn_fragile(make_procs)
+    assert others.ping.call_one().get(timeout=T) == 0
+
+
 # -- out of memory ---------------------------------------------------------------------------
 
 
