@@ -22,7 +22,7 @@ from ._targets import Target
 #: How long after a fault ends an event that may or may not come is still waited for.
 OPTIONAL_EVENT_GRACE_S = 1.0
 #: Event kinds after which the failed process is gone (a healthy answer must come from another).
-_DEADLY = frozenset({"signal", "exit", "hung", "unreachable"})
+_DEADLY = frozenset({"signal", "exit", "hung", "unreachable", "oom"})
 #: How long an operation asked of the client while injecting may take.
 _REQUEST_TIMEOUT_S = 10.0
 
@@ -287,6 +287,7 @@ class Observations:
             message.get("pid"),
             message.get("message", ""),
             run.record.index if run is not None else None,
+            message.get("evidence", ""),
         )
         with self._lock:
             self.events.append(event)

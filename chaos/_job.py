@@ -24,6 +24,8 @@ from ._operations import ChaosTarget, Operations
 
 #: How often progress is reported to the harness (it judges whether the client hung).
 PROGRESS_INTERVAL_S = 0.1
+#: How many lines of an event's evidence (e.g. a hung proc's stack) the report keeps.
+EVIDENCE_LINES = 10
 
 Invariant = Callable[[], object]
 
@@ -156,6 +158,7 @@ class Job:
                 "host": host,
                 "pid": event.pid,
                 "message": str(event),
+                "evidence": "\n".join(event.root_cause().evidence(EVIDENCE_LINES)),
             }
         )
 

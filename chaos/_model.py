@@ -42,6 +42,7 @@ class ObservedEvent:
     pid: int | None
     message: str
     fault: int | None = None  # index of the fault it was attributed to
+    evidence: str = ""  # its root cause's evidence, trimmed: a stack, where memory ran out
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -14,6 +14,9 @@ from ._model import ObservedEvent
 from ._report import RunReport
 from ._targets import Target
 
+#: How many events' evidence the report for people shows (the JSON report has all).
+_EVIDENCE_SHOWN = 3
+
 
 def _ms(seconds: float | int | None) -> str:
     return "—" if seconds is None else f"{seconds * 1e3:.1f}"
@@ -131,6 +134,23 @@ def _invariants(report: RunReport) -> Table:
     return table
 
 
+def _print_evidence(report: RunReport, console: Console) -> None:
+    """The evidence of the first events that carry some (a stack, where memory ran out)."""
+    carrying = [event for event in report.events if event.evidence]
+    if not carrying:
+        return
+    console.print(Text("Evidence (the root cause of each event, trimmed)", style="bold"))
+    for event in carrying[:_EVIDENCE_SHOWN]:
+        fault = f"#{event.fault} " if event.fault is not None else ""
+        title = f"  {event.at_s:.3f} s {fault}{event.kind} {_event_target(event)}:"
+        console.print(Text(title), soft_wrap=True)
+        for line in event.evidence.splitlines():
+            console.print(Text(f"    {line}", style="dim"), soft_wrap=True)
+    if len(carrying) > _EVIDENCE_SHOWN:
+        more = len(carrying) - _EVIDENCE_SHOWN
+        console.print(Text(f"  ... {more} more event(s) with evidence in the JSON report"))
+
+
 def _verdict_line(report: RunReport) -> Text:
     if report.ok:
         return Text("PASSED: every invariant held", style="bold green")
@@ -163,6 +183,7 @@ def render(report: RunReport, console: Console | None = None) -> None:
         if record.note:
             note = f"  #{record.index} {record.planned.fault.describe()}: {record.note}"
             console.print(Text(note, style="dim"))
+    _print_evidence(report, console)
     console.print(_recovery(report))
     console.print(_invariants(report))
     console.print(_verdict_line(report), soft_wrap=True)

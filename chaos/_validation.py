@@ -120,8 +120,10 @@ def _list_of(check: _Check) -> _Check:
     return checked
 
 
-def _object(fields: dict[str, _Check]) -> _Check:
-    """An object with exactly the keys of `fields`, each passing its check."""
+def _object(fields: dict[str, _Check], optional: dict[str, _Check] | None = None) -> _Check:
+    """An object with exactly the keys of `fields` (and maybe those of `optional`), each
+    passing its check."""
+    optional = optional or {}
 
     def checked(value: Any, path: str) -> None:
         _any_object(value, path)
@@ -130,7 +132,9 @@ def _object(fields: dict[str, _Check]) -> _Check:
                 _fail(_join(path, key), "required key is missing")
             check(value[key], _join(path, key))
         for key in value:
-            if key not in fields:
+            if key in optional:
+                optional[key](value[key], _join(path, key))
+            elif key not in fields:
                 _fail(_join(path, key), "unexpected key")
 
     return checked
@@ -204,7 +208,8 @@ _event = _object(
         "pid": _optional(_integer),
         "message": _string,
         "fault": _optional(_count),
-    }
+    },
+    optional={"evidence": _string},
 )
 _timings = _object({"detect_s": _percentile_summary, "recover_s": _percentile_summary})
 _kind_summary = _object(

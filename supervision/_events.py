@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from ._evidence import trim_evidence
+
 EventKind = Literal[
     "exception",
     "exit",
@@ -22,8 +24,11 @@ EventKind = Literal[
     "escalated",
     "stopped",
     "preempting",
+    "oom",
 ]
 EVENT_KINDS: tuple[str, ...] = get_args(EventKind)
+#: How many lines of evidence (a traceback, a stack dump) a report shows at most.
+REPORT_EVIDENCE_LINES = 30
 #: Kinds that warn of what is coming rather than report a failure: unhandled, nothing fails.
 NOTICE_KINDS: tuple[str, ...] = ("preempting",)
 
@@ -74,6 +79,8 @@ class SupervisionEvent:
             return f"was killed by {self.signal}{detail}."
         if self.kind == "exit":
             return f"exited with code {self.exit_code} without being asked to stop{detail}."
+        if self.kind == "oom":
+            return f"ran out of memory and was killed{detail}."
         if self.kind == "hung":
             return f"stopped answering heartbeats and is considered hung{detail}."
         if self.kind == "unreachable":
@@ -101,19 +108,47 @@ class SupervisionEvent:
             event = event.cause
         return event
 
-    def report(self) -> str:
-        """A readable account: the root cause first, then the path up the tree."""
+    def report(self, max_lines: int = REPORT_EVIDENCE_LINES) -> str:
+        """A readable account that fits a screen: the root cause first (what, where, why),
+        its evidence trimmed to `max_lines` (a stack dump's most relevant thread first), then
+        the path up the tree."""
         chain = [self]
         while chain[-1].cause is not None:
             chain.append(chain[-1].cause)  # type: ignore[arg-type]
-        lines = ["Supervision report", "==================", f"Root cause: {chain[-1]}"]
         root = chain[-1]
+        lines = ["Supervision report", "==================", f"Root cause: {root}"]
+        lines.append(f"  {root._facts()}")
         if root.traceback:
-            lines += ["", "Remote traceback:", root.traceback.rstrip()]
+            lines += ["", f"{root._evidence_title()}:", *root.evidence(max_lines)]
         if len(chain) > 1:
             lines += ["", "Propagated up the tree:"]
             lines += [f"  {i}. {event}" for i, event in enumerate(reversed(chain[:-1]), 1)]
         return "\n".join(lines)
+
+    def evidence(self, max_lines: int = REPORT_EVIDENCE_LINES) -> list[str]:
+        """The lines of this event's traceback that fit in `max_lines` (plus a line saying
+        what was left out): an exception's end, a stack dump's most relevant thread."""
+        return trim_evidence(self.traceback or "", max_lines) if self.traceback else []
+
+    def _facts(self) -> str:
+        """The fields of the event on one line: kind, mesh, rank, proc, pid, host, signal."""
+        facts = [f"kind: {self.kind}", f"mesh: {self.mesh_name}"]
+        if self.rank is not None:
+            facts.append(f"rank: {dict(self.rank)}")
+        named = (("proc", self.proc_id), ("pid", self.pid), ("host", self.host))
+        facts += [f"{name}: {value}" for name, value in named if value is not None]
+        if self.signal or self.exit_code is not None:
+            facts.append(
+                f"signal: {self.signal}" if self.signal else f"exit code: {self.exit_code}"
+            )
+        return " | ".join(facts)
+
+    def _evidence_title(self) -> str:
+        if (self.traceback or "").lstrip().startswith("Traceback"):
+            return "Remote traceback (innermost call last)"
+        if self.kind == "oom":
+            return "Where it ran out of memory"
+        return "Python stacks of its threads (the most relevant first)"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain fields, for structured logs and JSON reports."""

@@ -90,6 +90,14 @@ class Fragile(Actor):
         return "slept"
 
     @endpoint
+    def nap(self, marker: str, seconds: float) -> str:
+        """Sleeps like `sleep`, once it created the file `marker` (the caller knows when)."""
+        with open(marker, "w"):
+            pass
+        time.sleep(seconds)
+        return "slept"
+
+    @endpoint
     async def park(self, seconds: float, rank: int | None = None) -> int:
         """Waits without blocking the proc (an in-flight call that only a failure ends)."""
         if _targeted(rank):
@@ -146,6 +154,13 @@ class Fragile(Actor):
         return current_rank().rank
 
     @endpoint
+    def fault(self, signame: str) -> int:
+        """Raise the fatal signal `signame` in this thread (as a fault would: C's raise())."""
+        _no_core_dumps()
+        signal.raise_signal(getattr(signal, signame))
+        return current_rank().rank
+
+    @endpoint
     def segfault(self, rank: int | None = None) -> int:
         if _targeted(rank):
             _no_core_dumps()
@@ -158,6 +173,35 @@ class Fragile(Actor):
         if _targeted(rank):
             ctypes.PyDLL(None).sleep(seconds)
         return current_rank().rank
+
+    @endpoint
+    def allocate(self, mib: int, rank: int | None = None) -> int:
+        """Allocate and touch `mib` MiB, held until the call returns."""
+        if _targeted(rank):
+            _no_core_dumps()
+            held = bytearray(mib << 20)
+            for page in range(0, len(held), 4096):
+                held[page] = 1
+        return current_rank().rank
+
+    @endpoint
+    def ignore_signal(self, signum: int) -> None:
+        """Ignore `signum` from now on, at the C level (Python's signal() is main-thread only)."""
+        libc = ctypes.CDLL(None)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal(signum, ctypes.c_void_p(1))  # SIG_IGN
+
+    @endpoint
+    def data_limit(self) -> int:
+        """This proc's RLIMIT_DATA (what ``memory_limit`` sets), in bytes."""
+        return resource.getrlimit(resource.RLIMIT_DATA)[0]
+
+
+def join_cgroup(path: str) -> None:
+    """A proc mesh's bootstrap function: move this proc into the cgroup directory `path`."""
+    with open(os.path.join(path, "cgroup.procs"), "w") as procs:
+        procs.write(str(os.getpid()))
 
 
 # -- owners ------------------------------------------------------------------------------------

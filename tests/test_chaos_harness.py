@@ -260,6 +260,8 @@ def test_long_pause_is_seen_as_hung(soft: RunReport) -> None:
     assert record.observed == ["hung"]
     [event] = events_of(soft, record)
     assert (event.kind, event.rank) == ("hung", 0)
+    assert "(most recent call first):" in event.evidence  # its stacks, dumped before the kill
+    assert "Evidence (the root cause of each event, trimmed)" in render_text(soft)
     # Not before the heartbeat timeout, and before the pause would have ended by itself.
     assert record.detect_s is not None
     assert record.detect_s >= HEARTBEAT_TIMEOUT_S - 2 * HEARTBEAT_INTERVAL_S, record

@@ -98,6 +98,7 @@ def events(draw: st.DrawFn, n_faults: int) -> ObservedEvent:
         pid=draw(st.none() | st.integers(1, 2**22)),
         message=draw(texts),
         fault=draw(st.none() | attributed),
+        evidence=draw(texts),
     )
 
 
@@ -470,6 +471,31 @@ def test_render_text_of_a_failed_run() -> None:
     assert max(len(line) for line in text.splitlines()) <= 120
     # The attributed event is shown with its fault, not as unexpected.
     assert text.count("unexpected") == 1
+
+
+def test_render_text_shows_the_evidence_of_events_first_ones_first() -> None:
+    """The stack of a hung rank is shown under the timeline, for the first few events."""
+    report = example_report()
+    stack = 'Thread 0x01 (most recent call first):\n  File "train.py", line 9 in all_reduce'
+    report.events = [
+        ObservedEvent(3.0 + i, "hung", "trainer", i, 0, 100 + i, "hung", fault=1, evidence=stack)
+        for i in range(5)
+    ]
+    text = render_text(report)
+    evidence = text[text.index("Evidence (the root cause of each event, trimmed)") :]
+    assert evidence.index("#1 hung trainer rank 0 pid 100:") < evidence.index("in all_reduce")
+    assert evidence.count("in all_reduce") == 3
+    assert "... 2 more event(s) with evidence in the JSON report" in evidence
+    assert text.index("Timeline") < text.index("Evidence") < text.index("Recovery")
+
+
+def test_a_report_without_evidence_keys_still_loads() -> None:
+    """Reports written before events had `evidence` are still valid."""
+    data = loaded(example_report())
+    for event in data["events"]:
+        del event["evidence"]
+    validate_report(data)
+    assert RunReport.from_dict(data).events[0].evidence == ""
 
 
 def test_render_text_verdict_lines() -> None:

@@ -194,6 +194,10 @@ def test_uncaught_failure_ends_the_program(xdg: Path, kind: str, fragments: list
     assert outcome.result is None  # the sleep never finished
     if kind == "broadcast_raise":  # the remote traceback is part of the report
         assert "EndpointError: nobody hears this" in outcome.stderr
+    if kind == "hung":  # its stacks, dumped before it was killed, follow the root cause
+        report = outcome.stderr[outcome.stderr.index("Root cause: ") :]
+        assert "Python stacks of its threads (the most relevant first):" in report
+        assert "stacks were dumped" in report.splitlines()[0]
 
 
 @pytest.mark.parametrize("library", ["asyncio", "trio"])
@@ -208,6 +212,9 @@ def test_uncaught_failure_of_the_awaited_call(xdg: Path) -> None:
     outcome = run_client(xdg, "uncaught_in_get")
     assert_reports(outcome, "killed by SIGSEGV", "{'gpus': 0}", str(outcome.procs[0]))
     assert "segfault.call_one().get(" in outcome.stderr  # raised by the get() itself
+    report = outcome.stderr[outcome.stderr.index("Root cause: ") :]
+    assert "Fatal Python error: Segmentation fault" in report  # the native fault's stack
+    assert report.index("Current thread") < report.index("in segfault")
 
 
 def test_uncaught_actor_error_shows_the_remote_traceback(xdg: Path) -> None:

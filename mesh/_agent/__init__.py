@@ -6,6 +6,8 @@ Runs as its own process (``meshvisor agent`` or ``python -m mesh._agent``):
 - `host_agent`: `HostAgent`, the loop that serves requests and fork-server reports;
 - `procs`: the table of procs the agent runs, and their exit reports;
 - `watchdog` and `liveness`: heartbeat deadlines, and whether a silent proc is hung or busy;
+- `evidence`, `stacks` and `oom_kills`: why a proc died: the stacks it dumped (a hung one is
+  asked to), ordered for reading, and whether it ran out of memory;
 - `spawning`: a new proc's address, configuration and output prefix;
 - `forkserver`: the single-threaded process that forks procs; `proc_main` is what each runs;
 - `rundir`: the run directory of the procs' ipc sockets;

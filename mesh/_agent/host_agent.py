@@ -13,6 +13,7 @@ import selectors
 import signal
 import time
 
+from mesh._agent.evidence import declare_hung, exit_report_with_evidence, note_ready
 from mesh._agent.forkserver import ForkServerClient
 from mesh._agent.notices import NoticeWatch
 from mesh._agent.output_relay import forwarded_report
@@ -20,7 +21,6 @@ from mesh._agent.procs import (
     ProcRecord,
     ProcTable,
     exit_code_and_signal,
-    exit_report,
     unknown_proc_report,
 )
 from mesh._agent.rundir import remove_proc_sockets, remove_stale_sockets
@@ -253,6 +253,7 @@ class HostAgent:
             return
         proc.address = ready.address  # a tcp proc picked its port itself
         proc.connected = True
+        note_ready(proc)
         if proc.spec.replaces:  # holders of handles to the old proc learn where it went
             moved = ProcReplaced(
                 proc.spec.replaces, ready.proc_id, ready.address, ready.pid, ready.host
@@ -343,7 +344,7 @@ class HostAgent:
         )
         self._outbox.forget(proc.address)
         remove_proc_sockets(self._rundir, proc.proc_id)
-        report = exit_report(proc, pid, code, signame, self._hostname)
+        report = exit_report_with_evidence(proc, pid, code, signame, self._hostname, self._rundir)
         for address in {proc.owner, *proc.watchers}:
             if proc.failure is not None:
                 self._send(address, SpawnFailed(proc.proc_id, self._hostname, proc.failure))
@@ -365,9 +366,7 @@ class HostAgent:
             why = self._watchdog.judge_silence(proc, pid, now)
             if why is not None:
                 self._log.warning("proc_hung", proc=proc.proc_id, pid=pid, reason=why)
-                proc.hung = proc.stop_requested = True
-                proc.why_hung = why
-                self._kill(proc)
+                declare_hung(self._forkserver, proc, why, now)
 
     def _stop_orphans_of(self, owner: str) -> None:
         """Stop the procs of a network owner that stopped sending OwnerAlive."""

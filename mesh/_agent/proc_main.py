@@ -14,6 +14,7 @@ from typing import Any
 
 from mesh._context import Context, enter_context, exit_context
 from mesh._engine.messages import Heartbeat, ProcReady, SpawnFailed
+from mesh._engine.proc_faults import limit_memory, record_stacks_on_faults
 from mesh._engine.runtime import Runtime
 from mesh._engine.session import Session, install_session
 from mesh._settings import reload_settings
@@ -101,6 +102,8 @@ def run_proc(config: dict[str, Any]) -> int:
     sys.path[:] = list(config["sys_path"])
     os.chdir(config["cwd"])
     reload_settings()  # those of its own environment, not the fork server's
+    record_stacks_on_faults(config["rundir"], config["proc_id"])
+    limit_memory(config["memory_limit"], config["rundir"], config["proc_id"])
     try:
         runtime = Runtime(config["address"], proc_id=config["proc_id"], agent=config["agent"])
     except TransportError as error:  # e.g. no space left for its socket file

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from mesh._agent.liveness import CpuSample
+from mesh._agent.oom_kills import CgroupMemory
 from mesh._agent.spawning import bootstrap_failure
 from mesh._engine.messages import ProcExited, ProcSpec
 
@@ -43,6 +44,8 @@ class ProcRecord:
     watchers: set[str] = field(default_factory=set)
     bootstrap: tuple[str, ...] = ()  # the command that starts it (`SpawnProcs.bootstrap`)
     connected: bool = False  # it said it is ready
+    memory: CgroupMemory | None = None  # its memory cgroup, sampled when it was ready
+    dump_requested_at: float = 0.0  # when the agent asked a hung proc for its stacks
 
     @property
     def proc_id(self) -> str:
@@ -129,14 +132,30 @@ class ProcTable:
 def exit_code_and_signal(status: int) -> tuple[int, str | None]:
     """The exit code of a `waitpid` status (negative for a signal) and the signal's name."""
     code = os.waitstatus_to_exitcode(status)
-    return code, signal.Signals(-code).name if code < 0 else None
+    return code, signal_name(-code) if code < 0 else None
+
+
+def signal_name(signum: int) -> str:
+    """The name of signal `signum`: ``SIGKILL``, or ``SIGRTMIN+8`` for a real-time one."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        if hasattr(signal, "SIGRTMIN") and signal.SIGRTMIN < signum < signal.SIGRTMAX:
+            return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
+        return f"signal {signum}"
 
 
 def exit_report(
-    proc: ProcRecord, pid: int, code: int, signame: str | None, hostname: str
+    proc: ProcRecord,
+    pid: int,
+    code: int,
+    signame: str | None,
+    hostname: str,
+    evidence: tuple[str, str] = ("", ""),
 ) -> ProcExited:
     """What the owner and watchers of `proc` learn when its process `pid` exited with `code`
-    (negative: killed by signal `signame`)."""
+    (negative: killed by signal `signame`); `evidence`: the stacks it dumped and why it ran
+    out of memory (`evidence.take_evidence`)."""
     return ProcExited(
         proc.proc_id,
         pid,
@@ -146,6 +165,7 @@ def exit_report(
         proc.stop_requested and not proc.hung,
         proc.hung,
         proc.why_hung,
+        *evidence,
     )
 
 

@@ -37,14 +37,16 @@ def remove_proc_sockets(rundir: str, proc_id: str) -> None:
 
 
 def remove_stale_sockets(rundir: str, keep: str) -> None:
-    """Remove the sockets that procs of a previous agent left in `rundir` (a restarted agent
-    reuses its directory; its old procs were killed with the old agent)."""
+    """Remove the sockets (and evidence files) that procs of a previous agent left in `rundir`
+    (a restarted agent reuses its directory; its old procs were killed with the old agent)."""
     try:
         entries = list(os.scandir(rundir))
     except OSError:
         return
     for entry in entries:
         path = entry.path
-        if f"ipc://{path}" != keep and stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+        mode = entry.stat(follow_symlinks=False).st_mode
+        stale_evidence = stat.S_ISREG(mode) and path.endswith((".stacks", ".oom"))
+        if f"ipc://{path}" != keep and (stat.S_ISSOCK(mode) or stale_evidence):
             with contextlib.suppress(OSError):
                 os.unlink(path)

@@ -57,6 +57,7 @@ def proc_config(
         "bootstrap": list(request.bootstrap),
         "forward_output": request.forward_output,
         "setup": base64.b64encode(request.setup).decode(),
+        "memory_limit": request.memory_limit,
     }
 
 

@@ -16,6 +16,7 @@ from mesh._engine.future import Future, resolved
 from mesh._engine.messages import ShutdownAgent
 from mesh._engine.ownership import ProcMeshRecord
 from mesh._engine.peers import ProcPeer
+from mesh._engine.proc_faults import parse_memory_limit
 from mesh._engine.runtime import Runtime
 from mesh._engine.session import current_session
 from mesh._shape import Extent, Region
@@ -60,6 +61,7 @@ class HostMesh(MeshBase):
         spare_hosts: HostMesh | None = None,
         bootstrap_command: BootstrapCommand | None = None,
         bootstrap: Callable[[], object] | None = None,
+        memory_limit: int | str | None = None,
     ) -> ProcMesh:
         """One new OS process per point of each host times ``per_host``; returns at once.
 
@@ -74,9 +76,12 @@ class HostMesh(MeshBase):
         `with_python_executable`) starts each with a command; a command that cannot start
         fails its ranks with a `SupervisionError` naming it. A `bootstrap` function (sync or
         async, no arguments) runs in each proc before it is ready, and again in a re-spawned
-        one; one that raises fails its rank (``"spawn_failed"``, with its traceback).
+        one; one that raises fails its rank (``"spawn_failed"``, with its traceback). A
+        `memory_limit` (bytes, or a size such as ``"2GiB"``) caps each proc's private memory:
+        a proc that exceeds it fails as ``"oom"`` (see docs/failure-evidence.md).
         """
         setup = pickled_bootstrap(bootstrap)
+        memory_bytes = parse_memory_limit(memory_limit)
         command = bootstrap_command or self._bootstrap
         if command is not None and not isinstance(command, BootstrapCommand):
             raise TypeError(f"bootstrap_command must be a BootstrapCommand, not {command!r}")
@@ -132,6 +137,7 @@ class HostMesh(MeshBase):
         )
         record.bootstrap = command.argv() if command is not None else ()
         record.setup = setup
+        record.memory_limit = memory_bytes
         if spare_hosts is not None:
             record.spares = tuple(spare_hosts._agents_in_order())
         runtime.ownership.add_proc_mesh(record, restart)

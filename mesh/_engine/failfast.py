@@ -42,6 +42,8 @@ class FailureScope(Protocol):
 FAIL_FAST_SIGNAL = signal.SIGRTMIN + 7
 #: Events already raised in the main thread, so that a late duplicate is not raised again.
 _DELIVERED_MEMORY = 1024
+#: How many other failures of the same incident the report lists (one line each).
+_RELATED_SHOWN = 5
 #: How often the main thread is signalled again while a failure is still owed to it.
 _RESIGNAL_S = 0.05
 
@@ -199,6 +201,13 @@ def _print_report(
     previous(kind, value, tb)
     if isinstance(value, SupervisionError):
         print("\n" + value.event.report(), file=sys.stderr)
+        related = value.related_events
+        if related:
+            shown = [f"  - {event}" for event in related[:_RELATED_SHOWN]]
+            more = len(related) - len(shown)
+            shown += [f"  ... and {more} more (SupervisionError.related_events)"] if more else []
+            heading = f"\nAlso failed in the same incident ({len(related)}):"
+            print("\n".join([heading, *shown]), file=sys.stderr)
 
 
 FAIL_FAST = FailFast()

@@ -26,6 +26,7 @@ from mesh._engine.host_services import HostServices
 from mesh._engine.hosted_actor import ALIVE, HostedActor
 from mesh._engine.lanes import Lanes, SyncRunner
 from mesh._engine.messages import ActorFailed, CallActor, SpawnActor, StopActor
+from mesh._engine.proc_faults import die_if_out_of_memory
 from mesh._engine.replying import Replier, clip, format_traceback
 from mesh._engine.response_port import NO_REPLY, with_response_port
 from mesh._engine.supervising import ChildFailures
@@ -273,7 +274,9 @@ class ActorHost:
     def _endpoint_raised(
         self, actor: HostedActor, header: CallActor, exc: BaseException, fatal: bool | None = None
     ) -> None:
-        """An exception fails only the call; a broadcast's or a BaseException fails the actor."""
+        """An exception fails only the call; a broadcast's or a BaseException fails the actor.
+        A MemoryError at the proc's memory limit kills the proc."""
+        die_if_out_of_memory(exc)
         if fatal is None:
             fatal = header.reply_to is None or not isinstance(exc, Exception)
         if not fatal and header.reply_to is not None:
@@ -286,6 +289,7 @@ class ActorHost:
     # -- failing -------------------------------------------------------------------------------
 
     def _fail(self, actor: HostedActor, exc: BaseException, what: str) -> SupervisionEvent:
+        die_if_out_of_memory(exc)
         if isinstance(exc, ActorAborted):
             message = clip(f"the actor aborted itself: {safe_str(exc)}")
         else:

@@ -56,6 +56,7 @@ class SpawnProcs:
     forward_output: bool = False  # lines to the owner (`ProcOutput`), not the agent's output
     setup: bytes = b""  # a pickled function each proc runs before it is ready (the agent never
     # unpickles it): spawn_procs(bootstrap=...)
+    memory_limit: int = 0  # bytes of private memory each proc may use (0: no limit)
 
 
 @message_type
@@ -88,7 +89,8 @@ class ProcReady:
 @dataclass(frozen=True, slots=True)
 class ProcExited:
     """Agent → owner and watchers. `hung`: the agent killed it for missing heartbeats, and
-    `why_hung` says how it told a hang from a busy proc."""
+    `why_hung` says how it told a hang from a busy proc. `traceback`: the Python stacks it
+    dumped (hung, or a fatal signal); `out_of_memory`: why it ran out of memory, with figures."""
 
     proc_id: str
     pid: int
@@ -98,6 +100,8 @@ class ProcExited:
     requested: bool
     hung: bool = False
     why_hung: str = ""
+    traceback: str = ""
+    out_of_memory: str = ""
 
 
 @message_type
@@ -442,6 +446,7 @@ def _bad_spawn(request: SpawnProcs) -> str | None:
         or _bad_duration("heartbeat_interval_s", request.heartbeat_interval_s, positive=True)
         or _bad_duration("heartbeat_timeout_s", request.heartbeat_timeout_s, positive=True)
         or _bad_duration("busy_timeout_s", request.busy_timeout_s, positive=True)
+        or ("memory_limit must not be negative" if request.memory_limit < 0 else None)
         or next(filter(None, map(_bad_spec, request.procs)), None)
     )
 

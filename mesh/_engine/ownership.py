@@ -67,6 +67,8 @@ class ProcMeshRecord:
     forward_output: bool = False
     #: The pickled function each proc runs before it is ready (`SpawnProcs.setup`), or b"".
     setup: bytes = b""
+    #: Bytes of private memory each proc may use (`SpawnProcs.memory_limit`; 0: no limit).
+    memory_limit: int = 0
 
 
 class Ownership:

@@ -7,6 +7,7 @@ restart policy, else up the supervision tree, as the actor meshes on it see it.
 
 from __future__ import annotations
 
+import signal
 from typing import Any, Protocol
 
 from mesh._engine.calltable import CallTable
@@ -21,6 +22,7 @@ from mesh._engine.messages import (
 )
 from mesh._engine.ownership import Ownership
 from mesh._engine.peers import ProcPeer
+from mesh._engine.proc_faults import DUMP_SIGNAL
 from mesh._engine.restarts import Restarts
 from mesh._engine.supervisor import Supervisor
 from supervision import EventKind, SupervisionError, SupervisionEvent
@@ -112,9 +114,11 @@ class ProcLifecycle:
         if header.requested or peer.state == "stopping":
             kind, message = "stopped", "by its owner"
         elif header.hung:
-            kind, message = "hung", f"it was killed by the host agent ({header.signal})"
+            kind, message = "hung", f"it was killed by the host agent ({_how(header.signal)})"
             if header.why_hung:
                 message = f"{header.why_hung}; {message}"
+        elif header.out_of_memory:
+            kind, message = "oom", header.out_of_memory
         elif header.signal is not None:
             kind, message = "signal", ""
         else:
@@ -126,6 +130,7 @@ class ProcLifecycle:
             pid=header.pid,
             exit_code=header.exit_code,
             signal=None if header.hung else header.signal,
+            traceback=header.traceback or None if kind != "stopped" else None,
         )
         self.mark_peer_gone(peer, event, "stopped" if kind == "stopped" else "failed")
 
@@ -238,3 +243,10 @@ class ProcLifecycle:
         """Ask the agents to stop every proc this process spawned (at shutdown)."""
         owned = [p for p in self._ownership.all_peers() if p.owned and p.alive]
         self.stop_peers(owned, grace_s)
+
+
+def _how(signame: str | None) -> str:
+    """How the agent killed a hung proc: the signal's name, said in words for the dump one."""
+    if DUMP_SIGNAL is not None and signame == f"SIGRTMIN+{DUMP_SIGNAL - signal.SIGRTMIN}":
+        return f"{signame}, its stack-dump signal"
+    return str(signame)
