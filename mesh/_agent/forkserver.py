@@ -33,6 +33,7 @@ from collections import deque
 from typing import Any, NoReturn
 
 from mesh._agent.launching import exec_bootstrap, launch_refusal
+from mesh._agent.log_files import LogFileConfig, RankLog
 from mesh._agent.output_relay import Output, Relay
 from mesh._engine.log_messages import SyncOutput
 from mesh._settings import ENV_NAMES, current_settings
@@ -99,8 +100,9 @@ class ForkServerClient:
         self.flush()
 
 
-def start_forkserver() -> ForkServerClient:
-    """Fork the fork server from the current (single-threaded) process.
+def start_forkserver(logs: LogFileConfig | None = None) -> ForkServerClient:
+    """Fork the fork server from the current (single-threaded) process; it keeps its procs'
+    lines in log files as `logs` says (none without).
 
     A proc forked by the fork server comes back out of this call (and only its own stack
     frames are left), runs, and leaves by ``SystemExit``: nothing around the call may catch
@@ -111,7 +113,7 @@ def start_forkserver() -> ForkServerClient:
     if pid == 0:
         ours.close()
         try:
-            _serve(theirs)
+            _serve(theirs, logs)
         except _ProcStart as start:
             config = start.config
         theirs.detach()  # its descriptor was closed by number in the proc; never close it again
@@ -142,7 +144,7 @@ def _preload() -> None:
             print(f"meshvisor fork server: cannot preload {name!r}: {exc}", file=sys.stderr)
 
 
-def _serve(control: socket.socket) -> NoReturn:
+def _serve(control: socket.socket, logs: LogFileConfig | None) -> NoReturn:
     die_with_parent()
     _preload()
     wake_read, wake_write = os.pipe()
@@ -163,7 +165,9 @@ def _serve(control: socket.socket) -> NoReturn:
                 if key.data == "control":
                     request = _receive_request(control, partial)
                     if request is not None:
-                        _handle_request(request, control, selector, children, wake_read, outputs)
+                        _handle_request(
+                            request, control, selector, children, wake_read, (outputs, logs)
+                        )
                 elif key.data == "wake":
                     with contextlib.suppress(BlockingIOError):
                         os.read(wake_read, 4096)
@@ -200,7 +204,7 @@ def _handle_request(
     selector: selectors.BaseSelector,
     children: set[int],
     wake_read: int,
-    outputs: tuple[Output, Output],
+    where: tuple[tuple[Output, Output], LogFileConfig | None],
 ) -> None:
     if request[0] == "signal":
         with contextlib.suppress(ProcessLookupError):
@@ -215,7 +219,7 @@ def _handle_request(
         control.send(pickle.dumps(("spawn_failed", proc_id, refusal)))
         return
     try:
-        pid, relays = _fork_proc(config, prefix, control, selector, wake_read, outputs)
+        pid, relays = _fork_proc(config, prefix, control, selector, wake_read, where)
     except OSError as exc:
         control.send(pickle.dumps(("spawn_failed", proc_id, f"fork failed: {exc}")))
         return
@@ -248,8 +252,10 @@ def _fork_proc(
     control: socket.socket,
     selector: selectors.BaseSelector,
     wake_read: int,
-    outputs: tuple[Output, Output],
+    where: tuple[tuple[Output, Output], LogFileConfig | None],
 ) -> tuple[int, list[Relay]]:
+    """Fork the proc of `config`, its output relayed to `where` (outputs, log files)."""
+    outputs, logs = where
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     pid = os.fork()
@@ -257,14 +263,23 @@ def _fork_proc(
         inherited = [control.fileno(), wake_read, out_read, err_read]
         inherited += [key.fd for key in selector.get_map().values()]
         inherited += [output.fd for output in outputs if output.fd > 2]
+        inherited += _open_log_files(selector)
         _become_proc(config, out_write, err_write, inherited)
     os.close(out_write)
     os.close(err_write)
     relays = [Relay(out_read, outputs[0], 1, config, prefix)]
     relays.append(Relay(err_read, outputs[1], 2, config, prefix))
+    rank_log = RankLog(logs, config, pid, current_settings().host_name) if logs else None
     for relay in relays:
         relay.forward_to = control if config["forward_output"] else None
+        relay.log = rank_log
     return pid, relays
+
+
+def _open_log_files(selector: selectors.BaseSelector) -> list[int]:
+    """The descriptors of the procs' open log files (a new proc closes them)."""
+    relays = [key.data for key in selector.get_map().values() if isinstance(key.data, Relay)]
+    return [relay.log.fd for relay in relays if relay.log is not None and relay.log.fd is not None]
 
 
 def _become_proc(
