@@ -1,0 +1,187 @@
+"""Reading the per-rank log files of a run (`mesh._agent.log_files`): the records of every
+file, filtered, merged across ranks in time order; and following them as they grow.
+
+A proc's records are in time order within its files (oldest ``X.log.N`` ... ``X.log``), so the
+merge of all procs is a heap merge that never holds more than one record per proc.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mesh._agent.log_records import level_at_least
+
+Record = dict[str, Any]
+#: How far files were read, by (device, inode).
+Offsets = dict[tuple[int, int], int]
+_ROTATED = re.compile(r"^(?P<proc>.+)\.log(?:\.(?P<index>\d+))?$")
+
+
+@dataclass(frozen=True)
+class LogFilter:
+    """Which records to show: of `mesh`, of `ranks` (flat ranks or coordinates, any of them),
+    at `level` or above, from `since` to `until` (seconds since the epoch); None: any."""
+
+    mesh: str | None = None
+    ranks: tuple[int | dict[str, int], ...] = ()
+    level: str | None = None
+    since: float | None = None
+    until: float | None = None
+
+    def keeps_proc(self, first: Record) -> bool:
+        """Whether the proc whose first record is `first` can have records to show."""
+        if self.mesh is not None and first.get("mesh") != self.mesh:
+            return False
+        return not self.ranks or any(_rank_matches(first, rank) for rank in self.ranks)
+
+    def keeps(self, record: Record) -> bool:
+        if not self.keeps_proc(record):
+            return False
+        if self.level is not None and not level_at_least(str(record.get("level")), self.level):
+            return False
+        time_s = record.get("t", 0.0)
+        if self.since is not None and time_s < self.since:
+            return False
+        return self.until is None or time_s <= self.until
+
+
+def _rank_matches(record: Record, rank: int | dict[str, int]) -> bool:
+    if isinstance(rank, int):
+        return bool(record.get("rank") == rank)
+    point = record.get("point") or {}
+    return all(point.get(label) == index for label, index in rank.items())
+
+
+def proc_files(directory: Path) -> dict[str, list[Path]]:
+    """Each proc's log files in `directory`, oldest first."""
+    found: dict[str, list[tuple[int, Path]]] = {}
+    for path in directory.iterdir():
+        match = _ROTATED.match(path.name)
+        if match is not None and path.is_file():
+            index = int(match.group("index") or 0)
+            found.setdefault(match.group("proc"), []).append((-index, path))
+    return {proc: [path for _, path in sorted(files)] for proc, files in found.items()}
+
+
+def parse_records(data: bytes) -> Iterator[Record]:
+    """The records in `data` (complete lines); lines that are not records are skipped."""
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("t"), (int, float)):
+            yield record
+
+
+def first_record(files: list[Path]) -> Record | None:
+    """The first record of a proc's files (its mesh, rank and point), None if none yet."""
+    for path in files:
+        try:
+            with open(path, "rb") as handle:
+                for record in parse_records(handle.readline()):
+                    return record
+        except OSError:
+            continue
+    return None
+
+
+def _records_of(files: list[Path], keep: LogFilter, offsets: Offsets) -> Iterator[Record]:
+    """The records of one proc's `files` that `keep` keeps; how far each file was read goes
+    into `offsets`."""
+    for path in files:
+        try:
+            with open(path, "rb") as handle:
+                status = os.fstat(handle.fileno())
+                data = handle.read()
+        except OSError:  # rotated away meanwhile
+            continue
+        data = data[: data.rfind(b"\n") + 1]  # a line being written is not complete yet
+        offsets[(status.st_dev, status.st_ino)] = len(data)
+        yield from (record for record in parse_records(data) if keep.keeps(record))
+
+
+def merged_records(
+    directory: Path, keep: LogFilter, offsets: Offsets
+) -> tuple[Iterator[Record], set[str]]:
+    """The records of `directory` that `keep` keeps, in time order across procs (how far each
+    file was read goes into `offsets`, for a `Follower`); and the meshes that wrote there (to
+    explain a filter that matches nothing)."""
+    streams = []
+    meshes = set()
+    for files in proc_files(directory).values():
+        first = first_record(files)
+        if first is None:
+            continue
+        meshes.add(str(first.get("mesh")))
+        if keep.keeps_proc(first):
+            streams.append(_records_of(files, keep, offsets))
+    return heapq.merge(*streams, key=lambda record: float(record["t"])), meshes
+
+
+class Follower:
+    """New records of `directory` since the last look: the files are read from where they
+    were left (by inode, so a rotated file is finished before its successor is read)."""
+
+    def __init__(self, directory: Path, keep: LogFilter, offsets: Offsets) -> None:
+        self._directory = directory
+        self._keep = keep
+        self._offsets = dict(offsets)
+
+    def new_records(self) -> list[Record]:
+        """The records written since the last call, those `keep` keeps, in time order."""
+        found: list[Record] = []
+        seen: Offsets = {}
+        for path, key, size in self._files():
+            offset = self._offsets.get(key, 0)
+            if size < offset:  # a new file that reuses the inode of a removed one
+                offset = 0
+            data = _read_range(path, offset, size)
+            seen[key] = offset + len(data)
+            found.extend(record for record in parse_records(data) if self._keep.keeps(record))
+        self._offsets = seen
+        return sorted(found, key=lambda record: float(record["t"]))
+
+    def _files(self) -> Iterable[tuple[Path, tuple[int, int], int]]:
+        for files in proc_files(self._directory).values():
+            for path in files:
+                try:
+                    status = path.stat()
+                except OSError:
+                    continue
+                yield path, (status.st_dev, status.st_ino), status.st_size
+
+
+def _read_range(path: Path, start: int, end: int) -> bytes:
+    """The complete lines of `path` between `start` and `end`."""
+    if end <= start:
+        return b""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(start)
+            data = handle.read(end - start)
+    except OSError:
+        return b""
+    return data[: data.rfind(b"\n") + 1]
+
+
+def shown(record: Record, with_time: bool) -> str:
+    """A record as the client shows its line: ``[trainers {'gpus': 1}] text``."""
+    line = f"[{record.get('mesh')} {record.get('point')}] {record.get('text')}"
+    if not with_time:
+        return line
+    from datetime import datetime
+
+    stamp = datetime.fromtimestamp(float(record["t"])).isoformat(timespec="milliseconds")
+    return f"{stamp} {record.get('level', 'info'):<8} {line}"
+
+
+def as_json(record: Record) -> str:
+    return json.dumps(record, separators=(",", ":"))
