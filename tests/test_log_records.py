@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from mesh._agent.log_files import LogFileConfig, RankLog
 from mesh._agent.log_records import line_level
+from mesh._engine.proc_lines import Aggregator, RankedLine
 from observe._logs_cli import LogsError, parse_rank, parse_time
 from observe._logs_read import LogFilter, merged_records, proc_files
 
@@ -132,3 +134,33 @@ def test_bad_rotation_settings_name_the_variable() -> None:
     with pytest.raises(ValueError, match="at least 1024 bytes"):
         LogFileConfig.from_env("/x", {"MESHVISOR_LOG_FILE_BYTES": "10"})
     assert LogFileConfig.from_env("/x", {"MESHVISOR_LOG_FILES": "0"}).max_files == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    words=st.lists(st.sampled_from(["loss", "step", "x", " ", "/", "="]), min_size=1, max_size=4),
+    rows=st.lists(st.lists(st.integers(0, 10**6), min_size=4, max_size=4), min_size=1, max_size=12),
+    similar=st.booleans(),
+)
+def test_similar_lines_are_one_line_whose_numbers_cover_every_rank(
+    words: list[str], rows: list[list[int]], similar: bool
+) -> None:
+    def text(numbers: list[int]) -> str:
+        return "".join(f"{word}{number}" for word, number in zip(words, numbers))
+
+    aggregator = Aggregator(similar)
+    for rank, numbers in enumerate(rows):
+        aggregator.add(RankedLine(1, text(numbers), f"m {{'r': {rank}}}", (("r", rank),)))
+    shown = [line for _, line in aggregator.take()]
+    assert len(shown) == (1 if similar else len({text(numbers) for numbers in rows}))
+    if similar:
+        slots = re.findall(r"\{([\d.,]+)\}|(\d+)", shown[0].split("] ", 1)[1])
+        for index, (values, plain) in enumerate(slots):
+            column = [numbers[index] for numbers in rows]
+            if plain:
+                assert set(column) == {int(plain)}
+            elif ".." in values:
+                low, high = values.split("..")
+                assert (min(column), max(column)) == (int(low), int(high))
+            else:
+                assert sorted(set(column)) == [int(value) for value in values.split(",")]

@@ -14,10 +14,14 @@ from mesh._engine.proc_output import LogMode
 from mesh._engine.runtime import Runtime
 
 
-def check_logging_option(stream_to_client: Any, aggregate_window_sec: Any, level: Any) -> LogMode:
+def check_logging_option(
+    stream_to_client: Any, aggregate_window_sec: Any, level: Any, aggregate_similar: Any = True
+) -> LogMode:
     """The mode these arguments ask for; ValueError/TypeError saying what is wrong."""
     if not isinstance(stream_to_client, bool):
         raise TypeError(f"stream_to_client must be True or False, not {stream_to_client!r}")
+    if not isinstance(aggregate_similar, bool):
+        raise TypeError(f"aggregate_similar must be True or False, not {aggregate_similar!r}")
     window = aggregate_window_sec
     if window is not None and (
         isinstance(window, bool)
@@ -39,7 +43,7 @@ def check_logging_option(stream_to_client: Any, aggregate_window_sec: Any, level
             f"level must be a logging level between 0 and 255 (logging.INFO is "
             f"{logging.INFO}), not {level!r}"
         )
-    return LogMode(stream_to_client, None if window is None else float(window))
+    return LogMode(stream_to_client, None if window is None else float(window), aggregate_similar)
 
 
 def owned_record(runtime: Runtime, peers: tuple[ProcPeer, ...], name: str) -> ProcMeshRecord:

@@ -38,6 +38,8 @@ class LogMode:
 
     stream_to_client: bool
     aggregate_window_s: float | None
+    #: Whether lines that differ only in their numbers are aggregated too (`proc_lines`).
+    aggregate_similar: bool = True
 
 
 class SinkHost(LoopPump, Protocol):
@@ -81,7 +83,8 @@ class OutputSink:
             line = RankedLine(header.stream, text, header.source, _rank_of(peer))
             key = peer.mesh_key if peer is not None else header.source
             window = mode.aggregate_window_s if mode is not None else None
-            self._put(("line", key, window, line))
+            similar = mode is None or mode.aggregate_similar
+            self._put(("line", key, window, similar, line))
 
     def sync(self, peers: list[ProcPeer], forward: bool) -> Future[None]:
         """Ask the agents of `peers` to relay what those procs printed so far (and to forward
@@ -166,11 +169,11 @@ class OutputSink:
             except queue.Empty:
                 item = ("due",)
             if item[0] == "line":
-                _, key, window, line = item
+                _, key, window, similar, line = item
                 if window is None:
                     _print(line.stream, line.shown_alone())
                     continue
-                windows.setdefault(key, (now + window, Aggregator()))[1].add(line)
+                windows.setdefault(key, (now + window, Aggregator(similar)))[1].add(line)
                 continue
             closing = [k for k, (d, _) in windows.items() if item[0] == "flush" or d <= now]
             for key in closing:
