@@ -147,6 +147,25 @@ def test_sixteen_ranks_are_shown_aggregated_and_their_files_hold_every_line(
         }
 
 
+def test_with_streaming_off_the_lines_are_only_in_the_files(
+    make_procs: Callable[..., Any], agent_capfd: Callable[[], pytest.CaptureFixture[str]]
+) -> None:
+    capfd = agent_capfd()  # the agent's own output too: the lines go to neither
+    name = _unique("quiet")
+    procs = make_procs({"gpus": 2}, name=name)
+    printers = procs.spawn("printers", Printer)
+    procs.logging_option(stream_to_client=False, aggregate_window_sec=None).get(timeout=T)
+    printers.say.call("kept on disk", times=50).get(timeout=T)
+    printers.say.call("also on disk", to_stderr=True).get(timeout=T)
+    procs.flush_logs().get(timeout=T)
+    captured = capfd.readouterr()
+    assert "on disk" not in captured.out + captured.err
+    records = _records_of(name)
+    for rank in range(2):
+        texts = [(r["stream"], r["text"]) for r in records[rank]]
+        assert texts == [("stdout", "kept on disk")] * 50 + [("stderr", "also on disk")]
+
+
 def test_logs_follows_and_filters_a_running_run_then_shows_it_finished(
     make_procs: Callable[..., Any], follow: Callable[..., Follow]
 ) -> None:

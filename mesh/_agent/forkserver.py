@@ -7,7 +7,7 @@ exit and relays their stdout/stderr line by line (`output_relay`), never blockin
 
 Protocol over a SOCK_SEQPACKET pair, pickled tuples:
   agent → server  ("spawn", proc_id, prefix, config) | ("signal", pid, signum)
-                  | ("sync", proc_ids, forward, reply_to, token)
+                  | ("sync", proc_ids, forward, reply_to, token, quiet)
                   (a config with a "bootstrap" command: the child executes it, see launching)
   server → agent  ("spawned", proc_id, pid) | ("spawn_failed", proc_id, reason)
                   | ("exited", pid, status) | ("synced", reply_to, token)
@@ -66,8 +66,10 @@ class ForkServerClient:
 
     def sync_output(self, request: SyncOutput) -> None:
         """Relay what the procs wrote so far; forward their lines to the agent from now on (or
-        stop); then report ("synced", reply_to, token)."""
-        self._send(("sync", request.proc_ids, request.forward, request.reply_to, request.token))
+        stop; or keep them in their log files only: quiet); then report ("synced", reply_to,
+        token)."""
+        sync = ("sync", request.proc_ids, request.forward, request.reply_to, request.token)
+        self._send((*sync, request.quiet))
 
     def receive(self) -> tuple[Any, ...] | None:
         """One report, or None if the fork server is gone."""
@@ -234,7 +236,7 @@ def _sync_output(
 ) -> None:
     """Relay what the procs of `request` wrote so far, switch them to forwarding their lines
     to the agent (or back), then say so: the agent tells the owner after those lines."""
-    _, proc_ids, forward, reply_to, token = request
+    _, proc_ids, forward, reply_to, token, quiet = request
     wanted = set(proc_ids)
     relays = [key.data for key in selector.get_map().values() if isinstance(key.data, Relay)]
     for relay in relays:
@@ -243,6 +245,7 @@ def _sync_output(
                 selector.unregister(relay.fd)
                 os.close(relay.fd)
             relay.forward_to = control if forward else None
+            relay.quiet = quiet
     control.send(pickle.dumps(("synced", reply_to, token)))
 
 
@@ -272,6 +275,7 @@ def _fork_proc(
     rank_log = RankLog(logs, config, pid, current_settings().host_name) if logs else None
     for relay in relays:
         relay.forward_to = control if config["forward_output"] else None
+        relay.quiet = config["quiet_output"]
         relay.log = rank_log
     return pid, relays
 

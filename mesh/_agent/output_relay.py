@@ -86,7 +86,7 @@ def _nonblocking_copy(fd: int) -> int:
 class Relay:
     """Copies one proc pipe (`stream` 1 or 2 of proc `proc_id`, owned by `owner`) line by
     line: to the proc's `log` file, and prefixed to `target`, or to the agent over
-    `forward_to` while forwarding."""
+    `forward_to` while forwarding, or nowhere else while `quiet`."""
 
     def __init__(
         self, fd: int, target: Output, stream: int, config: dict[str, Any], prefix: str
@@ -98,6 +98,7 @@ class Relay:
         self.prefix = prefix
         self.forward_to: socket.socket | None = None
         self.log: RankLog | None = None
+        self.quiet = False
         self.dropped = 0
 
     def pump(self) -> bool:
@@ -135,6 +136,8 @@ class Relay:
             return
         if self.log is not None:
             self.log.write(self.stream, lines)
+        if self.quiet and self.forward_to is None:
+            return
         if self.forward_to is None:
             tag = f"[{self.prefix}] ".encode()
             self.target.write(b"".join(tag + line + b"\n" for line in lines))

@@ -63,13 +63,14 @@ def set_logging_option(
     """Forward the lines of `record`'s procs here from now on, shown as `mode` says, and set
     their root logger's `level`; done once the lines they printed before are shown."""
     runtime.output.set_mode(record.key, mode)
-    record.forward_output = True
+    record.forward_output = mode.stream_to_client
+    record.quiet_output = not mode.stream_to_client  # the lines stay in the log files
     alive = [peer for peer in record.peers if peer.alive]
     runtime.calls.send_to_procs([(peer, SetProcLogLevel(level)) for peer in alive], None, None)
-    return runtime.output.sync(list(record.peers), forward=True)
+    return runtime.output.sync(list(record.peers), record.forward_output, record.quiet_output)
 
 
 def flush_logs(runtime: Runtime, record: ProcMeshRecord) -> Future[None]:
     """Done once every line `record`'s procs printed before this call is shown (aggregated
     lines at once, without waiting for their window)."""
-    return runtime.output.sync(list(record.peers), forward=record.forward_output)
+    return runtime.output.sync(list(record.peers), record.forward_output, record.quiet_output)

@@ -56,6 +56,7 @@ class SpawnProcs:
     forward_output: bool = False  # lines to the owner (`ProcOutput`), not the agent's output
     setup: bytes = b""  # a pickled function each proc runs before it is ready (the agent never
     # unpickles it): spawn_procs(bootstrap=...)
+    quiet_output: bool = False  # not forwarded: lines only in the log files, not the output
 
 
 @message_type

@@ -86,9 +86,10 @@ class OutputSink:
         similar = mode is None or mode.aggregate_similar
         self._put(("lines", key, window, similar, lines), len(lines))
 
-    def sync(self, peers: list[ProcPeer], forward: bool) -> Future[None]:
+    def sync(self, peers: list[ProcPeer], forward: bool, quiet: bool = False) -> Future[None]:
         """Ask the agents of `peers` to relay what those procs printed so far (and to forward
-        their lines here, or not, from now on); done once those lines are printed. Fails
+        their lines here, or not, or, `quiet`, to keep them in their log files only, from now
+        on); done once those lines are printed. Fails
         with TimeoutError naming the agents that did not answer within `SYNC_TIMEOUT_S`."""
         by_agent: dict[str, list[str]] = {}
         for peer in peers:
@@ -102,7 +103,7 @@ class OutputSink:
         with self._lock:
             self._syncs[token] = [len(by_agent), sorted(by_agent), done]
         for agent, proc_ids in by_agent.items():
-            request = SyncOutput(tuple(proc_ids), forward, self._host.address, token)
+            request = SyncOutput(tuple(proc_ids), forward, self._host.address, token, quiet)
             self._host.send_message(agent, request)
         self._host.call_soon_threadsafe(self._host.call_later, SYNC_TIMEOUT_S, self._expire, token)
         return done

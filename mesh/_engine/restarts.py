@@ -110,6 +110,7 @@ class Restarts:
                     record.bootstrap,
                     record.forward_output,
                     record.setup,
+                    quiet_output=record.quiet_output,
                 ),
             )
             runtime.check_agent(agent)  # a gone agent never answers: fail its procs now
