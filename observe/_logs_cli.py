@@ -20,6 +20,7 @@ from mesh._agent.log_records import LEVELS
 from observe._logs_read import (
     Follower,
     LogFilter,
+    LogsError,
     Offsets,
     Record,
     as_json,
@@ -31,11 +32,6 @@ from observe._logs_read import (
 FOLLOW_INTERVAL_S = 0.2
 #: How many lines ``--follow`` shows first when -n is not given (as ``tail -f``).
 FOLLOW_TAIL = 10
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-class LogsError(Exception):
-    """A request the logs cannot answer: no such run, job, mesh, or a bad filter."""
 
 
 def main(argv: list[str] | None = None, prog: str = "meshvisor logs") -> int:
@@ -140,55 +136,9 @@ def _list_runs() -> int:
 
 
 def _filter(args: argparse.Namespace) -> LogFilter:
-    if args.level is not None and args.level.lower() not in LEVELS:
-        raise LogsError(f"--level {args.level!r} is not a level; use one of {', '.join(LEVELS)}")
     if args.lines is not None and args.lines < 0:
         raise LogsError(f"-n must be a number of lines >= 0, not {args.lines}")
-    return LogFilter(
-        args.mesh,
-        tuple(parse_rank(text) for text in args.rank),
-        args.level.lower() if args.level else None,
-        parse_time("--since", args.since),
-        parse_time("--until", args.until),
-    )
-
-
-def parse_rank(text: str) -> int | dict[str, int]:
-    """``3`` → 3; ``hosts=0,gpus=1`` → {"hosts": 0, "gpus": 1}; LogsError otherwise."""
-    text = text.strip()
-    if text.isdigit():
-        return int(text)
-    coords = {}
-    for part in text.split(","):
-        label, _, index = part.partition("=")
-        if not label.strip() or not index.strip().isdigit():
-            raise LogsError(
-                f"--rank {text!r} is not a rank: give a flat rank (3) or coordinates "
-                "(hosts=0,gpus=1)"
-            )
-        coords[label.strip()] = int(index)
-    return coords
-
-
-def parse_time(option: str, text: str | None, now: float | None = None) -> float | None:
-    """`text` as seconds since the epoch: a duration ago (``10m``) or a time (ISO 8601, local
-    time unless it says otherwise); LogsError naming `option` otherwise."""
-    if text is None:
-        return None
-    text = text.strip()
-    unit = _UNITS.get(text[-1:].lower())
-    try:
-        if unit is not None:
-            ago = float(text[:-1]) * unit
-            if ago < 0:
-                raise ValueError
-            return (time.time() if now is None else now) - ago
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        raise LogsError(
-            f"{option} {text!r} is neither a duration (30s, 10m, 2h, 1d) nor a time "
-            "(2026-05-01T10:00:00)"
-        ) from None
+    return LogFilter.from_options(args.mesh, args.rank, args.level, args.since, args.until)
 
 
 def _show(directory: Path, keep: LogFilter, args: argparse.Namespace) -> int:

@@ -11,17 +11,24 @@ import heapq
 import json
 import os
 import re
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from mesh._agent.log_records import level_at_least
+from mesh._agent.log_records import LEVELS, level_at_least
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 Record = dict[str, Any]
 #: How far files were read, by (device, inode).
 Offsets = dict[tuple[int, int], int]
 _ROTATED = re.compile(r"^(?P<proc>.+)\.log(?:\.(?P<index>\d+))?$")
+
+
+class LogsError(Exception):
+    """A request the logs cannot answer: no such run, job, mesh, or a bad filter."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,27 @@ class LogFilter:
     level: str | None = None
     since: float | None = None
     until: float | None = None
+
+    @classmethod
+    def from_options(
+        cls,
+        mesh: str | None = None,
+        ranks: Iterable[str] = (),
+        level: str | None = None,
+        since: str | None = None,
+        until: str | None = None,
+    ) -> LogFilter:
+        """The filter ``meshvisor logs`` options ask for (see `parse_rank`, `parse_time`);
+        LogsError naming the option that is wrong."""
+        if level is not None and level.lower() not in LEVELS:
+            raise LogsError(f"--level {level!r} is not a level; use one of {', '.join(LEVELS)}")
+        return cls(
+            mesh,
+            tuple(parse_rank(text) for text in ranks),
+            level.lower() if level else None,
+            parse_time("--since", since),
+            parse_time("--until", until),
+        )
 
     def keeps_proc(self, first: Record) -> bool:
         """Whether the proc whose first record is `first` can have records to show."""
@@ -50,6 +78,44 @@ class LogFilter:
         if self.since is not None and time_s < self.since:
             return False
         return self.until is None or time_s <= self.until
+
+
+def parse_rank(text: str) -> int | dict[str, int]:
+    """``3`` → 3; ``hosts=0,gpus=1`` → {"hosts": 0, "gpus": 1}; LogsError otherwise."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    coords = {}
+    for part in text.split(","):
+        label, _, index = part.partition("=")
+        if not label.strip() or not index.strip().isdigit():
+            raise LogsError(
+                f"--rank {text!r} is not a rank: give a flat rank (3) or coordinates "
+                "(hosts=0,gpus=1)"
+            )
+        coords[label.strip()] = int(index)
+    return coords
+
+
+def parse_time(option: str, text: str | None, now: float | None = None) -> float | None:
+    """`text` as seconds since the epoch: a duration ago (``10m``) or a time (ISO 8601, local
+    time unless it says otherwise); LogsError naming `option` otherwise."""
+    if text is None:
+        return None
+    text = text.strip()
+    unit = _UNITS.get(text[-1:].lower())
+    try:
+        if unit is not None:
+            ago = float(text[:-1]) * unit
+            if ago < 0:
+                raise ValueError
+            return (time.time() if now is None else now) - ago
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise LogsError(
+            f"{option} {text!r} is neither a duration (30s, 10m, 2h, 1d) nor a time "
+            "(2026-05-01T10:00:00)"
+        ) from None
 
 
 def _rank_matches(record: Record, rank: int | dict[str, int]) -> bool:
@@ -106,6 +172,16 @@ def _records_of(files: list[Path], keep: LogFilter, offsets: Offsets) -> Iterato
         data = data[: data.rfind(b"\n") + 1]  # a line being written is not complete yet
         offsets[(status.st_dev, status.st_ino)] = len(data)
         yield from (record for record in parse_records(data) if keep.keeps(record))
+
+
+def read_logs(directory: str | os.PathLike[str], keep: LogFilter | None = None) -> Iterator[Record]:
+    """The records of the log directory `directory` (see docs/logs.md) that `keep` keeps, all
+    ranks merged in time order, as dicts (``t``, ``mesh``, ``rank``, ``point``, ``proc``,
+    ``pid``, ``host``, ``stream``, ``level``, ``text``)."""
+    path = Path(directory)
+    if not path.is_dir():
+        raise LogsError(f"log directory {path} not found")
+    return merged_records(path, keep or LogFilter(), {})[0]
 
 
 def merged_records(

@@ -7,17 +7,16 @@ import json
 import os
 import re
 import stat
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh._agent.log_files import LogFileConfig, RankLog
-from mesh._agent.log_records import line_level
-from mesh._engine.proc_lines import Aggregator, RankedLine
-from observe._logs_cli import LogsError, parse_rank, parse_time
-from observe._logs_read import LogFilter, merged_records, proc_files
+from mesh.testing import Aggregator, LogFileConfig, RankedLine, RankLog, line_level
+from observe import LogFilter, LogsError, read_logs
 
 PROC = {"proc_id": "trainers-abc123-5", "mesh_name": "trainers", "labels": ["hosts", "gpus"]}
 PROC |= {"sizes": [2, 4], "rank": 5}
@@ -43,10 +42,9 @@ def test_the_level_of_a_line(text: str, stream: int, level: str) -> None:
     assert line_level(text, stream) == level
 
 
-def _kept_texts(path: str) -> list[str]:
-    """The texts in a proc's kept files, oldest first."""
-    files = proc_files(Path(path).parent)[Path(path).name.removesuffix(".log")]
-    return [json.loads(line)["text"] for f in files for line in f.read_bytes().splitlines()]
+def _kept_texts(directory: Path) -> list[str]:
+    """The texts in the kept files of `directory` (one proc's), oldest first."""
+    return [record["text"] for record in read_logs(directory)]
 
 
 def test_a_record_says_where_the_line_came_from(tmp_path: Path) -> None:
@@ -85,12 +83,12 @@ def test_rotation_keeps_at_most_the_files_asked_and_loses_nothing_inside_them(
         lines = [f"{len(printed) + i}:" + "x" * width for i, width in enumerate(batch)]
         printed += lines
         log.write(1, [line.encode() for line in lines])
-    files = proc_files(directory).get("trainers-abc123-5", [])
+    files = sorted(directory.glob("trainers-abc123-5.log*"))
     assert len(files) <= max_files
     for path in files:  # a file outgrows the limit only by holding a single record
         content = path.read_bytes()
         assert len(content) <= 1024 or content.count(b"\n") == 1
-    kept = _kept_texts(str(directory / "trainers-abc123-5.log")) if files else []
+    kept = _kept_texts(directory)
     assert kept == printed[len(printed) - len(kept) :]  # the newest lines, none missing
     if printed:
         assert kept, "the last line written is always kept"
@@ -104,28 +102,33 @@ def test_records_of_all_ranks_are_merged_in_time_order_and_filtered(tmp_path: Pa
     for step in range(4):
         for rank, log in enumerate(logs):
             log.write(1 + (step == 3), [f"step {step} rank {rank}".encode()])
-    records, meshes = merged_records(tmp_path, LogFilter(), {})
-    texts = [record["text"] for record in records]
+    texts = [record["text"] for record in read_logs(tmp_path)]
     assert texts == [f"step {s} rank {r}" for s in range(4) for r in range(3)]
-    assert meshes == {"trainers"}
-    only = LogFilter(ranks=(1, {"hosts": 0, "gpus": 2}), level="error")
-    assert [r["text"] for r in merged_records(tmp_path, only, {})[0]] == [
+    only = LogFilter.from_options(ranks=["1", "hosts=0,gpus=2"], level="ERROR")
+    assert [r["text"] for r in read_logs(tmp_path, only)] == [
         "step 3 rank 1",
         "step 3 rank 2",
     ]
 
 
-def test_rank_and_time_options_are_checked() -> None:
-    assert parse_rank("3") == 3
-    assert parse_rank("hosts=0, gpus=1") == {"hosts": 0, "gpus": 1}
-    with pytest.raises(LogsError, match="is not a rank"):
-        parse_rank("gpus=one")
-    assert parse_time("--since", "10m", now=1000.0) == 400.0
-    assert parse_time("--since", "2h", now=10_000.0) == 2800.0
+def test_filter_options_are_checked() -> None:
+    ranks = LogFilter.from_options(ranks=["3", "hosts=0, gpus=1"]).ranks
+    assert ranks == (3, {"hosts": 0, "gpus": 1})
+    with pytest.raises(LogsError, match="--rank 'gpus=one' is not a rank"):
+        LogFilter.from_options(ranks=["gpus=one"])
+    with pytest.raises(LogsError, match="--level 'loud' is not a level"):
+        LogFilter.from_options(level="loud")
+    before = time.time()
+    since = LogFilter.from_options(since="10m").since
+    assert since is not None and before - 600 <= since <= time.time() - 600
+    until = LogFilter.from_options(until="2026-05-01T10:00:00+00:00").until
+    assert until == datetime(2026, 5, 1, 10, tzinfo=timezone.utc).timestamp()
     with pytest.raises(LogsError, match="--until '5 parsecs' is neither a duration"):
-        parse_time("--until", "5 parsecs")
+        LogFilter.from_options(until="5 parsecs")
     with pytest.raises(LogsError, match="neither"):
-        parse_time("--since", "-5m")
+        LogFilter.from_options(since="-5m")
+    with pytest.raises(LogsError, match="not found"):
+        list(read_logs("/nonexistent/logs"))
 
 
 def test_bad_rotation_settings_name_the_variable() -> None:
