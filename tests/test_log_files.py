@@ -24,6 +24,7 @@ from conftest import RUN_BASE
 from polling import wait_until
 
 from mesh import Actor, endpoint
+from mesh.testing import LogFileConfig, RankLog
 
 T = 60.0
 LOG_HOME = Path(os.environ["MESHVISOR_LOG_DIR"])
@@ -218,6 +219,31 @@ def test_logs_explains_what_it_cannot_show(tmp_path: Path) -> None:
     assert level.returncode == 1 and "--level 'loud' is not a level" in level.stderr
     job = _logs("--job", "no-such-job", check=False)
     assert job.returncode == 1 and "no-such-job" in job.stderr
+
+
+def test_logs_of_a_slurm_job_are_found_by_its_id(tmp_path: Path) -> None:
+    """The files a SLURM job's agents write to ``JOBDIR/logs`` (agents run with --log-dir
+    there), read by job id: written here by the fork server's own writer."""
+    job_dir = tmp_path / "home" / "slurm" / "train-1a2b3c4d"
+    (job_dir / "logs").mkdir(parents=True, mode=0o700)
+    spec = {"name": "train", "meshes": {"hosts": 2}, "persistent": True, "keys": "", "python": ""}
+    (job_dir / "job.json").write_text(json.dumps(spec | {"job_id": "4121"}))
+    for rank in range(2):
+        proc = {"proc_id": f"trainers-0a0b0c-{rank}", "mesh_name": "trainers", "rank": rank}
+        proc |= {"labels": ["hosts"], "sizes": [2]}
+        log = RankLog(LogFileConfig(str(job_dir / "logs")), proc, 100 + rank, f"n{rank + 1}")
+        log.write(1, [f"hello from n{rank + 1}".encode()])
+        log.close()
+    env = {**os.environ, "MESHVISOR_HOME": str(tmp_path / "home")}
+    shown = subprocess.run(
+        [sys.executable, "-m", "meshvisor", "logs", "--job", "4121", "--rank", "hosts=1"],
+        capture_output=True,
+        text=True,
+        timeout=T,
+        env=env,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == ["[trainers {'hosts': 1}] hello from n2"]
 
 
 CLIENT = textwrap.dedent("""

@@ -50,6 +50,7 @@ def _kept_texts(directory: Path) -> list[str]:
 def test_a_record_says_where_the_line_came_from(tmp_path: Path) -> None:
     log = RankLog(LogFileConfig(str(tmp_path)), PROC, 4242, "node7")
     log.write(2, [b"WARNING:root:hot", "caf\u00e9".encode(), b"\xff bad"])
+    log.close()
     lines = (tmp_path / "trainers-abc123-5.log").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert records[0] | {"t": 0} == {
@@ -83,6 +84,7 @@ def test_rotation_keeps_at_most_the_files_asked_and_loses_nothing_inside_them(
         lines = [f"{len(printed) + i}:" + "x" * width for i, width in enumerate(batch)]
         printed += lines
         log.write(1, [line.encode() for line in lines])
+    log.close()
     files = sorted(directory.glob("trainers-abc123-5.log*"))
     assert len(files) <= max_files
     for path in files:  # a file outgrows the limit only by holding a single record
@@ -102,6 +104,8 @@ def test_records_of_all_ranks_are_merged_in_time_order_and_filtered(tmp_path: Pa
     for step in range(4):
         for rank, log in enumerate(logs):
             log.write(1 + (step == 3), [f"step {step} rank {rank}".encode()])
+    for log in logs:
+        log.close()
     texts = [record["text"] for record in read_logs(tmp_path)]
     assert texts == [f"step {s} rank {r}" for s in range(4) for r in range(3)]
     only = LogFilter.from_options(ranks=["1", "hosts=0,gpus=2"], level="ERROR")

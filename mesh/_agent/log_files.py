@@ -151,7 +151,12 @@ class RankLog:
     def release(self) -> None:
         """One relay is done (its pipe closed); the file is closed when both are."""
         self._users -= 1
-        if self._users <= 0 and self._fd is not None:
+        if self._users <= 0:
+            self.close()
+
+    def close(self) -> None:
+        """Close the file (a later write opens it again)."""
+        if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None
