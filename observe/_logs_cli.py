@@ -1,8 +1,9 @@
 """``meshvisor logs``: show, tail, follow and filter the per-rank log files of a run.
 
 Which run: ``--job`` (a SLURM job's directory), ``--allocation`` (a persistent allocation's),
-``--run`` (a name under the logs home, ``--list`` shows them), ``--dir``, else the run that
-wrote last. Records of all ranks are merged in time order and shown as the client shows lines.
+``--run`` (a name under the logs home, ``--list`` shows them), ``--dir``, else the run whose
+directory changed last. Records of all ranks are merged in time order and shown as the client
+shows lines.
 """
 
 from __future__ import annotations

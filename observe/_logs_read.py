@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 import os
 import re
 import time
@@ -24,6 +25,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 Record = dict[str, Any]
 #: How far files were read, by (device, inode).
 Offsets = dict[tuple[int, int], int]
+_DIGITS = re.compile(r"[0-9]+")
 _ROTATED = re.compile(r"^(?P<proc>.+)\.log(?:\.(?P<index>\d+))?$")
 
 
@@ -83,12 +85,12 @@ class LogFilter:
 def parse_rank(text: str) -> int | dict[str, int]:
     """``3`` → 3; ``hosts=0,gpus=1`` → {"hosts": 0, "gpus": 1}; LogsError otherwise."""
     text = text.strip()
-    if text.isdigit():
+    if _DIGITS.fullmatch(text):
         return int(text)
     coords = {}
     for part in text.split(","):
         label, _, index = part.partition("=")
-        if not label.strip() or not index.strip().isdigit():
+        if not label.strip() or not _DIGITS.fullmatch(index.strip()):
             raise LogsError(
                 f"--rank {text!r} is not a rank: give a flat rank (3) or coordinates "
                 "(hosts=0,gpus=1)"
@@ -107,7 +109,7 @@ def parse_time(option: str, text: str | None, now: float | None = None) -> float
     try:
         if unit is not None:
             ago = float(text[:-1]) * unit
-            if ago < 0:
+            if not (math.isfinite(ago) and ago >= 0):
                 raise ValueError
             return (time.time() if now is None else now) - ago
         return datetime.fromisoformat(text).timestamp()

@@ -120,6 +120,8 @@ def test_filter_options_are_checked() -> None:
     assert ranks == (3, {"hosts": 0, "gpus": 1})
     with pytest.raises(LogsError, match="--rank 'gpus=one' is not a rank"):
         LogFilter.from_options(ranks=["gpus=one"])
+    with pytest.raises(LogsError, match="is not a rank"):
+        LogFilter.from_options(ranks=["\u00b2"])  # a digit to str.isdigit, not to int()
     with pytest.raises(LogsError, match="--level 'loud' is not a level"):
         LogFilter.from_options(level="loud")
     before = time.time()
@@ -129,8 +131,9 @@ def test_filter_options_are_checked() -> None:
     assert until == datetime(2026, 5, 1, 10, tzinfo=timezone.utc).timestamp()
     with pytest.raises(LogsError, match="--until '5 parsecs' is neither a duration"):
         LogFilter.from_options(until="5 parsecs")
-    with pytest.raises(LogsError, match="neither"):
-        LogFilter.from_options(since="-5m")
+    for bad in ("-5m", "nanm", "infh"):
+        with pytest.raises(LogsError, match="neither"):
+            LogFilter.from_options(since=bad)
     with pytest.raises(LogsError, match="not found"):
         list(read_logs("/nonexistent/logs"))
 
