@@ -9,6 +9,7 @@ import os
 import queue
 import secrets
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -301,3 +302,33 @@ def test_a_persistent_agent_keeps_rotated_logs_after_its_client_is_gone(tmp_path
     finally:
         agent.terminate()
         agent.wait(T)
+
+
+def test_an_agent_keeps_the_newest_fifty_run_directories(tmp_path: Path) -> None:
+    home = tmp_path / "logs"
+    for index in range(55):
+        old = home / f"run-20250101-0000{index:02d}-1"
+        old.mkdir(parents=True)
+        os.utime(old, (1_700_000_000 + index, 1_700_000_000 + index))
+    (home / "allocation-big").mkdir()  # an allocation's logs are never swept
+    address_file = tmp_path / "address"
+    agent = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "meshvisor", "agent", "--listen", f"ipc://{tmp_path}/agent"),
+            *("--rundir", str(tmp_path), "--address-file", str(address_file)),
+            *("--owner-pid", str(os.getpid())),
+        ],
+        env={**os.environ, "MESHVISOR_LOG_DIR": str(home)},
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(address_file.exists, T, "the agent to listen")
+    finally:
+        agent.terminate()
+        agent.wait(T)
+    runs = sorted(path.name for path in home.glob("run-*"))
+    assert len(runs) == 50
+    assert runs[0] == "run-20250101-000006-1"  # the six oldest went
+    assert runs[-1].endswith(f"-{os.getpid()}")  # the agent's own, made private
+    assert stat.S_IMODE((home / runs[-1]).stat().st_mode) == 0o700
+    assert (home / "allocation-big").is_dir()

@@ -36,9 +36,10 @@ FILE_BYTES_ENV = "MESHVISOR_LOG_FILE_BYTES"
 FILES_ENV = "MESHVISOR_LOG_FILES"
 DEFAULT_FILE_BYTES = 16 * 1024 * 1024
 DEFAULT_FILES = 5
-#: How many ``run-*`` directories of clients' local agents `logs_home` keeps (oldest removed).
+#: How many ``run-*`` (and ``agent-*``) directories `logs_home` keeps (the oldest removed).
 KEPT_RUNS = 50
 RUN_PREFIX = "run-"
+AGENT_PREFIX = "agent-"
 ALLOCATION_PREFIX = "allocation-"
 
 
@@ -96,18 +97,21 @@ def default_log_dir(owner_pid: int | None, allocation: str | None) -> Path:
         return logs_home() / f"{ALLOCATION_PREFIX}{Path(allocation).name}"
     if owner_pid is not None:
         return logs_home() / f"{RUN_PREFIX}{stamp}-{owner_pid}"
-    return logs_home() / f"agent-{stamp}-{os.getpid()}"
+    return logs_home() / f"{AGENT_PREFIX}{stamp}-{os.getpid()}"
 
 
 def prepare_log_dir(directory: Path) -> None:
     """Create `directory` private (0700, parents too); in `logs_home`, drop the oldest runs
-    beyond `KEPT_RUNS`."""
+    of its kind (``run-``, ``agent-``) beyond `KEPT_RUNS` (allocations keep theirs)."""
     directory.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     directory.mkdir(mode=0o700, exist_ok=True)
-    if directory.parent == logs_home() and directory.name.startswith(RUN_PREFIX):
-        runs = sorted(directory.parent.glob(f"{RUN_PREFIX}*"), key=_modified)
-        for old in runs[:-KEPT_RUNS]:
-            shutil.rmtree(old, ignore_errors=True)
+    if directory.parent != logs_home():
+        return
+    for prefix in (RUN_PREFIX, AGENT_PREFIX):
+        if directory.name.startswith(prefix):
+            runs = sorted(directory.parent.glob(f"{prefix}*"), key=_modified)
+            for old in runs[:-KEPT_RUNS]:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 def _modified(path: Path) -> float:
