@@ -65,6 +65,8 @@ def agent_command(
         spec.keys,
         "--address-file",
         str(job_dir.agent_file(node, restart)),
+        "--log-dir",
+        str(job_dir.logs_dir),
         *_notice_options(spec.python, spec.notice_signal, job_id or os.environ.get("SLURM_JOB_ID")),
     ]
 

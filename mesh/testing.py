@@ -6,7 +6,9 @@ what the `chaos` package injects faults with; nothing here changes a job that do
 `settings(**overrides)` is `mesh.configured` (settings for one block). The other helpers let
 tests look at this process's session (`run_dir`, `inbox_address`, `local_agent`,
 `known_agents`, `bookkeeping`), end it or parts of it (`shutdown`, `stop_local_agent`,
-`stop_controllers`), check the slicing algebra without processes (`Region`), and play a raw
+`stop_controllers`), check the slicing algebra without processes (`Region`), write, rotate
+and aggregate proc lines without procs (`RankLog`, `LogFileConfig`, `line_level`,
+`Aggregator`, `RankedLine`), and play a raw
 peer of an agent or a proc with the typed wire messages of `wire`. Each reads the engine in
 one place, here.
 """
@@ -16,6 +18,9 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass
 
+from mesh._agent.log_files import LogFileConfig as LogFileConfig
+from mesh._agent.log_files import RankLog as RankLog
+from mesh._agent.log_records import line_level as line_level
 from mesh._api.configure import configured as settings
 from mesh._api.controllers import stop_controllers as stop_controllers
 from mesh._api.faults import Party as Party
@@ -26,12 +31,18 @@ from mesh._api.faults import heal_links as heal_links
 from mesh._api.faults import probe as probe
 from mesh._engine import messages as wire
 from mesh._engine import session as _session
+from mesh._engine.proc_lines import Aggregator as Aggregator
+from mesh._engine.proc_lines import RankedLine as RankedLine
 from mesh._shape import Region as Region
 
 __all__ = (
+    "Aggregator",
     "Bookkeeping",
     "LocalAgent",
+    "LogFileConfig",
     "Party",
+    "RankLog",
+    "RankedLine",
     "Region",
     "bookkeeping",
     "break_links",
@@ -40,6 +51,7 @@ __all__ = (
     "heal_links",
     "inbox_address",
     "known_agents",
+    "line_level",
     "local_agent",
     "probe",
     "run_dir",

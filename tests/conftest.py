@@ -43,6 +43,7 @@ def _make_run_base() -> tuple[str, bool]:
 # Must happen before the first mesh session exists (fixtures and tests create it lazily).
 RUN_BASE, OWN_RUN_BASE = _make_run_base()
 os.environ["XDG_RUNTIME_DIR"] = RUN_BASE
+os.environ["MESHVISOR_LOG_DIR"] = os.path.join(RUN_BASE, "logs")  # procs' log files: not in ~
 os.environ.pop("MESHVISOR_LOG_LEVEL", None)  # the suite checks that logs are quiet by default
 # Every tcp connection is authenticated: this process (a client) and the agents the tests start
 # share one CURVE key pair. Tests of keys give their subprocesses other keys, or none.

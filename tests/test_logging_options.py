@@ -101,16 +101,34 @@ def test_distinct_lines_are_not_merged(
     procs = make_procs({"gpus": 4}, name="trainers")
     talkers = procs.spawn("talkers", Talker)
     procs.logging_option(aggregate_window_sec=LONG_WINDOW_S).get(timeout=CALL_TIMEOUT_S)
-    talkers.say_with_rank.call("rank").get(timeout=CALL_TIMEOUT_S)
+    talkers.slice(gpus=0).say.call("loss is low").get(timeout=CALL_TIMEOUT_S)
     talkers.slice(gpus=slice(1, 3)).say.call("two of them").get(timeout=CALL_TIMEOUT_S)
     procs.flush_logs().get(timeout=CALL_TIMEOUT_S)
     lines = _lines(capsys.readouterr().out)
-    assert sorted(lines) == sorted(
-        [
-            *(f"[trainers {{'gpus': {rank}}}] rank {rank}" for rank in range(4)),
-            "[2 ranks: trainers{gpus=1..2}] two of them",
-        ]
+    assert lines == [
+        "[trainers {'gpus': 0}] loss is low",
+        "[2 ranks: trainers{gpus=1..2}] two of them",
+    ]
+
+
+def test_lines_differing_only_in_numbers_are_shown_once_with_their_values(
+    make_procs: Callable[..., Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    procs = make_procs({"gpus": 4}, name="trainers")
+    talkers = procs.spawn("talkers", Talker)
+    procs.logging_option(aggregate_window_sec=LONG_WINDOW_S).get(timeout=CALL_TIMEOUT_S)
+    talkers.say_with_rank.call("step 7 rank").get(timeout=CALL_TIMEOUT_S)
+    procs.flush_logs().get(timeout=CALL_TIMEOUT_S)
+    assert _lines(capsys.readouterr().out) == [
+        "[4 ranks: trainers{gpus=0..3}] step 7 rank {0,1,2,3}"
+    ]
+    procs.logging_option(aggregate_window_sec=LONG_WINDOW_S, aggregate_similar=False).get(
+        timeout=CALL_TIMEOUT_S
     )
+    talkers.say_with_rank.call("rank").get(timeout=CALL_TIMEOUT_S)
+    procs.flush_logs().get(timeout=CALL_TIMEOUT_S)
+    lines = _lines(capsys.readouterr().out)
+    assert sorted(lines) == [f"[trainers {{'gpus': {rank}}}] rank {rank}" for rank in range(4)]
 
 
 def test_a_window_closes_by_itself(
@@ -224,6 +242,7 @@ def test_log_records_of_an_actor_carry_its_identity(make_procs: Callable[..., An
         ({"stream_to_client": False}, ValueError, "pass aggregate_window_sec=None"),
         ({"level": 256}, ValueError, "between 0 and 255"),
         ({"level": "INFO"}, ValueError, "between 0 and 255"),
+        ({"aggregate_similar": 1}, TypeError, "aggregate_similar must be True or False"),
     ],
 )
 def test_bad_arguments_are_refused(

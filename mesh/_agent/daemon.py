@@ -21,6 +21,7 @@ from mesh._agent import proc_main  # noqa: F401
 from mesh._agent.allocations import add_to_allocation, allocation_keys_dir, remove_from_allocation
 from mesh._agent.forkserver import PRELOAD_ENV, ForkServerClient, start_forkserver
 from mesh._agent.host_agent import HostAgent
+from mesh._agent.log_files import LogFileConfig, default_log_dir, prepare_log_dir
 from mesh._agent.notices import NoticeWatch, notice_signal
 from mesh._agent.rundir import own_run_dir
 from mesh._settings import reload_settings
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
     notices = _notice_watch(args, parser)
     if notices is not None:
         notices.ignore_in_children()  # the scheduler signals procs too: only the agent hears it
-    forkserver = start_forkserver()
+    forkserver = start_forkserver(_log_files(args, parser))
     if notices is not None:
         notices.install()
     agent = HostAgent(
@@ -151,6 +152,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "the event's time_left_s",
     )
     parser.add_argument(
+        "--log-dir",
+        default=None,
+        help="where procs' per-rank log files go (default: a directory per run or allocation "
+        "under $MESHVISOR_LOG_DIR, else ~/.meshvisor/logs; see docs/logs.md)",
+    )
+    parser.add_argument(
         "--remove-rundir",
         action="store_true",
         help="remove the run directory if the owner dies without cleaning up",
@@ -166,6 +173,27 @@ def _notice_watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         return NoticeWatch(notice_signal(args.notice_signal), args.time_left_command)
     except ValueError as error:
         parser.error(f"--notice-signal: {error}")
+
+
+def _log_files(args: argparse.Namespace, parser: argparse.ArgumentParser) -> LogFileConfig | None:
+    """Where the fork server keeps the procs' log files (created private now), None when the
+    environment asks for none. A bad setting or an unusable --log-dir ends the program; an
+    unusable default directory only costs the log files (said on stderr)."""
+    directory = Path(args.log_dir or default_log_dir(args.owner_pid, args.allocation))
+    try:
+        config = LogFileConfig.from_env(str(directory.absolute()))
+    except (ValueError, TypeError) as error:
+        parser.error(f"cannot keep the procs' log files: {error}")
+    if config.max_files == 0:
+        return None
+    try:
+        prepare_log_dir(directory)
+    except OSError as error:
+        if args.log_dir:
+            parser.error(f"--log-dir {args.log_dir}: cannot create it: {error}")
+        print(f"meshvisor agent: procs' output is kept in no log file: {error}", file=sys.stderr)
+        return None
+    return config
 
 
 def _listen_address(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:

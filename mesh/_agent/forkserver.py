@@ -7,7 +7,7 @@ exit and relays their stdout/stderr line by line (`output_relay`), never blockin
 
 Protocol over a SOCK_SEQPACKET pair, pickled tuples:
   agent → server  ("spawn", proc_id, prefix, config) | ("signal", pid, signum)
-                  | ("sync", proc_ids, forward, reply_to, token)
+                  | ("sync", proc_ids, forward, reply_to, token, quiet)
                   (a config with a "bootstrap" command: the child executes it, see launching)
   server → agent  ("spawned", proc_id, pid) | ("spawn_failed", proc_id, reason)
                   | ("exited", pid, status) | ("synced", reply_to, token)
@@ -33,6 +33,7 @@ from collections import deque
 from typing import Any, NoReturn
 
 from mesh._agent.launching import exec_bootstrap, launch_refusal
+from mesh._agent.log_files import LogFileConfig, RankLog
 from mesh._agent.output_relay import Output, Relay
 from mesh._engine.log_messages import SyncOutput
 from mesh._settings import ENV_NAMES, current_settings
@@ -65,8 +66,10 @@ class ForkServerClient:
 
     def sync_output(self, request: SyncOutput) -> None:
         """Relay what the procs wrote so far; forward their lines to the agent from now on (or
-        stop); then report ("synced", reply_to, token)."""
-        self._send(("sync", request.proc_ids, request.forward, request.reply_to, request.token))
+        stop; or keep them in their log files only: quiet); then report ("synced", reply_to,
+        token)."""
+        sync = ("sync", request.proc_ids, request.forward, request.reply_to, request.token)
+        self._send((*sync, request.quiet))
 
     def receive(self) -> tuple[Any, ...] | None:
         """One report, or None if the fork server is gone."""
@@ -99,8 +102,9 @@ class ForkServerClient:
         self.flush()
 
 
-def start_forkserver() -> ForkServerClient:
-    """Fork the fork server from the current (single-threaded) process.
+def start_forkserver(logs: LogFileConfig | None = None) -> ForkServerClient:
+    """Fork the fork server from the current (single-threaded) process; it keeps its procs'
+    lines in log files as `logs` says (none without).
 
     A proc forked by the fork server comes back out of this call (and only its own stack
     frames are left), runs, and leaves by ``SystemExit``: nothing around the call may catch
@@ -111,7 +115,7 @@ def start_forkserver() -> ForkServerClient:
     if pid == 0:
         ours.close()
         try:
-            _serve(theirs)
+            _serve(theirs, logs)
         except _ProcStart as start:
             config = start.config
         theirs.detach()  # its descriptor was closed by number in the proc; never close it again
@@ -142,7 +146,7 @@ def _preload() -> None:
             print(f"meshvisor fork server: cannot preload {name!r}: {exc}", file=sys.stderr)
 
 
-def _serve(control: socket.socket) -> NoReturn:
+def _serve(control: socket.socket, logs: LogFileConfig | None) -> NoReturn:
     die_with_parent()
     _preload()
     wake_read, wake_write = os.pipe()
@@ -163,7 +167,9 @@ def _serve(control: socket.socket) -> NoReturn:
                 if key.data == "control":
                     request = _receive_request(control, partial)
                     if request is not None:
-                        _handle_request(request, control, selector, children, wake_read, outputs)
+                        _handle_request(
+                            request, control, selector, children, wake_read, (outputs, logs)
+                        )
                 elif key.data == "wake":
                     with contextlib.suppress(BlockingIOError):
                         os.read(wake_read, 4096)
@@ -200,7 +206,7 @@ def _handle_request(
     selector: selectors.BaseSelector,
     children: set[int],
     wake_read: int,
-    outputs: tuple[Output, Output],
+    where: tuple[tuple[Output, Output], LogFileConfig | None],
 ) -> None:
     if request[0] == "signal":
         with contextlib.suppress(ProcessLookupError):
@@ -215,7 +221,7 @@ def _handle_request(
         control.send(pickle.dumps(("spawn_failed", proc_id, refusal)))
         return
     try:
-        pid, relays = _fork_proc(config, prefix, control, selector, wake_read, outputs)
+        pid, relays = _fork_proc(config, prefix, control, selector, wake_read, where)
     except OSError as exc:
         control.send(pickle.dumps(("spawn_failed", proc_id, f"fork failed: {exc}")))
         return
@@ -230,7 +236,7 @@ def _sync_output(
 ) -> None:
     """Relay what the procs of `request` wrote so far, switch them to forwarding their lines
     to the agent (or back), then say so: the agent tells the owner after those lines."""
-    _, proc_ids, forward, reply_to, token = request
+    _, proc_ids, forward, reply_to, token, quiet = request
     wanted = set(proc_ids)
     relays = [key.data for key in selector.get_map().values() if isinstance(key.data, Relay)]
     for relay in relays:
@@ -239,6 +245,7 @@ def _sync_output(
                 selector.unregister(relay.fd)
                 os.close(relay.fd)
             relay.forward_to = control if forward else None
+            relay.quiet = quiet
     control.send(pickle.dumps(("synced", reply_to, token)))
 
 
@@ -248,8 +255,10 @@ def _fork_proc(
     control: socket.socket,
     selector: selectors.BaseSelector,
     wake_read: int,
-    outputs: tuple[Output, Output],
+    where: tuple[tuple[Output, Output], LogFileConfig | None],
 ) -> tuple[int, list[Relay]]:
+    """Fork the proc of `config`, its output relayed to `where` (outputs, log files)."""
+    outputs, logs = where
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     pid = os.fork()
@@ -257,14 +266,24 @@ def _fork_proc(
         inherited = [control.fileno(), wake_read, out_read, err_read]
         inherited += [key.fd for key in selector.get_map().values()]
         inherited += [output.fd for output in outputs if output.fd > 2]
+        inherited += _open_log_files(selector)
         _become_proc(config, out_write, err_write, inherited)
     os.close(out_write)
     os.close(err_write)
     relays = [Relay(out_read, outputs[0], 1, config, prefix)]
     relays.append(Relay(err_read, outputs[1], 2, config, prefix))
+    rank_log = RankLog(logs, config, pid, current_settings().host_name) if logs else None
     for relay in relays:
         relay.forward_to = control if config["forward_output"] else None
+        relay.quiet = config["quiet_output"]
+        relay.log = rank_log
     return pid, relays
+
+
+def _open_log_files(selector: selectors.BaseSelector) -> list[int]:
+    """The descriptors of the procs' open log files (a new proc closes them)."""
+    relays = [key.data for key in selector.get_map().values() if isinstance(key.data, Relay)]
+    return [relay.log.fd for relay in relays if relay.log is not None and relay.log.fd is not None]
 
 
 def _become_proc(

@@ -16,6 +16,7 @@ import socket
 import stat
 from typing import Any
 
+from mesh._agent.log_files import RankLog
 from mesh._engine.log_messages import OutputSynced, ProcOutput
 
 #: The most bytes of lines one forwarded report carries (a longer line is cut in pieces).
@@ -84,7 +85,8 @@ def _nonblocking_copy(fd: int) -> int:
 
 class Relay:
     """Copies one proc pipe (`stream` 1 or 2 of proc `proc_id`, owned by `owner`) line by
-    line: prefixed to `target`, or to the agent over `forward_to` while forwarding."""
+    line: to the proc's `log` file, and prefixed to `target`, or to the agent over
+    `forward_to` while forwarding, or nowhere else while `quiet`."""
 
     def __init__(
         self, fd: int, target: Output, stream: int, config: dict[str, Any], prefix: str
@@ -95,6 +97,8 @@ class Relay:
         self.owner: str = config["owner"]
         self.prefix = prefix
         self.forward_to: socket.socket | None = None
+        self.log: RankLog | None = None
+        self.quiet = False
         self.dropped = 0
 
     def pump(self) -> bool:
@@ -120,6 +124,8 @@ class Relay:
         if not data:
             if self.partial:
                 self._emit([self.partial])
+            if self.log is not None:
+                self.log.release()
             return False
         *lines, self.partial = (self.partial + data).split(b"\n")
         self._emit(lines)
@@ -127,6 +133,10 @@ class Relay:
 
     def _emit(self, lines: list[bytes]) -> None:
         if not lines:
+            return
+        if self.log is not None:
+            self.log.write(self.stream, lines)
+        if self.quiet and self.forward_to is None:
             return
         if self.forward_to is None:
             tag = f"[{self.prefix}] ".encode()

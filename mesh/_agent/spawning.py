@@ -56,6 +56,7 @@ def proc_config(
         "heartbeat_interval_s": request.heartbeat_interval_s,
         "bootstrap": list(request.bootstrap),
         "forward_output": request.forward_output,
+        "quiet_output": request.quiet_output,
         "setup": base64.b64encode(request.setup).decode(),
         "memory_limit": request.memory_limit,
     }

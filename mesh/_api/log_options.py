@@ -14,10 +14,14 @@ from mesh._engine.proc_output import LogMode
 from mesh._engine.runtime import Runtime
 
 
-def check_logging_option(stream_to_client: Any, aggregate_window_sec: Any, level: Any) -> LogMode:
+def check_logging_option(
+    stream_to_client: Any, aggregate_window_sec: Any, level: Any, aggregate_similar: Any = True
+) -> LogMode:
     """The mode these arguments ask for; ValueError/TypeError saying what is wrong."""
     if not isinstance(stream_to_client, bool):
         raise TypeError(f"stream_to_client must be True or False, not {stream_to_client!r}")
+    if not isinstance(aggregate_similar, bool):
+        raise TypeError(f"aggregate_similar must be True or False, not {aggregate_similar!r}")
     window = aggregate_window_sec
     if window is not None and (
         isinstance(window, bool)
@@ -39,7 +43,7 @@ def check_logging_option(stream_to_client: Any, aggregate_window_sec: Any, level
             f"level must be a logging level between 0 and 255 (logging.INFO is "
             f"{logging.INFO}), not {level!r}"
         )
-    return LogMode(stream_to_client, None if window is None else float(window))
+    return LogMode(stream_to_client, None if window is None else float(window), aggregate_similar)
 
 
 def owned_record(runtime: Runtime, peers: tuple[ProcPeer, ...], name: str) -> ProcMeshRecord:
@@ -59,13 +63,14 @@ def set_logging_option(
     """Forward the lines of `record`'s procs here from now on, shown as `mode` says, and set
     their root logger's `level`; done once the lines they printed before are shown."""
     runtime.output.set_mode(record.key, mode)
-    record.forward_output = True
+    record.forward_output = mode.stream_to_client
+    record.quiet_output = not mode.stream_to_client  # the lines stay in the log files
     alive = [peer for peer in record.peers if peer.alive]
     runtime.calls.send_to_procs([(peer, SetProcLogLevel(level)) for peer in alive], None, None)
-    return runtime.output.sync(list(record.peers), forward=True)
+    return runtime.output.sync(list(record.peers), record.forward_output, record.quiet_output)
 
 
 def flush_logs(runtime: Runtime, record: ProcMeshRecord) -> Future[None]:
     """Done once every line `record`'s procs printed before this call is shown (aggregated
     lines at once, without waiting for their window)."""
-    return runtime.output.sync(list(record.peers), forward=record.forward_output)
+    return runtime.output.sync(list(record.peers), record.forward_output, record.quiet_output)

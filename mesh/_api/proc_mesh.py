@@ -115,17 +115,23 @@ class ProcMesh(MeshBase, Stoppable):
         stream_to_client: bool = True,
         aggregate_window_sec: float | None = 3,
         level: int = logging.INFO,
+        *,
+        aggregate_similar: bool = True,
     ) -> Future[None]:
         """Where this mesh's procs' stdout/stderr lines go from now on (the whole mesh, also
         when called on a slice; re-spawned procs too): to this process, printed with their
         mesh and point, identical lines of many ranks within `aggregate_window_sec` shown
         once with their ranks (``[4 ranks: trainers{gpus=0..3}] loss 0.12``; None: each line
-        at once), or, with ``stream_to_client=False``, held back here. `level` is the procs'
-        root `logging` level. Without a call, lines go to the host agent's own output, which
-        for `this_host()` is this terminal. Done once the lines printed before are handled;
-        as Monarch's (its future may be awaited; ``get()`` also works).
+        at once), and lines that differ only in their numbers too unless not
+        `aggregate_similar` (``loss {0.12..0.19}``), or, with ``stream_to_client=False``, held
+        back here. `level` is the procs' root `logging` level. Without a call, lines go to the
+        host agent's own output, which for `this_host()` is this terminal. Done once the lines
+        printed before are handled; as Monarch's (its future may be awaited; ``get()`` also
+        works). Every line is also in the procs' log files (``meshvisor logs``).
         """
-        mode = check_logging_option(stream_to_client, aggregate_window_sec, level)
+        mode = check_logging_option(
+            stream_to_client, aggregate_window_sec, level, aggregate_similar
+        )
         record = owned_record(self._runtime, self._peers, self.name)
         return set_logging_option(self._runtime, record, mode, level)
 

@@ -12,13 +12,15 @@ from transport import message_type
 @dataclass(frozen=True, slots=True)
 class SyncOutput:
     """Owner → agent: the fork server reads what `proc_ids` printed so far, then forwards
-    their lines to their owner (`forward`) or keeps relaying them to its own output, then
-    answers `reply_to` with `OutputSynced(token)`, after every line read before."""
+    their lines to their owner (`forward`), or relays them nowhere but the log files
+    (`quiet`), or to its own output, then answers `reply_to` with `OutputSynced(token)`,
+    after every line read before."""
 
     proc_ids: tuple[str, ...]
     forward: bool
     reply_to: str
     token: str
+    quiet: bool = False
 
 
 @message_type

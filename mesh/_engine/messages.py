@@ -57,6 +57,7 @@ class SpawnProcs:
     setup: bytes = b""  # a pickled function each proc runs before it is ready (the agent never
     # unpickles it): spawn_procs(bootstrap=...)
     memory_limit: int = 0  # bytes of private memory each proc may use (0: no limit)
+    quiet_output: bool = False  # not forwarded: lines only in the log files, not the output
 
 
 @message_type

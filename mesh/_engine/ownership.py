@@ -65,6 +65,8 @@ class ProcMeshRecord:
     bootstrap: tuple[str, ...] = ()
     #: Whether its procs' lines go to this process (`ProcMesh.logging_option` was called).
     forward_output: bool = False
+    #: Whether its lines go nowhere but the log files (``stream_to_client=False``).
+    quiet_output: bool = False
     #: The pickled function each proc runs before it is ready (`SpawnProcs.setup`), or b"".
     setup: bytes = b""
     #: Bytes of private memory each proc may use (`SpawnProcs.memory_limit`; 0: no limit).

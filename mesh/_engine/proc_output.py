@@ -28,8 +28,8 @@ from transport import Envelope
 
 #: How long a sync of the procs' output waits for their host agents (a lost agent never answers).
 SYNC_TIMEOUT_S = 30.0
-#: Lines queued for the writer thread at most; beyond, they are dropped and counted.
-_MAX_QUEUED = 100_000
+#: Batches of lines queued for the writer thread at most; beyond, they are dropped and counted.
+_MAX_QUEUED = 2_000
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ class LogMode:
 
     stream_to_client: bool
     aggregate_window_s: float | None
+    #: Whether lines that differ only in their numbers are aggregated too (`proc_lines`).
+    aggregate_similar: bool = True
 
 
 class SinkHost(LoopPump, Protocol):
@@ -77,15 +79,17 @@ class OutputSink:
         mode = self._modes.get(peer.mesh_key) if peer is not None else None
         if mode is not None and not mode.stream_to_client:
             return  # held back at the client, as asked
-        for text in header.lines:
-            line = RankedLine(header.stream, text, header.source, _rank_of(peer))
-            key = peer.mesh_key if peer is not None else header.source
-            window = mode.aggregate_window_s if mode is not None else None
-            self._put(("line", key, window, line))
+        rank = _rank_of(peer)
+        lines = [RankedLine(header.stream, text, header.source, rank) for text in header.lines]
+        key = peer.mesh_key if peer is not None else header.source
+        window = mode.aggregate_window_s if mode is not None else None
+        similar = mode is None or mode.aggregate_similar
+        self._put(("lines", key, window, similar, lines), len(lines))
 
-    def sync(self, peers: list[ProcPeer], forward: bool) -> Future[None]:
+    def sync(self, peers: list[ProcPeer], forward: bool, quiet: bool = False) -> Future[None]:
         """Ask the agents of `peers` to relay what those procs printed so far (and to forward
-        their lines here, or not, from now on); done once those lines are printed. Fails
+        their lines here, or not, or, `quiet`, to keep them in their log files only, from now
+        on); done once those lines are printed. Fails
         with TimeoutError naming the agents that did not answer within `SYNC_TIMEOUT_S`."""
         by_agent: dict[str, list[str]] = {}
         for peer in peers:
@@ -99,7 +103,7 @@ class OutputSink:
         with self._lock:
             self._syncs[token] = [len(by_agent), sorted(by_agent), done]
         for agent, proc_ids in by_agent.items():
-            request = SyncOutput(tuple(proc_ids), forward, self._host.address, token)
+            request = SyncOutput(tuple(proc_ids), forward, self._host.address, token, quiet)
             self._host.send_message(agent, request)
         self._host.call_soon_threadsafe(self._host.call_later, SYNC_TIMEOUT_S, self._expire, token)
         return done
@@ -137,7 +141,7 @@ class OutputSink:
                 )
             )
 
-    def _put(self, item: tuple[Any, ...]) -> None:
+    def _put(self, item: tuple[Any, ...], lines: int = 0) -> None:
         with self._lock:
             if self._writer is None:
                 self._writer = threading.Thread(target=self._write, name="meshvisor-output")
@@ -146,7 +150,7 @@ class OutputSink:
         try:
             self._queue.put_nowait(item)
         except queue.Full:
-            self.dropped += 1
+            self.dropped += lines
 
     def _write(self) -> None:
         """The writer thread: print lines at once, or when their mesh's window closes."""
@@ -165,12 +169,8 @@ class OutputSink:
                 item = self._queue.get(timeout=None if due is None else max(0.0, due - now))
             except queue.Empty:
                 item = ("due",)
-            if item[0] == "line":
-                _, key, window, line = item
-                if window is None:
-                    _print(line.stream, line.shown_alone())
-                    continue
-                windows.setdefault(key, (now + window, Aggregator()))[1].add(line)
+            if item[0] == "lines":
+                _take_lines(windows, now, *item[1:])
                 continue
             closing = [k for k, (d, _) in windows.items() if item[0] == "flush" or d <= now]
             for key in closing:
@@ -180,6 +180,25 @@ class OutputSink:
                 item[1].set_result(None)
 
 
+def _take_lines(
+    windows: dict[str, tuple[float, Aggregator]],
+    now: float,
+    key: str,
+    window: float | None,
+    similar: bool,
+    lines: list[RankedLine],
+) -> None:
+    """Print `lines` at once (no `window`), or add them to their mesh's open window."""
+    if window is None:
+        _print(lines[0].stream, "\n".join(line.shown_alone() for line in lines))
+        return
+    if key not in windows:
+        windows[key] = (now + window, Aggregator(similar))
+    aggregator = windows[key][1]
+    for line in lines:
+        aggregator.add(line)
+
+
 def _rank_of(peer: ProcPeer | None) -> tuple[tuple[str, int], ...]:
     if peer is None:
         return ()
@@ -187,7 +206,7 @@ def _rank_of(peer: ProcPeer | None) -> tuple[tuple[str, int], ...]:
 
 
 def _print(stream: int, text: str) -> None:
-    """Write one line to this process's stdout (1) or stderr (2); a closed one is ignored."""
+    """Write lines to this process's stdout (1) or stderr (2); a closed one is ignored."""
     target = sys.stdout if stream == 1 else sys.stderr
     with contextlib.suppress(OSError, ValueError, AttributeError):
         target.write(text + "\n")

@@ -111,6 +111,7 @@ class Restarts:
                     record.forward_output,
                     record.setup,
                     record.memory_limit,
+                    quiet_output=record.quiet_output,
                 ),
             )
             runtime.check_agent(agent)  # a gone agent never answers: fail its procs now
