@@ -137,6 +137,7 @@ class Restarts:
                         actors.extent.sizes,
                         rank,
                         actors.restarts[rank],
+                        actors.call_limit_s,
                     ),
                 )
             )
