@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 
 from mesh import Actor, concurrent_endpoint, context, endpoint
+from mesh._engine.callwatch import call_watchdog_suspended
 
 #: The limit the tests give: short, so that they end soon; the slack is in their waits.
 LIMIT_S = 1.0
@@ -49,6 +50,13 @@ class Stuck(Actor):
         _began(marker)
         await anyio.Event().wait()
 
+    @endpoint(call_limit_s=LIMIT_S)
+    async def block_the_loop(self, marker: str | None = None) -> None:
+        """An async endpoint that blocks its proc's event loop thread itself."""
+        _began(marker)
+        with self.lock:
+            self.lock.acquire()
+
     @concurrent_endpoint(call_limit_s=LIMIT_S)
     def wait_concurrently(self, marker: str | None = None) -> None:
         _began(marker)
@@ -63,6 +71,13 @@ class Stuck(Actor):
     def sleep_unlimited(self, seconds: float) -> float:
         time.sleep(seconds)
         return seconds
+
+    @endpoint(call_limit_s=LIMIT_S)
+    def pause(self, seconds: float) -> str:
+        """Held as a debugger holds a rank: the watchdog suspended meanwhile."""
+        with call_watchdog_suspended():
+            time.sleep(seconds)
+        return "resumed"
 
     @endpoint
     def pid(self) -> int:
