@@ -6,7 +6,8 @@ what the `chaos` package injects faults with; nothing here changes a job that do
 `settings(**overrides)` is `mesh.configured` (settings for one block). The other helpers let
 tests look at this process's session (`run_dir`, `inbox_address`, `local_agent`,
 `known_agents`, `bookkeeping`), end it or parts of it (`shutdown`, `stop_local_agent`,
-`stop_controllers`), check the slicing algebra without processes (`Region`), and play a raw
+`stop_controllers`), hold a call without the call watchdog judging it (`call_watchdog_suspended`,
+as a debugger does), check the slicing algebra without processes (`Region`), and play a raw
 peer of an agent or a proc with the typed wire messages of `wire`. Each reads the engine in
 one place, here.
 """
@@ -26,6 +27,7 @@ from mesh._api.faults import heal_links as heal_links
 from mesh._api.faults import probe as probe
 from mesh._engine import messages as wire
 from mesh._engine import session as _session
+from mesh._engine.callwatch import call_watchdog_suspended as call_watchdog_suspended
 from mesh._shape import Region as Region
 
 __all__ = (
@@ -35,6 +37,7 @@ __all__ = (
     "Region",
     "bookkeeping",
     "break_links",
+    "call_watchdog_suspended",
     "exit_process",
     "fail_next_call",
     "heal_links",

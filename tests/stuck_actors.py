@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 
 from mesh import Actor, concurrent_endpoint, context, endpoint
-from mesh._engine.callwatch import call_watchdog_suspended
+from mesh.testing import call_watchdog_suspended
 
 #: The limit the tests give: short, so that they end soon; the slack is in their waits.
 LIMIT_S = 1.0
@@ -86,6 +86,12 @@ class Stuck(Actor):
     @endpoint
     def restart_count(self) -> int:
         return context().restart_count
+
+
+class Unlimited(Stuck):
+    """No limit for its endpoints without one of their own, whatever the setting says."""
+
+    call_limit_s = math.inf
 
 
 class StuckByClass(Stuck):

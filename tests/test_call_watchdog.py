@@ -26,8 +26,6 @@ from polling import pid_alive, wait_until
 from recording import Recorder
 
 from mesh import Actor, ActorMesh, Settings, concurrent_endpoint, configured, endpoint
-from mesh._actor import check_call_limit
-from mesh._engine.callwatch import call_limits
 from supervision import RestartPolicy, SupervisionError
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("no_failure_reaches_the_root")]
@@ -188,32 +186,13 @@ def test_the_setting_in_force_at_spawn_limits_that_mesh_only(
     with configured(call_limit_s=sa.LIMIT_S):
         limited = procs.spawn("limited", sa.Stuck)
         exempt = procs.spawn("exempt", sa.StuckByClass)
+        unlimited = procs.spawn("unlimited", sa.Unlimited)
     free = procs.spawn("free", sa.Stuck)
     assert free.sleep_unlimited.call_one(3 * sa.LIMIT_S).get(timeout=T) == 3 * sa.LIMIT_S
     assert exempt.sleep_exempt.call_one(3 * sa.LIMIT_S).get(timeout=T) == 3 * sa.LIMIT_S
+    assert unlimited.sleep_unlimited.call_one(3 * sa.LIMIT_S).get(timeout=T) == 3 * sa.LIMIT_S
     stuck_call(limited, "sleep_unlimited", 3 * sa.LIMIT_S)
     assert recorder.events == []
-
-
-limits = st.one_of(st.none(), st.just(math.inf), st.floats(0.001, 1e6))
-
-
-@given(own=limits, by_class=limits, spawned=limits)
-def test_the_first_limit_set_decides_and_infinity_means_none(
-    own: float | None, by_class: float | None, spawned: float | None
-) -> None:
-    class Limited(Actor):
-        call_limit_s = by_class
-
-        @endpoint(call_limit_s=own)
-        def step(self) -> None: ...
-
-    found = call_limits(Limited, {"step": Limited.step}, spawned)
-    first = next((limit for limit in (own, by_class, spawned) if limit is not None), None)
-    if first is None or first == math.inf:
-        assert found == {}
-    else:
-        assert found["step"].seconds == first
 
 
 # -- bad values are refused where they are written ---------------------------------------------
@@ -249,8 +228,11 @@ def test_the_environment_variable_sets_the_default_and_a_bad_one_is_named() -> N
 
 @given(st.one_of(st.floats(allow_nan=True), st.integers(-(10**6), 10**6)))
 def test_a_limit_is_accepted_exactly_when_it_is_a_positive_number(value: float) -> None:
+    def step(self: Any) -> None: ...
+
     if value > 0:  # math.inf included: no limit
-        assert check_call_limit(value, "here") == value
+        assert endpoint(call_limit_s=value)(step).call_limit_s == value
+        assert concurrent_endpoint(call_limit_s=value)(step).call_limit_s == value
     else:
-        with pytest.raises(ValueError, match="here"):
-            check_call_limit(value, "here")
+        with pytest.raises(ValueError, match="call_limit_s"):
+            endpoint(call_limit_s=value)

@@ -58,7 +58,8 @@ class ActorHost:
         self._lanes = Lanes(services, workers, sync_runners, self._call_async)
         self._cleanups = Cleanups(services, workers)
         self._child_failures = ChildFailures(services, workers, self._fail_with)
-        self._watch = CallWatch(lambda: list(self._actors.values()), self._call_stuck)
+        stuck = functools.partial(_fail_stuck, self._replier, self._fail_with)
+        self._watch = CallWatch(lambda: list(self._actors.values()), stuck)
         self._log = get_logger("mesh.actor")
 
     def message_handlers(self) -> dict[type, Callable[[Envelope], None]]:
@@ -291,13 +292,6 @@ class ActorHost:
 
     # -- failing -------------------------------------------------------------------------------
 
-    def _call_stuck(self, actor: HostedActor, call: RunningCall) -> None:
-        """The call watch's thread: `call` ran past its limit and `actor` gave it up. Its
-        caller and its owner hear a "stuck" event with the stack where it waits."""
-        event = actor.make_event("stuck", call.describe(), clip(call.stack()))
-        self._replier.failure(call.header, "failed", event)
-        self._fail_with(actor, event)
-
     def _fail(self, actor: HostedActor, exc: BaseException, what: str) -> SupervisionEvent:
         if isinstance(exc, ActorAborted):
             message = clip(f"the actor aborted itself: {safe_str(exc)}")
@@ -327,3 +321,16 @@ class ActorHost:
 
 def _raise(error: BaseException) -> None:
     raise error
+
+
+def _fail_stuck(
+    replier: Replier,
+    fail_with: Callable[[HostedActor, SupervisionEvent], None],
+    actor: HostedActor,
+    call: RunningCall,
+) -> None:
+    """The call watch's thread: `call` ran past its limit and `actor` gave it up. Its caller
+    and its owner hear a "stuck" event with the stack where it waits."""
+    event = actor.make_event("stuck", call.describe(), clip(call.stack()))
+    replier.failure(call.header, "failed", event)
+    fail_with(actor, event)
