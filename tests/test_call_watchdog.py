@@ -12,18 +12,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import failing_actors as fa
 import pytest
 import stuck_actors as sa
+from conftest import RUN_BASE
 from hypothesis import given
 from hypothesis import strategies as st
 from polling import pid_alive, wait_until
 from recording import Recorder
+from test_failfast import RUN_TIMEOUT_S, Outcome, client_env, run_dirs
 
 from mesh import Actor, ActorMesh, Settings, concurrent_endpoint, configured, endpoint
 from supervision import RestartPolicy, SupervisionError
@@ -236,3 +242,35 @@ def test_a_limit_is_accepted_exactly_when_it_is_a_positive_number(value: float) 
     else:
         with pytest.raises(ValueError, match="call_limit_s"):
             endpoint(call_limit_s=value)
+
+
+# -- at the root, with no handler --------------------------------------------------------------
+
+
+@pytest.fixture
+def xdg() -> Iterator[Path]:
+    """The client's own short, private ``XDG_RUNTIME_DIR`` (as in test_failfast)."""
+    path = Path(tempfile.mkdtemp(prefix="mvc-", dir=RUN_BASE))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_at_the_root_the_caller_that_caught_it_is_not_interrupted_again(xdg: Path) -> None:
+    script = Path(__file__).parent / "scripts" / "stuck_client.py"
+    outcome = Outcome(
+        subprocess.run(
+            [sys.executable, str(script)],
+            env=client_env(xdg),
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            cwd=xdg,
+        )
+    )
+    assert outcome.returncode == 0 and outcome.result is not None, outcome
+    assert outcome.result["first"]["kind"] == "stuck"
+    assert outcome.result["second"] is None, outcome
+    wait_until(lambda: not any(pid_alive(p) for p in outcome.pids), T, "the job to exit")
+    assert run_dirs(xdg) == []
