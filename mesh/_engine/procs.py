@@ -196,7 +196,7 @@ class ProcLifecycle:
         header: ActorFailed = envelope.header
         event: SupervisionEvent = envelope.payload.load()  # type: ignore[union-attr]
         self._supervisor.observe(event)
-        if event.kind == "stuck" and self._kill_stuck(event):
+        if event.kind == "stuck" and self._kill_stuck(header, event):
             return  # decided once its proc is gone, as for a hung one
         escalate = self._restarts.on_actor_failure(header.actor_id, header.rank, event)
         if escalate is None:
@@ -206,11 +206,14 @@ class ProcLifecycle:
         owner = self._ownership.owner_of(header.actor_id)
         self._supervisor.handle(escalate, owner, keys)
 
-    def _kill_stuck(self, event: SupervisionEvent) -> bool:
+    def _kill_stuck(self, header: ActorFailed, event: SupervisionEvent) -> bool:
         """An actor of a proc owned here is stuck in a call that cannot be cancelled: kill the
         proc (its exit is then this failure). False if it is not owned here or is going."""
-        peer = self._ownership.peer(event.proc_id or "")
-        if peer is None or not peer.owned or not peer.alive or peer.agent is None:
+        actors = self._ownership.actor_mesh(header.actor_id)
+        if actors is None or not 0 <= header.rank < len(actors.peers):
+            return False
+        peer = actors.peers[header.rank]
+        if not peer.owned or not peer.alive or peer.agent is None:
             return False
         self._stuck[peer.proc_id] = event
         self._log.warning("stuck_proc_killed", proc=peer.proc_id, pid=peer.pid)
