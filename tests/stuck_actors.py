@@ -62,7 +62,7 @@ class Stuck(Actor):
         _began(marker)
         threading.Event().wait()
 
-    @endpoint(call_limit_s=LIMIT_S)
+    @endpoint(call_limit_s=10 * LIMIT_S)
     def sleep(self, seconds: float) -> float:
         time.sleep(seconds)
         return seconds
@@ -72,7 +72,7 @@ class Stuck(Actor):
         time.sleep(seconds)
         return seconds
 
-    @endpoint(call_limit_s=LIMIT_S)
+    @endpoint(call_limit_s=2 * LIMIT_S)
     def pause(self, seconds: float) -> str:
         """Held as a debugger holds a rank: the watchdog suspended meanwhile."""
         with call_watchdog_suspended():
