@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar, Concatenate, Generic, ParamSpec, TypeVar, overload
 
@@ -30,15 +31,20 @@ class Actor:
 
     Optional hooks: ``__cleanup__(self, exc)`` (sync or async) runs once when the actor stops
     (`exc` None) or fails (`exc` the failure); `max_concurrent_calls` bounds how many calls of
-    its `concurrent_endpoint`s run at once (a further one waits, and so does what follows it).
+    its `concurrent_endpoint`s run at once (a further one waits, and so does what follows it);
+    `call_limit_s` is how long a call of its endpoints may run before the actor is declared
+    stuck (None: the setting in force when its mesh is spawned decides; ``math.inf``: never),
+    unless the endpoint sets its own (docs/call-watchdog.md).
     """
 
     max_concurrent_calls: ClassVar[int] = DEFAULT_MAX_CONCURRENT_CALLS
+    call_limit_s: ClassVar[float | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         check_endpoint_names(cls)
         check_concurrency_bound(cls)
+        check_call_limit(cls.call_limit_s, f"actor class {cls.__qualname__} sets call_limit_s")
 
 
 class EndpointDef(Generic[P, R]):
@@ -54,9 +60,13 @@ class EndpointDef(Generic[P, R]):
         explicit_response_port: bool = False,
         *,
         concurrent: bool = False,
+        call_limit_s: float | None = None,
     ) -> None:
         if not callable(function):
             raise TypeError(f"@endpoint decorates a function, got {function!r}")
+        where = f"@endpoint {getattr(function, '__qualname__', function)!r} sets call_limit_s"
+        #: How long one call may run before the actor is stuck; None: its class decides.
+        self.call_limit_s = check_call_limit(call_limit_s, where)
         self.function = function
         #: The method's first argument (after self) is the call's response port (see `endpoint`).
         self.explicit_response_port = explicit_response_port
@@ -86,12 +96,22 @@ class EndpointDef(Generic[P, R]):
 def endpoint(function: Callable[Concatenate[Any, P], R]) -> EndpointDef[P, R]: ...
 @overload
 def endpoint(
-    *, explicit_response_port: bool = False
+    *, explicit_response_port: bool = False, call_limit_s: float | None = None
 ) -> Callable[[Callable[..., Any]], EndpointDef[..., Any]]: ...
 
 
-def endpoint(function: Any = None, *, explicit_response_port: bool = False) -> Any:
+def endpoint(
+    function: Any = None,
+    *,
+    explicit_response_port: bool = False,
+    call_limit_s: float | None = None,
+) -> Any:
     """Mark an actor method (``def`` or ``async def``) as callable through meshes.
+
+    ``@endpoint(call_limit_s=60)``: a call that runs longer is declared stuck (a deadlock, say):
+    its caller gets a `SupervisionError`, the actor fails and its proc is stopped; it overrides
+    `Actor.call_limit_s` and the ``call_limit_s`` setting (``math.inf``: no limit). See
+    docs/call-watchdog.md.
 
     ``@endpoint(explicit_response_port=True)``: the method gets its call's response port as
     its first argument (after ``self``) and answers through it, once, now or later:
@@ -100,21 +120,23 @@ def endpoint(function: Any = None, *, explicit_response_port: bool = False) -> A
     the port answered answers the call (the actor lives on); after, it fails the actor.
     """
     if function is None:
-        return lambda method: EndpointDef(method, explicit_response_port)
-    return EndpointDef(function, explicit_response_port)
+        check_call_limit(call_limit_s, "@endpoint(call_limit_s=...)")
+        return lambda method: EndpointDef(method, explicit_response_port, call_limit_s=call_limit_s)
+    return EndpointDef(function, explicit_response_port, call_limit_s=call_limit_s)
 
 
 @overload
 def concurrent_endpoint(method: Callable[Concatenate[Any, P], R], /) -> EndpointDef[P, R]: ...
 @overload
 def concurrent_endpoint(
-    method: None = None, /
+    method: None = None, /, *, call_limit_s: float | None = None
 ) -> Callable[[Callable[Concatenate[Any, P], R]], EndpointDef[P, R]]: ...
 
 
-def concurrent_endpoint(method: Any = None, /) -> Any:
+def concurrent_endpoint(method: Any = None, /, *, call_limit_s: float | None = None) -> Any:
     """Mark an actor method as an endpoint whose calls may run while the actor handles its
-    other messages (``@concurrent_endpoint`` or ``@concurrent_endpoint()``).
+    other messages (``@concurrent_endpoint`` or ``@concurrent_endpoint()``; `call_limit_s` as
+    for `endpoint`).
 
     Calls start in arrival order, like every message; once started, a concurrent call does not
     hold up the messages behind it, so it overlaps later calls (concurrent or not). Ordinary
@@ -124,12 +146,31 @@ def concurrent_endpoint(method: Any = None, /) -> Any:
     is allowed too: it runs on its own worker thread.
     """
     if method is None:
-        return concurrent_endpoint
+        check_call_limit(call_limit_s, "@concurrent_endpoint(call_limit_s=...)")
+        return functools.partial(concurrent_endpoint, call_limit_s=call_limit_s)
     if isinstance(method, EndpointDef):
         raise TypeError(
             "@concurrent_endpoint replaces @endpoint: use one of them on a method, not both."
         )
-    return EndpointDef(method, concurrent=True)
+    return EndpointDef(method, concurrent=True, call_limit_s=call_limit_s)
+
+
+def check_call_limit(value: object, where: str) -> float | None:
+    """`value` as a call limit: None (not set here) or seconds > 0, ``math.inf`` meaning no
+    limit; else an error that starts with `where`."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"{where} = {value!r}: it must be a number of seconds (or None to leave it to "
+            "the next level, math.inf for no limit)."
+        )
+    if math.isnan(value) or value <= 0:
+        raise ValueError(
+            f"{where} = {value!r}: it must be a number of seconds > 0 (math.inf for no "
+            "limit); a call cannot be given no time at all."
+        )
+    return float(value)
 
 
 def check_concurrency_bound(cls: type) -> None:

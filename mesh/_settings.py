@@ -32,6 +32,7 @@ ENV_NAMES = {
     "agent_timeout_s": "MESHVISOR_AGENT_TIMEOUT_S",
     "owner_alive_interval_s": "MESHVISOR_OWNER_ALIVE_INTERVAL_S",
     "restart_wait_s": "MESHVISOR_RESTART_WAIT_S",
+    "call_limit_s": "MESHVISOR_CALL_LIMIT_S",
     "preload": "MESHVISOR_PRELOAD",
     "home": "MESHVISOR_HOME",
     "host_name": "MESHVISOR_HOST_NAME",
@@ -41,14 +42,16 @@ DEFAULT_BUSY_TIMEOUT_S = 60.0
 _DURATIONS = tuple(name for name in ENV_NAMES if name.endswith("_s"))
 #: Durations that may be 0 (orphans: SIGKILL at once); the others must be > 0.
 _MAY_BE_ZERO = ("orphan_timeout_s",)
+#: Durations that may be None (busy: derived from the heartbeat timeout; call limit: none).
+_OPTIONAL = ("busy_timeout_s", "call_limit_s")
 _HEARTBEATS = ("heartbeat_interval_s", "heartbeat_timeout_s", "busy_timeout_s")
 
 
 @dataclass(frozen=True)
 class Settings:
     """How this process supervises: heartbeat and failure-detection timeouts, restart waits,
-    the fork server's preloads, where allocations are kept and the name of this host.
-    Validated when built."""
+    the call watchdog's default limit, the fork server's preloads, where allocations are kept
+    and the name of this host. Validated when built."""
 
     #: How often new procs send a heartbeat to their agent.
     heartbeat_interval_s: float = 0.25
@@ -65,6 +68,9 @@ class Settings:
     owner_alive_interval_s: float = 0.5
     #: How long calls wait for a restarting rank before failing.
     restart_wait_s: float = 30.0
+    #: How long a call of an actor mesh spawned under these settings may run before the
+    #: actor is declared stuck, unless its endpoint or class sets a limit; None: no limit.
+    call_limit_s: float | None = None
     #: Modules the fork server imports before forking procs (e.g. "torch").
     preload: tuple[str, ...] = ()
     #: Where named allocations (and the keys made for them) are kept; None: ~/.meshvisor.
@@ -76,7 +82,7 @@ class Settings:
     def __post_init__(self) -> None:
         for name in _DURATIONS:
             value = getattr(self, name)
-            if value is not None or name != "busy_timeout_s":
+            if value is not None or name not in _OPTIONAL:
                 object.__setattr__(self, name, seconds(name, value, zero=name in _MAY_BE_ZERO))
         if isinstance(self.preload, list):
             object.__setattr__(self, "preload", tuple(self.preload))

@@ -6,7 +6,8 @@ what the `chaos` package injects faults with; nothing here changes a job that do
 `settings(**overrides)` is `mesh.configured` (settings for one block). The other helpers let
 tests look at this process's session (`run_dir`, `inbox_address`, `local_agent`,
 `known_agents`, `bookkeeping`), end it or parts of it (`shutdown`, `stop_local_agent`,
-`stop_controllers`), check the slicing algebra without processes (`Region`), write, rotate
+`stop_controllers`), hold a call without the call watchdog judging it (`call_watchdog_suspended`,
+as a debugger does), check the slicing algebra without processes (`Region`), write, rotate
 and aggregate proc lines without procs (`RankLog`, `LogFileConfig`, `line_level`,
 `Aggregator`, `RankedLine`), and play a raw
 peer of an agent or a proc with the typed wire messages of `wire`. Each reads the engine in
@@ -33,6 +34,7 @@ from mesh._engine import messages as wire
 from mesh._engine import session as _session
 from mesh._engine.proc_lines import Aggregator as Aggregator
 from mesh._engine.proc_lines import RankedLine as RankedLine
+from mesh._engine.callwatch import call_watchdog_suspended as call_watchdog_suspended
 from mesh._shape import Region as Region
 
 __all__ = (
@@ -46,6 +48,7 @@ __all__ = (
     "Region",
     "bookkeeping",
     "break_links",
+    "call_watchdog_suspended",
     "exit_process",
     "fail_next_call",
     "heal_links",

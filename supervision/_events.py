@@ -3,7 +3,11 @@
 One kind is a warning, not a failure: ``"preempting"`` says that the proc's host is about to be
 taken away (SLURM's notice ahead of a preemption or of the job's time limit), `time_left_s`
 how long it has. Its owner's handlers hear it so that they can drain; unhandled, it is logged
-(the root prints it) and nothing fails until the kill that may follow."""
+(the root prints it) and nothing fails until the kill that may follow.
+
+``"stuck"``: a call of an endpoint ran past its limit (``call_limit_s``, the call watchdog: a
+deadlock that heartbeats cannot see); `traceback` is the stack where the call waits. The actor
+failed and its owner stops its proc, as a hung one's."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ EventKind = Literal[
     "exit",
     "signal",
     "hung",
+    "stuck",
     "unreachable",
     "spawn_failed",
     "escalated",
@@ -83,6 +88,8 @@ class SupervisionEvent:
             return f"ran out of memory and was killed{detail}."
         if self.kind == "hung":
             return f"stopped answering heartbeats and is considered hung{detail}."
+        if self.kind == "stuck":
+            return f"is stuck: a call ran past its time limit (call_limit_s){detail}."
         if self.kind == "unreachable":
             return f"became unreachable{detail}."
         if self.kind == "spawn_failed":

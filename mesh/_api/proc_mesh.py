@@ -65,17 +65,19 @@ class ProcMesh(MeshBase, Stoppable):
         actor_id = f"{name}-{secrets.token_hex(4)}"
         extent = self.extent
         peers = tuple(self._peers[base] for base in self._region.ranks)
+        limit = self._runtime.settings.call_limit_s
+        address = self._runtime.address
         messages = [
             (
                 peer,
-                SpawnActor(
-                    actor_id, self._runtime.address, name, extent.labels, extent.sizes, rank
-                ),
+                SpawnActor(actor_id, address, name, extent.labels, extent.sizes, rank, 0, limit),
             )
             for rank, peer in enumerate(peers)
         ]
         self._runtime.ownership.add_actor_mesh(
-            ActorMeshRecord(actor_id, name, payload, extent, peers, context().actor_id)
+            ActorMeshRecord(
+                actor_id, name, payload, extent, peers, context().actor_id, call_limit_s=limit
+            )
         )
         self._runtime.calls.send_to_procs(messages, payload, None)
         state = ActorMeshState(name, actor_id, actor_class, peers, extent)

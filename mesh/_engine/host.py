@@ -21,6 +21,7 @@ import anyio
 from mesh._actor import endpoints_of
 from mesh._context import ActorAborted, enter_context, exit_context
 from mesh._engine.builtins import INITIALIZED, InjectedFailures
+from mesh._engine.callwatch import CallWatch, RunningCall, call_limits
 from mesh._engine.cleanup import Cleanups, Then
 from mesh._engine.host_services import HostServices
 from mesh._engine.hosted_actor import ALIVE, HostedActor
@@ -58,6 +59,8 @@ class ActorHost:
         self._lanes = Lanes(services, workers, sync_runners, self._call_async)
         self._cleanups = Cleanups(services, workers)
         self._child_failures = ChildFailures(services, workers, self._fail_with)
+        stuck = functools.partial(_fail_stuck, self._replier, self._fail_with)
+        self._watch = CallWatch(lambda: list(self._actors.values()), stuck)
         self._log = get_logger("mesh.actor")
 
     def message_handlers(self) -> dict[type, Callable[[Envelope], None]]:
@@ -168,6 +171,8 @@ class ActorHost:
             cls, args, kwargs = work.arguments()
             actor.endpoints = endpoints_of(cls)
             actor.max_concurrent = cls.max_concurrent_calls
+            actor.limits = call_limits(cls, actor.endpoints, work.header.call_limit_s)
+            self._watch.watch(actor.limits.values())
             actor.instance = cls(*args, **kwargs)
         except BaseException as exc:
             self._fail(actor, exc, f"the constructor of {actor.mesh_name!r} raised")
@@ -191,7 +196,7 @@ class ActorHost:
 
     def _call_sync(self, actor: HostedActor, work: Work[CallActor]) -> None:
         """Worker thread: a call of a sync endpoint or of a built-in."""
-        function = self._start_call(actor, work)
+        function = self._start_call(actor, work, in_task=False)
         if function is None:
             return
         token = enter_context(actor.call_context(work.header))
@@ -207,7 +212,7 @@ class ActorHost:
 
     async def _call_async(self, actor: HostedActor, work: Work[CallActor]) -> None:
         """Event loop task: a call of an async endpoint (cancelled only when the proc ends)."""
-        function = self._start_call(actor, work)
+        function = self._start_call(actor, work, in_task=True)
         if function is None:
             return
         token = enter_context(actor.call_context(work.header))
@@ -224,13 +229,15 @@ class ActorHost:
         if actor.end_call(work.header) and result is not NO_REPLY:
             self._replier.value(actor, work.header, result)
 
-    def _start_call(self, actor: HostedActor, work: Work[CallActor]) -> Callable[[], Any] | None:
+    def _start_call(
+        self, actor: HostedActor, work: Work[CallActor], *, in_task: bool
+    ) -> Callable[[], Any] | None:
         """The function the call runs, or None after telling the caller why it cannot run."""
         if not self._can_run(actor, work.header):
             return None
         function = self._prepare(actor, work)
         if function is not None:
-            actor.start_call(work.header)
+            actor.start_call(work.header, in_task)
         return function
 
     def _call_raised(self, actor: HostedActor, header: CallActor, exc: BaseException) -> None:
@@ -318,3 +325,16 @@ class ActorHost:
 
 def _raise(error: BaseException) -> None:
     raise error
+
+
+def _fail_stuck(
+    replier: Replier,
+    fail_with: Callable[[HostedActor, SupervisionEvent], None],
+    actor: HostedActor,
+    call: RunningCall,
+) -> None:
+    """The call watch's thread: `call` ran past its limit and `actor` gave it up. Its caller
+    and its owner hear a "stuck" event with the stack where it waits."""
+    event = actor.make_event("stuck", call.describe(), clip(call.stack()))
+    replier.failure(call.header, "failed", event)
+    fail_with(actor, event)

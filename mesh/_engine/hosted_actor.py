@@ -9,6 +9,7 @@ from typing import Any
 
 from mesh._actor import DEFAULT_MAX_CONCURRENT_CALLS, EndpointDef
 from mesh._context import Context, actor_identity
+from mesh._engine.callwatch import Limit, RunningCall
 from mesh._engine.messages import CallActor, SpawnActor
 from mesh._engine.work import CALL_KINDS, Work
 from mesh._shape import Extent, Point
@@ -33,6 +34,7 @@ class HostedActor:
         "event",
         "home",
         "instance",
+        "limits",
         "lock",
         "mailbox",
         "max_concurrent",
@@ -62,7 +64,8 @@ class HostedActor:
         self.busy = False  # a worker thread or a task is handling the mailbox
         self.parked = False  # busy, but the next message waits for concurrent calls to end
         self.lock = threading.Lock()
-        self.running: list[CallActor] = []  # the calls in progress (ordinary and concurrent)
+        self.running: list[RunningCall] = []  # the calls in progress (ordinary, concurrent)
+        self.limits: dict[str, Limit] = {}  # the call watchdog's limits, by endpoint
         self.concurrent = 0  # how many calls of concurrent endpoints are in progress
         self.max_concurrent = DEFAULT_MAX_CONCURRENT_CALLS
         self.awaiting_init: list[CallActor] = []  # `initialized` calls made while it is built
@@ -114,16 +117,31 @@ class HostedActor:
             instance, self.instance = self.instance, None
         return instance
 
-    def start_call(self, header: CallActor) -> None:
+    def start_call(self, header: CallActor, in_task: bool) -> None:
+        """A call starts, on this thread (in this task if `in_task`)."""
+        call = RunningCall(header, self.limits.get(header.endpoint), in_task)
         with self.lock:
-            self.running.append(header)
+            self.running.append(call)
+
+    def take_overdue(self, now: float) -> RunningCall | None:
+        """A call that ran past its limit at `now`, given up (its end answers no one) and the
+        actor marked failed; None if none did, or if the actor is no longer running."""
+        with self.lock:
+            if self.state != "running":
+                return None
+            for index, call in enumerate(self.running):
+                if call.overdue(now):
+                    del self.running[index]
+                    self.state = "failed"
+                    return call
+        return None
 
     def end_call(self, header: CallActor) -> bool:
         """The endpoint returned or raised: whether its caller still waits for the outcome
         (not when the actor failed meanwhile: failing it answered the call already)."""
         with self.lock:
             for index, running in enumerate(self.running):
-                if running is header:
+                if running.header is header:
                     del self.running[index]
                     return True
         return False
@@ -131,7 +149,7 @@ class HostedActor:
     def take_waiting_calls(self) -> list[CallActor]:
         """The calls in progress and those queued, which no one will run now that it failed."""
         with self.lock:
-            waiting = self.running + self.awaiting_init
+            waiting = [call.header for call in self.running] + self.awaiting_init
             waiting += [work.header for work in self.mailbox if work.kind in CALL_KINDS]
             self.running, self.awaiting_init = [], []
             self.mailbox.clear()

@@ -116,7 +116,8 @@ class SpawnFailed:
 @message_type
 @dataclass(frozen=True, slots=True)
 class SpawnActor:
-    """Build one actor of mesh `actor_id` on the receiving proc. Payload: (cls, args, kwargs)."""
+    """Build one actor of mesh `actor_id` on the receiving proc. Payload: (cls, args, kwargs).
+    `call_limit_s`: the call watchdog's limit from the spawner's settings (None: none)."""
 
     actor_id: str
     owner: str
@@ -125,6 +126,7 @@ class SpawnActor:
     sizes: tuple[int, ...]
     rank: int
     restart_count: int = 0
+    call_limit_s: float | None = None
 
 
 @message_type

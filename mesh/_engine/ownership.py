@@ -32,6 +32,8 @@ class ActorMeshRecord:
     owner_actor: str | None
     restarts: list[int] = field(default_factory=list)
     failed: set[int] = field(default_factory=set)
+    #: The ``call_limit_s`` setting in force when it was spawned (its actors' default limit).
+    call_limit_s: float | None = None
 
     def __post_init__(self) -> None:
         self.restarts = [0] * len(self.peers)

@@ -8,6 +8,7 @@ restart policy, else up the supervision tree, as the actor meshes on it see it.
 from __future__ import annotations
 
 import signal
+import dataclasses
 from typing import Any, Protocol
 
 from mesh._engine.calltable import CallTable
@@ -67,6 +68,7 @@ class ProcLifecycle:
         self._calls = calls
         self._supervisor = supervisor
         self._restarts = restarts
+        self._stuck: dict[str, SupervisionEvent] = {}  # procs killed for a stuck call
         self._log = get_logger("mesh.runtime", proc=proc_id)
 
     # -- coming up -----------------------------------------------------------------------------
@@ -109,6 +111,10 @@ class ProcLifecycle:
         header: ProcExited = envelope.header
         peer = self._ownership.peer(header.proc_id)
         if peer is None:
+            return
+        stuck = self._stuck.pop(header.proc_id, None)
+        if stuck is not None and peer.state != "stopping":
+            self.mark_peer_gone(peer, _about_proc(stuck, peer), "failed")
             return
         kind: EventKind
         if header.requested or peer.state == "stopping":
@@ -178,14 +184,16 @@ class ProcLifecycle:
     def _told_to_owner(
         self, peer: ProcPeer, event: SupervisionEvent
     ) -> tuple[SupervisionEvent, dict[str, SupervisionEvent]]:
-        """What the owner hears of `peer`'s proc failing: the event of the first actor mesh
-        on it (the proc's own if none), and the event each handler key hears (an actor mesh's
-        handler: its actor's; the proc mesh's handler: the proc's), in the order of asking."""
+        """What the owner hears of `peer`'s proc failing: the event of the actor mesh whose
+        actor `event` names (a stuck one), else of the first on it (the proc's own if none),
+        and the event each handler key hears (an actor mesh's handler: its actor's; the proc
+        mesh's handler: the proc's), in the order of asking."""
         told = {
             actors.actor_id: actors.view().proc_failed(peer, event)
             for actors in self._ownership.actor_meshes_on(peer)
         }
-        subject = next(iter(told.values()), event)
+        named = [e for e in told.values() if event.actor_id and e.actor_id == event.actor_id]
+        subject = next(iter(named or told.values()), event)  # a stuck actor's event first
         told[peer.mesh_key] = event
         return subject, told
 
@@ -193,6 +201,8 @@ class ProcLifecycle:
         header: ActorFailed = envelope.header
         event: SupervisionEvent = envelope.payload.load()  # type: ignore[union-attr]
         self._supervisor.observe(event)
+        if event.kind == "stuck" and self._kill_stuck(header, event):
+            return  # decided once its proc is gone, as for a hung one
         escalate = self._restarts.on_actor_failure(header.actor_id, header.rank, event)
         if escalate is None:
             return  # a restart policy takes care of it
@@ -200,6 +210,22 @@ class ProcLifecycle:
         keys = (header.actor_id,) + ((peer.mesh_key,) if peer is not None else ())
         owner = self._ownership.owner_of(header.actor_id)
         self._supervisor.handle(escalate, owner, keys)
+
+    def _kill_stuck(self, header: ActorFailed, event: SupervisionEvent) -> bool:
+        """An actor of a proc owned here is stuck in a call that cannot be cancelled: kill the
+        proc (its exit is then this failure). False if it is not owned here or is going."""
+        actors = self._ownership.actor_mesh(header.actor_id)
+        if actors is None or not 0 <= header.rank < len(actors.peers):
+            return False
+        peer = actors.peers[header.rank]
+        if not peer.owned or not peer.alive or peer.agent is None:
+            return False
+        self._stuck[peer.proc_id] = event
+        self._log.warning("stuck_proc_killed", proc=peer.proc_id, pid=peer.pid)
+        self._runtime.send_message(
+            peer.agent, StopProcs((peer.proc_id,), 0.0, self._runtime.address)
+        )
+        return True
 
     def fail_procs_of(self, agent: str, why: str) -> None:
         """Every live proc of `agent` failed with kind "unreachable" (`why`: the agent's fate);
@@ -250,3 +276,8 @@ def _how(signame: str | None) -> str:
     if DUMP_SIGNAL is not None and signame == f"SIGRTMIN+{DUMP_SIGNAL - signal.SIGRTMIN}":
         return f"{signame}, its stack-dump signal"
     return str(signame)
+def _about_proc(event: SupervisionEvent, peer: ProcPeer) -> SupervisionEvent:
+    """A stuck actor's `event` as the failure of its proc `peer`: it names the proc mesh, and
+    still the stuck actor, so that the actor mesh's view of it is the very event its caller
+    got (the root then raises it once)."""
+    return dataclasses.replace(event, mesh_name=peer.mesh_name, rank=peer.point)

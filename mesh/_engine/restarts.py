@@ -139,6 +139,7 @@ class Restarts:
                         actors.extent.sizes,
                         rank,
                         actors.restarts[rank],
+                        actors.call_limit_s,
                     ),
                 )
             )
