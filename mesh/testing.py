@@ -32,9 +32,9 @@ from mesh._api.faults import heal_links as heal_links
 from mesh._api.faults import probe as probe
 from mesh._engine import messages as wire
 from mesh._engine import session as _session
+from mesh._engine.callwatch import call_watchdog_suspended as call_watchdog_suspended
 from mesh._engine.proc_lines import Aggregator as Aggregator
 from mesh._engine.proc_lines import RankedLine as RankedLine
-from mesh._engine.callwatch import call_watchdog_suspended as call_watchdog_suspended
 from mesh._shape import Region as Region
 
 __all__ = (

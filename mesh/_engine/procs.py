@@ -7,8 +7,8 @@ restart policy, else up the supervision tree, as the actor meshes on it see it.
 
 from __future__ import annotations
 
-import signal
 import dataclasses
+import signal
 from typing import Any, Protocol
 
 from mesh._engine.calltable import CallTable
@@ -276,6 +276,8 @@ def _how(signame: str | None) -> str:
     if DUMP_SIGNAL is not None and signame == f"SIGRTMIN+{DUMP_SIGNAL - signal.SIGRTMIN}":
         return f"{signame}, its stack-dump signal"
     return str(signame)
+
+
 def _about_proc(event: SupervisionEvent, peer: ProcPeer) -> SupervisionEvent:
     """A stuck actor's `event` as the failure of its proc `peer`: it names the proc mesh, and
     still the stuck actor, so that the actor mesh's view of it is the very event its caller
