@@ -4,6 +4,7 @@ quit, read-only attach to a persistent allocation, the ``--json`` form and clear
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,13 +19,11 @@ from typing import Any
 import pytest
 from actors import Where
 from conftest import RUN_BASE
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from polling import wait_until
 from tmux_pane import TmuxPane, tmux_pane
 
-from mesh._engine.view_messages import ActorView, EventView, HostSnapshot, ProcView
-from transport import KEYS_ENV, decode, encode
+from supervision import RestartPolicy
+from transport import KEYS_ENV
 
 pytestmark = pytest.mark.timeout(240)
 T = 60.0
@@ -122,6 +121,70 @@ def test_json_snapshot_has_the_documented_shape(make_procs: Callable[..., Any]) 
 def _actors_reported(snapshot: dict[str, Any], count: int) -> bool:
     procs = [p for host in snapshot["hosts"] for p in host["procs"] if p["health"] == "running"]
     return sum(len(p["actors"]) for p in procs) >= count
+
+
+def _json_of_this_client() -> dict[str, Any]:
+    done = _run_top("--pid", str(os.getpid()), "--json")
+    assert done.returncode == 0, done.stderr
+    found: dict[str, Any] = json.loads(done.stdout)
+    return found
+
+
+def _procs_of(snapshot: dict[str, Any], mesh: str) -> list[dict[str, Any]]:
+    return [p for host in snapshot["hosts"] for p in host["procs"] if p["mesh"] == mesh]
+
+
+def test_a_restarted_rank_shows_its_restarts(make_procs: Callable[..., Any]) -> None:
+    procs = make_procs(
+        {"gpus": 1}, name="restarting", restart=RestartPolicy(max_restarts=3, within_s=60)
+    )
+    where = procs.spawn("watchers", Where)
+    ((pid, _),) = where.where.call().get(timeout=T).values()
+    os.kill(pid, signal.SIGKILL)
+
+    def restarted() -> dict[str, Any] | None:
+        snapshot = _json_of_this_client()
+        live = [p for p in _procs_of(snapshot, "restarting") if p["health"] == "running"]
+        if live and live[0]["restarts"] == 1 and live[0]["actors"]:
+            return snapshot
+        return None
+
+    wait_until(restarted, T, "the re-spawned proc with its rebuilt actor")
+    snapshot = restarted()
+    assert snapshot is not None
+    ended, live = sorted(_procs_of(snapshot, "restarting"), key=lambda p: p["health"] != "failed")
+    assert (
+        ended["pid"] == pid and ended["health"] == "failed" and ended["exit"] == "killed by SIGKILL"
+    )
+    (actor,) = live["actors"]
+    assert actor["restarts"] == 1 and actor["state"] == "running"
+    messages = [e["message"] for host in snapshot["hosts"] for e in host["events"]]
+    assert f"spawned, replacing {ended['proc_id']} (restart 1)" in messages
+
+
+def _health_of(mesh: str) -> list[tuple[str, str | None]]:
+    return [(p["health"], p["exit"]) for p in _procs_of(_json_of_this_client(), mesh)]
+
+
+def test_a_paused_proc_shows_as_hung_then_killed_as_hung(
+    make_procs: Callable[..., Any], root_events: list[Any]
+) -> None:
+    procs = make_procs(
+        {"gpus": 1}, name="pausing", heartbeat_interval_s=0.2, heartbeat_timeout_s=3.0
+    )
+    where = procs.spawn("watchers", Where)
+    ((pid, _),) = where.where.call().get(timeout=T).values()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: _health_of("pausing")[0][0] == "hung", T, "the paused proc: hung")
+        wait_until(
+            lambda: (_health_of("pausing")[0][1] or "").startswith("hung, killed"), T, "its kill"
+        )
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    wait_until(lambda: root_events, T, "the failure to reach the client")
+    root_events.clear()
 
 
 # -- a persistent allocation, attached to read-only ----------------------------------------
@@ -232,34 +295,6 @@ def test_unreachable_agents_are_listed_with_the_reason(tmp_path: Path) -> None:
     assert "no agent listens there" in reasons[gone]
     assert "no answer in time" in reasons["tcp://127.0.0.1:9"]
     assert f"unreachable {gone}" in done.stderr
-
-
-# -- the wire form ----------------------------------------------------------------------------
-
-_text = st.text(max_size=20)
-_actor = st.builds(
-    ActorView, _text, _text, st.tuples(_text), st.tuples(st.integers(1, 9)),
-    st.integers(0, 8), st.integers(0, 5), _text, _text,
-)  # fmt: skip
-_proc = st.builds(
-    ProcView, _text, _text, st.tuples(_text), st.tuples(st.integers(1, 9)), st.integers(0, 8),
-    _text, st.none() | st.integers(1, 2**22), _text, st.none() | st.floats(0, 1e4),
-    st.none() | st.integers(0, 2**40), st.integers(0, 99), st.floats(0, 2e9),
-    st.none() | st.floats(0, 2e9), _text, st.lists(_actor, max_size=3).map(tuple),
-)  # fmt: skip
-_event = st.builds(
-    EventView, st.floats(0, 2e9), _text, _text, _text, st.integers(0, 99),
-    st.none() | st.integers(1, 2**22), _text,
-)  # fmt: skip
-
-
-@settings(max_examples=50, deadline=None)
-@given(procs=st.lists(_proc, max_size=4).map(tuple), events=st.lists(_event, max_size=4).map(tuple))
-def test_any_snapshot_travels_as_a_header_unchanged(
-    procs: tuple[ProcView, ...], events: tuple[EventView, ...]
-) -> None:
-    snapshot = HostSnapshot(7, "host", "ipc:///x", 1, 2.0, 3.0, procs, events)
-    assert decode(encode(snapshot)).header == snapshot
 
 
 def test_a_view_left_running_costs_nothing_when_its_process_is_gone(pane: TmuxPane) -> None:

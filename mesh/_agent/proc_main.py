@@ -38,7 +38,7 @@ def start_heartbeats(runtime: Runtime, agent: str, proc_id: str, interval_s: flo
     sleeps or waits on I/O releases the GIL and is not mistaken for a hang.
     """
     beat = encode(Heartbeat(proc_id))
-    census = CensusReporter(proc_id, runtime.host.census)
+    census = CensusReporter(proc_id, runtime.host.hosted)
 
     def loop() -> None:
         while True:

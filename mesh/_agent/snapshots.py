@@ -4,8 +4,8 @@ A viewer sends a `SnapshotQuery`; the agent answers with a `HostSnapshot` built 
 table, the actors its procs reported (`ProcActors`, sent when they change) and ``/proc`` (CPU
 and memory of each live proc), to the query's `reply_to` only, over a connection it does not
 keep. It records nothing about the viewer: answering grants no ownership, no watch, and no way
-to stop or reach a proc. Sampling costs one read of two small ``/proc`` files per live proc and
-query, nothing between queries.
+to stop or reach a proc. CPU and memory come from the ``/proc`` sample the agent takes at each
+heartbeat anyway: a snapshot reads ``/proc`` only for a proc it sees the first time.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 from collections import deque
 from typing import Any
 
-from mesh._agent.liveness import sample_cpu
+from mesh._agent.liveness import CpuSample, sample_cpu
 from mesh._agent.procs import ProcRecord, ProcTable
 from mesh._engine.messages import ProcExited
 from mesh._engine.view_messages import (
@@ -32,7 +32,6 @@ from transport import Outbox, TransportError, encode, is_address
 MAX_EVENTS = 50
 #: A CPU share needs two samples at least this far apart (seconds).
 _MIN_CPU_INTERVAL_S = 0.05
-_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class AgentView:
@@ -46,7 +45,9 @@ class AgentView:
         self._address = address
         self._log = log
         self._started = time.time()
-        self._cpu: dict[int, tuple[float, float]] = {}  # pid -> (CPU seconds, monotonic time)
+        #: pid -> (CPU seconds, monotonic time) of its sample in the previous snapshot, and the
+        #: share of a core it used up to then
+        self._cpu: dict[int, tuple[float, float, float | None]] = {}
         self._actor_events: deque[EventView] = deque(maxlen=MAX_EVENTS)
 
     def handle(self, header: object) -> bool:
@@ -117,18 +118,31 @@ class AgentView:
         )
 
     def _live_view(self, proc: ProcRecord, now: float) -> ProcView:
-        sample = sample_cpu(proc.pid) if proc.pid is not None else None
-        cpu_percent = None
-        if sample is not None and proc.pid is not None:
-            before = self._cpu.get(proc.pid)
-            if before is None and proc.cpu is not None:
-                before = (proc.cpu.cpu_s, proc.cpu_at)
-            self._cpu[proc.pid] = (sample.cpu_s, now)
-            if before is not None and now - before[1] >= _MIN_CPU_INTERVAL_S:
-                cpu_percent = round(100.0 * (sample.cpu_s - before[0]) / (now - before[1]), 1)
+        cpu_percent, sample = self._cpu_share(proc, now)
         health = _live_health(proc, now, sample is not None and sample.stopped)
-        rss = _resident_bytes(proc.pid) if proc.pid is not None else None
+        rss = sample.rss_bytes if sample is not None else None
         return _proc_view(proc, health, cpu_percent, rss, "")
+
+    def _cpu_share(self, proc: ProcRecord, now: float) -> tuple[float | None, CpuSample | None]:
+        """The share of a core `proc` used since this agent's previous snapshot of it, and its
+        latest sample: the one its last heartbeat took (``/proc`` is read here only the first
+        time, or when there is none)."""
+        if proc.pid is None:
+            return None, None
+        latest, at = proc.cpu, proc.cpu_at
+        before = self._cpu.get(proc.pid)
+        if before is None or latest is None:
+            if before is None and latest is not None:
+                before = (latest.cpu_s, at, None)
+            latest, at = sample_cpu(proc.pid), now
+        if latest is None:
+            return None, None
+        share = before[2] if before is not None else None  # no newer sample: the last share
+        if before is not None and at - before[1] >= _MIN_CPU_INTERVAL_S:
+            share = round(100.0 * (latest.cpu_s - before[0]) / (at - before[1]), 1)
+        if before is None or at != before[1]:
+            self._cpu[proc.pid] = (latest.cpu_s, at, share)
+        return share, latest
 
     def _events(self) -> tuple[EventView, ...]:
         """The last events: procs started and ended, actors started, failed, stopped."""
@@ -202,12 +216,3 @@ def _proc_view(
         exit_text,
         proc.actors,
     )
-
-
-def _resident_bytes(pid: int) -> int | None:
-    """The resident memory of process `pid` (``/proc/PID/statm``); None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as statm:
-            return int(statm.read().split()[1]) * _PAGE_BYTES
-    except (OSError, IndexError, ValueError):
-        return None

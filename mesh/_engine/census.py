@@ -7,7 +7,7 @@ more than its heartbeats.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping
 
 from mesh._engine.hosted_actor import HostedActor
 from mesh._engine.view_messages import ActorView, ProcActors
@@ -42,18 +42,19 @@ def actor_census(actors: Iterable[HostedActor]) -> tuple[ActorView, ...]:
 
 
 class CensusReporter:
-    """Says what changed in a proc's census since the last time it was asked."""
+    """Says what changed in the census of a proc's actors (`hosted`, by id; another thread
+    changes it) since the last time it was asked."""
 
-    def __init__(self, proc_id: str, census: Callable[[], tuple[ActorView, ...]]) -> None:
+    def __init__(self, proc_id: str, hosted: Mapping[str, HostedActor]) -> None:
         self._proc_id = proc_id
-        self._census = census
+        self._hosted = hosted
         self._last: tuple[ActorView, ...] = ()
 
     def changed(self) -> ProcActors | None:
         """The message to send if the census changed since the last call, else None (also
         when it cannot be taken now: the heartbeats that call this must go on)."""
         try:
-            now = self._census()
+            now = actor_census(list(self._hosted.values()))
         except Exception:
             return None
         if now == self._last:

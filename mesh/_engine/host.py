@@ -21,7 +21,6 @@ import anyio
 from mesh._actor import endpoints_of
 from mesh._context import ActorAborted, enter_context, exit_context
 from mesh._engine.builtins import INITIALIZED, InjectedFailures
-from mesh._engine.census import actor_census
 from mesh._engine.cleanup import Cleanups, Then
 from mesh._engine.host_services import HostServices
 from mesh._engine.hosted_actor import ALIVE, HostedActor
@@ -30,7 +29,6 @@ from mesh._engine.messages import ActorFailed, CallActor, SpawnActor, StopActor
 from mesh._engine.replying import Replier, clip, format_traceback
 from mesh._engine.response_port import NO_REPLY, with_response_port
 from mesh._engine.supervising import ChildFailures
-from mesh._engine.view_messages import ActorView
 from mesh._engine.work import Kind, Work, call_work
 from mesh._engine.workers import Workers
 from supervision import SupervisionError, SupervisionEvent
@@ -46,6 +44,7 @@ class ActorHost:
     def __init__(self, services: HostServices) -> None:
         self._services = services
         self._actors: dict[str, HostedActor] = {}
+        self.hosted = self._actors  # read-only outside: the live view's census (census.py)
         self._early: dict[str, list[Work[Any]]] = {}  # messages that beat their actor's spawn
         self._injected = InjectedFailures()
         self._replier = Replier(services)
@@ -136,10 +135,6 @@ class ActorHost:
             f"this proc within {EARLY_MESSAGE_WAIT_S:.0f} s",
         )
         self._replier.failure(header, "stopped", event)
-
-    def census(self) -> tuple[ActorView, ...]:
-        """The actors here as the live view shows them (read from the heartbeat thread)."""
-        return actor_census(list(self._actors.values()))
 
     def supervise(self, actor_id: str, event: SupervisionEvent) -> bool:
         """Let actor `actor_id` decide about the failure of a mesh it owns; False if that
