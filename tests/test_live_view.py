@@ -23,7 +23,7 @@ from polling import wait_until
 from tmux_pane import TmuxPane, tmux_pane
 
 from supervision import RestartPolicy
-from transport import KEYS_ENV
+from transport import KEYS_ENV, CurveKeys
 
 pytestmark = pytest.mark.timeout(240)
 T = 60.0
@@ -267,6 +267,22 @@ def _remove_run_dir_of(pid: int) -> None:
     for owner in Path(RUN_BASE).glob("meshvisor-*/owner.pid"):
         if owner.read_text().strip() == str(pid):
             shutil.rmtree(owner.parent, ignore_errors=True)
+
+
+def test_an_agent_with_other_keys_refuses_the_view_and_it_says_so(
+    allocation: Path, tmp_path: Path
+) -> None:
+    other = tmp_path / "other-keys"
+    CurveKeys.create(other)
+    (agent,) = allocation.read_text().split()
+    done = _run_top(
+        "--agent", agent, "--json", "--timeout", "3", env=_env(**{KEYS_ENV: str(other)})
+    )
+    assert done.returncode == 1
+    (unreachable,) = json.loads(done.stdout)["unreachable"]
+    assert unreachable["agent"] == agent and "refused this viewer" in unreachable["reason"]
+    done = _run_top("--allocation", str(allocation), "--json", env=_env(**{KEYS_ENV: ""}))
+    assert done.returncode == 0, done.stderr  # with the allocation's own keys, it answers
 
 
 # -- clear errors ---------------------------------------------------------------------------
