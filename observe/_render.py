@@ -47,7 +47,8 @@ def _title(snapshot: Snapshot, help_line: str) -> Text:
     health = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
     clock = _clock(snapshot.time)
     text = Text(f"meshvisor top: {snapshot.title}", "bold")
-    text.append(f"  {len(snapshot.hosts)} hosts, {len(procs)} procs ({health or 'none'})  {clock}")
+    hosts = _count(len(snapshot.hosts), "host")
+    text.append(f"  {hosts}, {_count(len(procs), 'proc')} ({health or 'none'})  {clock}")
     if help_line:
         text.append(f"  {help_line}", "dim")
     return text
@@ -125,6 +126,10 @@ def _event_style(kind: str) -> str:
     if kind == "hung":
         return "magenta"
     return "dim" if kind in ("stopped", "actor_stopped") else ""
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 def _point_text(point: dict[str, int]) -> str:
