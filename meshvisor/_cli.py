@@ -30,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
         help="show, tail, follow and filter procs' log files (meshvisor logs --help)",
         add_help=False,
     )
+    commands.add_parser(
+        "top",
+        help="watch a running client or allocation live, read-only (meshvisor top --help)",
+        add_help=False,
+    )
     keys = commands.add_parser("keys", help="create CURVE keys for an allocation")
     keys.add_argument("directory", type=Path, help="where to write them (made private: mode 0700)")
     commands.add_parser(
@@ -48,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run_slurm(argv[1:])
     if argv[:1] == ["logs"]:
         return _run_logs(argv[1:])
+    if argv[:1] == ["top"]:
+        return _run_top(argv[1:])
     args, rest = parser.parse_known_args(argv)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -107,3 +114,10 @@ def _run_logs(rest: list[str]) -> int:
     from observe._logs_cli import main as logs_main
 
     return logs_main(rest, prog="meshvisor logs")
+
+
+def _run_top(rest: list[str]) -> int:
+    """The live supervision tree of a client or allocation (observe/_top.py)."""
+    from observe._top import main as top_main
+
+    return top_main(rest, prog="meshvisor top")

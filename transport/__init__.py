@@ -42,6 +42,7 @@ from ._sockets import close_context as close_context
 from ._sockets import is_address as is_address
 from ._sockets import new_context as new_context
 from ._sockets import private_runtime_dir as private_runtime_dir
+from ._sockets import runtime_base_dir as runtime_base_dir
 from ._sockets import tcp_address as tcp_address
 
 __all__ = (
@@ -78,6 +79,7 @@ __all__ = (
     "private_runtime_dir",
     "raise_open_file_limit",
     "reset_logging",
+    "runtime_base_dir",
     "safe_str",
     "serializing_now",
     "tcp_address",

@@ -58,12 +58,18 @@ def close_context(context: zmq.Context[Any]) -> None:
     context.term()
 
 
-def private_runtime_dir(prefix: str = "meshvisor-") -> str:
-    """Create a directory only this user can enter, for ipc socket files."""
+def runtime_base_dir() -> str:
+    """Where `private_runtime_dir` makes directories: ``XDG_RUNTIME_DIR`` if writable and
+    short (socket paths must stay under ~107 bytes), else the system temp directory."""
     base = os.environ.get("XDG_RUNTIME_DIR")
     if not base or not os.access(base, os.W_OK) or len(base) > _MAX_BASE_DIR_LEN:
-        base = None  # the system temp dir: socket paths must stay under ~107 bytes
-    path = tempfile.mkdtemp(prefix=prefix, dir=base)
+        return tempfile.gettempdir()
+    return base
+
+
+def private_runtime_dir(prefix: str = "meshvisor-") -> str:
+    """Create a directory only this user can enter, for ipc socket files."""
+    path = tempfile.mkdtemp(prefix=prefix, dir=runtime_base_dir())
     os.chmod(path, 0o700)
     return path
 
@@ -177,20 +183,19 @@ class Outbox:
             if self._closed:
                 raise TransportError("cannot send: this process's transport is closed.")
             socket = self._sockets.get(address) or self._connect(address)
+            _send_frames(socket, address, frames)
+
+    def send_once(self, address: str, frames: Sequence[Any], linger_ms: int = 1000) -> None:
+        """Send `frames` to a passing peer (a viewer) without keeping a connection to it: a
+        socket of its own, closed at once; zmq still delivers them for up to `linger_ms`."""
+        with self._lock:
+            if self._closed:
+                raise TransportError("cannot send: this process's transport is closed.")
+            socket = self._connect(address, keep=False)
             try:
-                if len(frames) == 1:
-                    socket.send(frames[0], zmq.NOBLOCK)  # copying a small frame is cheapest
-                else:  # buffers are copied once here, so later changes by the caller
-                    # (an optimizer step on a tensor just sent) cannot alter what was sent
-                    socket.send(frames[0], zmq.NOBLOCK | zmq.SNDMORE)
-                    socket.send_multipart(frames[1:], zmq.NOBLOCK)
-            except zmq.Again as exc:  # only with a send high-water mark, which is unset
-                raise TransportError(
-                    f"cannot send to {address}: its send queue is full (the receiver is not "
-                    "reading); the message was not sent"
-                ) from exc
-            except zmq.ZMQError as exc:
-                raise TransportError(f"cannot send to {address}: {exc}") from exc
+                _send_frames(socket, address, frames)
+            finally:
+                socket.close(linger=linger_ms)
 
     def refusal(self, address: str) -> str | None:
         """Why `address` refused this process's connection during the security handshake
@@ -199,9 +204,10 @@ class Outbox:
             watch = self._handshakes.get(address)
             return watch.refusal() if watch is not None else None
 
-    def _connect(self, address: str) -> zmq.Socket[Any]:
-        """A new PUSH socket connected to `address`; closed again if anything fails, since a
-        socket left open makes the context's ``term()`` (process exit) wait forever."""
+    def _connect(self, address: str, keep: bool = True) -> zmq.Socket[Any]:
+        """A new PUSH socket connected to `address` (kept for later sends, with a watch of its
+        handshakes, if `keep`); closed again if anything fails, since a socket left open makes
+        the context's ``term()`` (process exit) wait forever."""
         _check_address(address)
         try:
             socket: zmq.Socket[Any] = self._context.socket(zmq.PUSH)
@@ -211,7 +217,7 @@ class Outbox:
         try:
             if address.startswith("tcp://"):  # always authenticated, loopback included
                 secure_client(socket, required_keys(address))
-                watch = HandshakeWatch(socket)
+                watch = HandshakeWatch(socket) if keep else None
             socket.setsockopt(zmq.SNDHWM, 0)
             socket.setsockopt(zmq.LINGER, 2000)
             socket.setsockopt(zmq.RECONNECT_IVL, RECONNECT_INTERVAL_MS)
@@ -225,7 +231,8 @@ class Outbox:
             raise
         if watch is not None:
             self._handshakes[address] = watch
-        self._sockets[address] = socket
+        if keep:
+            self._sockets[address] = socket
         return socket
 
     def forget(self, address: str) -> None:
@@ -248,6 +255,24 @@ class Outbox:
             watch.close()
         for socket in sockets:
             socket.close(linger=linger_ms)
+
+
+def _send_frames(socket: zmq.Socket[Any], address: str, frames: Sequence[Any]) -> None:
+    """Queue one message on `socket` (connected to `address`) without blocking."""
+    try:
+        if len(frames) == 1:
+            socket.send(frames[0], zmq.NOBLOCK)  # copying a small frame is cheapest
+        else:  # buffers are copied once here, so later changes by the caller
+            # (an optimizer step on a tensor just sent) cannot alter what was sent
+            socket.send(frames[0], zmq.NOBLOCK | zmq.SNDMORE)
+            socket.send_multipart(frames[1:], zmq.NOBLOCK)
+    except zmq.Again as exc:  # only with a send high-water mark, which is unset
+        raise TransportError(
+            f"cannot send to {address}: its send queue is full (the receiver is not "
+            "reading); the message was not sent"
+        ) from exc
+    except zmq.ZMQError as exc:
+        raise TransportError(f"cannot send to {address}: {exc}") from exc
 
 
 #: The schemes of the zmq endpoints meshvisor sends to.

@@ -24,6 +24,7 @@ from mesh._agent.procs import (
     unknown_proc_report,
 )
 from mesh._agent.rundir import remove_proc_sockets, remove_stale_sockets
+from mesh._agent.snapshots import AgentView
 from mesh._agent.spawning import output_prefix, proc_address, proc_config, socket_path_too_long
 from mesh._agent.watchdog import Watchdog
 from mesh._engine.fault_rules import apply_fault_rules
@@ -95,6 +96,7 @@ class HostAgent:
         self.address = self._inbox.address
         self.owner_died = False
         self._incarnation = f"{os.getpid()}-{time.time_ns()}"
+        self._view = AgentView(self._procs, self._outbox, self._hostname, self.address, self._log)
         if owner_pid is None:  # a daemon: the run directory is its own
             remove_stale_sockets(rundir, keep=self.address)
 
@@ -204,7 +206,7 @@ class HostAgent:
             apply_fault_rules(envelope)
         elif type(header) is SyncOutput:
             self._forkserver.sync_output(header)
-        else:
+        elif not self._view.handle(header):  # the live view's messages (snapshots.py)
             self._log.warning("message_ignored", kind=type(header).__name__)
 
     def _spawn(self, request: SpawnProcs, spec: ProcSpec) -> None:
@@ -248,8 +250,7 @@ class HostAgent:
                 self._kill(proc)
 
     def _on_proc_ready(self, ready: ProcReady) -> None:
-        proc = self._procs.get(ready.proc_id)
-        if proc is None:
+        if (proc := self._procs.get(ready.proc_id)) is None:
             return
         proc.address = ready.address  # a tcp proc picked its port itself
         proc.connected = True
@@ -263,8 +264,7 @@ class HostAgent:
 
     def _on_start_failed(self, failed: SpawnFailed) -> None:
         """A proc says why it cannot start (it exits next): its exit report will say so."""
-        proc = self._procs.get(failed.proc_id)
-        if proc is not None:
+        if (proc := self._procs.get(failed.proc_id)) is not None:
             proc.failure = failed.reason[:2000]
 
     def _watch(self, request: WatchProcs) -> None:

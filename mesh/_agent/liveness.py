@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 #: CPU time a proc must use to count as progressing: at least two clock ticks, and this share
 #: of the wall time since the last sample (a proc sharing a core with 50 others still gets 2 %).
 _MIN_PROGRESS_S = 2 * _TICK_S
@@ -24,11 +25,13 @@ _MIN_PROGRESS_SHARE = 0.01
 @dataclass(frozen=True, slots=True)
 class CpuSample:
     """A process's scheduler state, the CPU time all its threads have used so far, and
-    whether one of its threads is running or waiting for a core (when that was asked)."""
+    whether one of its threads is running or waiting for a core (when that was asked); also
+    its resident memory (for the live view)."""
 
     state: str
     cpu_s: float
     runnable: bool = False
+    rss_bytes: int | None = None
 
     @property
     def stopped(self) -> bool:
@@ -47,9 +50,10 @@ def sample_cpu(pid: int, threads: bool = False) -> CpuSample | None:
     fields = _stat_fields(f"/proc/{pid}/stat")
     try:  # fields after the command name: state is the 3rd of the line, utime/stime 14 and 15
         state, cpu_s = fields[0].decode(), (int(fields[11]) + int(fields[12])) * _TICK_S
+        rss_bytes = int(fields[21]) * _PAGE_BYTES  # the 24th
     except (IndexError, ValueError):
         return None
-    return CpuSample(state, cpu_s, threads and _thread_runnable(pid))
+    return CpuSample(state, cpu_s, threads and _thread_runnable(pid), rss_bytes)
 
 
 def _thread_runnable(pid: int) -> bool:

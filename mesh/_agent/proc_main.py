@@ -13,6 +13,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from mesh._context import Context, enter_context, exit_context
+from mesh._engine.census import CensusReporter
 from mesh._engine.messages import Heartbeat, ProcReady, SpawnFailed
 from mesh._engine.proc_faults import limit_memory, record_stacks_on_faults
 from mesh._engine.runtime import Runtime
@@ -38,11 +39,14 @@ def start_heartbeats(runtime: Runtime, agent: str, proc_id: str, interval_s: flo
     sleeps or waits on I/O releases the GIL and is not mistaken for a hang.
     """
     beat = encode(Heartbeat(proc_id))
+    census = CensusReporter(proc_id, runtime.host.hosted)
 
     def loop() -> None:
         while True:
             try:
                 runtime.outbox.send(agent, beat)
+                if (changed := census.changed()) is not None:  # for the live view
+                    runtime.outbox.send(agent, encode(changed))
             except TransportError:
                 return
             if runtime.closed.wait(interval_s):

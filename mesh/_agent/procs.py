@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -13,9 +14,12 @@ from mesh._agent.liveness import CpuSample
 from mesh._agent.oom_kills import CgroupMemory
 from mesh._agent.spawning import bootstrap_failure
 from mesh._engine.messages import ProcExited, ProcSpec
+from mesh._engine.view_messages import ActorView
 
 #: Exit reports kept for watchers that ask about a proc after it is gone.
 _EXITED_MEMORY = 10_000
+#: Procs that ended kept for the live view (with their actors and exit reports).
+_ENDED_MEMORY = 100
 #: Extra time a new proc gets for its first heartbeat (imports, user __init__ of the runtime).
 _STARTUP_GRACE_S = 10.0
 
@@ -46,6 +50,12 @@ class ProcRecord:
     connected: bool = False  # it said it is ready
     memory: CgroupMemory | None = None  # its memory cgroup, sampled when it was ready
     dump_requested_at: float = 0.0  # when the agent asked a hung proc for its stacks
+    # what the live view shows (mesh/_agent/snapshots.py)
+    restarts: int = 0  # how many procs before it it replaces, in a chain of re-spawns
+    started: float = field(default_factory=time.time)
+    ended: float | None = None
+    report: ProcExited | None = None
+    actors: tuple[ActorView, ...] = ()
 
     @property
     def proc_id(self) -> str:
@@ -70,6 +80,7 @@ class ProcTable:
         self._by_pid: dict[int, str] = {}
         self._exited: dict[str, ProcExited] = {}
         self._exited_watchers: dict[str, set[str]] = {}  # for a re-spawn to take over
+        self.ended: deque[ProcRecord] = deque(maxlen=_ENDED_MEMORY)  # the latest last
 
     def __len__(self) -> int:
         return len(self._running)
@@ -91,6 +102,9 @@ class ProcTable:
         """Add a proc about to be forked: it inherits the watchers of the proc it replaces,
         and it is owned by the proc (if any) that asked for it, to stop with it."""
         proc.watchers = self._exited_watchers.pop(proc.spec.replaces, set())
+        if proc.spec.replaces:
+            replaced = next((p for p in self.ended if p.proc_id == proc.spec.replaces), None)
+            proc.restarts = 1 + (replaced.restarts if replaced is not None else 0)
         self._running[proc.proc_id] = proc
         for other in self._running.values():
             if other.address == proc.owner:
@@ -107,7 +121,11 @@ class ProcTable:
     def pop_exited(self, pid: int) -> ProcRecord | None:
         """Remove the proc whose process `pid` exited; None if it was not one of ours."""
         proc_id = self._by_pid.pop(pid, None)
-        return self._running.pop(proc_id, None) if proc_id else None
+        proc = self._running.pop(proc_id, None) if proc_id else None
+        if proc is not None:
+            proc.ended = time.time()
+            self.ended.append(proc)
+        return proc
 
     def owned_by(self, owner: str) -> tuple[str, ...]:
         """The procs that `owner` spawned here."""
@@ -121,6 +139,9 @@ class ProcTable:
         """Keep the exit report (and the watchers, for a re-spawn to take over), the oldest
         forgotten beyond a bounded memory."""
         self._exited[report.proc_id] = report
+        ended = next((p for p in reversed(self.ended) if p.proc_id == report.proc_id), None)
+        if ended is not None:
+            ended.report = report
         if watchers:
             self._exited_watchers[report.proc_id] = watchers
         if len(self._exited) > _EXITED_MEMORY:

@@ -46,6 +46,7 @@ class ActorHost:
     def __init__(self, services: HostServices) -> None:
         self._services = services
         self._actors: dict[str, HostedActor] = {}
+        self.hosted = self._actors  # read-only outside: the live view's census (census.py)
         self._early: dict[str, list[Work[Any]]] = {}  # messages that beat their actor's spawn
         self._injected = InjectedFailures()
         self._replier = Replier(services)

@@ -9,7 +9,8 @@ Caller → procs it called: InboxClosed (a reply inbox is gone: drop the connect
 Caller → a proc: Relay (payload: a function whose Future answers the call, as a Reply or a
 Failure of kind "raised" whose payload is the exception).
 Any process → a port's receiver: PortMessage (payload: the value), PortHeld (a new holder).
-Proc output and log settings (SyncOutput, ProcOutput, ...) are in `log_messages`.
+Proc output and log settings (SyncOutput, ProcOutput, ...) are in `log_messages`; the live
+view's snapshots (SnapshotQuery, HostSnapshot, ProcActors) in `view_messages`.
 
 Long because the wire contract is one closed set, reviewed together: every message, and the
 checks of what a peer sent against the types each declares.
