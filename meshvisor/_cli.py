@@ -25,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
         help="SLURM jobs: batch, cancel, list (meshvisor slurm --help)",
         add_help=False,
     )
+    commands.add_parser(
+        "meshes", help="detached meshes: list, stop (meshvisor meshes --help)", add_help=False
+    )
     keys = commands.add_parser("keys", help="create CURVE keys for an allocation")
     keys.add_argument("directory", type=Path, help="where to write them (made private: mode 0700)")
     commands.add_parser(
@@ -41,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         return _run_demo(argv[1:])
     if argv[:1] == ["slurm"]:
         return _run_slurm(argv[1:])
+    if argv[:1] == ["meshes"]:
+        from meshvisor._meshes import main as meshes_main
+
+        return meshes_main(argv[1:])
     args, rest = parser.parse_known_args(argv)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

@@ -43,6 +43,7 @@ class ProcRecord:
     watchers: set[str] = field(default_factory=set)
     bootstrap: tuple[str, ...] = ()  # the command that starts it (`SpawnProcs.bootstrap`)
     connected: bool = False  # it said it is ready
+    detached: str = ""  # the detached mesh it belongs to: kept when its owner goes away
 
     @property
     def proc_id(self) -> str:
@@ -67,6 +68,8 @@ class ProcTable:
         self._by_pid: dict[int, str] = {}
         self._exited: dict[str, ProcExited] = {}
         self._exited_watchers: dict[str, set[str]] = {}  # for a re-spawn to take over
+        #: proc id -> (detached mesh, rank), for procs running or gone; a re-spawn takes over.
+        self.detached: dict[str, tuple[str, int]] = {}
 
     def __len__(self) -> int:
         return len(self._running)
@@ -88,6 +91,10 @@ class ProcTable:
         """Add a proc about to be forked: it inherits the watchers of the proc it replaces,
         and it is owned by the proc (if any) that asked for it, to stop with it."""
         proc.watchers = self._exited_watchers.pop(proc.spec.replaces, set())
+        mesh = self.detached.pop(proc.spec.replaces, None) or self.detached.get(proc.proc_id)
+        if mesh is not None:
+            self.detached[proc.proc_id] = mesh
+            proc.detached = mesh[0]
         self._running[proc.proc_id] = proc
         for other in self._running.values():
             if other.address == proc.owner:
@@ -107,8 +114,17 @@ class ProcTable:
         return self._running.pop(proc_id, None) if proc_id else None
 
     def owned_by(self, owner: str) -> tuple[str, ...]:
-        """The procs that `owner` spawned here."""
-        return tuple(p.proc_id for p in self._running.values() if p.owner == owner)
+        """The procs that `owner` spawned here, but for those of detached meshes."""
+        return tuple(
+            p.proc_id for p in self._running.values() if p.owner == owner and not p.detached
+        )
+
+    def ids_by_owner(self) -> dict[str, tuple[str, ...]]:
+        """The running procs' ids, by owner."""
+        by_owner: dict[str, tuple[str, ...]] = {}
+        for proc in self._running.values():
+            by_owner[proc.owner] = (*by_owner.get(proc.owner, ()), proc.proc_id)
+        return by_owner
 
     def exit_report(self, proc_id: str) -> ProcExited | None:
         """The remembered exit report of a proc that is gone, if any."""

@@ -32,6 +32,9 @@ class ActorMeshRecord:
     owner_actor: str | None
     restarts: list[int] = field(default_factory=list)
     failed: set[int] = field(default_factory=set)
+    #: On a detached proc mesh: its actors report failures to their agents, which keep them.
+    detached: bool = False
+    actor_class: type | None = None
 
     def __post_init__(self) -> None:
         self.restarts = [0] * len(self.peers)
@@ -67,6 +70,8 @@ class ProcMeshRecord:
     forward_output: bool = False
     #: The pickled function each proc runs before it is ready (`SpawnProcs.setup`), or b"".
     setup: bytes = b""
+    #: The name it is detached under (it outlives this process), or "".
+    detached: str = ""
 
 
 class Ownership:
