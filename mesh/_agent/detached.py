@@ -12,14 +12,11 @@ An owner on this host is watched through its pid (gone at once); others by their
 
 from __future__ import annotations
 
-import os
-import select
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+from mesh._agent.detached_mesh import KEPT_LIMIT, DetachedMesh
 from mesh._agent.procs import ProcRecord, ProcTable
 from mesh._agent.watchdog import Watchdog
 from mesh._engine.detached_messages import (
@@ -39,34 +36,8 @@ from mesh._engine.detached_messages import (
 from mesh._engine.messages import ActorFailed, ProcExited
 from transport import Envelope, Outbox, Payload, TransportError, encode
 
-#: Failures kept per detached mesh while nobody owns it; beyond, the oldest are dropped.
-KEPT_LIMIT = 1000
 #: Grace of the procs of a mesh stopped because it outlived its ttl_s.
 TTL_STOP_GRACE_S = 5.0
-
-Kept = tuple[Any, Payload | None]
-
-
-@dataclass
-class DetachedMesh:
-    """One detached mesh as this agent keeps it."""
-
-    name: str
-    agents: tuple[str, ...]
-    spec: bytes
-    ttl_s: float
-    owner: str | None
-    owner_pid: int
-    owner_fd: int | None
-    owner_since: float  # monotonic: when the owner registered or claimed it
-    unowned_since: float = 0.0  # unix time; 0 while owned
-    unowned_at: float = 0.0  # monotonic
-    pending: bool = False  # claimed; failures wait for ClaimDone
-    stopping: bool = False
-    actors: dict[str, bytes] = field(default_factory=dict)
-    kept: deque[Kept] = field(default_factory=lambda: deque(maxlen=KEPT_LIMIT))
-    kept_procs: set[str] = field(default_factory=set)
-    recent: deque[tuple[float, Any, Payload | None]] = field(default_factory=deque)
 
 
 class DetachedMeshes:
@@ -133,10 +104,9 @@ class DetachedMeshes:
 
     def _refresh(self, mesh: DetachedMesh, now: float) -> None:
         """Find out whether the owner of `mesh` is gone; if so, the mesh is unowned now."""
-        window = self._watchdog.owner_timeout_s + 1.0
-        while mesh.recent and mesh.recent[0][0] < now - window:
-            mesh.recent.popleft()
-        if mesh.owner is None or self._owner_alive(mesh, now):
+        mesh.forget_recent(now - self._watchdog.owner_timeout_s - 1.0)
+        seen = self._watchdog.last_seen(mesh.owner or "")
+        if mesh.owner is None or mesh.owner_alive(seen, self._watchdog.owner_timeout_s, now):
             return
         for _, header, payload in mesh.recent:  # the owner may never have read these
             self._keep(mesh, header, payload)
@@ -151,27 +121,10 @@ class DetachedMeshes:
         self._set_owner(mesh, None, 0, "", now)
         mesh.unowned_since, mesh.unowned_at = time.time(), now
 
-    def _owner_alive(self, mesh: DetachedMesh, now: float) -> bool:
-        if mesh.owner_fd is not None:
-            return not select.select([mesh.owner_fd], [], [], 0)[0]
-        seen = self._watchdog.last_seen(mesh.owner or "") or 0.0
-        return max(seen, mesh.owner_since) > now - self._watchdog.owner_timeout_s
-
     def _set_owner(
         self, mesh: DetachedMesh, owner: str | None, pid: int, host: str, now: float
     ) -> None:
-        if mesh.owner_fd is not None:
-            os.close(mesh.owner_fd)
-        mesh.owner, mesh.owner_pid, mesh.owner_since = owner, pid, now
-        mesh.owner_fd = self._pidfd(pid) if owner is not None and host == self._hostname else None
-
-    @staticmethod
-    def _pidfd(pid: int) -> int | None:
-        """A pidfd of a local owner, to see it gone at once; None if it cannot be had."""
-        try:
-            return os.pidfd_open(pid) if pid > 0 else None
-        except OSError:
-            return None
+        mesh.set_owner(owner, pid, host == self._hostname, now)
 
     # -- registration --------------------------------------------------------------------------
 
@@ -203,15 +156,10 @@ class DetachedMeshes:
         if known is not None:
             return (
                 f"a detached mesh named {request.name!r} exists already on host agent "
-                f"{self._address} ({self._owner_words(known)}); adopt it, stop it "
+                f"{self._address} ({known.owner_words()}); adopt it, stop it "
                 "('meshvisor meshes stop'), or choose another name"
             )
         return ""
-
-    def _owner_words(self, mesh: DetachedMesh) -> str:
-        if mesh.owner is None:
-            return f"unowned since {time.strftime('%H:%M:%S', time.localtime(mesh.unowned_since))}"
-        return f"owned by the client at {mesh.owner}, pid {mesh.owner_pid}"
 
     def _add_actors(self, envelope: Envelope) -> None:
         header: DetachActors = envelope.header
@@ -247,11 +195,8 @@ class DetachedMeshes:
         return False
 
     def _keep(self, mesh: DetachedMesh, header: Any, payload: Payload | None) -> None:
-        if len(mesh.kept) == mesh.kept.maxlen:
+        if mesh.keep(header, payload):
             self._log.warning("detached_failure_dropped", mesh=mesh.name, limit=KEPT_LIMIT)
-        mesh.kept.append((header, payload))
-        if type(header) is ProcExited:
-            mesh.kept_procs.add(header.proc_id)
         what = getattr(header, "proc_id", None) or getattr(header, "actor_id", "")
         self._log.warning(
             "detached_failure_kept",
@@ -290,7 +235,7 @@ class DetachedMeshes:
             return f"detached mesh {mesh.name!r} is being stopped"
         if claim.arbiter and mesh.owner not in (None, claim.owner):
             return (
-                f"detached mesh {mesh.name!r} is {self._owner_words(mesh)}: one client owns a "
+                f"detached mesh {mesh.name!r} is {mesh.owner_words()}: one client owns a "
                 "mesh at a time; stop that client (its host agents then see it gone) or "
                 "adopt from it"
             )
@@ -323,9 +268,7 @@ class DetachedMeshes:
         if mesh is None or mesh.owner != done.owner or not mesh.pending:
             return
         mesh.pending = False
-        kept, mesh.kept = list(mesh.kept), deque(maxlen=KEPT_LIMIT)
-        mesh.kept_procs.clear()
-        for header, payload in kept:
+        for header, payload in mesh.take_kept():
             mesh.recent.append((time.monotonic(), header, payload))
             self._send(done.owner, header, payload)
 
