@@ -49,28 +49,37 @@ def report(counters, t_api):
     print("RESULT", done - T0, done - t_api, *pids, "|", *calls, flush=True)
 """
 
-DETACH = ACTOR + """
+DETACH = (
+    ACTOR
+    + """
 hosts = attach({alloc!r})
 procs = hosts.spawn_procs(per_host={{"gpus": 4}}, name="bench", detached=True)
 report(procs.spawn("counters", Counter), time.perf_counter())
 time.sleep(600)
 """
+)
 
-ADOPT = ACTOR + """
+ADOPT = (
+    ACTOR
+    + """
 hosts = attach({alloc!r})
 t_api = time.perf_counter()
 procs = hosts.adopt_procs("bench")
 report(procs.actor_mesh("counters"), t_api)
 time.sleep(600)
 """
+)
 
-FRESH = ACTOR + """
+FRESH = (
+    ACTOR
+    + """
 hosts = attach({alloc!r})
 t_api = time.perf_counter()
 procs = hosts.spawn_procs(per_host={{"gpus": 4}}, name="fresh")
 report(procs.spawn("counters", Counter), t_api)
 procs.stop().get(timeout=60)
 """
+)
 
 
 def _run_client(script: Path, keep: bool) -> tuple[float, float, float, list[int], list[int]]:
@@ -97,10 +106,9 @@ def _run_client(script: Path, keep: bool) -> tuple[float, float, float, list[int
 
 def _start_agent(folder: Path) -> subprocess.Popen[bytes]:
     (folder / "run").mkdir(mode=0o700)
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "meshvisor", "agent", "--listen", "tcp://127.0.0.1:0"]
-        + ["--rundir", str(folder / "run"), "--allocation", str(folder / "hosts")]
-    )
+    command = [sys.executable, "-m", "meshvisor", "agent", "--listen", "tcp://127.0.0.1:0"]
+    command += ["--rundir", str(folder / "run"), "--allocation", str(folder / "hosts")]
+    agent = subprocess.Popen(command)
     deadline = time.monotonic() + 60
     while not (folder / "hosts").exists() or not (folder / "hosts").read_text().strip():
         if time.monotonic() > deadline:

@@ -178,6 +178,7 @@ def test_a_failure_in_the_gap_reaches_the_adopter_and_so_does_a_later_one(
     finally:
         job.stop().get(timeout=T)
     wait_gone(pids, T)
+    wait_until(lambda: hosts.detached_meshes() == [], T, "the stopped mesh to be forgotten")
 
 
 RACER = (
@@ -290,3 +291,33 @@ def _adopt_from_another_client(tmp_path: Path, alloc: Path) -> None:
     if out.startswith("REFUSED"):
         raise AdoptionError(out)
     raise AssertionError(f"a second client adopted a mesh this one owns: {out} {err}")
+
+
+TTL_CLIENT = (
+    COUNTER
+    + """
+procs = attach({alloc!r}).spawn_procs(per_host={{"gpus": 1}}, name="brief", detached=True, ttl_s=1)
+print("PIDS", *[p for p, _ in procs.spawn("c", Counter, 0).add.call(1).get(30).values()])
+"""
+)
+
+
+def test_a_mesh_without_an_owner_for_its_ttl_is_stopped(
+    allocation: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    alloc, _ = allocation
+    client = _start(_script(tmp_path, "ttl.py", TTL_CLIENT, alloc))
+    out, err = client.communicate(timeout=T)
+    assert client.returncode == 0, err
+    pids = [int(pid) for pid in out.split()[1:]]
+    wait_gone(pids, T)
+    wait_until(lambda: attach(str(alloc)).detached_meshes() == [], T, "the mesh to be forgotten")
+
+
+def test_agents_that_end_with_their_client_refuse_to_detach() -> None:
+    from mesh import this_host
+
+    with pytest.raises(ValueError, match="persistent allocation"):
+        this_host().spawn_procs(per_host={"gpus": 1}, name="nope", detached=True)
+    with pytest.raises(ValueError, match="ttl_s"):
+        this_host().spawn_procs(name="nope", detached=True, ttl_s=-1)

@@ -12,6 +12,7 @@ An owner on this host is watched through its pid (gone at once); others by their
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -150,7 +151,7 @@ class DetachedMeshes:
                 "(this_host()); detach meshes on agents started with 'meshvisor agent' or by "
                 "a job: a persistent allocation"
             )
-        if len(request.proc_ids) != len(request.ranks) or request.ttl_s < 0:
+        if len(request.proc_ids) != len(request.ranks) or not 0 <= request.ttl_s < math.inf:
             return "a DetachMesh needs one rank per proc id and a non-negative ttl_s"
         known = self._meshes.get(request.name)
         if known is not None:
@@ -323,7 +324,8 @@ class DetachedMeshes:
         if any(proc_id in self._procs for proc_id in others):
             return
         reports = [self._procs.exit_report(proc_id) for proc_id in others]
-        if mesh.stopping or all(r is not None and r.requested for r in reports):
+        owner_knows = mesh.owner is not None and not mesh.pending and not mesh.kept
+        if mesh.stopping or owner_knows or all(r is not None and r.requested for r in reports):
             self._forget(mesh)
 
     def _forget(self, mesh: DetachedMesh) -> None:

@@ -89,6 +89,7 @@ class HostMesh(MeshBase):
         ``ttl_s`` stops them after that long without an owner (see docs/detached-meshes.md).
         """
         setup = pickled_bootstrap(bootstrap)
+        detached_ttl_s = self._check_detachable(ttl_s) if detached else 0.0
         command = bootstrap_command or self._bootstrap
         if command is not None and not isinstance(command, BootstrapCommand):
             raise TypeError(f"bootstrap_command must be a BootstrapCommand, not {command!r}")
@@ -149,13 +150,25 @@ class HostMesh(MeshBase):
         if detached:
             record.detached = name
             try:
-                register_detached(runtime, record, restart, _check_ttl(ttl_s))
+                register_detached(runtime, record, restart, detached_ttl_s)
             except BaseException:
                 runtime.ownership.drop_peers(peers)
                 raise
         runtime.ownership.add_proc_mesh(record, restart)
         runtime.restarts.launch(record, list(range(len(peers))))
         return ProcMesh(runtime, name, Region.full(extent), peers)
+
+    def _check_detachable(self, ttl_s: float | None) -> float:
+        """`ttl_s` as agents take it (0: no limit), if these hosts can keep detached meshes:
+        not the agent this client started (`this_host()`), which ends with it."""
+        checked = _check_ttl(ttl_s)
+        if current_session().local_agent in self._agents_in_order():
+            raise ValueError(
+                "this_host()'s agent ends with this client, so it cannot keep a detached mesh: "
+                "detach meshes on agents started with 'meshvisor agent' or by a job (a "
+                "persistent allocation), attached with attach()"
+            )
+        return checked
 
     def adopt_procs(self, name: str, *, on_failure: FailureHandler | None = None) -> ProcMesh:
         """Become the owner of the detached proc mesh `name` on these hosts: the same procs
