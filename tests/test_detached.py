@@ -6,21 +6,31 @@ subprocesses, SIGKILLed mid-run. The adopter here is this test process.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+import types
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
+from actors import Counter
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from polling import pid_alive, wait_gone, wait_until
 
 from mesh import AdoptionError, attach
+from mesh.testing import detached_wire
 from supervision import SupervisionEvent
+from transport import encode
 
 T = 30.0
 OWNER_TIMEOUT_S = 1.0
@@ -41,6 +51,13 @@ class Counter(Actor):
     @endpoint
     def fail(self):
         raise SystemExit("failing on purpose")
+
+    @endpoint
+    async def fail_in(self, seconds):
+        import asyncio
+
+        await asyncio.sleep(seconds)
+        raise SystemExit("failing on purpose, later")
 """
 
 #: Spawns a detached mesh "job" (2 hosts x 2) and a plain one, prints their pids, waits.
@@ -53,6 +70,7 @@ counters = job.spawn("counters", Counter, 10)
 pids = [pid for pid, _ in counters.add.call(5).get(timeout=30).values()]
 plain = hosts.spawn_procs(per_host={{"gpus": 1}}, name="plain")
 plain_pids = [p for p, _ in plain.spawn("c", Counter, 0).add.call(1).get(timeout=30).values()]
+# FAIL_LATER
 print("PIDS", *pids, flush=True)
 print("PLAIN", *plain_pids, flush=True)
 time.sleep(120)
@@ -87,8 +105,6 @@ def allocation(tmp_path: Path) -> Iterator[tuple[Path, list[int]]]:
             agent.terminate()
         for agent in agents:
             agent.wait(T)
-        import shutil
-
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -115,9 +131,11 @@ def _end(client: subprocess.Popen[str]) -> None:
     client.communicate(timeout=T)
 
 
-def _kill_client(tmp_path: Path, alloc: Path) -> tuple[list[int], list[int]]:
-    """Run the client that detaches "job", SIGKILL it mid-run; the pids of job and plain."""
-    client = _start(_script(tmp_path, "client.py", SIGKILLED_CLIENT, alloc))
+def _kill_client(tmp_path: Path, alloc: Path, extra: str = "") -> tuple[list[int], list[int]]:
+    """Run the client that detaches "job" (and runs `extra`), SIGKILL it mid-run; the pids
+    of job and plain."""
+    text = SIGKILLED_CLIENT.replace("# FAIL_LATER", extra)
+    client = _start(_script(tmp_path, "client.py", text, alloc))
     try:
         pids = [int(pid) for pid in _line(client, "PIDS")]
         plain = [int(pid) for pid in _line(client, "PLAIN")]
@@ -321,3 +339,109 @@ def test_agents_that_end_with_their_client_refuse_to_detach() -> None:
         this_host().spawn_procs(per_host={"gpus": 1}, name="nope", detached=True)
     with pytest.raises(ValueError, match="ttl_s"):
         this_host().spawn_procs(name="nope", detached=True, ttl_s=-1)
+
+
+def test_an_actor_failure_in_the_gap_reaches_the_adopters_root_like_any_failure(
+    allocation: tuple[Path, list[int]], tmp_path: Path, root_events: list[SupervisionEvent]
+) -> None:
+    """Without a handler, a failure kept in the gap goes where any unhandled failure goes
+    (fail-fast, here the test's recording hook)."""
+    alloc, _ = allocation
+    later = "counters.slice(hosts=0, gpus=1).fail_in.broadcast(2.0)"
+    pids, _ = _kill_client(tmp_path, alloc, later)  # killed before the actor fails
+    hosts = attach(str(alloc))
+    wait_until(lambda: hosts.detached_meshes()[0].kept_failures == 1, T, "the kept failure")
+    job = hosts.adopt_procs("job")
+    try:
+        wait_until(lambda: len(root_events) == 1, T, "the kept failure to reach the root")
+        event = root_events[0]
+        assert event.kind == "exception" and "failing on purpose, later" in event.message
+        assert event.mesh_name == "counters" and dict(event.rank) == {"hosts": 0, "gpus": 1}
+        alive = job.actor_mesh("counters").slice(hosts=1).add.call(0).get(timeout=T).values()
+        assert [pid for pid, _ in alive] == pids[2:]
+    finally:
+        job.stop().get(timeout=T)
+    wait_gone(pids, T)
+
+
+# -- an agent takes any message of detached meshes without harm ------------------------------------
+
+
+def _declared(hint: Any) -> st.SearchStrategy[Any]:
+    """Values of the declared type `hint` of a message field (any value, not just sane ones)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is tuple:
+        return st.lists(_declared(args[0]), max_size=3).map(tuple)
+    if origin is typing.Union or origin is types.UnionType:
+        return st.one_of(*map(_declared, args))
+    simple: dict[Any, st.SearchStrategy[Any]] = {
+        type(None): st.none(),
+        str: st.one_of(st.text(max_size=12), st.sampled_from(["ipc:///nowhere/x", "m"])),
+        int: st.one_of(st.integers(-3, 3), st.integers()),
+        float: st.floats(),
+        bool: st.booleans(),
+        bytes: st.binary(max_size=16),
+    }
+    if hint in simple:
+        return simple[hint]
+    return _messages(hint)
+
+
+def _messages(cls: type) -> st.SearchStrategy[Any]:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    return st.tuples(*(_declared(hints[n]) for n in names)).map(lambda vs: cls(*vs))
+
+
+DETACHED_TYPES = sorted(
+    (
+        cls
+        for cls in vars(detached_wire).values()
+        if isinstance(cls, type)
+        and dataclasses.is_dataclass(cls)
+        and cls.__module__ == detached_wire.__name__
+    ),
+    key=lambda cls: cls.__name__,
+)
+
+
+@pytest.mark.timeout(180)
+def test_any_message_of_detached_meshes_leaves_the_agent_serving(tmp_path: Path) -> None:
+    """For all messages of detached meshes, whatever their values: the agent neither crashes
+    nor loses the meshes it keeps, and still answers."""
+    from conftest import RUN_BASE
+
+    folder = Path(RUN_BASE) / f"fuzz-{time.monotonic_ns()}"
+    folder.mkdir(mode=0o700)
+    address = f"ipc://{folder}/agent"
+    command = [sys.executable, "-m", "meshvisor", "agent", "--listen", address]
+    agent = subprocess.Popen([*command, "--rundir", str(folder)])
+    context = zmq.Context()
+    push = context.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    try:
+        hosts = attach([address])
+        hosts.wait_for_agents(T)
+        procs = hosts.spawn_procs(per_host={"gpus": 1}, name="keepme", detached=True)
+        counters = procs.spawn("counters", Counter, 1)
+        assert counters.incr.call_one(1).get(timeout=T) == 2
+        push.connect(address)
+
+        @settings(max_examples=300, deadline=None, database=None)
+        @given(st.sampled_from(DETACHED_TYPES).flatmap(_messages))
+        def send(message: Any) -> None:
+            if getattr(message, "name", None) != "keepme":  # those may stop it on purpose
+                push.send_multipart(encode(message))
+
+        send()
+        (info,) = [m for m in hosts.detached_meshes() if m.name == "keepme"]
+        assert info.alive == 1 and info.owner
+        assert counters.incr.call_one(1).get(timeout=T) == 3
+        assert agent.poll() is None
+        procs.stop().get(timeout=T)
+    finally:
+        push.close()
+        context.term()
+        agent.terminate()
+        agent.wait(T)
+        shutil.rmtree(folder, ignore_errors=True)
