@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import types
@@ -76,6 +77,24 @@ print("PLAIN", *plain_pids, flush=True)
 time.sleep(120)
 """
 )
+
+
+@pytest.fixture(autouse=True)
+def client_home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private XDG_RUNTIME_DIR for the client scripts, whose run directories a SIGKILL
+    leaves behind: removed afterwards, pass or fail (this process's session is made first,
+    in the suite's base)."""
+    from conftest import RUN_BASE
+
+    import mesh.testing
+
+    mesh.testing.run_dir()
+    home = Path(tempfile.mkdtemp(prefix="h", dir=RUN_BASE))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(home))
+    try:
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture
