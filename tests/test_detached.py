@@ -30,7 +30,7 @@ from polling import pid_alive, wait_gone, wait_until
 
 from mesh import AdoptionError, attach
 from mesh.testing import detached_wire
-from supervision import SupervisionEvent
+from supervision import SupervisionError, SupervisionEvent
 from transport import encode
 
 T = 30.0
@@ -464,3 +464,42 @@ def test_any_message_of_detached_meshes_leaves_the_agent_serving(tmp_path: Path)
         agent.terminate()
         agent.wait(T)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_adopter_applies_the_restart_policy_the_mesh_was_spawned_with(
+    allocation: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    alloc, _ = allocation
+    policy = "from supervision import RestartPolicy\nRESTART = RestartPolicy(max_restarts=3)\n"
+    script = SIGKILLED_CLIENT.replace("detached=True)", "detached=True, restart=RESTART)")
+    client = _start(_script(tmp_path, "restart.py", policy + script, alloc))
+    try:
+        pids = [int(pid) for pid in _line(client, "PIDS")]
+    finally:
+        _end(client)
+    os.kill(pids[1], signal.SIGKILL)  # in the gap: nobody re-spawns it yet
+    wait_gone([pids[1]], T)
+    hosts = attach(str(alloc))
+    wait_until(lambda: hosts.detached_meshes()[0].kept_failures == 1, T, "the kept failure")
+    events, record = _recorder()
+    job = hosts.adopt_procs("job", on_failure=record)
+    try:
+        counters = job.actor_mesh("counters")
+
+        def rebuilt() -> bool:
+            try:
+                return counters.slice(hosts=0, gpus=1).add.call_one(0).get(timeout=T)[1] == 10
+            except SupervisionError:
+                return False  # a call that reached the dead proc before the re-spawn
+
+        wait_until(rebuilt, T, "the policy to re-spawn rank 1 with its actor")
+        answers = counters.add.call(0).get(timeout=T).values()
+        now = [pid for pid, _ in answers]
+        assert now[1] != pids[1] and now[:1] + now[2:] == pids[:1] + pids[2:]  # others kept
+        assert [count for _, count in answers] == [15, 10, 15, 15]
+        assert events == []  # handled by the policy
+        (info,) = hosts.detached_meshes()
+        assert info.alive == 4 and info.procs == 4
+    finally:
+        job.stop().get(timeout=T)
+    wait_until(lambda: hosts.detached_meshes() == [], T, "the stopped mesh to be forgotten")
