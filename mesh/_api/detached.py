@@ -161,11 +161,16 @@ def announce_actors(
         runtime.send_message(agent, DetachActors(record.detached, actors.actor_id, spec))
 
 
-def list_detached(runtime: Runtime, agents: list[str]) -> list[DetachedMeshInfo]:
-    """The detached meshes of these host agents, by name."""
-    listings = runtime.queries.ask(
-        agents, lambda request_id: ListDetached(request_id, runtime.address), ANSWER_TIMEOUT_S
-    )
+def list_detached(
+    runtime: Runtime, agents: list[str], *, partial: bool = False
+) -> list[DetachedMeshInfo]:
+    """The detached meshes of these host agents, by name (with `partial`, of those that
+    answer: a lost host does not hide the meshes of the others)."""
+    futures = {
+        agent: runtime.queries.send(agent, lambda i: ListDetached(i, runtime.address))
+        for agent in agents
+    }
+    listings = runtime.queries.collect(futures, ANSWER_TIMEOUT_S, partial=partial)
     by_name: dict[str, list[DetachedInfo]] = {}
     for listing in listings.values():
         for info in listing.meshes:
@@ -209,7 +214,7 @@ def adopt(
 ) -> tuple[ProcMeshRecord, list[ActorMeshRecord]]:
     """Claim detached mesh `name` from the agents that keep it and rebuild its records here;
     LookupError if no agent knows it, AdoptionError if another client owns it."""
-    known = [info for info in list_detached(runtime, agents) if info.name == name]
+    known = [info for info in list_detached(runtime, agents, partial=True) if info.name == name]
     if not known:
         raise LookupError(
             f"no detached mesh named {name!r} on host agents {agents}; see them with "
@@ -217,16 +222,35 @@ def adopt(
         )
     order = list(known[0].hosts)
     runtime.agents.keep_alive(order)
+    deadline = time.monotonic() + ANSWER_TIMEOUT_S
+    while True:  # claiming again is granted to the owner: until every proc is up
+        answers = _claim_all(runtime, order, name)
+        starting = [
+            p.proc_id for a in answers.values() for p in a.procs if p.alive and not p.address
+        ]
+        if not starting:
+            break
+        if time.monotonic() > deadline:
+            raise AdoptionError(
+                f"cannot adopt detached mesh {name!r}: its procs {starting} are still "
+                f"starting after {ANSWER_TIMEOUT_S:g} s; adopt it again once they are up"
+            )
+        time.sleep(0.05)
+    record, actor_records = _rebuild(runtime, name, answers, order[0], on_failure)
+    for agent in order:  # the failures they kept come next, now that the procs are known
+        runtime.send_message(agent, ClaimDone(name, runtime.address))
+    return record, actor_records
+
+
+def _claim_all(runtime: Runtime, order: list[str], name: str) -> dict[str, MeshClaim]:
+    """Claim mesh `name` from its agents, the arbiter first; AdoptionError if refused."""
     answers: dict[str, MeshClaim] = {}
     for group, arbiter in ((order[:1], True), (order[1:], False)):
         answers |= runtime.queries.ask(group, _claim(runtime, name, arbiter), ANSWER_TIMEOUT_S)
         refused = [answer.why for answer in answers.values() if answer.why]
         if refused:
             raise AdoptionError(f"cannot adopt detached mesh {name!r}: {refused[0]}")
-    record, actor_records = _rebuild(runtime, name, answers, order[0], on_failure)
-    for agent in order:  # the failures they kept come next, now that the procs are known
-        runtime.send_message(agent, ClaimDone(name, runtime.address))
-    return record, actor_records
+    return answers
 
 
 def _claim(runtime: Runtime, name: str, arbiter: bool) -> Any:

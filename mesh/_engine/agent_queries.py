@@ -51,9 +51,14 @@ class AgentQueries:
         return self.collect(futures, timeout_s)
 
     def collect(
-        self, futures: Mapping[str, tuple[int, Future[Any]]], timeout_s: float
+        self,
+        futures: Mapping[str, tuple[int, Future[Any]]],
+        timeout_s: float,
+        *,
+        partial: bool = False,
     ) -> dict[str, Any]:
-        """The answers of `futures` (by agent), waiting at most `timeout_s` in all."""
+        """The answers of `futures` (by agent), waiting at most `timeout_s` in all; with
+        `partial`, those that came (TimeoutError only if none did)."""
         deadline = time.monotonic() + timeout_s
         answers, silent = {}, []
         for agent, (request_id, future) in futures.items():
@@ -63,7 +68,7 @@ class AgentQueries:
                 silent.append(agent)
                 with self._lock:
                     self._waiting.pop(request_id, None)
-        if silent:
+        if silent and (not partial or not answers):
             raise TimeoutError(
                 f"host agents {silent} did not answer within {timeout_s:g} s: they are not "
                 "running, not reachable from here, or too old to know detached meshes"
