@@ -9,12 +9,11 @@ nothing restarted; the failures the agents kept meanwhile follow. See docs/detac
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import time
 from dataclasses import dataclass
 from typing import Any
-
-import cloudpickle
 
 from mesh._api.actor_mesh import ActorMesh, ActorMeshState
 from mesh._engine.detached_messages import (
@@ -32,7 +31,7 @@ from mesh._engine.peers import ProcPeer
 from mesh._engine.runtime import Runtime
 from mesh._shape import Extent, Region
 from supervision import RestartPolicy, SupervisionError
-from transport import Payload, loads
+from transport import Payload, dumps, loads
 
 #: How long a client waits for host agents to answer about detached meshes.
 ANSWER_TIMEOUT_S = 10.0
@@ -97,7 +96,7 @@ def register_detached(
     """Tell the agents of `record` (not launched yet) to keep it when this process goes away;
     ValueError if its name is taken (the first agent decides) or an agent refuses."""
     agents = list(dict.fromkeys(peer.agent for peer in record.peers if peer.agent is not None))
-    spec = cloudpickle.dumps(
+    spec = _blob(
         _MeshSpec(
             record.key,
             record.extent,
@@ -152,7 +151,7 @@ def announce_actors(
     """Tell the agents of detached `record` of a new actor mesh on it, for its adopters."""
     assert actors.actor_class is not None
     ranks = tuple(record.peers.index(peer) for peer in actors.peers)
-    spec = cloudpickle.dumps(
+    spec = _blob(
         _ActorSpec(
             actors.name, actors.actor_id, actors.actor_class, arguments, actors.extent, ranks
         )
@@ -266,7 +265,7 @@ def _rebuild(
     arbiter: str,
     on_failure: FailureHandler | None,
 ) -> tuple[ProcMeshRecord, list[ActorMeshRecord]]:
-    spec: _MeshSpec = loads(answers[arbiter].spec)
+    spec: _MeshSpec = _unblob(answers[arbiter].spec)
     states = {
         state.rank: (agent, state, answers[agent].host)
         for agent in answers
@@ -292,7 +291,7 @@ def _rebuild(
     if on_failure is not None:
         runtime.ownership.set_handler(spec.key, on_failure)
     actor_records = [
-        _actor_record(runtime, loads(blob), record) for blob in answers[arbiter].actors
+        _actor_record(runtime, _unblob(blob), record) for blob in answers[arbiter].actors
     ]
     return record, actor_records
 
@@ -328,3 +327,15 @@ def actor_mesh_handle(runtime: Runtime, record: ActorMeshRecord) -> ActorMesh[An
         record.name, record.actor_id, record.actor_class, record.peers, record.extent
     )
     return ActorMesh(runtime, state, Region.full(record.extent))
+
+
+def _blob(value: Any) -> bytes:
+    """`value` serialized as the transport does (large buffers out of band), in one piece
+    that agents can keep as bytes."""
+    body, buffers = dumps(value)
+    return pickle.dumps((body, [bytes(buffer) for buffer in buffers]), protocol=5)
+
+
+def _unblob(blob: bytes) -> Any:
+    body, buffers = pickle.loads(blob)
+    return loads(body, buffers)
