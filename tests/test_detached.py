@@ -308,6 +308,8 @@ def test_get_or_spawn_makes_scripts_idempotent(
         assert hosts.get_or_spawn_procs("idem", per_host={"gpus": 1}) is not None
         with pytest.raises(ValueError, match="has sizes"):
             hosts.get_or_spawn_procs("idem", per_host={"gpus": 3})
+        with pytest.raises(ValueError, match="bytes its host agents keep"):
+            procs.spawn("big", Counter, b"x" * 2_000_000)
         with pytest.raises(AdoptionError, match="owned by"):
             _adopt_from_another_client(tmp_path, alloc)
     finally:

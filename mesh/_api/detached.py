@@ -31,10 +31,12 @@ from mesh._engine.peers import ProcPeer
 from mesh._engine.runtime import Runtime
 from mesh._shape import Extent, Region
 from supervision import RestartPolicy, SupervisionError
-from transport import Payload, dumps, loads
+from transport import MAX_HEADER_BYTES, Payload, dumps, loads
 
 #: How long a client waits for host agents to answer about detached meshes.
 ANSWER_TIMEOUT_S = 10.0
+#: The largest description of an actor mesh (class and constructor arguments) agents keep.
+MAX_SPEC_BYTES = MAX_HEADER_BYTES // 4
 
 
 class AdoptionError(RuntimeError):
@@ -108,6 +110,13 @@ def register_detached(
         )
     )
 
+    if len(spec) > MAX_SPEC_BYTES:
+        raise ValueError(
+            f"cannot detach proc mesh {record.name!r}: its environment and bootstrap take "
+            f"{len(spec)} bytes, over the {MAX_SPEC_BYTES} bytes its host agents keep for "
+            "adopters"
+        )
+
     def request(agent: str) -> Any:
         mine = [(p.proc_id, rank) for rank, p in enumerate(record.peers) if p.agent == agent]
         return lambda request_id: DetachMesh(
@@ -156,6 +165,13 @@ def announce_actors(
             actors.name, actors.actor_id, actors.actor_class, arguments, actors.extent, ranks
         )
     )
+    if len(spec) > MAX_SPEC_BYTES:
+        raise ValueError(
+            f"cannot spawn actor mesh {actors.name!r} on detached proc mesh {record.detached!r}: "
+            f"its class and constructor arguments take {len(spec)} bytes, over the "
+            f"{MAX_SPEC_BYTES} bytes its host agents keep for adopters; pass large data "
+            "another way (a file, or a call after spawning)"
+        )
     for agent in dict.fromkeys(peer.agent for peer in actors.peers if peer.agent is not None):
         runtime.send_message(agent, DetachActors(record.detached, actors.actor_id, spec))
 

@@ -79,7 +79,6 @@ class ProcMesh(MeshBase, Stoppable):
         ]
         record = ActorMeshRecord(actor_id, name, payload, extent, peers, context().actor_id)
         record.actor_class = actor_class
-        self._runtime.ownership.add_actor_mesh(record)
         mesh = self._runtime.ownership.proc_mesh_of(peers[0])
         if mesh is not None and mesh.detached:  # its failures go to the agents, which keep them
             record.detached = True
@@ -88,6 +87,7 @@ class ProcMesh(MeshBase, Stoppable):
                 for rank, (peer, m) in enumerate(messages)
             ]
             announce_actors(self._runtime, mesh, record, (args, kwargs))
+        self._runtime.ownership.add_actor_mesh(record)
         self._runtime.calls.send_to_procs(messages, payload, None)
         state = ActorMeshState(name, actor_id, actor_class, peers, extent)
         return ActorMesh(self._runtime, state, Region.full(extent))
