@@ -15,6 +15,8 @@ from mesh._api.channel import PortReceiver as PortReceiver
 from mesh._api.configure import configure as configure
 from mesh._api.configure import configured as configured
 from mesh._api.controllers import get_or_spawn_controller as get_or_spawn_controller
+from mesh._api.detached import AdoptionError as AdoptionError
+from mesh._api.detached import DetachedMeshInfo as DetachedMeshInfo
 from mesh._api.endpoint import EndpointRef as EndpointRef
 from mesh._api.host_mesh import HostMesh as HostMesh
 from mesh._api.host_mesh import this_host as this_host
@@ -45,9 +47,11 @@ __all__ = (
     "ActorAborted",
     "ActorInstance",
     "ActorMesh",
+    "AdoptionError",
     "BootstrapCommand",
     "Channel",
     "Context",
+    "DetachedMeshInfo",
     "EndpointDef",
     "EndpointRef",
     "Extent",

@@ -11,6 +11,9 @@ as a debugger does), check the slicing algebra without processes (`Region`), wri
 and aggregate proc lines without procs (`RankLog`, `LogFileConfig`, `line_level`,
 `Aggregator`, `RankedLine`), and play a raw
 peer of an agent or a proc with the typed wire messages of `wire`. Each reads the engine in
+`stop_controllers`), check the slicing algebra without processes (`Region`), and play a raw
+peer of an agent or a proc with the typed wire messages of `wire` (and `detached_wire`, those
+of detached meshes). Each reads the engine in
 one place, here.
 """
 
@@ -30,6 +33,7 @@ from mesh._api.faults import exit_process as exit_process
 from mesh._api.faults import fail_next_call as fail_next_call
 from mesh._api.faults import heal_links as heal_links
 from mesh._api.faults import probe as probe
+from mesh._engine import detached_messages as detached_wire
 from mesh._engine import messages as wire
 from mesh._engine import session as _session
 from mesh._engine.callwatch import call_watchdog_suspended as call_watchdog_suspended
@@ -49,6 +53,7 @@ __all__ = (
     "bookkeeping",
     "break_links",
     "call_watchdog_suspended",
+    "detached_wire",
     "exit_process",
     "fail_next_call",
     "heal_links",

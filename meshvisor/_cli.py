@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         help="watch a running client or allocation live, read-only (meshvisor top --help)",
         add_help=False,
     )
+    commands.add_parser(
+        "meshes", help="detached meshes: list, stop (meshvisor meshes --help)", add_help=False
+    )
     keys = commands.add_parser("keys", help="create CURVE keys for an allocation")
     keys.add_argument("directory", type=Path, help="where to write them (made private: mode 0700)")
     commands.add_parser(
@@ -55,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         return _run_logs(argv[1:])
     if argv[:1] == ["top"]:
         return _run_top(argv[1:])
+    if argv[:1] == ["meshes"]:
+        from meshvisor._meshes import main as meshes_main
+
+        return meshes_main(argv[1:])
     args, rest = parser.parse_known_args(argv)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

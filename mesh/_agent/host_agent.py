@@ -13,6 +13,7 @@ import selectors
 import signal
 import time
 
+from mesh._agent.detached import DetachedMeshes
 from mesh._agent.evidence import declare_hung, exit_report_with_evidence, note_ready
 from mesh._agent.forkserver import ForkServerClient
 from mesh._agent.notices import NoticeWatch
@@ -97,6 +98,8 @@ class HostAgent:
         self.owner_died = False
         self._incarnation = f"{os.getpid()}-{time.time_ns()}"
         self._view = AgentView(self._procs, self._outbox, self._hostname, self.address, self._log)
+        parts = (self._procs, self._watchdog, self._outbox, self._stop, self._log)
+        self._detached = DetachedMeshes(*parts, (self.address, self._hostname), not owner_pid)
         if owner_pid is None:  # a daemon: the run directory is its own
             remove_stale_sockets(rundir, keep=self.address)
 
@@ -206,7 +209,7 @@ class HostAgent:
             apply_fault_rules(envelope)
         elif type(header) is SyncOutput:
             self._forkserver.sync_output(header)
-        elif not self._view.handle(header):  # the live view's messages (snapshots.py)
+        elif not (self._view.handle(header) or self._detached.handle(envelope)):
             self._log.warning("message_ignored", kind=type(header).__name__)
 
     def _spawn(self, request: SpawnProcs, spec: ProcSpec) -> None:
@@ -287,13 +290,9 @@ class HostAgent:
 
     def _on_notice(self, signame: str, time_left_s: float | None) -> None:
         """The notice signal came (the host goes away soon): tell the owner of every proc."""
-        by_owner: dict[str, list[str]] = {}
-        for proc in self._procs:
-            by_owner.setdefault(proc.owner, []).append(proc.proc_id)
         self._log.warning("notice_received", signal=signame, time_left_s=time_left_s)
-        for owner, proc_ids in by_owner.items():
-            notice = PreemptionNotice(tuple(proc_ids), self._hostname, signame, time_left_s)
-            self._send(owner, notice)
+        for owner, ids in self._procs.ids_by_owner().items():
+            self._send(owner, PreemptionNotice(ids, self._hostname, signame, time_left_s))
 
     # -- fork server reports -------------------------------------------------------------------
 
@@ -345,7 +344,7 @@ class HostAgent:
         self._outbox.forget(proc.address)
         remove_proc_sockets(self._rundir, proc.proc_id)
         report = exit_report_with_evidence(proc, pid, code, signame, self._hostname, self._rundir)
-        for address in {proc.owner, *proc.watchers}:
+        for address in self._detached.recipients(proc, report):
             if proc.failure is not None:
                 self._send(address, SpawnFailed(proc.proc_id, self._hostname, proc.failure))
             self._send(address, report)
@@ -357,6 +356,7 @@ class HostAgent:
     def _enforce_deadlines(self) -> None:
         """Stop the procs of owners gone silent, kill those past their grace, and the hung."""
         now = time.monotonic()
+        self._detached.tick(now)
         for owner in self._watchdog.gone_owners(now):
             self._stop_orphans_of(owner)
         for proc in self._procs:

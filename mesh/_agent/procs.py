@@ -56,6 +56,7 @@ class ProcRecord:
     ended: float | None = None
     report: ProcExited | None = None
     actors: tuple[ActorView, ...] = ()
+    detached: str = ""  # the detached mesh it belongs to: kept when its owner goes away
 
     @property
     def proc_id(self) -> str:
@@ -81,6 +82,8 @@ class ProcTable:
         self._exited: dict[str, ProcExited] = {}
         self._exited_watchers: dict[str, set[str]] = {}  # for a re-spawn to take over
         self.ended: deque[ProcRecord] = deque(maxlen=_ENDED_MEMORY)  # the latest last
+        #: proc id -> (detached mesh, rank), for procs running or gone; a re-spawn takes over.
+        self.detached: dict[str, tuple[str, int]] = {}
 
     def __len__(self) -> int:
         return len(self._running)
@@ -105,6 +108,10 @@ class ProcTable:
         if proc.spec.replaces:
             replaced = next((p for p in self.ended if p.proc_id == proc.spec.replaces), None)
             proc.restarts = 1 + (replaced.restarts if replaced is not None else 0)
+        mesh = self.detached.pop(proc.spec.replaces, None) or self.detached.get(proc.proc_id)
+        if mesh is not None:
+            self.detached[proc.proc_id] = mesh
+            proc.detached = mesh[0]
         self._running[proc.proc_id] = proc
         for other in self._running.values():
             if other.address == proc.owner:
@@ -128,8 +135,17 @@ class ProcTable:
         return proc
 
     def owned_by(self, owner: str) -> tuple[str, ...]:
-        """The procs that `owner` spawned here."""
-        return tuple(p.proc_id for p in self._running.values() if p.owner == owner)
+        """The procs that `owner` spawned here, but for those of detached meshes."""
+        return tuple(
+            p.proc_id for p in self._running.values() if p.owner == owner and not p.detached
+        )
+
+    def ids_by_owner(self) -> dict[str, tuple[str, ...]]:
+        """The running procs' ids, by owner."""
+        by_owner: dict[str, tuple[str, ...]] = {}
+        for proc in self._running.values():
+            by_owner[proc.owner] = (*by_owner.get(proc.owner, ()), proc.proc_id)
+        return by_owner
 
     def exit_report(self, proc_id: str) -> ProcExited | None:
         """The remembered exit report of a proc that is gone, if any."""

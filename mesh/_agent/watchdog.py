@@ -48,6 +48,10 @@ class Watchdog:
     def owner_alive(self, owner: str) -> None:
         self._owners_seen[owner] = time.monotonic()
 
+    def last_seen(self, owner: str) -> float | None:
+        """When network owner `owner` last said it lives (None: not since it was declared gone)."""
+        return self._owners_seen.get(owner)
+
     def gone_owners(self, now: float) -> list[str]:
         """The network owners silent for longer than the owner timeout, forgotten now."""
         gone = [o for o, seen in self._owners_seen.items() if now - seen > self.owner_timeout_s]

@@ -6,15 +6,22 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from mesh._api.bootstrap import BootstrapCommand, pickled_bootstrap
+from mesh._api.detached import (
+    DetachedMeshInfo,
+    adopt,
+    list_detached,
+    register_detached,
+    stop_detached,
+)
 from mesh._api.mesh_base import DEFAULT_STOP_GRACE_S, MeshBase, check_name, file_safe
 from mesh._api.proc_mesh import ProcMesh
 from mesh._context import context
 from mesh._engine.future import Future, resolved
 from mesh._engine.messages import ShutdownAgent
-from mesh._engine.ownership import ProcMeshRecord
+from mesh._engine.ownership import FailureHandler, ProcMeshRecord
 from mesh._engine.peers import ProcPeer
 from mesh._engine.proc_faults import parse_memory_limit
 from mesh._engine.runtime import Runtime
@@ -62,6 +69,8 @@ class HostMesh(MeshBase):
         bootstrap_command: BootstrapCommand | None = None,
         bootstrap: Callable[[], object] | None = None,
         memory_limit: int | str | None = None,
+        detached: bool = False,
+        ttl_s: float | None = None,
     ) -> ProcMesh:
         """One new OS process per point of each host times ``per_host``; returns at once.
 
@@ -79,9 +88,13 @@ class HostMesh(MeshBase):
         one; one that raises fails its rank (``"spawn_failed"``, with its traceback). A
         `memory_limit` (bytes, or a size such as ``"2GiB"``) caps each proc's private memory:
         a proc that exceeds it fails as ``"oom"`` (see docs/failure-evidence.md).
+        ``detached=True`` (on a persistent allocation) keeps the procs and their actors when
+        this process goes away, under `name`, for another client to adopt (`adopt_procs`);
+        ``ttl_s`` stops them after that long without an owner (see docs/detached-meshes.md).
         """
         setup = pickled_bootstrap(bootstrap)
         memory_bytes = parse_memory_limit(memory_limit)
+        detached_ttl_s = self._check_detachable(ttl_s) if detached else 0.0
         command = bootstrap_command or self._bootstrap
         if command is not None and not isinstance(command, BootstrapCommand):
             raise TypeError(f"bootstrap_command must be a BootstrapCommand, not {command!r}")
@@ -140,9 +153,77 @@ class HostMesh(MeshBase):
         record.memory_limit = memory_bytes
         if spare_hosts is not None:
             record.spares = tuple(spare_hosts._agents_in_order())
+        if detached:
+            record.detached = name
+            try:
+                register_detached(runtime, record, restart, detached_ttl_s)
+            except BaseException:
+                runtime.ownership.drop_peers(peers)
+                raise
         runtime.ownership.add_proc_mesh(record, restart)
         runtime.restarts.launch(record, list(range(len(peers))))
         return ProcMesh(runtime, name, Region.full(extent), peers)
+
+    def _check_detachable(self, ttl_s: float | None) -> float:
+        """`ttl_s` as agents take it (0: no limit), if these hosts can keep detached meshes:
+        not the agent this client started (`this_host()`), which ends with it."""
+        checked = _check_ttl(ttl_s)
+        if current_session().local_agent in self._agents_in_order():
+            raise ValueError(
+                "this_host()'s agent ends with this client, so it cannot keep a detached mesh: "
+                "detach meshes on agents started with 'meshvisor agent' or by a job (a "
+                "persistent allocation), attached with attach()"
+            )
+        return checked
+
+    def adopt_procs(self, name: str, *, on_failure: FailureHandler | None = None) -> ProcMesh:
+        """Become the owner of the detached proc mesh `name` on these hosts: the same procs
+        and actors (`ProcMesh.actor_mesh(name)`), nothing restarted. Failures kept while it
+        had no owner follow, to `on_failure` if given (else like any unhandled failure).
+        LookupError if there is none, AdoptionError if another live client owns it."""
+        runtime = current_session().runtime
+        record, _ = adopt(runtime, self._agent_addresses(), name, on_failure)
+        return ProcMesh(runtime, name, Region.full(record.extent), record.peers)
+
+    def get_or_spawn_procs(
+        self,
+        name: str,
+        per_host: Mapping[str, int] | None = None,
+        *,
+        on_failure: FailureHandler | None = None,
+        **spawn_options: Any,
+    ) -> ProcMesh:
+        """The detached proc mesh `name`: adopted if it exists (owned here already: the same
+        mesh), else spawned detached (`spawn_procs(..., detached=True)`). Scripts that run
+        again and again get the same procs."""
+        runtime = current_session().runtime
+        owned = [r for r in runtime.ownership.proc_meshes.values() if r.detached == name]
+        try:
+            procs = (
+                ProcMesh(runtime, name, Region.full(owned[0].extent), owned[0].peers)
+                if owned
+                else self.adopt_procs(name, on_failure=on_failure)
+            )
+        except LookupError:
+            try:
+                procs = self.spawn_procs(per_host, name=name, detached=True, **spawn_options)
+            except ValueError as error:
+                if "exists already" not in str(error):
+                    raise
+                procs = self.adopt_procs(name, on_failure=on_failure)  # another script won
+            else:
+                if on_failure is not None:
+                    procs.on_failure(on_failure)
+        _check_shape(procs, self.extent, per_host)
+        return procs
+
+    def detached_meshes(self) -> list[DetachedMeshInfo]:
+        """The detached meshes on these hosts: name, procs, owner or since when it has none."""
+        return list_detached(current_session().runtime, self._agent_addresses())
+
+    def stop_detached(self, name: str, grace_s: float = DEFAULT_STOP_GRACE_S) -> int:
+        """Stop detached mesh `name` on these hosts, whoever owns it; its running procs."""
+        return stop_detached(current_session().runtime, self._agent_addresses(), name, grace_s)
 
     def _agents_in_order(self) -> list[str]:
         """The host agents of this (sliced) mesh, each once, in the order of its points."""
@@ -222,3 +303,22 @@ def this_host() -> HostMesh:
     """The host this code runs on; in the client, a local agent is started on first use."""
     agent = current_session().agent_address()
     return HostMesh((agent,), Region.full(Extent((), ())))
+
+
+def _check_ttl(ttl_s: float | None) -> float:
+    """`ttl_s` of a detached mesh as agents take it (0: no limit)."""
+    if ttl_s is None:
+        return 0.0
+    if not isinstance(ttl_s, (int, float)) or not 0 < ttl_s < float("inf"):
+        raise ValueError(f"ttl_s must be a positive number of seconds or None, not {ttl_s!r}")
+    return float(ttl_s)
+
+
+def _check_shape(procs: ProcMesh, hosts: Extent, per_host: Mapping[str, int] | None) -> None:
+    """An adopted mesh must have the shape the caller asked for."""
+    wanted = {**dict(zip(hosts.labels, hosts.sizes)), **dict(per_host or {})}
+    if per_host is not None and dict(procs.sizes) != wanted:
+        raise ValueError(
+            f"detached proc mesh {procs.name!r} has sizes {dict(procs.sizes)}, not {wanted}; "
+            "stop it first ('meshvisor meshes stop') or use another name"
+        )

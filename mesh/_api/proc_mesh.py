@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 from collections.abc import Sequence
@@ -9,6 +10,7 @@ from typing import Any, Protocol, TypeVar
 
 from mesh._actor import check_actor_class
 from mesh._api.actor_mesh import ActorMesh, ActorMeshState
+from mesh._api.detached import actor_mesh_handle, announce_actors
 from mesh._api.log_options import (
     check_logging_option,
     flush_logs,
@@ -29,6 +31,7 @@ from mesh._engine.future import Future, all_done, resolved
 from mesh._engine.messages import SpawnActor
 from mesh._engine.ownership import ActorMeshRecord, FailureHandler
 from mesh._engine.peers import ProcPeer
+from mesh._engine.restarts import actor_owner
 from mesh._engine.runtime import Runtime
 from mesh._engine.session import current_session
 from mesh._shape import Extent, Region
@@ -74,14 +77,52 @@ class ProcMesh(MeshBase, Stoppable):
             )
             for rank, peer in enumerate(peers)
         ]
-        self._runtime.ownership.add_actor_mesh(
-            ActorMeshRecord(
-                actor_id, name, payload, extent, peers, context().actor_id, call_limit_s=limit
-            )
+        record = ActorMeshRecord(
+            actor_id, name, payload, extent, peers, context().actor_id, call_limit_s=limit
         )
+        record.actor_class = actor_class
+        mesh = self._runtime.ownership.proc_mesh_of(peers[0])
+        if mesh is not None and mesh.detached:  # its failures go to the agents, which keep them
+            record.detached = True
+            messages = [
+                (peer, dataclasses.replace(m, owner=actor_owner("", record, rank)))
+                for rank, (peer, m) in enumerate(messages)
+            ]
+            announce_actors(self._runtime, mesh, record, (args, kwargs))
+        self._runtime.ownership.add_actor_mesh(record)
         self._runtime.calls.send_to_procs(messages, payload, None)
         state = ActorMeshState(name, actor_id, actor_class, peers, extent)
         return ActorMesh(self._runtime, state, Region.full(extent))
+
+    def actor_mesh(self, name: str) -> ActorMesh[Any]:
+        """The actor mesh `name` spawned on this proc mesh by this process, or by the client
+        it was adopted from (`HostMesh.adopt_procs`); KeyError naming those there are."""
+        return actor_mesh_handle(self._runtime, self._actor_record(name))
+
+    def get_or_spawn(
+        self, name: str, actor_class: type[A], *args: Any, **kwargs: Any
+    ) -> ActorMesh[A]:
+        """The actor mesh `name` on these procs if there is one (spawned here or adopted),
+        else a new one of `actor_class(*args, **kwargs)`: for scripts run again and again."""
+        try:
+            record = self._actor_record(name)
+        except KeyError:
+            return self.spawn(name, actor_class, *args, **kwargs)
+        held = getattr(record.actor_class, "__qualname__", "?")
+        if held != actor_class.__qualname__:
+            raise TypeError(
+                f"actor mesh {name!r} holds {held} actors, not {actor_class.__qualname__}; "
+                "pick another name"
+            )
+        return actor_mesh_handle(self._runtime, record)
+
+    def _actor_record(self, name: str) -> ActorMeshRecord:
+        found = self._runtime.ownership.actor_meshes_on(self._peers[0])
+        for record in reversed(found):
+            if record.name == name and record.actor_class is not None:
+                return record
+        names = sorted({record.name for record in found})
+        raise KeyError(f"proc mesh {self.name!r} has no actor mesh {name!r} (it has {names})")
 
     def respawn(
         self, ranks: Sequence[int] | None = None, *, on: Hosts | None = None

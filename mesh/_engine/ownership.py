@@ -34,6 +34,9 @@ class ActorMeshRecord:
     failed: set[int] = field(default_factory=set)
     #: The ``call_limit_s`` setting in force when it was spawned (its actors' default limit).
     call_limit_s: float | None = None
+    #: On a detached proc mesh: its actors report failures to their agents, which keep them.
+    detached: bool = False
+    actor_class: type | None = None
 
     def __post_init__(self) -> None:
         self.restarts = [0] * len(self.peers)
@@ -73,6 +76,8 @@ class ProcMeshRecord:
     setup: bytes = b""
     #: Bytes of private memory each proc may use (`SpawnProcs.memory_limit`; 0: no limit).
     memory_limit: int = 0
+    #: The name it is detached under (it outlives this process), or "".
+    detached: str = ""
 
 
 class Ownership:

@@ -268,7 +268,12 @@ class ProcLifecycle:
     def stop_all_owned(self, grace_s: float) -> None:
         """Ask the agents to stop every proc this process spawned (at shutdown)."""
         owned = [p for p in self._ownership.all_peers() if p.owned and p.alive]
-        self.stop_peers(owned, grace_s)
+        self.stop_peers([p for p in owned if not self._detached(p)], grace_s)
+
+    def _detached(self, peer: ProcPeer) -> bool:
+        """Whether `peer` belongs to a detached mesh, which outlives this process."""
+        record = self._ownership.proc_mesh_of(peer)
+        return record is not None and bool(record.detached)
 
 
 def _how(signame: str | None) -> str:

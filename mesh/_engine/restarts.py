@@ -133,7 +133,7 @@ class Restarts:
                     actors.peers[rank],
                     SpawnActor(
                         actors.actor_id,
-                        self._runtime.address,
+                        actor_owner(self._runtime.address, actors, rank),
                         actors.name,
                         actors.extent.labels,
                         actors.extent.sizes,
@@ -315,3 +315,10 @@ class Restarts:
 
 def _joined(first: str, second: str) -> str:
     return f"{first}; {second}" if first else second
+
+
+def actor_owner(address: str, actors: ActorMeshRecord, rank: int) -> str:
+    """Where the actor at `rank` reports its failure: this process at `address`, or, on a
+    detached mesh, its host agent (which forwards it to the mesh's owner of the moment)."""
+    agent = actors.peers[rank].agent
+    return agent if actors.detached and agent is not None else address

@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 
+from mesh._engine.agent_queries import AgentQueries
 from mesh._engine.agents import AgentWatch
 from mesh._engine.calltable import CallTable
 from mesh._engine.fault_rules import apply_fault_rules
@@ -108,6 +109,7 @@ class Runtime:
         )
         self.agents = AgentWatch(self, self.loop, self.procs.fail_procs_of, proc_id)
         self.output = OutputSink(self, self.ownership)
+        self.queries = AgentQueries(self)
         self._handlers: dict[type, Callable[[Envelope], None]] = {
             Reply: self.calls.on_reply,
             Failure: self.calls.on_failure,
@@ -128,6 +130,7 @@ class Runtime:
             OutputSynced: self.output.on_synced,
             SetProcLogLevel: _set_log_level,
             **self.host.message_handlers(),
+            **self.queries.handlers(),
         }
 
     # -- the event loop ------------------------------------------------------------------------
