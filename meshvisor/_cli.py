@@ -25,6 +25,11 @@ def main(argv: list[str] | None = None) -> int:
         help="SLURM jobs: batch, cancel, list (meshvisor slurm --help)",
         add_help=False,
     )
+    commands.add_parser(
+        "debug",
+        help="debug calls paused in breakpoint() (meshvisor debug --help)",
+        add_help=False,
+    )
     keys = commands.add_parser("keys", help="create CURVE keys for an allocation")
     keys.add_argument("directory", type=Path, help="where to write them (made private: mode 0700)")
     commands.add_parser(
@@ -41,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run_demo(argv[1:])
     if argv[:1] == ["slurm"]:
         return _run_slurm(argv[1:])
+    if argv[:1] == ["debug"]:
+        return _run_debug(argv[1:])
     args, rest = parser.parse_known_args(argv)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
@@ -93,3 +100,10 @@ def _run_slurm(rest: list[str]) -> int:
     from job._cli import main as slurm_main
 
     return slurm_main(rest, prog="meshvisor slurm")
+
+
+def _run_debug(rest: list[str]) -> int:
+    """The distributed debugger's prompt (observe/_debug_cli.py)."""
+    from observe._debug_cli import main as debug_main
+
+    return debug_main(rest, prog="meshvisor debug")

@@ -20,11 +20,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The packages of the distribution, lowest layer first.
-PACKAGES = ("transport", "supervision", "mesh", "job", "recovery", "chaos", "meshvisor")
+PACKAGES = ("transport", "supervision", "mesh", "job", "recovery", "chaos", "observe", "meshvisor")
 #: Modules whose `__all__` is public API.
 PUBLIC_MODULES = (
     *("transport", "supervision", "mesh", "mesh.testing", "job", "job.testing", "job.formats"),
-    *("recovery", "chaos"),
+    *("recovery", "chaos", "observe"),
 )
 MAX_MODULE_LINES = 400
 MAX_CLASS_METHODS = 25

@@ -16,6 +16,7 @@ import time
 from mesh._agent.forkserver import ForkServerClient
 from mesh._agent.notices import NoticeWatch
 from mesh._agent.output_relay import forwarded_report
+from mesh._agent.proc_listing import ListProcs, listed_procs
 from mesh._agent.procs import (
     ProcRecord,
     ProcTable,
@@ -204,6 +205,8 @@ class HostAgent:
             apply_fault_rules(envelope)
         elif type(header) is SyncOutput:
             self._forkserver.sync_output(header)
+        elif type(header) is ListProcs:  # a debugger front end looks for paused calls
+            self._send(header.reply_to, listed_procs(self._procs, self._hostname))
         else:
             self._log.warning("message_ignored", kind=type(header).__name__)
 
@@ -248,8 +251,7 @@ class HostAgent:
                 self._kill(proc)
 
     def _on_proc_ready(self, ready: ProcReady) -> None:
-        proc = self._procs.get(ready.proc_id)
-        if proc is None:
+        if (proc := self._procs.get(ready.proc_id)) is None:
             return
         proc.address = ready.address  # a tcp proc picked its port itself
         proc.connected = True
@@ -262,8 +264,7 @@ class HostAgent:
 
     def _on_start_failed(self, failed: SpawnFailed) -> None:
         """A proc says why it cannot start (it exits next): its exit report will say so."""
-        proc = self._procs.get(failed.proc_id)
-        if proc is not None:
+        if (proc := self._procs.get(failed.proc_id)) is not None:
             proc.failure = failed.reason[:2000]
 
     def _watch(self, request: WatchProcs) -> None:
@@ -317,8 +318,7 @@ class HostAgent:
                     self._send(proc.owner, SpawnFailed(report[1], self._hostname, report[2]))
 
     def _on_spawned(self, proc_id: str, pid: int) -> None:
-        proc = self._procs.get(proc_id)
-        if proc is None:  # not ours (any more): nobody would ever stop it
+        if (proc := self._procs.get(proc_id)) is None:  # not ours (any more): nobody would stop it
             self._forkserver.signal(pid, signal.SIGKILL)
             return
         self._procs.bind_pid(proc, pid)
