@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import signal
+from types import FrameType
 
 from observe._debug_prompt import debug
 
@@ -20,8 +22,16 @@ def main(argv: list[str], prog: str = "meshvisor debug") -> int:
         help="the address of a host agent whose procs to debug (repeat for several)",
     )
     args = parser.parse_args(argv)
+    for signum in (signal.SIGHUP, signal.SIGTERM):  # a closed terminal: clean up, then exit
+        signal.signal(signum, _exit_on_signal)
     try:
         debug(agents=args.agent, allocation=args.allocation)
     except (ValueError, OSError) as error:
         parser.exit(2, f"{prog}: {error}\n")
     return 0
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    """Leave through SystemExit, so that the link removes its socket and directory; paused
+    calls stay paused."""
+    raise SystemExit(128 + signum)

@@ -65,19 +65,23 @@ class PausedSession:
         self.point, self.host = point, host
 
     def describe_short(self) -> str:
-        """Its actor mesh and point, as proc output is prefixed: ``trainers{gpus=0}``."""
-        return f"{self.mesh_name or self.proc_id}{self.point}"
+        """Its actor mesh and rank, as ``attach`` names it: ``trainers 0``."""
+        return f"{self.mesh_name or self.proc_id} {self._home_rank()}"
+
+    def _home_rank(self) -> int:
+        """Its rank in the mesh it was spawned in (its actor id ends in ``[rank]``), or -1."""
+        found = re.search(r"\[(\d+)\]$", self.actor_id)
+        return int(found.group(1)) if found else -1
 
     def paused_call(self) -> PausedCall:
         """This session as the front ends list it."""
         frame: FrameType = getattr(self.debugger, "curframe", None) or self._frame
-        found = re.search(r"\[(\d+)\]$", self.actor_id)
         return PausedCall(
             self.number,
             self.proc_id,
             self.mesh_name,
             self.actor_class,
-            int(found.group(1)) if found else -1,
+            self._home_rank(),
             self.point,
             self.host,
             os.getpid(),
