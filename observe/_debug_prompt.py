@@ -62,7 +62,7 @@ class DebugPrompt:
 
     def run(self) -> None:
         self._write("meshvisor debugger: `list` shows the paused calls, `help` the commands\n")
-        while (line := self._read(TOP_PROMPT)) is not None:
+        while (line := self._read_or_leave(TOP_PROMPT)) is not None:
             try:
                 command = parse_command(line)
             except ValueError as error:
@@ -72,6 +72,14 @@ class DebugPrompt:
                 return
             if command is not None:
                 self._run_interruptible(command)
+
+    def _read_or_leave(self, prompt: str) -> str | None:
+        """The next command; None at the end of the input or on Ctrl-C (leaving the prompt)."""
+        try:
+            return self._read(prompt)
+        except KeyboardInterrupt:
+            self._write("\n")
+            return None
 
     def _run_interruptible(self, command: Command) -> None:
         try:

@@ -18,8 +18,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from polling import wait_until
+from test_allocations import allocation  # noqa: F401  (a fixture: two tcp daemon agents)
 
-from mesh import Actor, Future, configured, current_rank, endpoint
+from mesh import Actor, Future, attach, configured, current_rank, endpoint
 from observe import DebugClient, debug
 
 CALL_TIMEOUT_S = 60.0
@@ -147,6 +148,14 @@ def test_only_the_call_that_hit_the_breakpoint_waits(steppers: Any) -> None:
 
 
 @pytest.mark.timeout(180)
+def test_a_call_nobody_waits_for_stays_debuggable(steppers: Any) -> None:
+    steppers.step.broadcast(1)  # no caller to answer: the pause is still served
+    assert sorted(c.rank for c in wait_paused(2)) == [0, 1]
+    assert dialogue("continue\n").count("(goes on)") == 2
+    assert sorted(steppers.ping.call().get(timeout=CALL_TIMEOUT_S).values()) == [0, 1]
+
+
+@pytest.mark.timeout(180)
 def test_a_paused_rank_is_not_declared_hung(make_procs: Callable[..., Any]) -> None:
     with configured(heartbeat_interval_s=0.1, heartbeat_timeout_s=1.0):
         steppers = make_procs({"gpus": 2}).spawn("trainers", Stepper)
@@ -164,6 +173,32 @@ def test_breakpoints_are_ignored_when_debugging_is_off(make_procs: Callable[...,
     steppers = make_procs({"gpus": 2}, env={"MESHVISOR_DEBUG": "0"}).spawn("quiet", Stepper)
     assert sorted(steppers.step.call(5).get(timeout=CALL_TIMEOUT_S).values()) == [50, 51]
     assert sorted(steppers.step_async.call(1).get(timeout=CALL_TIMEOUT_S).values()) == [21, 22]
+
+
+@pytest.mark.timeout(240)
+def test_ranks_on_a_persistent_allocation_are_debugged_over_authenticated_tcp(
+    allocation: tuple[Path, list[int]],  # noqa: F811
+) -> None:
+    alloc, _ = allocation
+    procs = attach(str(alloc)).spawn_procs(per_host={"gpus": 1})
+    try:
+        steppers = procs.spawn("remote", Stepper)
+        results = steppers.step.call(6)
+        with DebugClient(agents=alloc.read_text().split()) as client:
+            assert client.address.startswith("tcp://")
+            wait_until(lambda: len(client.paused()) == 2, PAUSE_TIMEOUT_S, "both hosts paused")
+        transcript = dialogue_on(str(alloc), "list\ncast remote all p a\ncontinue\n")
+        assert after(transcript, "meshvisor_dbg> cast remote all p a").count("60") == 2
+        assert "remote 1 (goes on)" in after(transcript, "meshvisor_dbg> continue")
+        assert sorted(results.get(timeout=CALL_TIMEOUT_S).values()) == [60, 61]
+    finally:
+        procs.stop().get(timeout=CALL_TIMEOUT_S)
+
+
+def dialogue_on(allocation_name: str, script: str) -> str:
+    out = io.StringIO()
+    debug(allocation=allocation_name, stdin=io.StringIO(script), stdout=out)
+    return out.getvalue()
 
 
 # -- meshvisor debug, in another terminal ------------------------------------------------------
