@@ -7,7 +7,12 @@ import argparse
 import signal
 from types import FrameType
 
-from observe._debug_prompt import debug
+from observe._debug_agents import allocation_agents
+from observe._debug_link import DebugClient
+from observe._debug_prompt import DebugPrompt, terminal_io
+
+#: What ends the front end: its terminal closing, or being told to stop.
+ENDING_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
 
 
 def main(argv: list[str], prog: str = "meshvisor debug") -> int:
@@ -22,16 +27,32 @@ def main(argv: list[str], prog: str = "meshvisor debug") -> int:
         help="the address of a host agent whose procs to debug (repeat for several)",
     )
     args = parser.parse_args(argv)
-    for signum in (signal.SIGHUP, signal.SIGTERM):  # a closed terminal: clean up, then exit
-        signal.signal(signum, _exit_on_signal)
     try:
-        debug(agents=args.agent, allocation=args.allocation)
+        agents = args.agent
+        if args.allocation is not None:
+            agents = [*(agents or ()), *allocation_agents(args.allocation)]
+        client = DebugClient(agents)
     except (ValueError, OSError) as error:
         parser.exit(2, f"{prog}: {error}\n")
+    try:
+        prompt = DebugPrompt(client, *terminal_io(None, None))
+        _end_on_signals(prompt)
+        prompt.run()
+    finally:
+        client.close()
     return 0
 
 
-def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
-    """Leave through SystemExit, so that the link removes its socket and directory; paused
-    calls stay paused."""
-    raise SystemExit(128 + signum)
+def _end_on_signals(prompt: DebugPrompt) -> None:
+    """An ending signal while the prompt runs leaves it through SystemExit, once; after the
+    prompt (while the link removes its socket and directory) it is ignored: the process is
+    ending anyway, and the clean-up must not be cut short. Paused calls stay paused."""
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        for ending in ENDING_SIGNALS:
+            signal.signal(ending, signal.SIG_IGN)
+        if prompt.running:
+            raise SystemExit(128 + signum)
+
+    for signum in ENDING_SIGNALS:
+        signal.signal(signum, on_signal)

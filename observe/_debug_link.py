@@ -77,12 +77,14 @@ class DebugClient:
 
     def close(self) -> None:
         """Close the link; paused calls stay paused for the next front end."""
-        self._outbox.close(linger_ms=500)
-        self._inbox.close()
+        if not self._zmq.closed:
+            self._outbox.close(linger_ms=500)
+            self._inbox.close()
         self._remove()
 
     def _remove(self) -> None:
-        close_context(self._zmq)
+        if not self._zmq.closed:
+            close_context(self._zmq)
         shutil.rmtree(self._dir, ignore_errors=True)
 
     # -- questions -----------------------------------------------------------------------------

@@ -45,9 +45,19 @@ def debug(
     """
     if allocation is not None:
         agents = [*(agents or ()), *allocation_agents(allocation)]
+    client = DebugClient(agents)
+    try:
+        DebugPrompt(client, *terminal_io(stdin, stdout)).run()
+    finally:
+        client.close()
+
+
+def terminal_io(
+    stdin: TextIO | None, stdout: TextIO | None
+) -> tuple[Callable[[str], str | None], Callable[[str], None]]:
+    """The prompt's line reader and writer over these streams (default: the terminal)."""
     out = stdout or sys.stdout
-    with DebugClient(agents) as client:
-        DebugPrompt(client, _reader(stdin or sys.stdin, out), _writer(out)).run()
+    return _reader(stdin or sys.stdin, out), _writer(out)
 
 
 class DebugPrompt:
@@ -59,8 +69,17 @@ class DebugPrompt:
         self._client = client
         self._read = read
         self._write = write
+        #: True while `run` runs: the time when an ending signal may interrupt it.
+        self.running = False
 
     def run(self) -> None:
+        self.running = True
+        try:
+            self._loop()
+        finally:
+            self.running = False
+
+    def _loop(self) -> None:
         self._write("meshvisor debugger: `list` shows the paused calls, `help` the commands\n")
         while (line := self._read_or_leave(TOP_PROMPT)) is not None:
             try:

@@ -123,12 +123,13 @@ def test_an_async_endpoint_pauses_and_steps_into_a_function(steppers: Any) -> No
     results = steppers.step_async.call(2)
     wait_paused(2)
     transcript = dialogue(
-        "attach trainers 1\nstep\nstep\np value\nup\np a\ncontinue\ncontinue\nlist\n"
+        "attach trainers 1\nstep\nstep\np value\nup\np a\nnext\nnext\ncontinue\nlist\n"
     )
     assert "doubled_plus_one()" in after(transcript, "(Pdb trainers 1) step")
     assert after(transcript, "(Pdb trainers 1) p value").strip() == "20"
     assert after(transcript, "(Pdb trainers 1) p a").strip() == "20"
-    assert "trainers 1 goes on" in after(transcript, "(Pdb trainers 1) continue")
+    assert "-> return c + current_rank().rank" in after(transcript, "(Pdb trainers 1) next")
+    assert "trainers 1 goes on" in transcript  # stepping off the end of the endpoint
     assert "trainers 0 (goes on)" in after(transcript, "meshvisor_dbg> continue")
     assert "no call is paused" in after(transcript, "meshvisor_dbg> list")
     assert sorted(results.get(timeout=CALL_TIMEOUT_S).values()) == [41, 42]
@@ -142,8 +143,11 @@ def test_only_the_call_that_hit_the_breakpoint_waits(steppers: Any) -> None:
     other_rank = steppers.slice(gpus=1).ping.call_one()
     assert other_rank.get(timeout=CALL_TIMEOUT_S) == 0  # its rank within the slice
     with DebugClient() as client:
-        (output,) = client.cast(client.paused(), "continue")
-    assert output.resumed
+        (call,) = client.paused()
+        assert "-> return b" in client.send(call, "next").text
+        assert "--Return--" in client.send(call, "next").text
+        assert client.send(call, "next").resumed  # off the end of the endpoint: it goes on
+        assert client.paused() == []
     assert paused_call.get(timeout=CALL_TIMEOUT_S) == 10
 
 
@@ -169,8 +173,11 @@ def test_a_paused_rank_is_not_declared_hung(make_procs: Callable[..., Any]) -> N
 
 
 @pytest.mark.timeout(120)
-def test_breakpoints_are_ignored_when_debugging_is_off(make_procs: Callable[..., Any]) -> None:
-    steppers = make_procs({"gpus": 2}, env={"MESHVISOR_DEBUG": "0"}).spawn("quiet", Stepper)
+@pytest.mark.parametrize("off", [{"MESHVISOR_DEBUG": "0"}, {"PYTHONBREAKPOINT": "0"}])
+def test_breakpoints_are_ignored_when_debugging_is_off(
+    make_procs: Callable[..., Any], off: dict[str, str]
+) -> None:
+    steppers = make_procs({"gpus": 2}, env=off).spawn("quiet", Stepper)
     assert sorted(steppers.step.call(5).get(timeout=CALL_TIMEOUT_S).values()) == [50, 51]
     assert sorted(steppers.step_async.call(1).get(timeout=CALL_TIMEOUT_S).values()) == [21, 22]
 

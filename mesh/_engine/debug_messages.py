@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from transport import message_type
 
-#: The most text of pdb output one DebugOutput carries (the end of it is kept).
-MAX_OUTPUT_CHARS = 200_000
+#: The most text of pdb output one DebugOutput carries (the end of it is kept): headers are
+#: at most 4 MiB, and a `DebugSessions` carries the last screen of each paused call.
+MAX_OUTPUT_CHARS = 100_000
 #: The longest command line a proc accepts.
 MAX_LINE_CHARS = 10_000
 

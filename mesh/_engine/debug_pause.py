@@ -31,7 +31,8 @@ from mesh._engine.debug_messages import (
 )
 from mesh._engine.debug_session import PausedSession
 from mesh._engine.future import Future
-from transport import Envelope, get_logger
+from mesh._engine.messages import invalid_fields
+from transport import Envelope, get_logger, is_address
 
 #: Set to "0" (or "false", "no", "off") in a proc's environment: ``breakpoint()`` does nothing.
 ENABLE_ENV = "MESHVISOR_DEBUG"
@@ -147,6 +148,8 @@ class PausedCalls:
     # -- messages (loop thread) ----------------------------------------------------------------
 
     def _on_query(self, envelope: Envelope) -> None:
+        if not self._well_formed(envelope.header):
+            return
         with self._lock:
             sessions = list(self._sessions.values())
         paused = tuple(s.paused_call() for s in sessions if s.waiting)
@@ -154,6 +157,8 @@ class PausedCalls:
 
     def _on_input(self, envelope: Envelope) -> None:
         header: DebugInput = envelope.header
+        if not self._well_formed(header):
+            return
         with self._lock:
             session = self._sessions.get(header.session)
         reason = _bad_line(header.line)
@@ -166,6 +171,14 @@ class PausedCalls:
             self._host.send_message(header.reply_to, gone)
             return
         session.give(header.line, header.reply_to)
+
+    def _well_formed(self, header: Any) -> bool:
+        """Whether `header` holds the types it declares (a peer may send anything); a bad one
+        is logged and dropped, never handed to pdb."""
+        reason = invalid_fields(header) or _bad_address(header.reply_to)
+        if reason is not None:
+            self._log.warning("debugger_message_dropped", kind=type(header).__name__, reason=reason)
+        return reason is None
 
     def _ignore(self, frame: FrameType) -> None:
         """``breakpoint()`` with debugging off: say so once per process, then go on."""
@@ -186,6 +199,10 @@ def _bad_line(line: str) -> str | None:
             "without NUL characters; it was not run"
         )
     return None
+
+
+def _bad_address(address: str) -> str | None:
+    return None if is_address(address) else f"reply_to {address[:60]!r} is not an address"
 
 
 def _point_text(coords: dict[str, int]) -> str:

@@ -8,6 +8,8 @@ command. The session ends when pdb lets the call go on (``continue`` with no bre
 
 from __future__ import annotations
 
+import dis
+import inspect
 import os
 import pdb
 import re
@@ -21,6 +23,8 @@ from mesh._engine.debug_messages import MAX_OUTPUT_CHARS, DebugOutput, PausedCal
 from mesh._engine.future import Future
 
 PROMPT = "(Pdb) "
+#: Code whose frames return at each suspension (an ``await``), not only at their end.
+_SUSPENDABLE = inspect.CO_COROUTINE | inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
 #: Modules of the runtime (and of the event loop and threads beneath it): pdb does not stop
 #: in them, and `where` starts at the first frame outside them (the endpoint, usually).
 RUNTIME_MODULES = (
@@ -54,6 +58,7 @@ class PausedSession:
         self._lock = threading.Lock()
         self._written: list[str] = []
         self._reply_to: str | None = None
+        self._ended = False
         self.actor_class = type(frame.f_locals.get("self", None)).__name__
         self.debugger = SessionPdb(self)
 
@@ -130,7 +135,10 @@ class PausedSession:
             self._wait_for_line(arrived)
 
     def resumed(self) -> None:
-        """pdb let the call go on: tell the front end that sent the last command."""
+        """pdb let the call go on: tell the front end that sent the last command (once)."""
+        if self._ended:
+            return
+        self._ended = True
         self.waiting = False
         text = self._take_written()
         if self._reply_to is not None:
@@ -167,6 +175,23 @@ class SessionPdb(pdb.Pdb):
     def set_quit(self) -> None:
         super().set_quit()
         self._session.resumed()
+
+    def dispatch_return(self, frame: FrameType, arg: Any) -> Any:
+        """Stepping off the end of the endpoint lets the call go on, untraced, instead of
+        stopping in whatever of the runtime's libraries runs next on this thread."""
+        result = super().dispatch_return(frame, arg)
+        if self._leaves_the_call(frame):
+            self.set_continue()
+        return result
+
+    def _leaves_the_call(self, frame: FrameType) -> bool:
+        """Whether `frame` returning ends the user's code that the runtime called."""
+        caller = frame.f_back
+        if self._in_runtime(frame) or (caller is not None and not self._in_runtime(caller)):
+            return False
+        if frame.f_code.co_flags & _SUSPENDABLE:  # an ``await`` that suspends is no end
+            return dis.opname[frame.f_code.co_code[frame.f_lasti]] != "YIELD_VALUE"
+        return True
 
     def get_stack(
         self, f: FrameType | None, t: TracebackType | None
