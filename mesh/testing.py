@@ -7,8 +7,8 @@ what the `chaos` package injects faults with; nothing here changes a job that do
 tests look at this process's session (`run_dir`, `inbox_address`, `local_agent`,
 `known_agents`, `bookkeeping`), end it or parts of it (`shutdown`, `stop_local_agent`,
 `stop_controllers`), check the slicing algebra without processes (`Region`), and play a raw
-peer of an agent or a proc with the typed wire messages of `wire`. Each reads the engine in
-one place, here.
+peer of an agent or a proc with the typed wire messages of `wire` (and `debug_wire`, those of
+the distributed debugger). Each reads the engine in one place, here.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from mesh._api.faults import exit_process as exit_process
 from mesh._api.faults import fail_next_call as fail_next_call
 from mesh._api.faults import heal_links as heal_links
 from mesh._api.faults import probe as probe
+from mesh._engine import debug_messages as debug_wire
 from mesh._engine import messages as wire
 from mesh._engine import session as _session
 from mesh._shape import Region as Region
@@ -35,6 +36,7 @@ __all__ = (
     "Region",
     "bookkeeping",
     "break_links",
+    "debug_wire",
     "exit_process",
     "fail_next_call",
     "heal_links",

@@ -18,10 +18,13 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from polling import wait_until
+from test_agent_hardening import instances, raw_peer
 from test_allocations import allocation  # noqa: F401  (a fixture: two tcp daemon agents)
 
 from mesh import Actor, Future, attach, configured, current_rank, endpoint
+from mesh.testing import debug_wire, inbox_address, local_agent
 from observe import DebugClient, debug
+from transport import encode
 
 CALL_TIMEOUT_S = 60.0
 PAUSE_TIMEOUT_S = 60.0
@@ -53,6 +56,14 @@ class Stepper(Actor):
     @endpoint
     def ping(self) -> int:
         return current_rank().rank
+
+
+class Exposed(Actor):
+    """Tells where its proc receives messages (it answers while a Stepper there is paused)."""
+
+    @endpoint
+    def address(self) -> str:
+        return inbox_address()
 
 
 def wait_paused(count: int) -> list[Any]:
@@ -206,6 +217,44 @@ def dialogue_on(allocation_name: str, script: str) -> str:
     out = io.StringIO()
     debug(allocation=allocation_name, stdin=io.StringIO(script), stdout=out)
     return out.getvalue()
+
+
+DEBUG_MESSAGES = st.sampled_from(
+    [
+        debug_wire.ListProcs,
+        debug_wire.DebugQuery,
+        debug_wire.DebugInput,
+        debug_wire.DebugSessions,
+        debug_wire.DebugOutput,
+    ]
+).flatmap(instances)
+
+
+@pytest.mark.timeout(180)
+def test_malformed_debugger_messages_never_disturb_a_paused_call(
+    make_procs: Callable[..., Any],
+) -> None:
+    procs = make_procs({"gpus": 1})
+    results = procs.spawn("trainers", Stepper).step.call_one(3)
+    (paused,) = wait_paused(1)
+    # another actor of the same proc answers while the Stepper is paused
+    proc = procs.spawn("exposed", Exposed).address.call_one().get(timeout=CALL_TIMEOUT_S)
+
+    @settings(max_examples=150, deadline=None, database=None)
+    @given(DEBUG_MESSAGES, st.booleans())
+    def send_one(message: Any, to_agent: bool) -> None:
+        if type(message) is debug_wire.DebugInput and message.session == paused.session:
+            return  # a well-formed command for the paused call is the user's, not noise
+        (agent_peer if to_agent else proc_peer).send(encode(message))
+
+    with raw_peer(proc) as proc_peer, raw_peer(local_agent().address) as agent_peer:
+        send_one()
+    with DebugClient() as client:
+        (call,) = client.paused()
+        assert call.session == paused.session
+        assert client.send(call, "p a").text.strip() == "30"
+        assert client.send(call, "continue").resumed
+    assert results.get(timeout=CALL_TIMEOUT_S) == 30
 
 
 # -- meshvisor debug, in another terminal ------------------------------------------------------
