@@ -171,16 +171,19 @@ def test_a_call_nobody_waits_for_stays_debuggable(steppers: Any) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_a_paused_rank_is_not_declared_hung(make_procs: Callable[..., Any]) -> None:
+@pytest.mark.parametrize(("name", "expected"), [("step", [30, 31]), ("step_async", [61, 62])])
+def test_a_paused_rank_is_not_declared_hung(
+    make_procs: Callable[..., Any], name: str, expected: list[int]
+) -> None:
     with configured(heartbeat_interval_s=0.1, heartbeat_timeout_s=1.0):
         steppers = make_procs({"gpus": 2}).spawn("trainers", Stepper)
-    results = steppers.step.call(3)
+    results = getattr(steppers, name).call(3)
     wait_paused(2)
     # A hung proc would be killed and the call would raise SupervisionError; paused, it waits.
     with pytest.raises(TimeoutError):
         results.get(timeout=5.0)
     assert "goes on" in dialogue("continue\n")
-    assert sorted(results.get(timeout=CALL_TIMEOUT_S).values()) == [30, 31]
+    assert sorted(results.get(timeout=CALL_TIMEOUT_S).values()) == expected
 
 
 @pytest.mark.timeout(120)
