@@ -140,7 +140,7 @@ class DebugPrompt:
         call = calls[0]
         name = f"{command.actor} {command.rank}"
         self._write(f"attached to {name} (`detach` comes back; paused calls: `list`)\n")
-        self._write(call.screen)
+        self._write(call.where)
         while (line := self._read(f"(Pdb {name}) ")) is not None:
             if line.strip() == "detach":
                 break

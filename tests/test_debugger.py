@@ -116,6 +116,8 @@ def test_a_scripted_pdb_dialogue_on_two_paused_ranks(steppers: Any) -> None:
     listed = after(transcript, "meshvisor_dbg> list")
     assert len([line for line in listed.splitlines() if line.startswith("trainers ")]) == 2
     assert "in step" in listed and __file__ in listed
+    attached = after(transcript, "meshvisor_dbg> attach trainers 0")
+    assert "step()\n-> b = a + current_rank().rank" in attached  # where it stands
     where = after(transcript, "(Pdb trainers 0) where")
     assert "step()" in where and "-> b = a + current_rank().rank" in where
     assert "lanes.py" not in where  # the runtime's frames are not the user's
@@ -359,6 +361,7 @@ def test_a_front_end_killed_while_attached_leaves_the_rank_paused(
     term.kill()  # the terminal goes away while attached
     (call,) = wait_paused(1)
     transcript = dialogue("attach trainers 0\np a + 1\ncontinue\n")
+    assert "-> b = a + current_rank().rank" in after(transcript, "meshvisor_dbg> attach trainers 0")
     assert after(transcript, "(Pdb trainers 0) p a + 1").strip() == "21"
     assert results.get(timeout=CALL_TIMEOUT_S) == 20
     assert call.rank == 0

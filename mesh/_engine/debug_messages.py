@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from transport import message_type
 
 #: The most text of pdb output one DebugOutput carries (the end of it is kept): headers are
-#: at most 4 MiB, and a `DebugSessions` carries the last screen of each paused call.
+#: at most 4 MiB.
 MAX_OUTPUT_CHARS = 100_000
 #: The longest command line a proc accepts.
 MAX_LINE_CHARS = 10_000
@@ -48,8 +48,8 @@ class DebugQuery:
 @message_type
 @dataclass(frozen=True, slots=True)
 class PausedCall:
-    """One call paused in the debugger: where it runs and where it stopped. `screen` is what
-    pdb printed since its last command (the header and location on arrival)."""
+    """One call paused in the debugger: where it runs and where it stopped. `where` is the
+    line it stopped at as pdb shows it (``> file(line)function()`` and ``-> source``)."""
 
     session: int
     proc_id: str
@@ -62,7 +62,7 @@ class PausedCall:
     file: str
     line: int
     function: str
-    screen: str
+    where: str
 
 
 @message_type

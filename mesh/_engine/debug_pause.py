@@ -98,7 +98,7 @@ class PausedCalls:
             frame,
             wait_for_line=self._wait_for,
             send=self._host.send_message,
-            on_resumed=self._resumed,
+            on_resumed=self._leave_pause,
         )
         session.describe(
             proc_id=self._host.proc_id,
@@ -123,9 +123,6 @@ class PausedCalls:
             self._host.pump_until(future, None)
         else:
             future.wait_briefly(None)
-
-    def _resumed(self, session: PausedSession) -> None:
-        self._leave_pause(session)
 
     # -- the one place where a call enters and leaves the debugger -----------------------------
 

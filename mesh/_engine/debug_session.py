@@ -19,7 +19,12 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
-from mesh._engine.debug_messages import MAX_OUTPUT_CHARS, DebugOutput, PausedCall
+from mesh._engine.debug_messages import (
+    MAX_LINE_CHARS,
+    MAX_OUTPUT_CHARS,
+    DebugOutput,
+    PausedCall,
+)
 from mesh._engine.future import Future
 
 PROMPT = "(Pdb) "
@@ -47,7 +52,6 @@ class PausedSession:
     ) -> None:
         self.number = number
         self.waiting = False  # pdb waits for a command (the call is stopped at a line)
-        self.screen = ""  # what pdb printed since the last command
         self.actor_id = self.mesh_name = self.point = self.proc_id = self.host = ""
         self._frame = frame
         self._wait_for_line = wait_for_line
@@ -93,8 +97,16 @@ class PausedSession:
             frame.f_code.co_filename,
             frame.f_lineno,
             frame.f_code.co_name,
-            self.screen,
+            self._where(),
         )
+
+    def _where(self) -> str:
+        """Where pdb stands, as its ``where`` shows the current frame."""
+        debugger = self.debugger
+        stack, index = getattr(debugger, "stack", None), getattr(debugger, "curindex", 0)
+        if not stack or index >= len(stack):  # pdb is between two stops
+            return ""
+        return "> " + debugger.format_stack_entry(stack[index], "\n-> ")[:MAX_LINE_CHARS] + "\n"
 
     # -- commands from the front ends (any thread) ---------------------------------------------
 
@@ -117,10 +129,10 @@ class PausedSession:
 
     def readline(self) -> str:
         """pdb's next command: send what it printed so far, then wait for a line."""
-        self.screen = self._take_written()
+        text = self._take_written()
         self.waiting = True  # before the output goes: its reader may ask for `list` at once
         if self._reply_to is not None:
-            self._send(self._reply_to, DebugOutput(self.proc_id, self.number, self.screen, False))
+            self._send(self._reply_to, DebugOutput(self.proc_id, self.number, text, False))
         line, self._reply_to = self._next_line()
         return line + "\n"
 
