@@ -10,6 +10,7 @@ from types import FrameType
 from observe._debug_agents import allocation_agents
 from observe._debug_link import DebugClient
 from observe._debug_prompt import DebugPrompt, terminal_io
+from transport import TransportError
 
 #: What ends the front end: its terminal closing, or being told to stop.
 ENDING_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
@@ -32,7 +33,7 @@ def main(argv: list[str], prog: str = "meshvisor debug") -> int:
         if args.allocation is not None:
             agents = [*(agents or ()), *allocation_agents(args.allocation)]
         client = DebugClient(agents)
-    except (ValueError, OSError) as error:
+    except (ValueError, OSError, TransportError) as error:
         parser.exit(2, f"{prog}: {error}\n")
     try:
         prompt = DebugPrompt(client, *terminal_io(None, None))

@@ -35,6 +35,7 @@ from transport import (
     TransportError,
     close_context,
     encode,
+    is_address,
     new_context,
     private_runtime_dir,
 )
@@ -51,19 +52,28 @@ class DebugClient:
     """
 
     def __init__(self, agents: Sequence[str] | None = None, *, listen_host: str = "127.0.0.1"):
+        for agent in agents or ():
+            if not is_address(agent):
+                raise ValueError(
+                    f"{agent!r} is not a host agent's address (ipc://PATH or tcp://HOST:PORT)"
+                )
         self._dir = private_runtime_dir("meshvisor-debug-")
         write_owner_file(self._dir)  # swept by a later meshvisor process if this one is killed
         self._zmq = new_context()
+        self._outbox = Outbox(self._zmq)
         try:
             self._inbox = Inbox(self._zmq, f"ipc://{self._dir}/debug")
-            self._outbox = Outbox(self._zmq)
-            self._fixed_agents = list(agents) if agents is not None else None
-            self.address = self._inbox.address
-            if any(agent.startswith("tcp://") for agent in self._fixed_agents or ()):
-                self.address = self._inbox.listen_also(f"tcp://{listen_host}:*")
         except BaseException:
             self._remove()
             raise
+        self._fixed_agents = list(agents) if agents is not None else None
+        self.address = self._inbox.address
+        if any(agent.startswith("tcp://") for agent in self._fixed_agents or ()):
+            try:  # authenticated like every tcp listener: it needs the allocation's keys
+                self.address = self._inbox.listen_also(f"tcp://{listen_host}:*")
+            except BaseException:
+                self.close()
+                raise
         self._addresses: dict[str, str] = {}  # proc id -> address, as the agents said
         #: Procs (or agents) that did not answer the last question in time.
         self.silent: list[str] = []

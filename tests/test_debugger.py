@@ -367,6 +367,19 @@ def test_a_front_end_killed_while_attached_leaves_the_rank_paused(
     assert call.rank == 0
 
 
+def test_meshvisor_debug_refuses_what_is_not_an_agent() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "meshvisor", "debug", "--agent", "agent-7"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2
+    assert "'agent-7' is not a host agent's address (ipc://PATH or tcp://HOST:PORT)" in done.stderr
+
+
 # -- the prompt's own input --------------------------------------------------------------------
 
 
@@ -385,6 +398,7 @@ def test_a_front_end_killed_while_attached_leaves_the_rank_paused(
     ],
 )
 def test_the_prompt_explains_bad_commands(line: str, says: str) -> None:
+    """Each bad command is explained at the prompt, which goes on."""
     out = io.StringIO()
     debug(agents=[], stdin=io.StringIO(line + "\n"), stdout=out)
     assert says in out.getvalue()
