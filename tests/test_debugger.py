@@ -15,55 +15,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from debug_actors import Exposed, Stepper
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from polling import wait_until
 from test_agent_hardening import instances, raw_peer
 from test_allocations import allocation  # noqa: F401  (a fixture: two tcp daemon agents)
 
-from mesh import Actor, Future, attach, configured, current_rank, endpoint
-from mesh.testing import debug_wire, inbox_address, local_agent
+from mesh import Future, attach, configured
+from mesh.testing import debug_wire, local_agent
 from observe import DebugClient, debug
 from transport import encode
 
 CALL_TIMEOUT_S = 60.0
 PAUSE_TIMEOUT_S = 60.0
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def doubled_plus_one(value: int) -> int:
-    inner = value * 2
-    return inner + 1
-
-
-class Stepper(Actor):
-    """Endpoints that stop in the debugger, sync and async."""
-
-    @endpoint
-    def step(self, x: int) -> int:
-        a = x * 10
-        breakpoint()
-        b = a + current_rank().rank
-        return b
-
-    @endpoint
-    async def step_async(self, x: int) -> int:
-        a = x * 10
-        breakpoint()
-        c = doubled_plus_one(a)
-        return c + current_rank().rank
-
-    @endpoint
-    def ping(self) -> int:
-        return current_rank().rank
-
-
-class Exposed(Actor):
-    """Tells where its proc receives messages (it answers while a Stepper there is paused)."""
-
-    @endpoint
-    def address(self) -> str:
-        return inbox_address()
 
 
 def wait_paused(count: int) -> list[Any]:
@@ -115,7 +81,7 @@ def test_a_scripted_pdb_dialogue_on_two_paused_ranks(steppers: Any) -> None:
     )
     listed = after(transcript, "meshvisor_dbg> list")
     assert len([line for line in listed.splitlines() if line.startswith("trainers ")]) == 2
-    assert "in step" in listed and __file__ in listed
+    assert "in step" in listed and "debug_actors.py" in listed
     attached = after(transcript, "meshvisor_dbg> attach trainers 0")
     assert "step()\n-> b = a + current_rank().rank" in attached  # where it stands
     where = after(transcript, "(Pdb trainers 0) where")
