@@ -143,13 +143,14 @@ def test_a_call_nobody_waits_for_stays_debuggable(steppers: Any) -> None:
 def test_a_paused_rank_is_not_declared_hung(
     make_procs: Callable[..., Any], name: str, expected: list[int]
 ) -> None:
-    with configured(heartbeat_interval_s=0.1, heartbeat_timeout_s=1.0):
+    with configured(heartbeat_interval_s=0.1, heartbeat_timeout_s=2.0):
         steppers = make_procs({"gpus": 2}).spawn("trainers", Stepper)
     results = getattr(steppers, name).call(3)
     wait_paused(2)
-    # A hung proc would be killed and the call would raise SupervisionError; paused, it waits.
+    # A hung proc would be killed and the call would raise SupervisionError; paused, it waits
+    # three heartbeat timeouts (and more, but that would only make the test slower).
     with pytest.raises(TimeoutError):
-        results.get(timeout=5.0)
+        results.get(timeout=6.0)
     assert "goes on" in dialogue("continue\n")
     assert sorted(results.get(timeout=CALL_TIMEOUT_S).values()) == expected
 
@@ -250,6 +251,14 @@ class Terminal:
     def screen(self) -> str:
         return self._run("capture-pane", "-p", "-S", "-200")
 
+    def wait_for_line(self, line: str) -> None:
+        """Wait until a whole line of the screen reads `line` (a value pdb printed)."""
+        wait_until(
+            lambda: line in [shown.strip() for shown in self.screen().splitlines()],
+            PAUSE_TIMEOUT_S,
+            f"a line {line!r}",
+        )
+
     def wait_for(self, text: str, count: int = 1) -> str:
         wait_until(lambda: self.screen().count(text) >= count, PAUSE_TIMEOUT_S, repr(text))
         return self.screen()
@@ -298,7 +307,7 @@ def test_meshvisor_debug_in_another_terminal(
     term.type("attach trainers 1")
     term.wait_for("(Pdb trainers 1)")
     term.type("p a * 2")
-    term.wait_for("140")
+    term.wait_for_line("140")
     term.type("continue")
     term.wait_for("trainers 1 goes on")
     term.type("cast trainers all p a")
@@ -322,8 +331,8 @@ def test_a_front_end_killed_while_attached_leaves_the_rank_paused(
     term.wait_for("meshvisor_dbg>")
     term.type("attach trainers 0")
     term.wait_for("(Pdb trainers 0)")
-    term.type("p a")
-    term.wait_for("20")
+    term.type("p a + 1000")
+    term.wait_for_line("1020")
     term.kill()  # the terminal goes away while attached
     (call,) = wait_paused(1)
     transcript = dialogue("attach trainers 0\np a + 1\ncontinue\n")
