@@ -125,13 +125,16 @@ class DebugPrompt:
         if not calls:
             self._write(f"no call is paused in the debugger{self._silent()}\n")
             return
-        self._write(f"{'actor':<16} {'rank':>4}  {'point':<16} {'host':<14} {'pid':>7}  where\n")
+        self._write(
+            f"{'actor':<14} {'rank':>4}  {'class':<14} {'point':<14} {'host':<12} {'pid':>7}  "
+            "where\n"
+        )
         for call in calls:
             name = call.actor_mesh or call.proc_id
             where = f"{call.file}:{call.line} in {call.function}"
             self._write(
-                f"{name:<16} {call.rank:>4}  {call.point:<16} {call.host:<14} {call.pid:>7}  "
-                f"{where}\n"
+                f"{name:<14} {call.rank:>4}  {call.actor_class:<14} {call.point:<14} "
+                f"{call.host:<12} {call.pid:>7}  {where}\n"
             )
         self._write(self._silent().lstrip("; ") + ("\n" if self._client.silent else ""))
 

@@ -81,7 +81,7 @@ def test_a_scripted_pdb_dialogue_on_two_paused_ranks(steppers: Any) -> None:
     )
     listed = after(transcript, "meshvisor_dbg> list")
     assert len([line for line in listed.splitlines() if line.startswith("trainers ")]) == 2
-    assert "in step" in listed and "debug_actors.py" in listed
+    assert "in step" in listed and "debug_actors.py" in listed and "Stepper" in listed
     attached = after(transcript, "meshvisor_dbg> attach trainers 0")
     assert "step()\n-> b = a + current_rank().rank" in attached  # where it stands
     where = after(transcript, "(Pdb trainers 0) where")
