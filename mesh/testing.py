@@ -7,14 +7,11 @@ what the `chaos` package injects faults with; nothing here changes a job that do
 tests look at this process's session (`run_dir`, `inbox_address`, `local_agent`,
 `known_agents`, `bookkeeping`), end it or parts of it (`shutdown`, `stop_local_agent`,
 `stop_controllers`), hold a call without the call watchdog judging it (`call_watchdog_suspended`,
-as a debugger does), check the slicing algebra without processes (`Region`), write, rotate
-and aggregate proc lines without procs (`RankLog`, `LogFileConfig`, `line_level`,
-`Aggregator`, `RankedLine`), and play a raw
-peer of an agent or a proc with the typed wire messages of `wire`. Each reads the engine in
-`stop_controllers`), check the slicing algebra without processes (`Region`), and play a raw
-peer of an agent or a proc with the typed wire messages of `wire` (and `detached_wire`, those
-of detached meshes). Each reads the engine in
-one place, here.
+as a debugger does), check the slicing algebra without processes (`Region`), write, rotate and
+aggregate proc lines without procs (`RankLog`, `LogFileConfig`, `line_level`, `Aggregator`,
+`RankedLine`), and play a raw peer of an agent or a proc with the typed wire messages of `wire`
+(and `detached_wire`, those of detached meshes; `debug_wire`, those of the distributed
+debugger). Each reads the engine in one place, here.
 """
 
 from __future__ import annotations
@@ -33,6 +30,7 @@ from mesh._api.faults import exit_process as exit_process
 from mesh._api.faults import fail_next_call as fail_next_call
 from mesh._api.faults import heal_links as heal_links
 from mesh._api.faults import probe as probe
+from mesh._engine import debug_messages as debug_wire
 from mesh._engine import detached_messages as detached_wire
 from mesh._engine import messages as wire
 from mesh._engine import session as _session
@@ -53,6 +51,7 @@ __all__ = (
     "bookkeeping",
     "break_links",
     "call_watchdog_suspended",
+    "debug_wire",
     "detached_wire",
     "exit_process",
     "fail_next_call",

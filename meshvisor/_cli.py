@@ -3,74 +3,50 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from importlib import metadata
 from pathlib import Path
 
+#: Verbs that parse their own options: name -> (module whose `main(argv, prog=)` runs it, help).
+#: Each module is imported only when its verb runs, so that ``meshvisor agent`` starts fast.
+VERBS: dict[str, tuple[str, str]] = {
+    "agent": ("mesh._agent.daemon", "run a host agent"),
+    "chaos": ("chaos._cli", "run a workload under fault injection (meshvisor chaos run --help)"),
+    "slurm": ("job._cli", "SLURM jobs: batch, cancel, list"),
+    "meshes": ("meshvisor._meshes", "detached meshes: list, stop"),
+    "logs": ("observe._logs_cli", "show, tail, follow and filter procs' log files"),
+    "top": ("observe._top", "watch a running client or allocation live, read-only"),
+    "debug": ("observe._debug_cli", "debug calls paused in breakpoint()"),
+    "demo": ("meshvisor._demo", "train replicas under random kills"),
+}
+
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] and argv[0] in VERBS:
+        return _run_verb(argv[0], argv[1:])
     parser = argparse.ArgumentParser(prog="meshvisor", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("version", help="print the installed version")
-    commands.add_parser(
-        "agent", help="run a host agent (options: meshvisor agent --help)", add_help=False
-    )
-    commands.add_parser(
-        "chaos",
-        help="run a workload under fault injection (meshvisor chaos run --help)",
-        add_help=False,
-    )
-    commands.add_parser(
-        "slurm",
-        help="SLURM jobs: batch, cancel, list (meshvisor slurm --help)",
-        add_help=False,
-    )
-    commands.add_parser(
-        "logs",
-        help="show, tail, follow and filter procs' log files (meshvisor logs --help)",
-        add_help=False,
-    )
-    commands.add_parser(
-        "top",
-        help="watch a running client or allocation live, read-only (meshvisor top --help)",
-        add_help=False,
-    )
-    commands.add_parser(
-        "meshes", help="detached meshes: list, stop (meshvisor meshes --help)", add_help=False
-    )
     keys = commands.add_parser("keys", help="create CURVE keys for an allocation")
     keys.add_argument("directory", type=Path, help="where to write them (made private: mode 0700)")
-    commands.add_parser(
-        "demo",
-        help="train replicas under random kills (meshvisor demo --help)",
-        add_help=False,
-    )
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["agent"]:  # the agent parses its own options
-        return _run_agent(argv[1:])
-    if argv[:1] == ["chaos"]:
-        return _run_chaos(argv[1:])
-    if argv[:1] == ["demo"]:
-        return _run_demo(argv[1:])
-    if argv[:1] == ["slurm"]:
-        return _run_slurm(argv[1:])
-    if argv[:1] == ["logs"]:
-        return _run_logs(argv[1:])
-    if argv[:1] == ["top"]:
-        return _run_top(argv[1:])
-    if argv[:1] == ["meshes"]:
-        from meshvisor._meshes import main as meshes_main
-
-        return meshes_main(argv[1:])
-    args, rest = parser.parse_known_args(argv)
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    for verb, (_, text) in VERBS.items():
+        commands.add_parser(verb, help=f"{text} (meshvisor {verb} --help)", add_help=False)
+    args = parser.parse_args(argv)
     if args.command == "keys":
         return _make_keys(args.directory)
     if args.command == "version":
         print(metadata.version("meshvisor"))
         return 0
     raise AssertionError(f"unhandled command {args.command}")
+
+
+def _run_verb(verb: str, rest: list[str]) -> int:
+    """Run `verb`'s own command line with the arguments after it."""
+    module = importlib.import_module(VERBS[verb][0])
+    status = module.main(rest, prog=f"meshvisor {verb}")
+    return 0 if status is None else int(status)
 
 
 def _make_keys(directory: Path) -> int:
@@ -87,44 +63,3 @@ def _make_keys(directory: Path) -> int:
         f"agents with --keys {directory} and clients with {KEYS_ENV}={directory}"
     )
     return 0
-
-
-def _run_agent(rest: list[str]) -> int:
-    from mesh._agent.daemon import main as agent_main
-
-    agent_main(rest, prog="meshvisor agent")
-    return 0
-
-
-def _run_chaos(rest: list[str]) -> int:
-    from chaos._cli import main as chaos_main
-
-    return chaos_main(rest, prog="meshvisor chaos")
-
-
-def _run_demo(rest: list[str]) -> int:
-    """TorchFT-style replica training under the chaos harness (meshvisor/_demo.py)."""
-    from meshvisor._demo import main as demo_main
-
-    return demo_main(rest, prog="meshvisor demo")
-
-
-def _run_slurm(rest: list[str]) -> int:
-    """SLURM jobs from the shell: batch mode, cancel, list (job/_cli.py)."""
-    from job._cli import main as slurm_main
-
-    return slurm_main(rest, prog="meshvisor slurm")
-
-
-def _run_logs(rest: list[str]) -> int:
-    """The procs' per-rank log files of a run or allocation (observe/_logs_cli.py)."""
-    from observe._logs_cli import main as logs_main
-
-    return logs_main(rest, prog="meshvisor logs")
-
-
-def _run_top(rest: list[str]) -> int:
-    """The live supervision tree of a client or allocation (observe/_top.py)."""
-    from observe._top import main as top_main
-
-    return top_main(rest, prog="meshvisor top")

@@ -317,8 +317,7 @@ class HostAgent:
                     self._send(proc.owner, SpawnFailed(report[1], self._hostname, report[2]))
 
     def _on_spawned(self, proc_id: str, pid: int) -> None:
-        proc = self._procs.get(proc_id)
-        if proc is None:  # not ours (any more): nobody would ever stop it
+        if (proc := self._procs.get(proc_id)) is None:  # not ours (any more): nobody would stop it
             self._forkserver.signal(pid, signal.SIGKILL)
             return
         self._procs.bind_pid(proc, pid)

@@ -122,6 +122,7 @@ def run_proc(config: dict[str, Any]) -> int:
     install_session(session)
     log = get_logger("mesh.proc", proc=config["proc_id"])
     start_heartbeats(runtime, config["agent"], config["proc_id"], config["heartbeat_interval_s"])
+    runtime.paused_calls.install()  # breakpoint() pauses the call for `meshvisor debug`
     failure = run_setup(config["setup"], _proc_context(config, runtime.hostname))
     if failure is not None:
         session.close()

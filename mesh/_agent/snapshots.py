@@ -1,4 +1,5 @@
-"""`AgentView`: the host agent's answers to the live view (``meshvisor top``), read-only.
+"""`AgentView`: the host agent's answers to observers, read-only: the live view
+(``meshvisor top``) and the debugger's front end looking for procs (`ListProcs`).
 
 A viewer sends a `SnapshotQuery`; the agent answers with a `HostSnapshot` built from its proc
 table, the actors its procs reported (`ProcActors`, sent when they change) and ``/proc`` (CPU
@@ -16,6 +17,7 @@ from collections import deque
 from typing import Any
 
 from mesh._agent.liveness import CpuSample, sample_cpu
+from mesh._agent.proc_listing import ListProcs, listed_procs
 from mesh._agent.procs import ProcRecord, ProcTable
 from mesh._engine.messages import ProcExited
 from mesh._engine.view_messages import (
@@ -53,7 +55,9 @@ class AgentView:
     def handle(self, header: object) -> bool:
         """Act on `header` if it is a message of the live view; whether it was one."""
         if type(header) is SnapshotQuery:
-            self._answer(header)
+            self._reply(header.reply_to, "SnapshotQuery", self.snapshot(header.query_id))
+        elif type(header) is ListProcs:  # a debugger front end looks for paused calls
+            self._reply(header.reply_to, "ListProcs", listed_procs(self._procs, self._host))
         elif type(header) is ProcActors:
             self._on_actors(header)
         else:
@@ -78,14 +82,16 @@ class AgentView:
             self._events(),
         )
 
-    def _answer(self, query: SnapshotQuery) -> None:
-        if not is_address(query.reply_to):
-            self._log.warning("message_rejected", kind="SnapshotQuery", reason="bad reply_to")
+    def _reply(self, reply_to: str, kind: str, answer: object) -> None:
+        """Answer a read-only query over a connection closed at once: nothing of the asker
+        is kept."""
+        if not is_address(reply_to):
+            self._log.warning("message_rejected", kind=kind, reason="bad reply_to")
             return
         try:
-            self._outbox.send_once(query.reply_to, encode(self.snapshot(query.query_id)))
+            self._outbox.send_once(reply_to, encode(answer))
         except TransportError as error:
-            self._log.warning("snapshot_not_sent", to=query.reply_to, reason=str(error))
+            self._log.warning("answer_not_sent", kind=kind, to=reply_to, reason=str(error))
 
     def _on_actors(self, report: ProcActors) -> None:
         """A proc's actors changed: keep them, and the changes worth an event."""

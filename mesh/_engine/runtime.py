@@ -20,6 +20,7 @@ import anyio
 from mesh._engine.agent_queries import AgentQueries
 from mesh._engine.agents import AgentWatch
 from mesh._engine.calltable import CallTable
+from mesh._engine.debug_pause import PausedCalls
 from mesh._engine.fault_rules import apply_fault_rules
 from mesh._engine.future import Future
 from mesh._engine.host import ActorHost
@@ -110,6 +111,7 @@ class Runtime:
         self.agents = AgentWatch(self, self.loop, self.procs.fail_procs_of, proc_id)
         self.output = OutputSink(self, self.ownership)
         self.queries = AgentQueries(self)
+        self.paused_calls = PausedCalls(self)  # breakpoint() in a proc (installed by proc_main)
         self._handlers: dict[type, Callable[[Envelope], None]] = {
             Reply: self.calls.on_reply,
             Failure: self.calls.on_failure,
@@ -131,6 +133,7 @@ class Runtime:
             SetProcLogLevel: _set_log_level,
             **self.host.message_handlers(),
             **self.queries.handlers(),
+            **self.paused_calls.message_handlers(),
         }
 
     # -- the event loop ------------------------------------------------------------------------
