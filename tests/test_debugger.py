@@ -155,6 +155,22 @@ def test_a_paused_rank_is_not_declared_hung(
     assert sorted(results.get(timeout=CALL_TIMEOUT_S).values()) == expected
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("name", "expected"), [("step", [30, 31]), ("step_async", [61, 62])])
+def test_a_paused_call_is_not_judged_by_the_call_watchdog(
+    make_procs: Callable[..., Any], name: str, expected: list[int]
+) -> None:
+    with configured(call_limit_s=1.0):
+        steppers = make_procs({"gpus": 2}).spawn("limited", Stepper)
+    results = getattr(steppers, name).call(3)
+    wait_paused(2)
+    # Past its 1 s limit a stuck call would fail with SupervisionError; paused, it waits.
+    with pytest.raises(TimeoutError):
+        results.get(timeout=4.0)
+    assert "goes on" in dialogue("continue\n")
+    assert sorted(results.get(timeout=CALL_TIMEOUT_S).values()) == expected
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("off", [{"MESHVISOR_DEBUG": "0"}, {"PYTHONBREAKPOINT": "0"}])
 def test_breakpoints_are_ignored_when_debugging_is_off(

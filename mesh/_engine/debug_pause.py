@@ -22,6 +22,7 @@ from types import FrameType
 from typing import Any, Protocol
 
 from mesh._context import context
+from mesh._engine.callwatch import resume_call_watchdog, suspend_call_watchdog
 from mesh._engine.debug_messages import (
     MAX_LINE_CHARS,
     DebugInput,
@@ -127,8 +128,10 @@ class PausedCalls:
     # -- the one place where a call enters and leaves the debugger -----------------------------
 
     def _enter_pause(self, session: PausedSession) -> None:
-        """A call is paused in the debugger from here until `_leave_pause`: a watchdog of
-        calls must not count this time (hook it here)."""
+        """A call is paused in the debugger from here until `_leave_pause` (both on the paused
+        thread): the call watchdog does not judge this thread's calls meanwhile, nor count
+        the time paused against their limits."""
+        suspend_call_watchdog()
         with self._lock:
             self._sessions[session.number] = session
         self._by_thread.session = session
@@ -137,7 +140,9 @@ class PausedCalls:
     def _leave_pause(self, session: PausedSession) -> None:
         """The call goes on (continue, or quit): it is no longer paused in the debugger."""
         with self._lock:
-            self._sessions.pop(session.number, None)
+            paused = self._sessions.pop(session.number, None) is not None
+        if paused:
+            resume_call_watchdog()
         if getattr(self._by_thread, "session", None) is session:
             self._by_thread.session = None
         self._log.info("call_resumed", session=session.number, actor=session.actor_id)
