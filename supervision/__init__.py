@@ -8,6 +8,7 @@ from ._events import EVENT_KINDS as EVENT_KINDS
 from ._events import NOTICE_KINDS as NOTICE_KINDS
 from ._events import EventKind as EventKind
 from ._events import SupervisionEvent as SupervisionEvent
+from ._evidence import split_stack_dump as split_stack_dump
 from ._hooks import EventListener as EventListener
 from ._hooks import UnhandledFailureHook as UnhandledFailureHook
 from ._hooks import add_event_listener as add_event_listener
@@ -35,6 +36,7 @@ __all__ = (
     "event_listeners",
     "is_handled",
     "set_unhandled_failure_hook",
+    "split_stack_dump",
     "unhandled_failure_hook",
 )
 

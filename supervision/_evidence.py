@@ -34,7 +34,7 @@ def _keep_end(lines: list[str], max_lines: int) -> list[str]:
 
 def _summarize_dump(lines: list[str], max_lines: int) -> list[str]:
     """The header and first thread of a dump, and one line for each of the next threads."""
-    header, threads, _ = _split_threads(lines)
+    header, threads, _ = split_stack_dump(lines)
     first, others = threads[0], threads[1:]
     shown = others[:_OTHERS_SHOWN]
     for_others = (1 + len(shown) + (len(others) > len(shown))) if others else 0
@@ -50,9 +50,10 @@ def _summarize_dump(lines: list[str], max_lines: int) -> list[str]:
     return kept
 
 
-def _split_threads(lines: list[str]) -> tuple[list[str], list[list[str]], list[str]]:
-    """The lines before the first thread, each thread's lines (its title, then its indented
-    frames), and the lines after the last (e.g. Python 3.12's "Extension modules")."""
+def split_stack_dump(lines: list[str]) -> tuple[list[str], list[list[str]], list[str]]:
+    """A faulthandler dump's lines split: the lines before the first thread, each thread's
+    lines (its title, then its indented frames), and the lines after the last (e.g. Python
+    3.12's "Extension modules")."""
     header: list[str] = []
     threads: list[list[str]] = []
     trailer: list[str] = []

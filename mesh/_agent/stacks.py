@@ -11,12 +11,13 @@ import os
 import re
 import sysconfig
 
-_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
+from supervision import split_stack_dump
+
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line \d+ in ')
 #: Path parts of installed packages: not your code.
 _INSTALLED = ("/site-packages/", "/dist-packages/")
 #: meshvisor's packages: its threads (event loop, heartbeats, workers waiting) come last.
-_PACKAGES = ("transport", "supervision", "mesh", "job", "recovery", "chaos", "meshvisor")
+_PACKAGES = ("transport", "supervision", "mesh", "job", "recovery", "chaos", "observe", "meshvisor")
 
 
 def library_dirs() -> tuple[str, ...]:
@@ -31,32 +32,13 @@ def library_dirs() -> tuple[str, ...]:
 _LIBRARY_DIRS = library_dirs()
 
 
-def _split_threads(lines: list[str]) -> tuple[list[str], list[list[str]], list[str]]:
-    """The lines before the first thread, each thread's lines (its title, then its indented
-    frames), and the lines after the last (e.g. Python 3.12's "Extension modules")."""
-    header: list[str] = []
-    threads: list[list[str]] = []
-    trailer: list[str] = []
-    for line in lines:
-        if _THREAD.match(line):
-            threads.append([line])
-        elif threads and not trailer and line[:1].isspace():
-            threads[-1].append(line)
-        elif threads:
-            if line.strip() or trailer:
-                trailer.append(line)
-        else:
-            header.append(line)
-    return header, threads, trailer
-
-
 def relevant_first(dump: str, library_dirs: tuple[str, ...] | None = None) -> str:
     """`dump` (a faulthandler dump) with its threads reordered: the faulting thread of a fatal
     error first, then the threads that run code outside `library_dirs` (yours), then the
     others, each group in its original order. Any other text comes back unchanged."""
     library_dirs = library_dirs if library_dirs is not None else _LIBRARY_DIRS
     lines = dump.rstrip().splitlines()
-    header, threads, trailer = _split_threads(lines)
+    header, threads, trailer = split_stack_dump(lines)
     if not threads:
         return dump
     fatal = bool(header) and header[0].startswith("Fatal Python error")
