@@ -1,0 +1,200 @@
+"""Workspace sync onto real host agents: two daemons in separate run directories (two hosts),
+and one in a network namespace where the machine allows it. Procs import the synced code,
+see changes after a reload or a restart, and only changed files travel."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import RUN_BASE
+from polling import wait_until
+from workspace_actors import Importer
+
+from mesh import WorkspaceError, WorkspaceSync, attach
+from mesh._engine.session import current_session
+from mesh._engine.workspace_files import MAX_FILE_BYTES
+from mesh._engine.workspace_messages import WorkspaceChunk, WorkspaceCommit, WorkspaceQuery
+
+T = 60.0
+
+
+def _start_agents(folder: Path, count: int) -> tuple[Path, list[subprocess.Popen[bytes]]]:
+    """`count` daemon agents on loopback, each with its own run directory, in one allocation."""
+    alloc = folder / "hosts"
+    agents = []
+    for i in range(count):
+        (folder / f"run{i}").mkdir(mode=0o700)
+        command = [sys.executable, "-m", "meshvisor", "agent", "--listen", "tcp://127.0.0.1:0"]
+        command += ["--rundir", str(folder / f"run{i}"), "--allocation", str(alloc)]
+        agents.append(subprocess.Popen([*command, "--owner-timeout", "2"]))
+    wait_until(
+        lambda: alloc.exists() and len(alloc.read_text().split()) == count,
+        T,
+        "the agents to join the allocation",
+    )
+    return alloc, agents
+
+
+def _stop(agents: list[subprocess.Popen[bytes]]) -> None:
+    for agent in agents:
+        agent.terminate()
+    for agent in agents:
+        agent.wait(T)
+
+
+@pytest.fixture
+def allocation() -> Iterator[Path]:
+    """Two daemon agents (two hosts) in separate run directories; the allocation file."""
+    folder = Path(RUN_BASE) / f"wsync-{time.monotonic_ns()}"
+    folder.mkdir()
+    agents: list[subprocess.Popen[bytes]] = []
+    try:
+        alloc, agents = _start_agents(folder, 2)
+        yield alloc
+    finally:
+        _stop(agents)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _package(root: Path, name: str) -> Path:
+    """A small package `name` under `root`: a module, a sub-package and a binary file."""
+    (root / name / "sub").mkdir(parents=True)
+    (root / name / "__init__.py").write_text("")
+    (root / name / "calc.py").write_text("VALUE = 1\n")
+    (root / name / "extra.py").write_text("EXTRA = True\n")
+    (root / name / "sub" / "__init__.py").write_text("DEEP = 'deep'\n")
+    (root / name / "weights.bin").write_bytes(os.urandom(3 << 20))  # several pieces
+    (root / name / "__pycache__").mkdir()
+    (root / name / "__pycache__" / "calc.cpython-310.pyc").write_bytes(b"stale")
+    return root
+
+
+def _written_per_host(sync: WorkspaceSync) -> list[set[str]]:
+    return [set(host.written) for host in sync.hosts]
+
+
+def test_sync_import_change_reload_delete(allocation: Path, tmp_path: Path) -> None:
+    pkg = f"wspkg{os.getpid()}"
+    code = _package(tmp_path / "code", pkg)
+    hosts = attach(str(allocation))
+    seen: list[int] = []
+    first = hosts.sync_workspace(code, progress=lambda p: seen.append(p.bytes_sent)).get(T)
+    files = {f"{pkg}/__init__.py", f"{pkg}/calc.py", f"{pkg}/extra.py", f"{pkg}/sub/__init__.py"}
+    files.add(f"{pkg}/weights.bin")
+    assert first.name == "code" and len(first.hosts) == 2
+    assert _written_per_host(first) == [files, files]  # no __pycache__
+    assert all(host.bytes_written > 3 << 20 for host in first.hosts)
+    assert seen[-1] == sum((code / p).stat().st_size for p in files)  # each file read once
+    assert len({host.path for host in first.hosts}) == 2  # each host its own folder
+
+    procs = hosts.spawn_procs(per_host={"gpus": 1}, name="importers")
+    actors = procs.spawn("importers", Importer)
+    assert actors.value.call(f"{pkg}.calc", "VALUE").get(T).values() == (1, 1)
+    assert actors.value.call(f"{pkg}.sub", "DEEP").get(T).values() == ("deep", "deep")
+    origins = actors.origin.call(f"{pkg}.calc").get(T).values()
+    assert sorted(origins) == sorted(f"{h.path}/{pkg}/calc.py" for h in first.hosts)
+
+    again = hosts.sync_workspace(code).get(T)  # nothing changed: nothing travels
+    assert _written_per_host(again) == [set(), set()] and again.bytes_written == 0
+
+    (code / pkg / "calc.py").write_text("VALUE = 2\n")
+    changed = hosts.sync_workspace(code, reload="modules", meshes=[actors]).get(T)
+    assert _written_per_host(changed) == [{f"{pkg}/calc.py"}] * 2
+    assert changed.bytes_written == 2 * len("VALUE = 2\n")
+    assert f"{pkg}.calc" in changed.reloaded
+    assert actors.value.call(f"{pkg}.calc", "VALUE").get(T).values() == (2, 2)
+
+    (code / pkg / "extra.py").unlink()
+    removed = hosts.sync_workspace(code).get(T)
+    assert [set(h.deleted) for h in removed.hosts] == [{f"{pkg}/extra.py"}] * 2
+    assert _written_per_host(removed) == [set(), set()]
+    extra = [f"{h.path}/{pkg}/extra.py" for h in removed.hosts]
+    assert not any(v for path in extra for v in actors.exists.call(path).get(T).values())
+    procs.stop().get(T)
+
+
+def test_restart_runs_the_new_code(allocation: Path, tmp_path: Path) -> None:
+    pkg = f"wsrestart{os.getpid()}"
+    code = _package(tmp_path / "code", pkg)
+    hosts = attach(str(allocation))
+    hosts.sync_workspace(code).get(T)
+    procs = hosts.spawn_procs(per_host={"gpus": 1}, name="restarted")
+    actors = procs.spawn("importers", Importer)
+    before = set(actors.pid.call().get(T).values())
+    assert actors.value.call(f"{pkg}.calc", "VALUE").get(T).values() == (1, 1)
+
+    (code / pkg / "calc.py").write_text("VALUE = 3\n")
+    synced = hosts.sync_workspace(code, reload="restart", meshes=[procs]).get(T)
+    assert synced.restarted == 2
+    assert _written_per_host(synced) == [{f"{pkg}/calc.py"}] * 2
+    assert actors.value.call(f"{pkg}.calc", "VALUE").get(T).values() == (3, 3)
+    assert not before & set(actors.pid.call().get(T).values())  # new processes
+    procs.stop().get(T)
+
+
+def test_bad_trees_are_refused_before_anything_travels(allocation: Path, tmp_path: Path) -> None:
+    hosts = attach(str(allocation))
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not yours")
+    leaky = tmp_path / "leaky"
+    leaky.mkdir()
+    (leaky / "link.txt").symlink_to(outside)
+    with pytest.raises(WorkspaceError, match=r"symlink .* outside the directory"):
+        hosts.sync_workspace(leaky).get(T)
+    with pytest.raises(WorkspaceError, match="workspace name"):
+        hosts.sync_workspace(tmp_path, remote_name="../escape")
+    huge = tmp_path / "huge"
+    huge.mkdir()
+    with open(huge / "big.bin", "wb") as sparse:
+        sparse.truncate(MAX_FILE_BYTES + 1)  # sparse: costs no disk
+    with pytest.raises(WorkspaceError, match="over the limit"):
+        hosts.sync_workspace(huge).get(T)
+    with pytest.raises(WorkspaceError, match="is not a directory"):
+        hosts.sync_workspace(tmp_path / "missing").get(T)
+
+
+def test_an_agent_refuses_paths_that_leave_the_workspace(allocation: Path) -> None:
+    """A client that skips the checks (a bug, or a hand-made message) cannot write outside."""
+    hosts = attach(str(allocation))
+    agent = hosts._agent_addresses()[0]
+    runtime = current_session().runtime
+    me = runtime.address
+    _, manifest = runtime.queries.send(agent, lambda i: WorkspaceQuery(i, me, "evil", "s1"))
+    assert manifest.get(T).why == ""
+    for path in ("../escape.py", "/etc/passwd", "a/../../b"):
+        data = b"x"
+        digest = __import__("hashlib").sha256(data).hexdigest()
+        chunk = WorkspaceChunk("evil", "s1", path, 0, 1, digest, False, data)
+        runtime.send_message(agent, chunk)
+    _, done = runtime.queries.send(agent, lambda i: WorkspaceCommit(i, me, "evil", "s1"))
+    answer = done.get(T)
+    assert "must be relative" in answer.why and answer.written == ()
+    run_dir = Path(answer.path).parent.parent
+    assert not (run_dir / "escape.py").exists() and not (run_dir.parent / "escape.py").exists()
+
+
+def test_a_dead_agent_fails_the_sync_clearly(tmp_path: Path) -> None:
+    folder = Path(RUN_BASE) / f"wsdead-{time.monotonic_ns()}"
+    folder.mkdir()
+    agents: list[subprocess.Popen[bytes]] = []
+    try:
+        alloc, agents = _start_agents(folder, 1)
+        hosts = attach(str(alloc))
+        hosts.wait_for_agents(T)
+        agents[0].send_signal(signal.SIGKILL)
+        agents[0].wait(T)
+        (tmp_path / "code").mkdir()
+        (tmp_path / "code" / "m.py").write_text("X = 1\n")
+        with pytest.raises(WorkspaceError, match="did not answer within 3 s"):
+            hosts.sync_workspace(tmp_path / "code", timeout_s=3).get(T)
+    finally:
+        _stop(agents)
+        shutil.rmtree(folder, ignore_errors=True)
