@@ -13,7 +13,7 @@ and aggregate proc lines without procs (`RankLog`, `LogFileConfig`, `line_level`
 peer of an agent or a proc with the typed wire messages of `wire`. Each reads the engine in
 `stop_controllers`), check the slicing algebra without processes (`Region`), and play a raw
 peer of an agent or a proc with the typed wire messages of `wire` (and `detached_wire`, those
-of detached meshes). Each reads the engine in
+of detached meshes, `workspace_wire`, those of workspace sync). Each reads the engine in
 one place, here.
 """
 
@@ -36,6 +36,7 @@ from mesh._api.faults import probe as probe
 from mesh._engine import detached_messages as detached_wire
 from mesh._engine import messages as wire
 from mesh._engine import session as _session
+from mesh._engine import workspace_messages as workspace_wire
 from mesh._engine.callwatch import call_watchdog_suspended as call_watchdog_suspended
 from mesh._engine.proc_lines import Aggregator as Aggregator
 from mesh._engine.proc_lines import RankedLine as RankedLine
@@ -68,6 +69,7 @@ __all__ = (
     "stop_controllers",
     "stop_local_agent",
     "wire",
+    "workspace_wire",
 )
 
 

@@ -4,6 +4,7 @@ see changes after a reload or a restart, and only changed files travel."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -19,11 +20,12 @@ from polling import wait_until
 from workspace_actors import Importer
 
 from mesh import WorkspaceError, WorkspaceSync, attach
-from mesh._engine.session import current_session
-from mesh._engine.workspace_files import MAX_FILE_BYTES
-from mesh._engine.workspace_messages import WorkspaceChunk, WorkspaceCommit, WorkspaceQuery
+from mesh.testing import workspace_wire as ws
+from transport import Inbox, Outbox, close_context, encode, new_context
 
 T = 60.0
+#: The largest file a workspace takes (docs/workspace-sync.md).
+MAX_FILE_BYTES = 2 << 30
 
 
 def _start_agents(folder: Path, count: int) -> tuple[Path, list[subprocess.Popen[bytes]]]:
@@ -163,22 +165,36 @@ def test_bad_trees_are_refused_before_anything_travels(allocation: Path, tmp_pat
 
 def test_an_agent_refuses_paths_that_leave_the_workspace(allocation: Path) -> None:
     """A client that skips the checks (a bug, or a hand-made message) cannot write outside."""
-    hosts = attach(str(allocation))
-    agent = hosts._agent_addresses()[0]
-    runtime = current_session().runtime
-    me = runtime.address
-    _, manifest = runtime.queries.send(agent, lambda i: WorkspaceQuery(i, me, "evil", "s1"))
-    assert manifest.get(T).why == ""
-    for path in ("../escape.py", "/etc/passwd", "a/../../b"):
-        data = b"x"
-        digest = __import__("hashlib").sha256(data).hexdigest()
-        chunk = WorkspaceChunk("evil", "s1", path, 0, 1, digest, False, data)
-        runtime.send_message(agent, chunk)
-    _, done = runtime.queries.send(agent, lambda i: WorkspaceCommit(i, me, "evil", "s1"))
-    answer = done.get(T)
-    assert "must be relative" in answer.why and answer.written == ()
-    run_dir = Path(answer.path).parent.parent
-    assert not (run_dir / "escape.py").exists() and not (run_dir.parent / "escape.py").exists()
+    agent = allocation.read_text().split()[0]
+    context = new_context()
+    inbox = Inbox(context, "tcp://127.0.0.1:*")
+    outbox = Outbox(context)
+
+    def answer(request: object) -> object:
+        outbox.send(agent, encode(request))
+        assert inbox.poll(int(T * 1000)), "the agent did not answer"
+        envelope = inbox.receive_nowait()
+        assert envelope is not None
+        return envelope.header
+
+    try:
+        manifest = answer(ws.WorkspaceQuery(1, inbox.address, "evil", "s1"))
+        assert isinstance(manifest, ws.WorkspaceManifest) and manifest.why == ""
+        digest = hashlib.sha256(b"x").hexdigest()
+        for path in ("../escape.py", "/etc/passwd", "a/../../b"):
+            chunk = ws.WorkspaceChunk("evil", "s1", path, 0, 1, digest, False, b"x")
+            outbox.send(agent, encode(chunk))
+        done = answer(ws.WorkspaceCommit(2, inbox.address, "evil", "s1"))
+        assert isinstance(done, ws.WorkspaceSynced)
+        assert "must be relative" in done.why and done.written == ()
+        run_dir = Path(done.path).parent.parent
+        assert not (run_dir / "escape.py").exists() and not (run_dir.parent / "escape.py").exists()
+        bad_name = answer(ws.WorkspaceQuery(3, inbox.address, "..", "s2"))
+        assert "workspace name" in bad_name.why  # type: ignore[attr-defined]
+    finally:
+        outbox.close(0)
+        inbox.close()
+        close_context(context)
 
 
 def test_a_dead_agent_fails_the_sync_clearly(tmp_path: Path) -> None:
