@@ -5,11 +5,13 @@ see changes after a reload or a restart, and only changed files travel."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import RUN_BASE
 from polling import wait_until
+from test_netns import namespace as namespace  # the fixture
 from workspace_actors import Importer
 
 from mesh import WorkspaceError, WorkspaceSync, attach
@@ -214,3 +217,68 @@ def test_a_dead_agent_fails_the_sync_clearly(tmp_path: Path) -> None:
     finally:
         _stop(agents)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+NETNS_CLIENT = textwrap.dedent("""
+    import json, pathlib
+    from mesh import attach
+    from workspace_actors import Importer
+
+    code, pkg = pathlib.Path({code!r}), {pkg!r}
+    hosts = attach([{agent!r}], listen_host={listen!r})
+    first = hosts.sync_workspace(code, progress=False).get(60)
+    actors = hosts.spawn_procs(per_host={{"gpus": 1}}).spawn("importers", Importer)
+    before = actors.value.call_one(pkg + ".calc", "VALUE").get(60)
+    (code / pkg / "calc.py").write_text("VALUE = 2\\n")
+    second = hosts.sync_workspace(code, reload="modules", meshes=[actors]).get(60)
+    after = actors.value.call_one(pkg + ".calc", "VALUE").get(60)
+    print(json.dumps([sorted(first.written), before, sorted(second.written), after]))
+""")
+
+
+def test_sync_to_an_agent_in_a_network_namespace(
+    namespace: tuple[str, str, str, str], tmp_path: Path
+) -> None:
+    """Across a real link (a veth pair into a namespace), with CURVE keys as beyond loopback."""
+    name, _, host_address, ns_address = namespace
+    keys = tmp_path / "keys"
+    meshvisor = [sys.executable, "-m", "meshvisor"]
+    subprocess.run([*meshvisor, "keys", str(keys)], check=True, capture_output=True)
+    address_file, rundir = tmp_path / "address", tmp_path / "run"
+    rundir.mkdir(mode=0o700)
+    command = [
+        "ip",
+        "netns",
+        "exec",
+        name,
+        *meshvisor,
+        "agent",
+        "--listen",
+        f"tcp://{ns_address}:0",
+    ]
+    command += ["--address-file", str(address_file), "--rundir", str(rundir), "--keys", str(keys)]
+    agent = subprocess.Popen([*command, "--owner-timeout", "2"])
+    try:
+        wait_until(address_file.exists, T, "the agent in the namespace to start")
+        pkg = f"wsnetns{os.getpid()}"
+        code = _package(tmp_path / "code", pkg)
+        script = NETNS_CLIENT.format(
+            code=str(code), pkg=pkg, agent=address_file.read_text().strip(), listen=host_address
+        )
+        tests = str(Path(__file__).parent)
+        path = os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])
+        env = {**os.environ, "MESHVISOR_CURVE_KEYS": str(keys), "PYTHONPATH": path}
+        done = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=T * 2
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        first, before, second, after = json.loads(done.stdout.strip().splitlines()[-1])
+        assert len(first) == 5 and before == 1
+        assert second == [f"{pkg}/calc.py"] and after == 2
+    finally:
+        agent.terminate()
+        try:
+            agent.wait(T)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait(T)
