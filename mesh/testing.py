@@ -13,7 +13,8 @@ and aggregate proc lines without procs (`RankLog`, `LogFileConfig`, `line_level`
 peer of an agent or a proc with the typed wire messages of `wire`. Each reads the engine in
 `stop_controllers`), check the slicing algebra without processes (`Region`), and play a raw
 peer of an agent or a proc with the typed wire messages of `wire` (and `detached_wire`, those
-of detached meshes, `workspace_wire`, those of workspace sync). Each reads the engine in
+of detached meshes, `workspace_wire`, those of workspace sync, whose paths an agent checks
+with `workspace_path_problem`). Each reads the engine in
 one place, here.
 """
 
@@ -40,6 +41,7 @@ from mesh._engine import workspace_messages as workspace_wire
 from mesh._engine.callwatch import call_watchdog_suspended as call_watchdog_suspended
 from mesh._engine.proc_lines import Aggregator as Aggregator
 from mesh._engine.proc_lines import RankedLine as RankedLine
+from mesh._engine.workspace_files import path_problem as workspace_path_problem
 from mesh._shape import Region as Region
 
 __all__ = (
@@ -69,6 +71,7 @@ __all__ = (
     "stop_controllers",
     "stop_local_agent",
     "wire",
+    "workspace_path_problem",
     "workspace_wire",
 )
 

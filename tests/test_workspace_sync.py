@@ -18,11 +18,14 @@ from pathlib import Path
 
 import pytest
 from conftest import RUN_BASE
+from hypothesis import given
+from hypothesis import strategies as st
 from polling import wait_until
 from test_netns import namespace as namespace  # the fixture
 from workspace_actors import Importer
 
 from mesh import WorkspaceError, WorkspaceSync, attach
+from mesh.testing import workspace_path_problem
 from mesh.testing import workspace_wire as ws
 from transport import Inbox, Outbox, close_context, encode, new_context
 
@@ -198,6 +201,24 @@ def test_an_agent_refuses_paths_that_leave_the_workspace(allocation: Path) -> No
         outbox.close(0)
         inbox.close()
         close_context(context)
+
+
+@given(st.lists(st.sampled_from(["a", "b", ".", "..", "", "/", "\\", "\0", "c.py"]), max_size=8))
+def test_accepted_paths_stay_inside_the_workspace(parts: list[str]) -> None:
+    """Whatever a peer sends, a path an agent accepts lands strictly inside the workspace."""
+    path = "/".join(parts)
+    if workspace_path_problem(path) is None:
+        root = "/run/ws"
+        landed = os.path.normpath(os.path.join(root, *path.split("/")))
+        assert landed.startswith(root + "/") and landed != root
+        assert landed == os.path.join(root, path)  # nothing to normalise: no '.', '..', '//'
+
+
+@given(st.text(max_size=40))
+def test_any_text_is_judged_and_only_plain_relative_paths_pass(path: str) -> None:
+    problem = workspace_path_problem(path)
+    plain = all(part not in ("", ".", "..") for part in path.split("/"))
+    assert (problem is None) == (plain and "\0" not in path and "\\" not in path), problem
 
 
 def test_a_dead_agent_fails_the_sync_clearly(tmp_path: Path) -> None:
