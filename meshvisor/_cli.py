@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser(
         "meshes", help="detached meshes: list, stop (meshvisor meshes --help)", add_help=False
     )
+    commands.add_parser(
+        "sync", help="copy code to the hosts of an allocation (meshvisor sync -h)", add_help=False
+    )
     keys = commands.add_parser("keys", help="create CURVE keys for an allocation")
     keys.add_argument("directory", type=Path, help="where to write them (made private: mode 0700)")
     commands.add_parser(
@@ -62,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         from meshvisor._meshes import main as meshes_main
 
         return meshes_main(argv[1:])
+    if argv[:1] == ["sync"]:
+        from meshvisor._sync import main as sync_main
+
+        return sync_main(argv[1:])
     args, rest = parser.parse_known_args(argv)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")

@@ -167,6 +167,12 @@ def test_bad_trees_are_refused_before_anything_travels(allocation: Path, tmp_pat
         hosts.sync_workspace(huge).get(T)
     with pytest.raises(WorkspaceError, match="is not a directory"):
         hosts.sync_workspace(tmp_path / "missing").get(T)
+    with pytest.raises(ValueError, match="reload must be False, 'modules' or 'restart'"):
+        hosts.sync_workspace(tmp_path, reload="all")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="needs the meshes to act on"):
+        hosts.sync_workspace(tmp_path, reload="modules")
+    with pytest.raises(TypeError, match="meshes of type ProcMesh"):
+        hosts.sync_workspace(tmp_path, reload="restart", meshes=[hosts])  # type: ignore[list-item]
 
 
 def test_an_agent_refuses_paths_that_leave_the_workspace(allocation: Path) -> None:
@@ -303,3 +309,24 @@ def test_sync_to_an_agent_in_a_network_namespace(
         except subprocess.TimeoutExpired:
             agent.kill()
             agent.wait(T)
+
+
+def test_the_sync_verb_prints_progress_and_what_each_host_wrote(
+    allocation: Path, tmp_path: Path
+) -> None:
+    code = tmp_path / "tool"
+    code.mkdir()
+    (code / "big.bin").write_bytes(os.urandom(5 << 20))  # large enough for a progress line
+    (code / "run.py").write_text("print('hi')\n")
+    command = [sys.executable, "-m", "meshvisor", "sync", str(allocation), str(code)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=T * 2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "syncing workspace: 5.0 of 5.0 MiB, 2 of 2 files" in done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 2 and all("2 files written, 0 removed" in line for line in lines)
+    again = subprocess.run(command, capture_output=True, text=True, timeout=T * 2)
+    assert again.stdout.count("0 files written, 0 removed, 0 bytes") == 2
+    missing = subprocess.run(
+        [*command[:-1], str(tmp_path / "nope")], capture_output=True, text=True
+    )
+    assert missing.returncode == 1 and "is not a directory" in missing.stderr

@@ -248,13 +248,13 @@ class HostMesh(MeshBase):
         callable given `SyncProgress`. The future's `WorkspaceSync` says what each host
         wrote; WorkspaceError when a path, a symlink or a size is refused or a host agent
         does not answer within `timeout_s`. See docs/workspace-sync.md."""
-        name = remote_name or os.path.basename(os.path.realpath(local_dir))
+        folder = os.path.expanduser(os.fspath(local_dir))
+        name = remote_name or os.path.basename(os.path.realpath(folder))
         problem = name_problem(name)
         if problem is not None:
             raise WorkspaceError(f"cannot sync {local_dir!r}: {problem}")
         check_reload(reload, meshes)
         runtime, agents = current_session().runtime, self._agent_addresses()
-        folder = os.fspath(local_dir)
         done: Future[WorkspaceSync] = Future(description=f"the sync of workspace {name!r}")
 
         def run() -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from mesh._engine.future import Future
 from mesh._engine.runtime import Runtime
-from mesh._engine.workspace_files import CHUNK_BYTES, WorkspaceError, file_digest, local_tree
+from mesh._engine.workspace_files import CHUNK_BYTES, DigestCache, WorkspaceError, local_tree
 from mesh._engine.workspace_messages import (
     FileEntry,
     WorkspaceBarrier,
@@ -36,6 +36,8 @@ from transport import encode
 WINDOW_BYTES = 8 << 20
 #: A sync that sends at least this much prints its progress (with ``progress=True``).
 PROGRESS_MIN_BYTES = 4 << 20
+#: The digests of the local files this process synced, to hash only what changed since.
+_DIGESTS = DigestCache()
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ def sync_files(
     """Sync `local_dir` as workspace `name` to `agents`; WorkspaceError naming the agent and
     the reason when one refuses or does not answer within `timeout_s`."""
     tree = local_tree(local_dir)
-    local = {path: (file_digest(full), size, exe) for path, (full, size, exe) in tree.items()}
+    local = {path: (_DIGESTS.digest(full), size, exe) for path, (full, size, exe) in tree.items()}
     sync = _Sync(runtime, list(agents), name, timeout_s)
     manifests = sync.ask(lambda i: WorkspaceQuery(i, runtime.address, name, sync.sync_id))
     plans = {agent: _plan(local, manifests[agent].files) for agent in agents}

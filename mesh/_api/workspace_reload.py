@@ -29,8 +29,8 @@ def check_reload(reload: object, meshes: Sequence[object]) -> None:
     wrong = [mesh for mesh in meshes if not isinstance(mesh, wanted)]
     if reload and wrong:
         raise TypeError(
-            f"reload={reload!r} acts on {wanted.__name__}s (the procs of an actor mesh reload "
-            f"modules, a proc mesh restarts), not {wrong[0]!r}"
+            f"reload={reload!r} acts on meshes of type {wanted.__name__} (the procs of an actor "
+            f"mesh reload modules, a proc mesh restarts), not {wrong[0]!r}"
         )
 
 

@@ -78,6 +78,27 @@ def file_digest(path: str) -> str:
     return digest.hexdigest()
 
 
+class DigestCache:
+    """The digests of files by path, computed again only when a file's size, mtime or inode
+    changed (as rsync judges files): a re-sync of a large tree hashes only what was edited."""
+
+    def __init__(self, limit: int = 4 * MAX_FILES) -> None:
+        self._limit = limit
+        self._known: dict[str, tuple[tuple[int, int, int], str]] = {}
+
+    def digest(self, path: str) -> str:
+        info = os.stat(path)
+        stamp = (info.st_size, info.st_mtime_ns, info.st_ino)
+        seen = self._known.get(path)
+        if seen is not None and seen[0] == stamp:
+            return seen[1]
+        digest = file_digest(path)
+        if len(self._known) >= self._limit:
+            self._known.clear()
+        self._known[path] = (stamp, digest)
+        return digest
+
+
 def skipped(name: str, is_dir: bool) -> bool:
     """Whether a file or folder called `name` stays out of workspaces."""
     return name in SKIPPED_DIRS if is_dir else name.endswith(SKIPPED_SUFFIXES)
