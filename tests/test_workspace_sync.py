@@ -35,11 +35,13 @@ MAX_FILE_BYTES = 2 << 30
 
 
 def _start_agents(folder: Path, count: int) -> tuple[Path, list[subprocess.Popen[bytes]]]:
-    """`count` daemon agents on loopback, each with its own run directory, in one allocation."""
+    """`count` daemon agents on loopback, each with its own run directory (kept from a
+    previous agent if there is one), in one allocation."""
     alloc = folder / "hosts"
+    alloc.unlink(missing_ok=True)
     agents = []
     for i in range(count):
-        (folder / f"run{i}").mkdir(mode=0o700)
+        (folder / f"run{i}").mkdir(mode=0o700, exist_ok=True)
         command = [sys.executable, "-m", "meshvisor", "agent", "--listen", "tcp://127.0.0.1:0"]
         command += ["--rundir", str(folder / f"run{i}"), "--allocation", str(alloc)]
         agents.append(subprocess.Popen([*command, "--owner-timeout", "2"]))
@@ -225,6 +227,28 @@ def test_any_text_is_judged_and_only_plain_relative_paths_pass(path: str) -> Non
     problem = workspace_path_problem(path)
     plain = all(part not in ("", ".", "..") for part in path.split("/"))
     assert (problem is None) == (plain and "\0" not in path and "\\" not in path), problem
+
+
+def test_a_restarted_agent_knows_what_it_has_and_notices_changes(tmp_path: Path) -> None:
+    folder = Path(RUN_BASE) / f"wsagain-{time.monotonic_ns()}"
+    folder.mkdir()
+    agents: list[subprocess.Popen[bytes]] = []
+    try:
+        alloc, agents = _start_agents(folder, 1)
+        code = _package(tmp_path / "code", "again")
+        first = attach(str(alloc)).sync_workspace(code).get(T)
+        assert len(first.written) == 5
+        _stop(agents)
+        alloc, agents = _start_agents(folder, 1)  # same run directory, same workspace
+        hosts = attach(str(alloc))
+        assert hosts.sync_workspace(code).get(T).written == frozenset()
+        on_host = Path(first.hosts[0].path) / "again" / "calc.py"
+        on_host.write_text("VALUE = 'edited on the host'\n")  # not by a sync
+        repaired = hosts.sync_workspace(code).get(T)
+        assert repaired.written == {"again/calc.py"} and on_host.read_text() == "VALUE = 1\n"
+    finally:
+        _stop(agents)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_a_dead_agent_fails_the_sync_clearly(tmp_path: Path) -> None:

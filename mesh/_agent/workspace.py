@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -161,6 +162,7 @@ class Workspaces:
             sync.problems.append(f"file {sync.partial.path!r} arrived incomplete")
         if sync is self._syncs.get(commit.name):
             self._drop_sync(commit.name)
+            self._save_digests(commit.name)
         answer = WorkspaceSynced(
             commit.request_id,
             self._address,
@@ -262,7 +264,7 @@ class Workspaces:
         """The files of workspace `name`, hashing only those that changed since last seen."""
         top = self._folder(name)
         os.makedirs(top, mode=0o700, exist_ok=True)
-        known = self._digests.get(name, {})
+        known = self._digests.get(name) or self._load_digests(name)
         fresh: dict[str, tuple[_Stamp, str]] = {}
         files = []
         for folder, dirs, names in os.walk(top):
@@ -280,6 +282,27 @@ class Workspaces:
                 files.append((path, digest, info.st_size, bool(info.st_mode & stat.S_IXUSR)))
         self._digests[name] = fresh
         return tuple(files)
+
+    def _digests_file(self, name: str) -> str:
+        return os.path.join(self._root, f".digests-{name}.json")
+
+    def _load_digests(self, name: str) -> dict[str, tuple[_Stamp, str]]:
+        """The digests a previous agent in this run directory saved (none if unreadable):
+        a restarted agent hashes only the files that changed since."""
+        try:
+            with open(self._digests_file(name)) as file:
+                saved = json.load(file)
+            return {path: (tuple(stamp), digest) for path, (stamp, digest) in saved.items()}
+        except (OSError, ValueError, TypeError):
+            return {}
+
+    def _save_digests(self, name: str) -> None:
+        """Keep the digests of workspace `name` for the next agent in this run directory."""
+        temp_path = f"{self._digests_file(name)}.{os.getpid()}"
+        with contextlib.suppress(OSError):
+            with open(os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                json.dump(self._digests.get(name, {}), f)
+            os.replace(temp_path, self._digests_file(name))
 
     def _remember(self, name: str, path: str, target: str, digest: str) -> None:
         info = os.stat(target)
