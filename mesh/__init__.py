@@ -28,6 +28,9 @@ from mesh._api.supervised import supervised as supervised
 from mesh._api.workers import attach_to_workers as attach_to_workers
 from mesh._api.workers import run_worker_loop_forever as run_worker_loop_forever
 from mesh._api.workers import run_worker_loop_until_shutdown as run_worker_loop_until_shutdown
+from mesh._api.workspace import HostSync as HostSync
+from mesh._api.workspace import SyncProgress as SyncProgress
+from mesh._api.workspace import WorkspaceSync as WorkspaceSync
 from mesh._context import ActorAborted as ActorAborted
 from mesh._context import ActorInstance as ActorInstance
 from mesh._context import Context as Context
@@ -35,6 +38,7 @@ from mesh._context import context as context
 from mesh._context import current_rank as current_rank
 from mesh._context import current_size as current_size
 from mesh._engine.future import Future as Future
+from mesh._engine.workspace_files import WorkspaceError as WorkspaceError
 from mesh._settings import Settings as Settings
 from mesh._settings import current_settings as current_settings
 from mesh._shape import Extent as Extent
@@ -57,6 +61,7 @@ __all__ = (
     "Extent",
     "Future",
     "HostMesh",
+    "HostSync",
     "Placement",
     "Point",
     "Port",
@@ -64,7 +69,10 @@ __all__ = (
     "ProcMesh",
     "ReducerError",
     "Settings",
+    "SyncProgress",
     "ValueMesh",
+    "WorkspaceError",
+    "WorkspaceSync",
     "attach",
     "attach_to_workers",
     "concurrent_endpoint",

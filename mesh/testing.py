@@ -11,7 +11,8 @@ as a debugger does), check the slicing algebra without processes (`Region`), wri
 aggregate proc lines without procs (`RankLog`, `LogFileConfig`, `line_level`, `Aggregator`,
 `RankedLine`), and play a raw peer of an agent or a proc with the typed wire messages of `wire`
 (and `detached_wire`, those of detached meshes; `debug_wire`, those of the distributed
-debugger). Each reads the engine in one place, here.
+debugger; `workspace_wire`, those of workspace sync, whose paths an agent checks with
+`workspace_path_problem`). Each reads the engine in one place, here.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ from mesh._engine import debug_messages as debug_wire
 from mesh._engine import detached_messages as detached_wire
 from mesh._engine import messages as wire
 from mesh._engine import session as _session
+from mesh._engine import workspace_messages as workspace_wire
 from mesh._engine.callwatch import call_watchdog_suspended as call_watchdog_suspended
 from mesh._engine.proc_lines import Aggregator as Aggregator
 from mesh._engine.proc_lines import RankedLine as RankedLine
+from mesh._engine.workspace_files import path_problem as workspace_path_problem
 from mesh._shape import Region as Region
 
 __all__ = (
@@ -67,6 +70,8 @@ __all__ = (
     "stop_controllers",
     "stop_local_agent",
     "wire",
+    "workspace_path_problem",
+    "workspace_wire",
 )
 
 

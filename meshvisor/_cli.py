@@ -15,6 +15,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "chaos": ("chaos._cli", "run a workload under fault injection (meshvisor chaos run --help)"),
     "slurm": ("job._cli", "SLURM jobs: batch, cancel, list"),
     "meshes": ("meshvisor._meshes", "detached meshes: list, stop"),
+    "sync": ("meshvisor._sync", "copy code to the hosts of an allocation"),
     "logs": ("observe._logs_cli", "show, tail, follow and filter procs' log files"),
     "top": ("observe._top", "watch a running client or allocation live, read-only"),
     "debug": ("observe._debug_cli", "debug calls paused in breakpoint()"),

@@ -18,16 +18,12 @@ from mesh._agent.evidence import declare_hung, exit_report_with_evidence, note_r
 from mesh._agent.forkserver import ForkServerClient
 from mesh._agent.notices import NoticeWatch
 from mesh._agent.output_relay import forwarded_report
-from mesh._agent.procs import (
-    ProcRecord,
-    ProcTable,
-    exit_code_and_signal,
-    unknown_proc_report,
-)
+from mesh._agent.procs import ProcRecord, ProcTable, exit_code_and_signal, unknown_proc_report
 from mesh._agent.rundir import remove_proc_sockets, remove_stale_sockets
 from mesh._agent.snapshots import AgentView
 from mesh._agent.spawning import output_prefix, proc_address, proc_config, socket_path_too_long
 from mesh._agent.watchdog import Watchdog
+from mesh._agent.workspace import Workspaces
 from mesh._engine.fault_rules import apply_fault_rules
 from mesh._engine.log_messages import SyncOutput
 from mesh._engine.messages import (
@@ -100,6 +96,7 @@ class HostAgent:
         self._view = AgentView(self._procs, self._outbox, self._hostname, self.address, self._log)
         parts = (self._procs, self._watchdog, self._outbox, self._stop, self._log)
         self._detached = DetachedMeshes(*parts, (self.address, self._hostname), not owner_pid)
+        self._ws = Workspaces(rundir, self._outbox, self.address, self._log).handle
         if owner_pid is None:  # a daemon: the run directory is its own
             remove_stale_sockets(rundir, keep=self.address)
 
@@ -209,7 +206,7 @@ class HostAgent:
             apply_fault_rules(envelope)
         elif type(header) is SyncOutput:
             self._forkserver.sync_output(header)
-        elif not (self._view.handle(header) or self._detached.handle(envelope)):
+        elif not (self._view.handle(header) or self._detached.handle(envelope) or self._ws(header)):
             self._log.warning("message_ignored", kind=type(header).__name__)
 
     def _spawn(self, request: SpawnProcs, spec: ProcSpec) -> None:

@@ -9,6 +9,7 @@ import shlex
 from typing import Any
 
 from mesh._engine.messages import ProcSpec, SpawnProcs
+from mesh._engine.workspace_files import WORKSPACES_ENV, workspaces_root
 
 #: The longest unix socket path (sun_path holds 108 bytes with the NUL), less the room a
 #: proc's reply inboxes add to its own ("-r" and a number).
@@ -50,8 +51,8 @@ def proc_config(
         "owner": request.owner,
         "agent": agent_address,
         "rundir": rundir,
-        "env": dict(request.env),
-        "sys_path": request.sys_path,
+        "env": {**dict(request.env), WORKSPACES_ENV: os.path.realpath(workspaces_root(rundir))},
+        "sys_path": [*workspace_paths(rundir), *request.sys_path],
         "cwd": request.cwd,
         "heartbeat_interval_s": request.heartbeat_interval_s,
         "bootstrap": list(request.bootstrap),
@@ -60,6 +61,17 @@ def proc_config(
         "setup": base64.b64encode(request.setup).decode(),
         "memory_limit": request.memory_limit,
     }
+
+
+def workspace_paths(rundir: str) -> list[str]:
+    """The workspaces synced to this agent (``HostMesh.sync_workspace``), by name: they come
+    first on a new proc's ``sys.path``, so that its imports find the synced code."""
+    root = workspaces_root(rundir)
+    try:
+        names = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    except OSError:
+        return []
+    return [os.path.join(os.path.realpath(root), name) for name in names if name[0] != "."]
 
 
 def bootstrap_failure(command: tuple[str, ...], code: int, signame: str | None, hung: bool) -> str:

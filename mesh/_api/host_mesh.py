@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
+from mesh._api.actor_mesh import ActorMesh
 from mesh._api.bootstrap import BootstrapCommand, pickled_bootstrap
 from mesh._api.detached import (
     DetachedMeshInfo,
@@ -18,6 +20,8 @@ from mesh._api.detached import (
 )
 from mesh._api.mesh_base import DEFAULT_STOP_GRACE_S, MeshBase, check_name, file_safe
 from mesh._api.proc_mesh import ProcMesh
+from mesh._api.workspace import ProgressCallback, WorkspaceSync, sync_files
+from mesh._api.workspace_reload import Reload, apply_reload, check_reload
 from mesh._context import context
 from mesh._engine.future import Future, resolved
 from mesh._engine.messages import ShutdownAgent
@@ -26,6 +30,7 @@ from mesh._engine.peers import ProcPeer
 from mesh._engine.proc_faults import parse_memory_limit
 from mesh._engine.runtime import Runtime
 from mesh._engine.session import current_session
+from mesh._engine.workspace_files import WorkspaceError, name_problem
 from mesh._shape import Extent, Region
 from supervision import RestartPolicy
 from transport import check_fd_headroom
@@ -224,6 +229,47 @@ class HostMesh(MeshBase):
     def stop_detached(self, name: str, grace_s: float = DEFAULT_STOP_GRACE_S) -> int:
         """Stop detached mesh `name` on these hosts, whoever owns it; its running procs."""
         return stop_detached(current_session().runtime, self._agent_addresses(), name, grace_s)
+
+    def sync_workspace(
+        self,
+        local_dir: str | os.PathLike[str],
+        remote_name: str | None = None,
+        *,
+        reload: Reload = False,
+        meshes: Sequence[ActorMesh[Any] | ProcMesh] = (),
+        progress: bool | ProgressCallback = True,
+        timeout_s: float = 30.0,
+    ) -> Future[WorkspaceSync]:
+        """Copy `local_dir` (your code) to every host of this mesh as workspace `remote_name`
+        (default: its folder's name), sending only the files that changed; new procs import
+        it (it comes first on their ``sys.path``). ``reload="modules"`` then reloads the
+        changed modules in the procs of the actor meshes `meshes`; ``reload="restart"``
+        restarts the proc meshes `meshes`. `progress`: a line on stderr for large syncs, or a
+        callable given `SyncProgress`. The future's `WorkspaceSync` says what each host
+        wrote; WorkspaceError when a path, a symlink or a size is refused or a host agent
+        does not answer within `timeout_s`. See docs/workspace-sync.md."""
+        folder = os.path.expanduser(os.fspath(local_dir))
+        name = remote_name or os.path.basename(os.path.realpath(folder))
+        problem = name_problem(name)
+        if problem is not None:
+            raise WorkspaceError(f"cannot sync {local_dir!r}: {problem}")
+        check_reload(reload, meshes)
+        runtime, agents = current_session().runtime, self._agent_addresses()
+        done: Future[WorkspaceSync] = Future(description=f"the sync of workspace {name!r}")
+
+        def run() -> None:
+            try:
+                synced = sync_files(runtime, agents, folder, name, progress, timeout_s)
+                synced = apply_reload(
+                    runtime, synced, reload, meshes, DEFAULT_STOP_GRACE_S, timeout_s
+                )
+            except BaseException as error:
+                done.set_exception(error)
+            else:
+                done.set_result(synced)
+
+        threading.Thread(target=run, name="meshvisor-workspace-sync", daemon=True).start()
+        return done
 
     def _agents_in_order(self) -> list[str]:
         """The host agents of this (sliced) mesh, each once, in the order of its points."""

@@ -60,6 +60,11 @@ class ProcMesh(MeshBase, Stoppable):
     def _with_region(self, region: Region) -> ProcMesh:
         return ProcMesh(self._runtime, self.name, region, self._peers)
 
+    @property
+    def mesh_key(self) -> str:
+        """The key its owner's registry knows this proc mesh by."""
+        return self._peers[0].mesh_key
+
     def spawn(self, name: str, actor_class: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
         """One `actor_class(*args, **kwargs)` per proc; returns at once, calls wait for it."""
         check_actor_class(actor_class)

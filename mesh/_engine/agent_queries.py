@@ -17,10 +17,11 @@ from mesh._engine.detached_messages import (
     Registered,
 )
 from mesh._engine.future import Future, LoopPump
+from mesh._engine.workspace_messages import WORKSPACE_ANSWERS
 from transport import Envelope, Payload
 
 #: The answers these queries get, each carrying the `request_id` it answers.
-ANSWERS = (Registered, DetachedListing, MeshClaim, DetachedStopped)
+ANSWERS = (Registered, DetachedListing, MeshClaim, DetachedStopped, *WORKSPACE_ANSWERS)
 
 
 class QueryHost(LoopPump, Protocol):

@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from mesh._engine.module_reload import reload_changed
 from transport import Payload, get_logger
 
 
@@ -80,12 +81,21 @@ def _initialized(
     return _nothing
 
 
+def _reload_workspace(
+    payload: Payload | None, actor_id: str, injected: InjectedFailures
+) -> Callable[[], list[str]]:
+    return functools.partial(reload_changed, *_positional(payload))
+
+
 #: The built-in that `ActorMesh.initialized` calls: answered once the constructor has ended.
 INITIALIZED = "__initialized__"
+#: The built-in that ``sync_workspace(reload="modules")`` calls: reloads changed modules.
+RELOAD_WORKSPACE = "__reload_workspace__"
 
 BUILTINS: Mapping[str, Builtin] = {
     "__ping__": _ping,
     INITIALIZED: _initialized,
     "__fail_next__": _fail_next,
     "__exit_process__": _exit_process,
+    RELOAD_WORKSPACE: _reload_workspace,
 }

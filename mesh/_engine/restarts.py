@@ -173,6 +173,24 @@ class Restarts:
                 self._rebuild_actors(actors, alive)
         return ready or all_done([], self._runtime, "the re-spawn")
 
+    def restart_all(
+        self, record: ProcMeshRecord, grace_s: float, why: str, done: Future[None]
+    ) -> None:
+        """Stop the running procs of `record` (SIGKILL after `grace_s`) and start them again
+        with their actors, as a policy restart would; `done` once they are up. Loop thread."""
+        ranks = list(range(len(record.peers)))
+        record.restarting.update(ranks)
+        live = [peer for peer in record.peers if peer.alive]
+        self._runtime.stop_peers(live, grace_s, why)
+
+        def relaunch() -> None:
+            launched = self.launch(record, [r for r in ranks if r in record.restarting])
+            launched.add_done_callback(lambda _: done.set_result(None))
+
+        all_done([peer.gone for peer in live], self._runtime, "the stop").add_done_callback(
+            lambda _: self._runtime.call_later(0, relaunch)
+        )
+
     # -- by policy -----------------------------------------------------------------------------
 
     def on_proc_failure(self, peer: ProcPeer, event: SupervisionEvent) -> SupervisionEvent | None:
