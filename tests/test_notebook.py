@@ -7,6 +7,7 @@ kernel imports meshvisor from this checkout and keeps its run directory in the s
 
 from __future__ import annotations
 
+import ast
 import os
 import queue
 import shutil
@@ -18,12 +19,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from polling import pid_alive, wait_gone, wait_until
 
 pytest.importorskip("ipykernel")
 nbclient = pytest.importorskip("nbclient")
 nbformat = pytest.importorskip("nbformat")
 from jupyter_client.manager import KernelManager  # noqa: E402
+
+from mesh._engine.notebook import _DELIVER, _DeliverFirst  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -183,6 +188,28 @@ sys.stdout.write(" ".join(["PIDS", *map(str, pids)]) + "\\n")  # one write: no p
     return [int(pid) for pid in line.split()[1:]]
 
 
+_STATEMENTS = [
+    "x = 1",
+    "x",
+    "import math",
+    "def f():\n    return 2",
+    "class C:\n    a = 1",
+    "if x:\n    y = [i for i in range(3)]",
+    "await g()",
+    "pass",
+]
+
+
+@given(st.lists(st.sampled_from(_STATEMENTS), max_size=6))
+def test_every_cell_first_delivers_the_failures_held_back(statements: list[str]) -> None:
+    """For all cells: the delivery comes first, the cell's own code follows unchanged."""
+    source = "\n".join(statements)
+    cell = _DeliverFirst().visit(ast.parse(source))
+    assert ast.unparse(cell.body[0]) == _DELIVER
+    assert ast.dump(ast.Module(cell.body[1:], [])) == ast.dump(ast.parse(source))
+    compile(cell, "<cell>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+
+
 def test_the_example_notebook_runs_top_to_bottom(kernel_env: dict[str, str]) -> None:
     notebook = nbformat.read(EXAMPLE, as_version=4)
     assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code")
@@ -239,6 +266,16 @@ def test_a_dead_rank_raises_in_its_cell_and_the_kernel_lives_on(kernel: Kernel) 
     assert not _errors(outputs), outputs
     assert f"({pids[0]}, 3)" in _stdout(kernel.run("sys.stdout.write(f'{value}\\n')"))
     assert kernel.manager.is_alive()
+
+
+def test_a_rank_dying_while_the_cell_runs_other_code_raises_there(kernel: Kernel) -> None:
+    _spawn(kernel)
+    outputs = kernel.run(
+        "counters.slice(gpus=1).die.broadcast(); time.sleep(60); print('not raised')"
+    )
+    assert any(e.startswith("SupervisionError: ") for e in _errors(outputs)), outputs
+    assert "not raised" not in _stdout(outputs)
+    assert not _errors(kernel.run("print('next')"))
 
 
 def test_a_rank_dying_between_cells_raises_in_the_next_cell(kernel: Kernel) -> None:
