@@ -7,7 +7,6 @@ kernel imports meshvisor from this checkout and keeps its run directory in the s
 
 from __future__ import annotations
 
-import ast
 import os
 import queue
 import shutil
@@ -19,16 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 from polling import pid_alive, wait_gone, wait_until
 
 pytest.importorskip("ipykernel")
 nbclient = pytest.importorskip("nbclient")
 nbformat = pytest.importorskip("nbformat")
 from jupyter_client.manager import KernelManager  # noqa: E402
-
-from mesh._engine.notebook import _DELIVER, _DeliverFirst  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -186,28 +181,6 @@ sys.stdout.write(" ".join(["PIDS", *map(str, pids)]) + "\\n")  # one write: no p
     assert not _errors(outputs), outputs
     line = next(line for line in _stdout(outputs).splitlines() if line.startswith("PIDS"))
     return [int(pid) for pid in line.split()[1:]]
-
-
-_STATEMENTS = [
-    "x = 1",
-    "x",
-    "import math",
-    "def f():\n    return 2",
-    "class C:\n    a = 1",
-    "if x:\n    y = [i for i in range(3)]",
-    "await g()",
-    "pass",
-]
-
-
-@given(st.lists(st.sampled_from(_STATEMENTS), max_size=6))
-def test_every_cell_first_delivers_the_failures_held_back(statements: list[str]) -> None:
-    """For all cells: the delivery comes first, the cell's own code follows unchanged."""
-    source = "\n".join(statements)
-    cell = _DeliverFirst().visit(ast.parse(source))
-    assert ast.unparse(cell.body[0]) == _DELIVER
-    assert ast.dump(ast.Module(cell.body[1:], [])) == ast.dump(ast.parse(source))
-    compile(cell, "<cell>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
 
 
 def test_the_example_notebook_runs_top_to_bottom(kernel_env: dict[str, str]) -> None:
