@@ -251,6 +251,23 @@ def test_a_rank_dying_while_the_cell_runs_other_code_raises_there(kernel: Kernel
     assert not _errors(kernel.run("print('next')"))
 
 
+def test_an_async_cell_waiting_in_a_supervised_region_gets_the_failure(kernel: Kernel) -> None:
+    _spawn(kernel)
+    cell = """
+        import asyncio
+        from mesh import supervised
+
+        async with supervised():
+            counters.slice(gpus=1).die.broadcast()
+            await asyncio.sleep(60)
+        print("not raised")
+        """
+    outputs = kernel.run(cell)
+    assert any(e.startswith("SupervisionError: ") for e in _errors(outputs)), outputs
+    assert "not raised" not in _stdout(outputs)
+    assert not _errors(kernel.run("print('next')"))
+
+
 def test_a_rank_dying_between_cells_raises_in_the_next_cell(kernel: Kernel) -> None:
     pids = _spawn(kernel)
     assert not _errors(kernel.run("counters.slice(gpus=1).die.broadcast()"))
