@@ -245,6 +245,7 @@ def _sync_output(
                 selector.unregister(relay.fd)
                 os.close(relay.fd)
             relay.forward_to = control if forward else None
+            relay.owner = reply_to if forward else relay.owner  # an adopter asks for them
             relay.quiet = quiet
     control.send(pickle.dumps(("synced", reply_to, token)))
 

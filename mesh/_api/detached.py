@@ -26,6 +26,7 @@ from mesh._engine.detached_messages import (
     MeshClaim,
     StopDetached,
 )
+from mesh._engine.notebook import in_notebook
 from mesh._engine.ownership import ActorMeshRecord, FailureHandler, ProcMeshRecord
 from mesh._engine.peers import ProcPeer
 from mesh._engine.runtime import Runtime
@@ -254,6 +255,9 @@ def adopt(
     record, actor_records = _rebuild(runtime, name, answers, order[0], on_failure)
     for agent in order:  # the failures they kept come next, now that the procs are known
         runtime.send_message(agent, ClaimDone(name, runtime.address))
+    if in_notebook():  # the procs' lines come here, as they do for meshes spawned here
+        record.forward_output = True
+        runtime.output.sync(list(record.peers), forward=True)
     return record, actor_records
 
 

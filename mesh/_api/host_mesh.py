@@ -25,6 +25,7 @@ from mesh._api.workspace_reload import Reload, apply_reload, check_reload
 from mesh._context import context
 from mesh._engine.future import Future, resolved
 from mesh._engine.messages import ShutdownAgent
+from mesh._engine.notebook import in_notebook
 from mesh._engine.ownership import FailureHandler, ProcMeshRecord
 from mesh._engine.peers import ProcPeer
 from mesh._engine.proc_faults import parse_memory_limit
@@ -156,6 +157,7 @@ class HostMesh(MeshBase):
         record.bootstrap = command.argv() if command is not None else ()
         record.setup = setup
         record.memory_limit = memory_bytes
+        record.forward_output = in_notebook()  # a kernel's own output is not the notebook
         if spare_hosts is not None:
             record.spares = tuple(spare_hosts._agents_in_order())
         if detached:

@@ -13,6 +13,7 @@ from typing import Any
 from mesh._engine.calls import PendingCall, ResultSink
 from mesh._engine.fork import check_not_forked
 from mesh._engine.messages import Failure, Reply
+from mesh._engine.notebook import note_call
 from mesh._engine.peers import ActorMeshView, ProcPeer
 from mesh._engine.replies import ReplyInbox
 from supervision import ActorError, SupervisionError, SupervisionEvent
@@ -44,6 +45,8 @@ class CallTable:
         """Send one header per peer (same payload). With a `sink`, each header's `rank` keys
         its reply. `mesh`: the actor mesh addressed, named in the errors of gone procs."""
         check_not_forked(self._pid)
+        if messages:
+            note_call(messages[0][0].mesh_key)  # in a notebook: its lines go under this cell
         failed: list[tuple[int, BaseException]] = []
         with self._lock:
             if sink is not None:

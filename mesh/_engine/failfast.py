@@ -6,7 +6,8 @@ scope, the newest open scope is cancelled and raises it at its exit. Otherwise a
 signal interrupts the main thread wherever it is (a sleep, a busy loop, a blocking wait), like
 KeyboardInterrupt but with the right type, so ``try/except SupervisionError`` around any block
 catches it. Uncaught, it ends the program with status 1 after printing the supervision report;
-atexit handlers run and stop every owned proc.
+atexit handlers run and stop every owned proc. In a Jupyter kernel (or any IPython shell) a
+`MainThreadGate` keeps the signal out of the kernel's own code: see `mesh/_engine/notebook.py`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import signal
 import sys
 import threading
 from collections import deque
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, Protocol
 
 from supervision import ActorError, SupervisionError, SupervisionEvent
@@ -35,6 +36,19 @@ class FailureScope(Protocol):
 
     def fail(self, events: list[SupervisionEvent]) -> bool:
         """Take `events` to raise at the scope's exit; False once the scope is closed."""
+        ...
+
+
+class MainThreadGate(Protocol):
+    """Where the main thread may be interrupted, when it also runs someone else's loop (an
+    IPython kernel between cells): raising there would end that program."""
+
+    def may_interrupt(self) -> bool:
+        """Whether to signal the main thread now (a cell runs); else what is owed waits."""
+        ...
+
+    def may_raise(self, frame: FrameType | None) -> bool:
+        """Whether an error raised at `frame` (the signal's) reaches the user's code."""
         ...
 
 
@@ -60,6 +74,7 @@ class FailFast:
         self._installed = False
         self._signal_scheduled = False
         self._delivered: deque[SupervisionEvent] = deque(maxlen=_DELIVERED_MEMORY)
+        self._gate: MainThreadGate | None = None
 
     def install(self) -> None:
         """Take over the signal and the excepthook (main thread only; idempotent)."""
@@ -70,6 +85,15 @@ class FailFast:
         previous = sys.excepthook
         sys.excepthook = lambda *info: _print_report(previous, *info)
         self._installed = True
+
+    def set_gate(self, gate: MainThreadGate | None) -> None:
+        """Interrupt the main thread only where `gate` allows (None: anywhere)."""
+        self._gate = gate
+
+    def deliver_pending(self) -> None:
+        """Raise what is owed now, in the calling (main) thread: where the gate held it back."""
+        if self._undelivered and not self._waiting and not self._hand_to_scope():
+            self._deliver()
 
     def raise_in_main(self, event: SupervisionEvent) -> None:
         """Queue `event` and interrupt the main thread once the current event loop iteration
@@ -91,6 +115,8 @@ class FailFast:
             self._signal_scheduled = False
         if not self._owed() or self._hand_to_scope():
             return
+        if self._gate is not None and not self._gate.may_interrupt():
+            return  # held for the gate's next chance (`deliver_pending`)
         if signal.getsignal(FAIL_FAST_SIGNAL) == self._on_signal:
             try:
                 signal.pthread_kill(self._main.ident, FAIL_FAST_SIGNAL)  # type: ignore[arg-type]
@@ -102,7 +128,7 @@ class FailFast:
                 asyncio.get_running_loop().call_later(_RESIGNAL_S, self._interrupt_main)
             except RuntimeError:
                 pass
-        else:  # no handler of ours: raise at the main thread's next bytecode instead
+        elif self._gate is None:  # no handler of ours: raise at the next bytecode instead
             ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(self._main.ident or 0), ctypes.py_object(_PendingFailure)
             )
@@ -162,9 +188,11 @@ class FailFast:
             if error.event in self._undelivered:
                 self._undelivered.remove(error.event)
 
-    def _on_signal(self, signum: int, frame: object) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if serializing_now():  # raised now, it would turn into a SerializationError of the
             return  # value being pickled: the next signal (every _RESIGNAL_S) delivers it
+        if self._gate is not None and not self._gate.may_raise(frame):
+            return  # not in the user's code: the next signal, or the gate, delivers it
         self._deliver()
 
     def _deliver(self) -> None:

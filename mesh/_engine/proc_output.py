@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from mesh._engine.future import Future, LoopPump
 from mesh._engine.log_messages import OutputSynced, ProcOutput, SyncOutput
+from mesh._engine.notebook import write_output
 from mesh._engine.ownership import Ownership
 from mesh._engine.peers import ProcPeer
 from mesh._engine.proc_lines import Aggregator, RankedLine
@@ -175,7 +176,7 @@ class OutputSink:
             closing = [k for k, (d, _) in windows.items() if item[0] == "flush" or d <= now]
             for key in closing:
                 for stream, text in windows.pop(key)[1].take():
-                    _print(stream, text)
+                    _print(stream, text, key)
             if item[0] == "flush":
                 item[1].set_result(None)
 
@@ -190,7 +191,7 @@ def _take_lines(
 ) -> None:
     """Print `lines` at once (no `window`), or add them to their mesh's open window."""
     if window is None:
-        _print(lines[0].stream, "\n".join(line.shown_alone() for line in lines))
+        _print(lines[0].stream, "\n".join(line.shown_alone() for line in lines), key)
         return
     if key not in windows:
         windows[key] = (now + window, Aggregator(similar))
@@ -205,9 +206,9 @@ def _rank_of(peer: ProcPeer | None) -> tuple[tuple[str, int], ...]:
     return tuple(dict(peer.point).items())
 
 
-def _print(stream: int, text: str) -> None:
-    """Write lines to this process's stdout (1) or stderr (2); a closed one is ignored."""
+def _print(stream: int, text: str, mesh_key: str | None = None) -> None:
+    """Write lines to this process's stdout (1) or stderr (2), in a notebook under the cell
+    that called their mesh `mesh_key`; a closed one is ignored."""
     target = sys.stdout if stream == 1 else sys.stderr
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        target.write(text + "\n")
-        target.flush()
+        write_output(target, text + "\n", mesh_key)

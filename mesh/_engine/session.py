@@ -18,6 +18,7 @@ import threading
 from typing import Any
 
 from mesh._context import install_record_identity
+from mesh._engine import notebook
 from mesh._engine.failfast import FAIL_FAST
 from mesh._engine.fork import check_not_forked, forked_from
 from mesh._engine.messages import ShutdownAgent
@@ -155,6 +156,7 @@ def current_session() -> Session:
             rundir, runtime = _start_client_runtime()
             runtime.start_in_thread()
             FAIL_FAST.install()
+            notebook.install(FAIL_FAST)  # in a Jupyter kernel: never end the kernel
             _session = Session(runtime, rundir=rundir)
             atexit.register(_close_client_session)
     return _session
