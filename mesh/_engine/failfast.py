@@ -193,17 +193,23 @@ class FailFast:
             return  # value being pickled: the next signal (every _RESIGNAL_S) delivers it
         if self._gate is not None and not self._gate.may_raise(frame):
             return  # not in the user's code: the next signal, or the gate, delivers it
-        self._deliver()
+        self._deliver(blocking=False)
 
-    def _deliver(self) -> None:
+    def _deliver(self, blocking: bool = True) -> None:
         """Raise the oldest owed event; failures queued with it (one agent loss fails many
-        ranks at once) travel along as `related_events`, so one except clause catches all."""
-        with self._lock:
+        ranks at once) travel along as `related_events`, so one except clause catches all.
+        The signal handler does not block: it may have interrupted the main thread while that
+        thread holds the lock (waiting would never end); the next signal delivers instead."""
+        if not self._lock.acquire(blocking=blocking):
+            return
+        try:
             if all(any(f.covers(e) for f in self._waiting) for e in self._undelivered):
                 return  # the call being waited on will raise them
             owed = sorted(self._undelivered, key=lambda e: any(f.covers(e) for f in self._waiting))
             self._undelivered.clear()
             self._delivered.extend(owed)
+        finally:
+            self._lock.release()
         error = SupervisionError(owed[0])
         error.related_events = tuple(owed[1:])
         raise error
