@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from importlib import metadata
 from pathlib import Path
 
 
@@ -47,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "keys":
         return _make_keys(args.directory)
     if args.command == "version":
+        from importlib import metadata  # not at the top: every agent starts through here
+
         print(metadata.version("meshvisor"))
         return 0
     raise AssertionError(f"unhandled command {args.command}")
