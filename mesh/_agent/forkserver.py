@@ -150,9 +150,6 @@ def _serve(control: socket.socket) -> NoReturn:
     os.set_blocking(wake_read, False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # A scheduler stopping a job step (scancel) sends SIGTERM to all of it: the agent stops
-    # then, and this server with it (its socket closes); dying first would fail the agent.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.set_wakeup_fd(wake_write)
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ, "control")
@@ -279,7 +276,6 @@ def _become_proc(
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         for fd in set(inherited):
             with contextlib.suppress(OSError):
                 os.close(fd)
