@@ -5,9 +5,11 @@ Starts its own private cluster (`job.testing.LocalSlurmCluster(4)`: slurmctld an
 this machine) and, in the same run:
 
 1. raw SLURM: ``sbatch --wrap 'srun -N4 true'``, submit -> batch script started -> 4-node step
-   done (what SLURM itself costs);
+   done (what SLURM itself costs); and the floor of a launcher with one Python per node: a batch
+   script starting a step per node at once, each running ``python -c pass``;
 2. meshvisor: ``SlurmJob({"hosts": 4}).state()`` -> procs + an actor on the 4 nodes answer a
-   call, split into submit -> RUNNING seen, RUNNING -> every agent up, agents up -> first call;
+   call, split into submit -> batch script runs (its output file appears), -> every agent
+   answers, -> first call;
 3. meshvisor: a node of ``{"trainers": 3, "spare": 1}`` lost (SIGKILL of its slurmd, its job
    step's slurmstepd and every task process of the node) -> the caller's SupervisionError and
    the owner's ``on_failure`` event; then -> the rank answering again on the spare node;
@@ -21,16 +23,19 @@ assertion on timing; the exit status is non-zero only when a measurement itself 
 from __future__ import annotations
 
 import argparse
+import compileall
 import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -124,6 +129,32 @@ def raw_slurm(env: dict[str, str], work: Path, rep: int) -> dict[str, float]:
     return {"running": t_start - t0, "step": t_done - t_start, "total": t_done - t0}
 
 
+def raw_python(env: dict[str, str], work: Path, rep: int) -> dict[str, float]:
+    """The floor of any launcher with a Python process per node: a batch script starting one
+    job step per node at once (as meshvisor's does), each running ``python -c pass`` with
+    meshvisor's interpreter and environment; submit -> batch script runs -> all four ended."""
+    started, done = work / f"py{rep}.started", work / f"py{rep}.done"
+    python = shlex.quote(sys.executable)
+    wrap = (
+        f"date +%s.%N > {started}; "
+        "for node in $(scontrol show hostnames $SLURM_JOB_NODELIST); do "
+        f"srun -N1 -n1 --nodelist=$node --overlap {python} -c pass & done; wait; "
+        f"date +%s.%N > {done}.tmp; mv {done}.tmp {done}"
+    )
+    t0 = time.time()
+    subprocess.run(
+        ["sbatch", "--parsable", "-N4", f"--output={work}/py{rep}.out", "--wrap", wrap],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    if not _wait_for(done.exists, 60):
+        raise TimeoutError(f"the Python floor job {rep} did not finish within 60 s; see {work}")
+    t_start, t_done = float(started.read_text()), float(done.read_text())
+    return {"running": t_start - t0, "step": t_done - t_start, "total": t_done - t0}
+
+
 # -- meshvisor ----------------------------------------------------------------------------------
 
 
@@ -148,16 +179,25 @@ def ours_first_call(jobs: Path, rep: int) -> dict[str, float]:
     from job import SlurmJob
 
     marks: dict[str, float] = {}
+    submitted = threading.Event()
 
     def progress(line: str) -> None:
-        now = time.perf_counter()
-        if "starting" in line or "agents up" in line:
-            marks.setdefault("running", now)
+        if "submitted" in line:
+            submitted.set()
         elif "agents answer" in line:
-            marks.setdefault("agents", now)
+            marks.setdefault("agents", time.perf_counter())
+
+    def watch_batch_start() -> None:
+        """When slurmstepd creates the job's output file: the batch script runs."""
+        submitted.wait(60)
+        output = job.output_file
+        if output is not None and _wait_for(output.exists, 60):
+            marks["running"] = time.perf_counter()
 
     t0 = time.perf_counter()
     job = SlurmJob({"hosts": 4}, name=f"bench-{rep}", job_dir=jobs, progress=progress)
+    watcher = threading.Thread(target=watch_batch_start, daemon=True)
+    watcher.start()
     try:
         state = job.state(timeout_s=120)
         procs = state.hosts.spawn_procs({"gpus": 1}, name="bench")
@@ -168,6 +208,7 @@ def ours_first_call(jobs: Path, rep: int) -> dict[str, float]:
         procs.stop().get(timeout=30)
     finally:
         job.cancel()
+        watcher.join(5)
     running = marks.get("running", marks["agents"])
     return {
         "running": running - t0,
@@ -426,33 +467,57 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"x{a / b:.1f}" if a and b else "-"
 
 
-def print_table(rows: dict[str, list[dict[str, Any]]], reps: int) -> None:
-    raw, first, loss = rows["raw"], rows["first"], rows["loss"]
-    m_first, m_loss = rows["monarch_first"], rows["monarch_loss"]
-    ok = [r for r in m_first if "error" not in r]
+def _first_call_table(rows: dict[str, list[dict[str, Any]]], reps: int) -> None:
+    """Figure 1 beside raw SLURM, the Python floor and Monarch, and the ratios."""
+    raw, floor, first = rows["raw"], rows["raw_python"], rows["first"]
+    ok = [r for r in rows["monarch_first"] if "error" not in r]
     print(f"\nSLURM on a private 4-node cluster, {reps} runs each: median [min-max], seconds")
-    print(f"{'figure':44} {'raw SLURM':>22} {'meshvisor':>22} {'Monarch 0.7.0':>22}")
+    print(
+        f"{'figure':42} {'raw SLURM':>22} {'SLURM + 4 Pythons':>22} {'meshvisor':>22} "
+        f"{'Monarch 0.7.0':>22}"
+    )
     for label, key in (
-        ("1a submit -> RUNNING / batch script runs", "running"),
-        ("1b RUNNING -> agents up / 4-node step done", None),
+        ("1a submit -> batch script runs", "running"),
+        ("1b batch script -> step done / agents up", "agents"),
         ("1c agents up -> first call on 4 nodes", "call"),
         ("1  submit -> first call on 4 nodes", "total"),
+        ("1' batch script runs -> first call", "launch"),
     ):
-        raw_col = _stat([r["step" if key is None else key] for r in raw]) if key != "call" else ""
-        ours = _stat([r["agents" if key is None else key] for r in first])
-        theirs = _stat([r["agents" if key is None else key] for r in ok])
-        print(f"{label:44} {raw_col:>22} {ours} {theirs}")
-    ours_total, raw_total = _median([r["total"] for r in first]), _median([r["total"] for r in raw])
-    m_total = _median([r["total"] for r in ok])
+        cells = [
+            _stat([_figure(r, key) for r in raw]) if key != "call" else "",
+            _stat([_figure(r, key) for r in floor]) if key != "call" else "",
+            _stat([_figure(r, key) for r in first]),
+            _stat([_figure(r, key) for r in ok]) if key != "launch" else "",
+        ]
+        print(f"{label:42} " + " ".join(f"{cell:>22}" for cell in cells))
+    total = {
+        name: _median([r["total"] for r in got])
+        for name, got in (("raw", raw), ("floor", floor), ("ours", first), ("monarch", ok))
+    }
     print(
-        f"   overhead over SLURM: meshvisor {_ratio(ours_total, raw_total)} of raw, "
-        f"Monarch {_ratio(m_total, raw_total)}; meshvisor first call "
-        f"{_ratio(m_total, ours_total)} sooner than Monarch (goal >= x3)"
+        f"   meshvisor's first call {_ratio(total['monarch'], total['ours'])} sooner than "
+        f"Monarch (goal >= x3); at no cost over SLURM a launcher would be "
+        f"{_ratio(total['monarch'], total['raw'])} sooner, with one Python per node "
+        f"{_ratio(total['monarch'], total['floor'])}"
     )
-    print(
-        f"   (the most any launcher could gain over Monarch here, at no cost over raw SLURM: "
-        f"{_ratio(m_total, raw_total)})"
-    )
+
+
+def _figure(row: dict[str, Any], key: str) -> float | None:
+    """One figure of a row: the raw jobs' step is their 1b; 1' is 1b + 1c."""
+    if key == "agents" and "step" in row:
+        return row["step"]  # type: ignore[no-any-return]
+    if key == "launch":
+        if "step" in row:
+            return row["step"]  # type: ignore[no-any-return]
+        return row["agents"] + row["call"] if "agents" in row else None
+    return row.get(key)
+
+
+def print_table(rows: dict[str, list[dict[str, Any]]], reps: int) -> None:
+    loss = rows["loss"]
+    m_loss = rows["monarch_loss"]
+    ok = [r for r in rows["monarch_first"] if "error" not in r]
+    _first_call_table(rows, reps)
     m_ok = [r for r in m_loss if "error" not in r]
     print(f"\nnode {VICTIM} lost (slurmd, slurmstepd, tasks SIGKILLed): median [min-max], ms")
     print(f"{'figure':44} {'':>22} {'meshvisor':>22} {'Monarch 0.7.0':>22}")
@@ -496,6 +561,8 @@ def print_table(rows: dict[str, list[dict[str, Any]]], reps: int) -> None:
             "(goal >= x10)"
         )
     print("\nnotes:")
+    print("  1a: slurmctld starts a batch job at its next scheduling pass, once a second: 0-1 s")
+    print("      after the submission at random, the same for every column; 1' leaves it out")
     print("  1a/1b: Monarch polls squeue every 2 s, so its workers start before it sees RUNNING;")
     print("         only the totals (row 1) compare")
     for r in loss[:1]:
@@ -508,7 +575,7 @@ def print_table(rows: dict[str, list[dict[str, Any]]], reps: int) -> None:
         print(f"  Monarch caller: {r.get('raised')}")
         if "new_call" in r:
             print(f"  Monarch, a new call to {VICTIM} after that: {r['new_call']}")
-    for r in (rows["monarch_as_is"] + m_first + m_loss)[:3]:
+    for r in (rows["monarch_as_is"] + rows["monarch_first"] + m_loss)[:3]:
         if "error" in r:
             print(f"  Monarch error: {r['error']}")
             if r.get("worker_log"):
@@ -516,6 +583,15 @@ def print_table(rows: dict[str, list[dict[str, Any]]], reps: int) -> None:
     for r in ok[:1]:
         for change in r.get("adapted", []):
             print(f"  Monarch adapted (not its timing): {change}")
+
+
+def _compile_meshvisor() -> None:
+    """Write meshvisor's bytecode caches where they are missing, as installing a package does:
+    an environment with PYTHONDONTWRITEBYTECODE=1 (this one) would otherwise make every agent
+    compile meshvisor's modules again (~0.1 s of CPU each), where Monarch's installed modules
+    come compiled."""
+    for package in ("transport", "supervision", "mesh", "job", "recovery", "chaos", "meshvisor"):
+        compileall.compile_dir(str(ROOT / package), quiet=1)
 
 
 def main() -> int:
@@ -538,10 +614,20 @@ def main() -> int:
         print("BENCH " + json.dumps(result), flush=True)
         os._exit(0)  # Monarch's runtime may keep the process alive
     sys.path.insert(0, str(ROOT))
+    _compile_meshvisor()
     from job.testing import LocalSlurmCluster
 
     rows: dict[str, list[dict[str, Any]]] = {
-        k: [] for k in ("raw", "first", "loss", "monarch_first", "monarch_loss", "monarch_as_is")
+        k: []
+        for k in (
+            "raw",
+            "raw_python",
+            "first",
+            "loss",
+            "monarch_first",
+            "monarch_loss",
+            "monarch_as_is",
+        )
     }
     work = Path(tempfile.mkdtemp(prefix="bench-slurm-"))
     failed = False
@@ -553,6 +639,7 @@ def main() -> int:
             print(f"run {rep + 1} of {args.reps}", file=sys.stderr, flush=True)
             for name, measure in (
                 ("raw", lambda rep=rep: raw_slurm(cluster.environ(), work, rep)),
+                ("raw_python", lambda rep=rep: raw_python(cluster.environ(), work, rep)),
                 ("first", lambda rep=rep: ours_first_call(work, rep)),
                 ("loss", lambda rep=rep: ours_node_loss(work, conf, rep)),
                 ("monarch_as_is", lambda: run_monarch("first-call", conf, work, adapt=False)),

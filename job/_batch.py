@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import IO
@@ -24,6 +25,9 @@ from job._scheduler import SlurmError, cancel, job_nodes, job_record
 
 #: How long the agents get to stop (and stop their procs) after a batch-mode client ended.
 STOP_TIMEOUT_S = 15.0
+#: How long the step sweeping a node after its agent's step ended may take (its node may be
+#: lost: srun then waits for SLURM to give up on it).
+SWEEP_TIMEOUT_S = 30.0
 
 
 def start_agent_steps(job_dir: JobDir, nodelist: str) -> list[subprocess.Popen[bytes]]:
@@ -114,6 +118,46 @@ def restart_agent_step(
     return step
 
 
+class StepSweeper:
+    """Cleans up after agent steps that end while the job runs: an agent killed by SIGKILL
+    (its step cancelled, KillWait over) leaves its run directory on its node, where only a
+    process on that node can remove it; a short step there removes the run directories whose
+    owner is dead (``python -m job._node --sweep-run-dirs``)."""
+
+    def __init__(self, python: str, steps: dict[str, subprocess.Popen[bytes]]) -> None:
+        self._python, self._steps = python, dict(steps)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="step-sweeper", daemon=True)
+
+    def start(self) -> StepSweeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Sweep no more (the job ends: its steps end on purpose)."""
+        self._stopped.set()
+
+    def _watch(self) -> None:
+        while self._steps and not self._stopped.wait(0.5):
+            for node, step in list(self._steps.items()):
+                if step.poll() is not None and not self._stopped.is_set():
+                    del self._steps[node]
+                    self._sweep(node)
+
+    def _sweep(self, node: str) -> None:
+        command = ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap"]
+        command += [f"--job-name=meshvisor-sweep-{node}", self._python, "-m", "job._node"]
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            subprocess.run(
+                [*command, "--sweep-run-dirs"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=SWEEP_TIMEOUT_S,
+                check=False,
+            )
+
+
 def run_client(script: list[str], job_dir: JobDir) -> int:
     """Run the batch-mode client script; its exit status."""
     env = {**os.environ, "MESHVISOR_SLURM_JOB_DIR": str(job_dir.path)}
@@ -144,10 +188,14 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("usage: python -m job._batch JOBDIR (run by sbatch for a meshvisor SLURM job)")
     job_dir = JobDir(Path(args[0]))
     spec = job_dir.read_spec()
-    steps = start_agent_steps(job_dir, os.environ["SLURM_JOB_NODELIST"])
+    nodelist = os.environ["SLURM_JOB_NODELIST"]
+    steps = start_agent_steps(job_dir, nodelist)
+    sweeper = StepSweeper(spec.python, dict(zip(expand_hostlist(nodelist), steps, strict=True)))
+    sweeper.start()
     if spec.script:
         status = run_client(spec.script, job_dir)
         print(f"meshvisor: the client script ended with status {status}", flush=True)
+        sweeper.stop()
         stop_steps(steps)
         return status
     while any(step.poll() is None for step in steps):

@@ -5,14 +5,17 @@ runs with srun on a node: listening at the address other hosts reach that node a
 ``listen_host``, else the node's ``NodeAddr`` as SLURM knows it, else what its host name
 resolves to) with the job's CURVE keys, writing its address to ``agents/NODE.RESTART`` in the
 job directory. The agent turns the job's warning signal into "preempting" events, asking
-``python -m job._node --time-left JOB`` how much time is left.
+``python -m job._node --time-left JOB`` how much time is left. After an agent's step ended, the
+batch process runs ``python -m job._node --sweep-run-dirs`` on its node (`sweep_run_dirs`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
+import tempfile
 
 from job._formats import SlurmFormatError, parse_duration
 from job._jobdir import JobDir, JobSpec
@@ -88,15 +91,31 @@ def time_left(job_id: str) -> float | None:
         return None
 
 
+def sweep_run_dirs() -> None:
+    """Remove this node's meshvisor run directories whose owner died (an agent killed by
+    SIGKILL had no time to), where agents make them: XDG_RUNTIME_DIR, the temp directory."""
+    from mesh._engine.session import sweep_stale_run_dirs  # here: the agents never need it
+
+    for base in {os.environ.get("XDG_RUNTIME_DIR") or "", tempfile.gettempdir()} - {""}:
+        with contextlib.suppress(OSError):
+            sweep_stale_run_dirs(base)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--sweep-run-dirs"]:  # the batch process, after an agent's step ended
+        sweep_run_dirs()
+        return
     if len(args) == 2 and args[0] == "--time-left":  # the agent asks, at a notice
         seconds = time_left(args[1])
         if seconds is None:
             sys.exit(1)
         print(seconds)
         return
-    sys.exit("usage: python -m job._node --time-left JOB (asked by a SLURM job's agents)")
+    sys.exit(
+        "usage: python -m job._node --time-left JOB | --sweep-run-dirs (run by a SLURM job's "
+        "agents and batch process)"
+    )
 
 
 if __name__ == "__main__":

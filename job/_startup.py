@@ -19,9 +19,12 @@ from job._formats import FINISHED_JOB_STATES, HOPELESS_PENDING_REASONS, pending_
 from job._jobdir import JobDir
 from job._scheduler import SlurmError, cancel, job_nodes, job_record
 
-#: How often the client looks for the agents' address files, and asks SLURM about the job.
+#: How often the client looks for the agents' address files, and asks SLURM about the job:
+#: often while it is queued, less once it runs (only to see it end early or be requeued), so
+#: that ``scontrol`` takes no CPU from the agents starting on the nodes.
 LOOK_EVERY_S = 0.01
 ASK_EVERY_S = 0.25
+ASK_RUNNING_EVERY_S = 1.0
 
 
 class AgentsWait:
@@ -48,9 +51,8 @@ class AgentsWait:
         shown, line, asked_at = "", "", -math.inf
         while True:
             written = self.job_dir.agents_written(self.restart)
-            if time.monotonic() - asked_at >= ASK_EVERY_S or (
-                not self.nodes and written >= self.total
-            ):
+            every = ASK_RUNNING_EVERY_S if self.nodes else ASK_EVERY_S
+            if time.monotonic() - asked_at >= every or (not self.nodes and written >= self.total):
                 line = self._ask_slurm()
                 asked_at = time.monotonic()
             found = self.job_dir.agent_addresses(self.nodes, self.restart) if self.nodes else {}

@@ -5,9 +5,9 @@ configuration, state directories, a munge key and ports of its own (Debian's SLU
 nodes on one host with ``NodeHostname=localhost`` and one port per node). Nothing of the
 machine's own SLURM set-up is read or touched: the cluster is used by processes that get its
 `env` (``SLURM_CONF``). `stop` cancels every job, stops the daemons, kills what the jobs left
-and removes the directory. Batch jobs start as soon as they are submitted
-(``batch_sched_delay=0``; SLURM's default lets a batch job wait up to 3 s for the next
-scheduling pass, which would only add noise to tests and benchmarks).
+and removes the directory. Batch jobs start at slurmctld's next scheduling pass, within a
+second of their submission (``batch_sched_delay=0``; SLURM's default lets a batch job wait up
+to 3 s more, which would only add noise to tests and benchmarks).
 
 SLURM itself comes from the distribution: on Debian, ``apt-get install slurmctld slurmd
 slurm-client munge`` (``tests/install-system-packages`` does it where it is missing).

@@ -5,11 +5,10 @@ from __future__ import annotations
 import contextvars
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
-
-import structlog
 
 from mesh._settings import current_settings
 from mesh._shape import Extent, Point
@@ -110,8 +109,12 @@ ContextToken = tuple[contextvars.Token[Context], Mapping[str, contextvars.Token[
 def enter_context(value: Context) -> ContextToken:
     """Run as `value`: `context()` returns it, and structlog's context variables hold its
     identity (``actor_id``, ``mesh_name``, ``rank``), so that structlog loggers configured
-    with ``merge_contextvars`` (structlog's default) log it."""
+    with ``merge_contextvars`` (structlog's default) log it. Only once the process has
+    imported structlog (the actor's code did): importing it costs every proc ~0.1 s."""
     token = _current.set(value)
+    structlog = sys.modules.get("structlog")
+    if structlog is None:
+        return token, {}
     bound = structlog.contextvars.bind_contextvars(
         actor_id=value.actor_id, mesh_name=value.mesh_name, rank=dict(value.rank)
     )
@@ -119,7 +122,8 @@ def enter_context(value: Context) -> ContextToken:
 
 
 def exit_context(token: ContextToken) -> None:
-    structlog.contextvars.reset_contextvars(**token[1])
+    if token[1]:
+        sys.modules["structlog"].contextvars.reset_contextvars(**token[1])
     _current.reset(token[0])
 
 

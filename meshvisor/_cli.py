@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from importlib import metadata
 from pathlib import Path
 
 #: Verbs that parse their own options: name -> (module whose `main(argv, prog=)` runs it, help).
@@ -38,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "keys":
         return _make_keys(args.directory)
     if args.command == "version":
+        from importlib import metadata  # not at the top: every agent starts through here
+
         print(metadata.version("meshvisor"))
         return 0
     raise AssertionError(f"unhandled command {args.command}")

@@ -9,6 +9,7 @@ nodes lost here are others.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -25,6 +26,8 @@ from conftest import RUN_BASE
 from polling import wait_until
 
 from job import JobState, SlurmJob
+from job import _local_processes as _processes
+from job.testing import agent_step
 from mesh import Actor, Settings, attach, endpoint
 from supervision import RestartPolicy, SupervisionError, SupervisionEvent
 
@@ -161,6 +164,35 @@ def test_a_cancelled_agent_step_makes_its_procs_unreachable(
         actors.slice(hosts=1).node.call_one().get(timeout=T)
     assert actors.slice(hosts=2).node.call_one().get(timeout=T) == "n3"
     assert slurm_job.slurm_state() == "RUNNING"
+
+
+def test_an_agent_step_killed_by_sigkill_has_its_run_directory_removed_from_its_node(
+    slurm: Any, job: tuple[SlurmJob, JobState]
+) -> None:
+    slurm_job, _ = job
+    agents = [pid for pid in slurm._node_processes("n2") if _is_agent(pid)]  # and fork server
+    (agent,) = [pid for pid in agents if _processes.parent_of(pid) not in agents]
+    (rundir,) = _run_dirs_of(agent)
+    step = agent_step(slurm_job.job_id, "n2", slurm.environ())
+    slurm.run(["scancel", "--signal=KILL", step])  # no time to clean up after itself
+    wait_until(lambda: not Path(f"/proc/{agent}").exists(), T, "n2's agent to be killed")
+    wait_until(lambda: not rundir.exists(), T, f"{rundir} of the killed agent to be removed")
+    assert slurm_job.slurm_state() == "RUNNING"
+
+
+def _is_agent(pid: int) -> bool:
+    return b"meshvisor\0agent\0" in (_processes.read_proc(pid, "cmdline") or b"")
+
+
+def _run_dirs_of(pid: int) -> list[Path]:
+    """The run directories that process `pid` made (``meshvisor-*/owner.pid`` naming it)."""
+    found = []
+    for base in _processes.temp_bases(pid) | {tempfile.gettempdir()}:
+        for entry in Path(base).glob("meshvisor-agent-*"):
+            with contextlib.suppress(OSError):
+                if (entry / "owner.pid").read_text().strip() == str(pid):
+                    found.append(entry)
+    return found
 
 
 def test_failed_ranks_are_respawned_on_a_spare_node_by_hand(

@@ -4,6 +4,9 @@ The level and format come from this process's `TransportSettings` (``MESHVISOR_L
 debug, info, warning, error; default warning; ``MESHVISOR_LOG_FORMAT``: console or json), read
 when the first logger is made. meshvisor never touches
 the application's own structlog or logging configuration.
+
+structlog is imported at the first record at or above the level, not before: importing it costs
+~0.1 s of CPU, paid by every host agent and proc at start-up otherwise, though most log nothing.
 """
 
 from __future__ import annotations
@@ -12,8 +15,6 @@ import logging
 import os
 import sys
 from typing import Any
-
-import structlog
 
 from ._settings import transport_settings
 
@@ -26,9 +27,24 @@ _LEVELS = {
 }
 
 
-def _make_logger() -> Any:
+#: The level of each logging method of a structlog bound logger; the others (bind, new, ...)
+#: are always passed on.
+_METHOD_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+    "exception": logging.ERROR,
+    "critical": logging.CRITICAL,
+    "fatal": logging.CRITICAL,
+}
+
+
+def _make_logger(level: int) -> Any:
+    import structlog
+
     settings = transport_settings()
-    level = _LEVELS[settings.log_level]
     renderer: Any
     if settings.log_format == "json":
         renderer = structlog.processors.JSONRenderer()
@@ -63,15 +79,50 @@ class _StderrLogger:
     err = error = critical = exception = fatal = failure = msg
 
 
-_root: Any = None
+class _Root:
+    """This process's level, and its structlog logger once a record needs it."""
+
+    def __init__(self) -> None:
+        self.level = _LEVELS[transport_settings().log_level]
+        self._logger: Any = None
+
+    def logger(self) -> Any:
+        if self._logger is None:
+            self._logger = _make_logger(self.level)
+        return self._logger
+
+
+class _Logger:
+    """A structlog bound logger, made when a record at or above the level comes (records
+    below it cost a dict look-up); anything else than logging is passed on to it."""
+
+    __slots__ = ("_bound", "_root")
+
+    def __init__(self, root: _Root, bound: dict[str, Any]) -> None:
+        self._root, self._bound = root, bound
+
+    def bind(self, **more: Any) -> _Logger:
+        return _Logger(self._root, {**self._bound, **more})
+
+    def __getattr__(self, name: str) -> Any:
+        if _METHOD_LEVELS.get(name, logging.CRITICAL) < self._root.level:
+            return _ignore
+        return getattr(self._root.logger().bind(**self._bound), name)
+
+
+def _ignore(*_: Any, **__: Any) -> None:
+    return None
+
+
+_root: _Root | None = None
 
 
 def get_logger(component: str, **bound: Any) -> Any:
     """Return a structlog logger bound to `component` (and the current pid)."""
     global _root
     if _root is None:
-        _root = _make_logger()
-    return _root.bind(component=component, pid=os.getpid(), **bound)
+        _root = _Root()
+    return _Logger(_root, {"component": component, "pid": os.getpid(), **bound})
 
 
 def reset_logging() -> None:

@@ -296,9 +296,9 @@ class HostAgent:
     def _drain_forkserver(self) -> None:
         while True:
             report = self._forkserver.receive()
-            if report is None:
+            if report is None:  # with a SIGTERM to all of a job step (scancel): a clean stop
                 self._log.error("forkserver_gone")
-                raise SystemExit(1)
+                raise SystemExit(0 if self._shutdown_requested else 1)
             if not report:
                 return
             if report[0] == "spawned":

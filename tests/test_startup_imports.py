@@ -1,0 +1,101 @@
+"""What a host agent costs to start: modules that take start-up time but are needed only when
+something is logged (structlog) or asked for (package metadata) stay out of it, so that the
+agents of a SLURM job answer sooner (benchmarks/bench_slurm.py measures it). Logging itself is
+unchanged: a record at or above the level is written as before."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+import transport
+
+#: What `meshvisor agent` imports before it listens (its fork server forks procs from these).
+AGENT_IMPORTS = "import meshvisor._cli, mesh._agent.daemon"
+LEVELS = ("debug", "info", "warning", "error", "critical")
+#: Each logging method of a structlog bound logger, and the level it logs at.
+METHODS = {
+    "debug": "debug",
+    "info": "info",
+    "warning": "warning",
+    "error": "error",
+    "exception": "error",
+    "critical": "critical",
+}
+
+
+def _modules_loaded_by(code: str) -> set[str]:
+    """The modules a fresh interpreter has loaded after running `code`."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_an_agent_starts_without_structlog_or_package_metadata() -> None:
+    loaded = _modules_loaded_by(AGENT_IMPORTS)
+    assert not {"structlog", "rich", "importlib.metadata"} & loaded
+    assert {"mesh._agent.proc_main", "cloudpickle", "zmq"} <= loaded  # what its procs need
+
+
+def test_structlog_is_imported_by_the_first_record_at_the_level() -> None:
+    code = (
+        "import sys, transport\n"
+        "log = transport.get_logger('startup-test', job=7)\n"
+        "log.info('below the default level')\n"
+        "print('after info:', 'structlog' in sys.modules)\n"
+        "log.warning('at the level', node='n1')\n"
+        "print('after warning:', 'structlog' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)},
+    )
+    assert done.stdout.splitlines() == ["after info: False", "after warning: True"]
+    (line,) = done.stderr.splitlines()
+    assert "at the level" in line and "[warning" in line
+    assert all(part in line for part in ("component=startup-test", "job=7", "node=n1"))
+
+
+@contextlib.contextmanager
+def _logging_at(level: str) -> Iterator[io.StringIO]:
+    """This process logs at `level`, as JSON, to the returned stream, for one block."""
+    before = transport.transport_settings()
+    transport.use_transport_settings(replace(before, log_level=level, log_format="json"))
+    transport.reset_logging()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as stream:
+            yield stream
+    finally:
+        transport.use_transport_settings(before)
+        transport.reset_logging()
+
+
+@given(level=st.sampled_from(LEVELS), method=st.sampled_from(sorted(METHODS)))
+def test_a_record_is_written_exactly_when_at_or_above_the_level(level: str, method: str) -> None:
+    with _logging_at(level) as stream:
+        getattr(transport.get_logger("levels").bind(step=3), method)("event", value=1)
+    written = stream.getvalue().splitlines()
+    if LEVELS.index(METHODS[method]) < LEVELS.index(level):
+        assert written == []
+    else:
+        (record,) = (json.loads(line) for line in written)
+        assert record["level"] == METHODS[method]
+        assert (record["event"], record["value"], record["step"]) == ("event", 1, 3)
+        assert record["component"] == "levels"
