@@ -12,15 +12,13 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from mesh._agent.allocations import allocation_keys_dir, read_allocation
+from observe._local_clients import local_clients
 from transport import KEYS_ENV, runtime_base_dir, transport_settings
 
 #: The run directory file that names the client owning it (`mesh._engine.session.OWNER_FILE`).
-_OWNER_FILE = "owner.pid"
 
 
 class TargetError(Exception):
@@ -39,7 +37,7 @@ class Target:
 def client_target(pid: int | None, base: str | None = None) -> Target:
     """The local agents of the running client `pid` (None: of every running client)."""
     base = base or runtime_base_dir()
-    found = [(owner, agent) for owner, agent in _local_clients(base) if pid in (None, owner)]
+    found = [(owner, agent) for owner, agent in local_clients(base) if pid in (None, owner)]
     if not found:
         which = f"client with pid {pid}" if pid is not None else "meshvisor client"
         raise TargetError(
@@ -50,22 +48,6 @@ def client_target(pid: int | None, base: str | None = None) -> Target:
     pids = ", ".join(str(owner) for owner, _ in found)
     title = f"client {pids}" if len(found) == 1 else f"clients {pids}"
     return Target(title, tuple(agent for _, agent in found))
-
-
-def _local_clients(base: str) -> list[tuple[int, str]]:
-    """(client pid, agent address) of each live client in `base` whose agent listens."""
-    found: list[tuple[int, str]] = []
-    for entry in sorted(Path(base).glob("meshvisor-*")):
-        try:
-            if entry.stat().st_uid != os.getuid():
-                continue
-            owner = int((entry / _OWNER_FILE).read_text().strip())
-            sockets = sorted(entry.glob("agent-*"))
-        except (OSError, ValueError):
-            continue
-        if os.path.exists(f"/proc/{owner}") and sockets:
-            found.extend((owner, f"ipc://{socket}") for socket in sockets)
-    return found
 
 
 def allocation_target(name_or_path: str) -> Target:
