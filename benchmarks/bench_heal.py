@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("MESHVISOR_LOG_LEVEL", "error")
@@ -79,6 +80,23 @@ class StateOfSize(Replica):
     def drop_state(self) -> None:
         """Forget the optimizer state, as a fresh replacement holds none."""
         self.optimizer.state.clear()
+
+    @endpoint
+    def reset_peak(self) -> int:
+        """Reset this process's peak resident size (Linux); the resident bytes now."""
+        Path("/proc/self/clear_refs").write_text("5")
+        return _status_bytes("VmRSS")
+
+    @endpoint
+    def peak(self) -> int:
+        return _status_bytes("VmHWM")
+
+
+def _status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -148,8 +166,15 @@ def measure(nbytes: int, reps: int, folder: str) -> dict[str, Any]:
             times = []
             for _ in range(reps):
                 receiver.drop_state.call_one().get(timeout=60)
+                everyone = [receiver, *peers]
+                before = [p.reset_peak.call_one().get(timeout=60) for p in everyone]
                 report = receiver.heal_from.call_one(peers).get(timeout=600)
+                grown = [p.peak.call_one().get(timeout=60) - b for p, b in zip(everyone, before)]
                 times.append(report.seconds)
+                receiver_extra = (grown[0] - report.allocated_bytes) / state_bytes
+                row["receiver extra"] = max(row.get("receiver extra", 0.0), receiver_extra)
+                donor_extra = max(grown[1:]) / state_bytes
+                row["donor extra"] = max(row.get("donor extra", 0.0), donor_extra)
             row[label] = statistics.median(times)
         old = []
         for _ in range(reps):
@@ -174,6 +199,15 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             seconds = row[column]
             cells.append(f"{seconds:9.3f} ({row['bytes'] / seconds / 1e9:6.2f})")
         print(f"{row['bytes'] / 1e6:6.0f}MB  " + "  ".join(f"{c:>20}" for c in cells))
+    print(
+        "peak resident growth during a heal, beyond the state it makes, as a share of the state "
+        "(max over runs): "
+        + ", ".join(
+            f"{r['bytes'] / 1e6:.0f} MB: receiver {r['receiver extra']:.2f}, "
+            f"donor {r['donor extra']:.2f}"
+            for r in rows
+        )
+    )
     for row in rows:
         best = min(row["1 peer"], row["2 peers"])
         print(
