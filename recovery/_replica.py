@@ -169,7 +169,6 @@ class Replica(Actor):
             "step": self.committed_step,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "position": capture_position(self),
         }
 
     @endpoint
