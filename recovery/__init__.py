@@ -6,6 +6,7 @@ the public `mesh` API.
 """
 
 from ._group import ReplicaGroup as ReplicaGroup
+from ._heal import HealReport as HealReport
 from ._outcomes import Recovery as Recovery
 from ._outcomes import ReplicaGroupError as ReplicaGroupError
 from ._outcomes import StepOutcome as StepOutcome
@@ -14,6 +15,7 @@ from ._replica import digest as parameter_digest
 from ._replica import replay_training as replay_training
 
 __all__ = (
+    "HealReport",
     "Recovery",
     "Replica",
     "ReplicaGroup",

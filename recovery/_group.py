@@ -294,14 +294,15 @@ class ReplicaGroup:
         if not donors:
             return
         try:
-            member.actors.heal_from.call(donors[0].actors).get(timeout=self.step_timeout_s)
+            peers = [donor.actors for donor in donors]  # each sends a share of the chunks
+            member.actors.heal_from.call(peers).get(timeout=self.step_timeout_s)
         except (SupervisionError, ActorError, TimeoutError) as exc:
             self._log.warning("replica_heal_failed", replica=member.index, reason=_short(exc))
             return
         member.recovery.healed_at = time.monotonic()
         with member.lock:
             member.state = "live"
-        self._log.info("replica_healed", replica=member.index, donor=donors[0].index)
+        self._log.info("replica_healed", replica=member.index, donors=[d.index for d in donors])
 
     def _form_group(self, members: tuple[int, ...]) -> bool:
         if members == self._quorum_members:

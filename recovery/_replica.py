@@ -10,6 +10,9 @@ a live peer straight from that peer's actor (tensors travel out of band, zero-co
 The step arithmetic lives in plain functions shared with `replay_training`, which recomputes a
 run in one process from its history: the result must equal the replicas' parameters bit for
 bit, which is how the tests prove that no step was lost, applied twice or half-applied.
+
+Healing streams the state in chunks from every live peer at once (`_heal`), data position and
+RNG states included (`_position`); a discarded step puts the data position and RNG states back.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from mesh import Actor, context, endpoint
+
+from ._heal import DonorCache, HealReport, endpoints_of, heal
+from ._heal_state import Chunk, Piece, StateLayout
+from ._position import Position, capture_position, restore_position
 
 if TYPE_CHECKING:
     import torch
@@ -34,7 +41,14 @@ class Replica(Actor):
     ``build()`` returns ``(model, optimizer)`` built deterministically (seed torch first), and
     ``loss(model, step, shard)`` the loss of the batch that `shard` trains on at `step`
     (deterministic in both). Shard ``replica_id * ranks_per_replica + rank`` is this rank's.
+    A replica that reads batches from a data loader also implements `data_state` and
+    `load_data_state`, so that a replacement goes on from the group's position.
     """
+
+    #: Healing moves the state in chunks of this many bytes, this many in flight per peer.
+    heal_chunk_bytes: int = 8 << 20
+    heal_window: int = 4
+    heal_timeout_s: float = 60.0
 
     def __init__(self) -> None:
         import torch
@@ -48,6 +62,9 @@ class Replica(Actor):
         self._group: Any = None
         self._quorum = -1
         self._backup: dict[str, Any] | None = None
+        self._position: Position | None = None  # before the step in progress, for abort
+        self._donor = DonorCache()
+        self.last_heal: HealReport | None = None
 
     def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         raise NotImplementedError("a Replica subclass must implement build()")
@@ -57,7 +74,18 @@ class Replica(Actor):
 
     def on_phase(self, phase: str, step: int) -> None:
         """Called as each phase of a step begins ("forward", "allreduce", "apply", "commit");
-        override to instrument a replica (or, in tests, to make it fail at a chosen point)."""
+        override to instrument a replica (or, in tests, to make it fail at a chosen point).
+        A donor also calls it as it sends each chunk of a heal: ("heal", committed step)."""
+
+    def data_state(self) -> Any:
+        """The position of this replica's data loader after the committed steps: small,
+        picklable, and the same for every replica (a count of batches, an epoch, not this
+        shard's indices). The default None suits `loss` that picks batches by step alone."""
+        return None
+
+    def load_data_state(self, state: Any) -> None:
+        """Put this replica's data loader at `state` (from `data_state` of a peer, or of this
+        replica before a discarded step), for this replica's own shard."""
 
     # -- membership ---------------------------------------------------------------------------
 
@@ -99,6 +127,8 @@ class Replica(Actor):
                 f"{self.committed_step}"
             )
         shard = self.replica_id * self.ranks_per_replica + context().rank.rank
+        self._position = capture_position(self)  # the data and RNG a retry must see again
+        self._donor.clear()
         self.on_phase("forward", step)
         local = local_gradient(self.model, self.loss(self.model, step, shard))
         self.on_phase("allreduce", step)
@@ -113,7 +143,7 @@ class Replica(Actor):
         if self._backup is None or step != self.committed_step + 1:
             raise RuntimeError(f"replica {self.replica_id} has no prepared step {step}")
         self.on_phase("commit", step)
-        self._backup = None
+        self._backup = self._position = None
         self.committed_step = step
         return self.committed_step
 
@@ -123,6 +153,9 @@ class Replica(Actor):
         if self._backup is not None:
             _restore(self.model, self.optimizer, self._backup)
             self._backup = None
+        if self._position is not None:
+            restore_position(self, self._position)
+            self._position = None
         return self.committed_step
 
     # -- state ----------------------------------------------------------------------------------
@@ -139,17 +172,31 @@ class Replica(Actor):
         }
 
     @endpoint
-    def heal_from(self, peer: ActorMesh[Replica]) -> str:
-        """Take the committed state of `peer` (a live replica; its rank matching this one),
-        straight from it."""
-        ranks = peer.flatten("rank")
-        source = ranks.slice(rank=context().rank.rank % len(ranks))
-        state = source.state.call_one().get(timeout=60.0)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.committed_step = state["step"]
-        self._backup = None
-        return digest(self.model)
+    def heal_from(self, peers: ActorMesh[Replica] | Sequence[ActorMesh[Replica]]) -> HealReport:
+        """Take the committed state of `peers` (live replicas; from each, the rank matching
+        this one), in chunks spread over all of them; see `recovery._heal`."""
+        meshes = [peers] if not isinstance(peers, Sequence) else list(peers)
+        donors = []
+        for mesh in meshes:
+            ranks = mesh.flatten("rank")
+            donors.append(endpoints_of(ranks.slice(rank=context().rank.rank % len(ranks))))
+        self._backup = self._position = None
+        self._donor.clear()
+        self.last_heal = heal(
+            self, donors, self.heal_chunk_bytes, self.heal_window, self.heal_timeout_s
+        )
+        return self.last_heal
+
+    @endpoint
+    def heal_layout(self) -> StateLayout:
+        """The layout of the committed state, for a replacement healing from this replica."""
+        return self._donor.layout(self, prepared=self._backup is not None)
+
+    @endpoint
+    def heal_chunks(self, step: int, pieces: Sequence[Piece]) -> list[Chunk]:
+        """Bytes of the committed state of `step` (tensor, start, stop), sent from memory."""
+        self.on_phase("heal", step)
+        return self._donor.chunks(self, step, pieces, prepared=self._backup is not None)
 
     @endpoint
     def status(self) -> tuple[int, str]:

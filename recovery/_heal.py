@@ -1,0 +1,235 @@
+"""Healing: a replacement pulls the committed state of live peers in chunks, several at once.
+
+The receiver asks one donor for the layout of its state (`_heal_state.StateLayout`), plans
+fixed-size chunks over the tensors' bytes and keeps up to `window` chunk requests in flight
+per donor; whichever donor has room takes the next chunk, so the donors send disjoint subsets
+and a faster one sends more. Each reply is copied into the preallocated tensors and dropped:
+the extra memory on either side is the chunks in flight, not a copy of the state. A donor that
+dies (or does not answer within `timeout_s`) loses its chunks to the others; the heal fails
+only when no donor is left. Every request names the committed step, and a donor refuses one
+for any other step, so a heal never mixes two states.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from supervision import SupervisionError
+
+from ._heal_state import (
+    Chunk,
+    Piece,
+    StateLayout,
+    Targets,
+    describe,
+    plan_chunks,
+    serve,
+    state_tensors,
+)
+from ._position import DataPositioned, capture_position, restore_position
+
+if TYPE_CHECKING:
+    import torch
+
+    from mesh import ActorMesh, Future
+
+
+@dataclass(frozen=True)
+class HealReport:
+    """What one heal moved: the step healed to, bytes, seconds, and chunks per donor."""
+
+    step: int
+    nbytes: int
+    seconds: float
+    chunks_per_donor: tuple[int, ...]  # in the order the donors were given
+    lost_donors: tuple[int, ...]  # donors that died or went silent during the heal
+    allocated_bytes: int  # new tensors the receiver made (state it did not hold before)
+
+    @property
+    def gigabytes_per_second(self) -> float:
+        return self.nbytes / max(self.seconds, 1e-9) / 1e9
+
+
+class HealingReplica(DataPositioned, Protocol):
+    """The parts of a `Replica` that a heal reads and writes."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    committed_step: int
+
+
+# -- the donor's side ------------------------------------------------------------------------
+
+
+class DonorCache:
+    """The donor's tensor list for the step it serves, built once per heal, not per chunk.
+    Dropped whenever a step begins (`Replica.prepare`), since an abort replaces tensors."""
+
+    def __init__(self) -> None:
+        self._step = -1
+        self._tensors: list[tuple[str, torch.Tensor]] = []
+        self._skeleton: Any = None
+
+    def clear(self) -> None:
+        self._step, self._tensors, self._skeleton = -1, [], None
+
+    def layout(self, replica: HealingReplica, prepared: bool) -> StateLayout:
+        """The layout of `replica`'s committed state."""
+        self._refresh(replica, replica.committed_step, prepared)
+        position = capture_position(replica)
+        return describe(replica.committed_step, self._tensors, self._skeleton, position)
+
+    def chunks(
+        self, replica: HealingReplica, step: int, pieces: Sequence[Piece], prepared: bool
+    ) -> list[Chunk]:
+        """The bytes of `pieces` of `replica`'s committed state at `step`."""
+        self._refresh(replica, step, prepared)
+        return serve(self._tensors, pieces)
+
+    def _refresh(self, replica: HealingReplica, step: int, prepared: bool) -> None:
+        if prepared:
+            raise RuntimeError("a step is prepared but not committed: its state is not final")
+        if step != replica.committed_step:
+            raise RuntimeError(
+                f"asked for the state of step {step} but this replica has committed "
+                f"{replica.committed_step}: heal again from the current step"
+            )
+        if self._step != step:
+            self._tensors, self._skeleton = state_tensors(replica.model, replica.optimizer)
+            self._step = step
+
+
+# -- the receiver's side ---------------------------------------------------------------------
+
+
+class _Donor(Protocol):
+    """The two endpoints of a `Replica` that a heal calls."""
+
+    def layout(self) -> Future[StateLayout]: ...
+
+    def chunks(self, step: int, pieces: Sequence[Piece]) -> Future[list[Chunk]]: ...
+
+
+def endpoints_of(actors: ActorMesh[Any]) -> _Donor:
+    """A one-rank replica mesh as a heal donor."""
+    return _MeshDonor(actors)
+
+
+class _MeshDonor:
+    def __init__(self, actors: ActorMesh[Any]) -> None:
+        self._actors = actors
+
+    def layout(self) -> Future[StateLayout]:
+        return self._actors.heal_layout.call_one()  # type: ignore[no-any-return]
+
+    def chunks(self, step: int, pieces: Sequence[Piece]) -> Future[list[Chunk]]:
+        return self._actors.heal_chunks.call_one(step, pieces)  # type: ignore[no-any-return]
+
+
+_LOST = (SupervisionError, TimeoutError)
+
+
+def heal(
+    replica: HealingReplica,
+    donors: Sequence[_Donor],
+    chunk_bytes: int,
+    window: int,
+    timeout_s: float,
+) -> HealReport:
+    """Make `replica` hold the committed state of `donors` (live replicas, identical state):
+    tensors, optimizer state, data position and RNG states."""
+    if not donors:
+        raise ValueError("a heal needs at least one live peer to take the state from")
+    if window < 1:
+        raise ValueError(f"a heal needs a window of at least 1 request, not {window}")
+    started = time.monotonic()
+    lost: set[int] = set()
+    layout = _first_layout(donors, lost, timeout_s)
+    targets = Targets(layout, replica.model, replica.optimizer)
+    stream = _Stream(donors, plan_chunks(layout.tensors, chunk_bytes), layout.step, lost)
+    stream.run(targets, window, timeout_s)
+    targets.finish(replica.optimizer)
+    restore_position(replica, layout.position)
+    replica.committed_step = layout.step
+    return HealReport(
+        step=layout.step,
+        nbytes=layout.nbytes,
+        seconds=time.monotonic() - started,
+        chunks_per_donor=tuple(stream.served),
+        lost_donors=tuple(sorted(lost)),
+        allocated_bytes=targets.allocated_bytes,
+    )
+
+
+def _first_layout(donors: Sequence[_Donor], lost: set[int], timeout_s: float) -> StateLayout:
+    errors = []
+    for index, donor in enumerate(donors):
+        try:
+            return donor.layout().get(timeout=timeout_s)
+        except _LOST as exc:
+            lost.add(index)
+            errors.append(f"peer {index}: {type(exc).__name__}: {exc}")
+    raise RuntimeError("no peer could describe its state: " + "; ".join(errors))
+
+
+class _Stream:
+    """The chunk requests of one heal: who sends what, what is in flight, what is left."""
+
+    def __init__(
+        self, donors: Sequence[_Donor], chunks: list[tuple[Piece, ...]], step: int, lost: set[int]
+    ) -> None:
+        self.donors = donors
+        self.chunks = chunks
+        self.step = step
+        self.lost = lost
+        self.served = [0] * len(donors)
+        self.pending: deque[int] = deque(range(len(chunks)))
+        self.in_flight: deque[tuple[int, int, Future[list[Chunk]]]] = deque()
+        self.load = [0] * len(donors)
+
+    def run(self, targets: Targets, window: int, timeout_s: float) -> None:
+        self._fill(window)
+        while self.in_flight:
+            donor, chunk, future = self.in_flight.popleft()
+            self.load[donor] -= 1
+            try:
+                reply = future.get(timeout=timeout_s)
+            except _LOST:
+                self._lose(donor, chunk)
+            else:
+                targets.write(self.chunks[chunk], reply)
+                self.served[donor] += 1
+            self._fill(window)
+        if self.pending:
+            raise RuntimeError(
+                f"every peer died or went silent during the heal, {len(self.pending)} of "
+                f"{len(self.chunks)} chunks were left to fetch"
+            )
+
+    def _fill(self, window: int) -> None:
+        """Give pending chunks to live donors with room, round robin."""
+        while self.pending:
+            open_donors = [
+                d for d in range(len(self.donors)) if d not in self.lost and self.load[d] < window
+            ]
+            if not open_donors:
+                return
+            for donor in open_donors:
+                if not self.pending:
+                    return
+                chunk = self.pending.popleft()
+                future = self.donors[donor].chunks(self.step, self.chunks[chunk])
+                self.in_flight.append((donor, chunk, future))
+                self.load[donor] += 1
+
+    def _lose(self, donor: int, chunk: int) -> None:
+        """`donor` is gone: its chunks in flight go back to the front of the queue."""
+        self.lost.add(donor)
+        again = [chunk] + [c for d, c, _ in self.in_flight if d == donor]
+        self.in_flight = deque(entry for entry in self.in_flight if entry[0] != donor)
+        self.load[donor] = 0
+        self.pending.extendleft(reversed(again))

@@ -1,0 +1,159 @@
+"""Healing a replacement replica: chunked, from several peers, in bounded memory, surviving the
+death of a peer mid-heal, with the data loader's position and the RNG states; real
+`ReplicaGroup`s with real procs, gloo and SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import heal_actors as ha
+import pytest
+from test_replicas import assert_invariants, pid_of, train, train_until_recovered
+
+from mesh import this_host
+from recovery import ReplicaGroup
+from supervision import ActorError
+
+pytestmark = pytest.mark.timeout(300)
+
+HB = 1.0
+
+
+@pytest.fixture
+def groups() -> Iterator[list[ReplicaGroup]]:
+    made: list[ReplicaGroup] = []
+    yield made
+    for group in made:
+        group.close()
+
+
+# -- real replica groups ---------------------------------------------------------------------
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def _wait_until_failed(group: ReplicaGroup, replica: int) -> None:
+    _wait_for(lambda: replica not in group.live(), "the group never noticed the kill")
+
+
+def test_a_200mb_state_heals_from_two_peers_in_bounded_memory(
+    groups: list[ReplicaGroup],
+) -> None:
+    group = ReplicaGroup(
+        this_host(), ha.BigTrainer, replicas=3, heartbeat_timeout_s=HB, step_timeout_s=120
+    )
+    groups.append(group)
+    train(group, 2)
+    os.kill(pid_of(group, 2), signal.SIGKILL)
+    _wait_until_failed(group, 2)
+    before = {i: group.replicas[i].reset_peak.call_one().get(timeout=60) for i in (0, 1)}
+    group.wait_for_all(timeout=180)
+    memory = {i: group.replicas[i].memory.call_one().get(timeout=60) for i in (0, 1, 2)}
+    report = memory[2]["heal"]
+    state = report.nbytes
+    assert state > 190e6, report
+    assert report.lost_donors == () and all(n > 0 for n in report.chunks_per_donor), report
+    for donor in (0, 1):
+        grown = memory[donor]["peak"] - before[donor]
+        assert grown < 0.5 * state, f"donor {donor} grew by {grown} bytes for a {state} state"
+    grown = memory[2]["peak"] - memory[2]["built"] - report.allocated_bytes
+    assert grown < 0.5 * state, f"the receiver grew by {grown} bytes beyond the state it made"
+    assert group.check_consistency() is None  # the same step and bits everywhere
+    train(group, 3)
+    assert group.check_consistency() is None
+
+
+def test_a_peer_dying_mid_heal_leaves_its_chunks_to_the_other(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    group = ReplicaGroup(
+        this_host(), ha.DonorDiesMidHeal, 1, str(tmp_path), replicas=3, heartbeat_timeout_s=HB
+    )
+    groups.append(group)
+    train(group, 2)
+    os.kill(pid_of(group, 2), signal.SIGKILL)
+    _wait_until_failed(group, 2)
+    group.wait_for_all(timeout=120)  # 2 heals from 0 and 1, and 1 dies meanwhile
+    _wait_for(lambda: len(group.recoveries) == 2, "the group never noticed the donor's death")
+    group.wait_for_all(timeout=120)  # 1 comes back and heals from 0 and 2
+    assert (tmp_path / "donor-died").exists()
+    report = group.replicas[2].last_heal_report.call_one().get(timeout=60)
+    assert report.lost_donors == (1,), report
+    assert report.chunks_per_donor[1] == 2 and report.chunks_per_donor[0] > 2, report
+    assert [r.replica for r in group.recoveries] == [2, 1], group.recoveries
+    assert group.check_consistency() is None
+    train(group, 4)
+    train_until_recovered(group)
+    assert_invariants(group)
+    _bad_requests_are_refused(group)
+
+
+def _bad_requests_are_refused(group: ReplicaGroup) -> None:
+    """A donor refuses bad chunk requests and requests for another step, with the reason; a
+    replica whose model differs from the peer's refuses to heal from it. Both live on."""
+    donor = group.replicas[0]
+    step = group.committed_steps
+    with pytest.raises(ActorError, match="names no tensor"):
+        donor.heal_chunks.call_one(step, [(10**6, 0, 1)]).get(timeout=60)
+    with pytest.raises(ActorError, match=r"outside tensor model\.0\.weight"):
+        donor.heal_chunks.call_one(step, [(0, 0, 10**9)]).get(timeout=60)
+    with pytest.raises(ActorError, match="heal again from the current step"):
+        donor.heal_chunks.call_one(step - 1, [(0, 0, 4)]).get(timeout=60)
+    procs = this_host().spawn_procs(per_host={"gpus": 1}, name="wider")
+    try:
+        wider = procs.spawn("wider", ha.WiderTrainer)
+        with pytest.raises(ActorError, match=r"model\.0\.weight is float32\[16, 8\]"):
+            wider.heal_from.call_one(donor).get(timeout=60)
+    finally:
+        procs.stop().get(timeout=60)
+    assert group.check_consistency() is None
+
+
+def test_a_replacement_goes_on_with_the_groups_batches_and_random_numbers(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    """Against a run without failures: replica 1 is killed between steps 2 and 3, replica 2
+    dies in the forward pass of step 4 (the survivors retry it). Every replica reads, at every
+    step it commits, the batch and the random numbers the run without failures read there."""
+    reference = ReplicaGroup(this_host(), ha.LoaderTrainer, {}, str(tmp_path), replicas=3)
+    groups.append(reference)
+    train(reference, 7)
+    expected = _committed_reads(reference)
+    assert len(expected) == 21 and len({e for e in expected.values()}) == 21, expected
+    reference.close()
+    plan = {2: [(4, "forward")]}
+    group = ReplicaGroup(
+        this_host(), ha.LoaderTrainer, plan, str(tmp_path), replicas=3, heartbeat_timeout_s=HB
+    )
+    groups.append(group)
+    train(group, 7, between={2: 1}, full_before={4, 5})
+    assert group.history[3] == (4, (0, 1)), group.history  # step 4: without the dead replica
+    assert {r.replica for r in group.recoveries} == {1, 2}, group.recoveries
+    reads = _committed_reads(group)
+    for (replica, step), read in reads.items():
+        assert read == expected[(replica, step)], (replica, step, read)
+    steps_read = {r: sorted(s for q, s in reads if q == r) for r in (0, 1, 2)}
+    assert steps_read == {0: [1, 2, 3, 4, 5, 6, 7], 1: [4, 5, 6, 7], 2: [5, 6, 7]}, steps_read
+    retried = [e for e in group.replicas[0].seen_batches.call_one().get(60) if e[0] == 4]
+    assert len(retried) == 2 and retried[0] == retried[1], retried  # same batch, same noise
+
+
+def _committed_reads(group: ReplicaGroup) -> dict[tuple[int, int], tuple[tuple[int, ...], float]]:
+    """(replica, step) -> (batch ids, noise) of the attempt that committed, steps 1 to 7."""
+    committed = dict(group.history)
+    reads = {}
+    for replica in group.live():
+        for step, ids, noise in group.replicas[replica].seen_batches.call_one().get(60):
+            if step <= 7 and replica in committed.get(step, ()):
+                reads[(replica, step)] = (ids, noise)  # the last attempt is the one committed
+    return reads
