@@ -11,7 +11,6 @@ import os
 import stat
 from pathlib import Path
 
-from mesh._agent.allocations import agent_gone
 from mesh._engine.session import OWNER_FILE
 
 #: Run directories of clients (and agent daemons) start with this.
@@ -22,15 +21,35 @@ def local_clients(base: str) -> list[tuple[int, str]]:
     """(client pid, agent address) of each listening agent of this user's live clients in
     `base`, sorted."""
     found: list[tuple[int, str]] = []
+    listening = _listening_unix_sockets()
     for entry in sorted(Path(base).glob(f"{RUN_DIR_PREFIX}*")):
         owner = _live_owner(entry)
         if owner is None:
             continue
         for socket in sorted(entry.glob("agent-*")):
-            address = f"ipc://{socket}"
-            if _is_socket(socket) and not agent_gone(address):
-                found.append((owner, address))
+            if _is_socket(socket) and (listening is None or str(socket) in listening):
+                found.append((owner, f"ipc://{socket}"))
     return found
+
+
+def _listening_unix_sockets() -> set[str] | None:
+    """The paths of the unix sockets that something listens on (``/proc/net/unix``: no
+    connection is made, so no agent logs a refused peer); None where that cannot be read."""
+    try:
+        with open("/proc/net/unix") as table:
+            rows = table.read().splitlines()[1:]
+    except OSError:
+        return None
+    listening: set[str] = set()
+    for row in rows:
+        fields = row.split(maxsplit=7)
+        if len(fields) == 8 and int(fields[3], 16) & _ACCEPTING:
+            listening.add(fields[7])
+    return listening
+
+
+#: The flag of a listening socket in ``/proc/net/unix`` (the kernel's ``__SO_ACCEPTCON``).
+_ACCEPTING = 0x10000
 
 
 def _live_owner(rundir: Path) -> int | None:

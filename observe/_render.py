@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 from collections import Counter
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -54,6 +55,16 @@ def _title(snapshot: Snapshot, help_line: str) -> Text:
     return text
 
 
+#: Column widths that keep what identifies a proc (pid, proc id) on screen however long the
+#: reasons a proc ended are: those are cut with an ellipsis (`--json` has them whole).
+_COLUMN_LAYOUT: dict[str, dict[str, Any]] = {
+    "PROC": {"no_wrap": True, "min_width": 12},
+    "PID": {"no_wrap": True, "min_width": 7},
+    "HEALTH": {"no_wrap": True, "max_width": 48, "overflow": "ellipsis"},
+    "OWNER": {"overflow": "fold"},
+}
+
+
 def _host_table(host: HostSnapshot) -> Table:
     uptime = _duration(host.time - host.agent_started)
     table = Table(
@@ -61,7 +72,7 @@ def _host_table(host: HostSnapshot) -> Table:
         title_justify="left",
     )
     for column in ("MESH / ACTORS", "PROC", "PID", "HEALTH", "CPU%", "MEM", "RESTARTS", "OWNER"):
-        table.add_column(column, no_wrap=column != "OWNER", overflow="fold")
+        table.add_column(column, **_COLUMN_LAYOUT.get(column, {"no_wrap": True}))
     for proc in host.procs:
         table.add_row(*_proc_cells(proc))
         for actor in proc.actors:

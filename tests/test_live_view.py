@@ -22,6 +22,7 @@ from conftest import RUN_BASE
 from polling import wait_until
 from tmux_pane import TmuxPane, tmux_pane
 
+from mesh import BootstrapCommand
 from supervision import RestartPolicy
 from transport import KEYS_ENV, CurveKeys
 
@@ -86,6 +87,21 @@ def test_view_shows_procs_and_actors_then_a_kill_then_q_quits(
     assert "failed" in shown
     wait_until(lambda: root_events, T, "the failure to reach the client")
     root_events.clear()
+    _quit(pane)
+
+
+def test_long_reasons_never_hide_which_proc_is_which(
+    pane: TmuxPane, make_procs: Callable[..., Any], root_events: list[Any]
+) -> None:
+    command = BootstrapCommand("sh", args=("-c", "exit 3; " + "x" * 300))
+    make_procs({"gpus": 1}, bootstrap_command=command)  # its rank fails with a long reason
+    wait_until(lambda: root_events, T, "the failed start to reach the client")
+    root_events.clear()
+    where = make_procs({"gpus": 2}).spawn("watchers", Where)
+    pids = sorted(pid for pid, _ in where.where.call().get(timeout=T).values())
+    pane.start(_top("--pid", str(os.getpid()), "--interval", "0.5"), _env(), width=120)
+    shown = pane.wait_for(lambda s: all(str(p) in s for p in pids), "both pids beside the reason")
+    assert "failed to start: the bootstrap command" in shown and "…" in shown  # the reason, cut
     _quit(pane)
 
 
