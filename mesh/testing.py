@@ -120,10 +120,13 @@ def run_dir() -> str:
     return _session.current_session().rundir
 
 
-def inbox_address() -> str:
+def inbox_address(*, local: bool = False) -> str:
     """The address this process receives messages on (the client's, or a proc's inside an
-    actor): where a raw peer sends wire messages to reach it."""
-    return _session.current_session().runtime.address
+    actor): where a raw peer sends wire messages to reach it. Once the process also listens on
+    tcp (it attached to network agents) that is its tcp address, which needs CURVE keys;
+    ``local=True`` gives its ipc address on this host, which does not."""
+    runtime = _session.current_session().runtime
+    return runtime.inbox.address if local else runtime.address
 
 
 def known_agents() -> frozenset[str]:

@@ -52,10 +52,6 @@ if OWN_RUN_BASE:
     transport.CurveKeys.create(SUITE_KEYS)
 os.environ[transport.KEYS_ENV] = SUITE_KEYS
 
-# meshvisor's structlog logger writes to the `sys.stderr` object it finds on first use. Create it
-# now, while pytest's session-wide capture is in place, so that it never binds to the stream of a
-# per-test capture fixture (capsys/capfd) that is closed when that test ends.
-transport.get_logger("tests")
 
 STOP_TIMEOUT_S = 30.0
 

@@ -391,7 +391,8 @@ def test_fuzzed_proc_keeps_serving(make_procs: Any) -> None:
 def test_fuzzed_client_keeps_serving(make_procs: Any, root_events: list[Any]) -> None:
     local: ActorMesh[actors.WhoAmI] = this_proc().spawn("who", actors.WhoAmI)
     actor_id = local.whoami.call_one().get(timeout=T)["actor_id"]
-    with raw_peer(mesh.testing.inbox_address()) as peer:
+    # Its ipc address: after a test that attached to tcp agents, its tcp one needs keys.
+    with raw_peer(mesh.testing.inbox_address(local=True)) as peer:
         peer.answer(ping(actor_id, peer.inbox.address))
         before = rss_bytes(os.getpid())
         fuzz(peer, "client")
