@@ -25,6 +25,7 @@ from mesh import ActorMesh, Future, HostMesh, ProcMesh
 from supervision import ActorError, SupervisionError, SupervisionEvent
 from transport import get_logger
 
+from ._aborts import AbortNotices
 from ._outcomes import Recovery, ReplicaGroupError, StepOutcome
 from ._replica import Replica
 from ._spares import SparePool, host_lost
@@ -82,6 +83,7 @@ class ReplicaGroup:
             store_host, 0, is_master=True, wait_for_workers=False
         )
         self._store_address = (store_host, self._store.port)
+        self._aborts = AbortNotices(self._store)
         self._per_replica = dict(per_replica or {"gpus": 1})
         self.ranks_per_replica = 1
         for size in self._per_replica.values():
@@ -93,6 +95,7 @@ class ReplicaGroup:
         self.preempted: SupervisionEvent | None = None  # a notice: the loop should drain()
         self._quorum = 0
         self._quorum_members: tuple[int, ...] | None = None
+        self._current: tuple[int, tuple[int, ...]] = (0, ())  # (quorum, its members)
         self._log = get_logger("recovery.group", group=name)
         self._spares = SparePool(spare_hosts)
         self._members = [
@@ -132,7 +135,7 @@ class ReplicaGroup:
         started = time.monotonic()
         step = self.committed_steps + 1
         members = self._await_quorum()
-        if not self._form_group(members):
+        if not self._form_group(members, step):
             return self._outcome(step, False, members, started, "the process group did not form")
         world = len(members) * self.ranks_per_replica
         prepared = self._call_all(members, "prepare", step, self._quorum, world)
@@ -246,6 +249,9 @@ class ReplicaGroup:
             member.state = "failed"
             member.recovery = Recovery(index, time.monotonic(), why)
             self.recoveries.append(member.recovery)
+        quorum, participants = self._current
+        if index in participants:  # survivors waiting on it in a collective give up now
+            self._aborts.abort(quorum, f"replica {index} {why}")
         self._log.warning("replica_failed", replica=index, reason=why)
 
     def _await_quorum(self) -> tuple[int, ...]:
@@ -303,10 +309,13 @@ class ReplicaGroup:
             member.state = "live"
         self._log.info("replica_healed", replica=member.index, donor=donors[0].index)
 
-    def _form_group(self, members: tuple[int, ...]) -> bool:
+    def _form_group(self, members: tuple[int, ...], step: int) -> bool:
         if members == self._quorum_members:
             return True
         self._quorum += 1
+        self._current = (self._quorum, members)
+        if any(self._members[i].state != "live" for i in members):
+            return False  # one failed since it was counted (its abort notice may be missed)
         world = len(members) * self.ranks_per_replica
         joined = self._call_all(
             members,
@@ -316,6 +325,7 @@ class ReplicaGroup:
             world,
             self._store_address,
             self.group_timeout_s,
+            step,
         )
         failed = {i: e for i, e in joined.items() if isinstance(e, BaseException)}
         if failed:

@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from mesh import Actor, context, endpoint
 
+from ._aborts import AbortWatch
+from ._exchange import average, exchange_average, run_unless_aborted
+
 if TYPE_CHECKING:
     import torch
 
@@ -44,7 +47,7 @@ class Replica(Actor):
         self.committed_step = 0  # the number of steps committed so far
         self.replica_id = -1
         self.ranks_per_replica = 1
-        self._store: Any = None
+        self._aborts: AbortWatch | None = None
         self._group: Any = None
         self._quorum = -1
         self._backup: dict[str, Any] | None = None
@@ -68,21 +71,35 @@ class Replica(Actor):
 
     @endpoint
     def join(
-        self, quorum: int, base: int, world: int, store: tuple[str, int], timeout_s: float
+        self,
+        quorum: int,
+        base: int,
+        world: int,
+        store: tuple[str, int],
+        timeout_s: float,
+        step: int = 0,
     ) -> None:
-        """Enter the process group of `quorum` (a fresh one per membership): this replica's
-        ranks take the group ranks from `base` on."""
+        """Enter the process group of `quorum` (a fresh one per membership) for `step`: this
+        replica's ranks take the group ranks from `base` on. Gives up as soon as the group's
+        controller says that a member failed (`ExchangeAborted`)."""
         import torch.distributed as dist
 
+        self.on_phase("join", step)
         rank = base + context().rank.rank
         timeout = datetime.timedelta(seconds=timeout_s)
-        if self._store is None:
-            self._store = dist.TCPStore(  # type: ignore[attr-defined]
-                store[0], store[1], is_master=False, timeout=timeout
-            )
         self._group = None  # the old group: its peers may be gone
-        prefixed = dist.PrefixStore(f"quorum-{quorum}", self._store)  # type: ignore[attr-defined]
-        self._group = dist.ProcessGroupGloo(prefixed, rank, world, timeout)
+        self._quorum = -1
+        if self._aborts is None:
+            self._aborts = AbortWatch(store, timeout_s)
+        self._aborts.quorum = quorum
+        # A store client of its own: an abandoned rendezvous may still hold its connection.
+        client = dist.TCPStore(  # type: ignore[attr-defined]
+            store[0], store[1], is_master=False, timeout=timeout
+        )
+        prefixed = dist.PrefixStore(f"quorum-{quorum}", client)  # type: ignore[attr-defined]
+        self._group = run_unless_aborted(
+            lambda: dist.ProcessGroupGloo(prefixed, rank, world, timeout), self._aborts
+        )
         self._quorum = quorum
 
     # -- one step -----------------------------------------------------------------------------
@@ -102,10 +119,11 @@ class Replica(Actor):
         self.on_phase("forward", step)
         local = local_gradient(self.model, self.loss(self.model, step, shard))
         self.on_phase("allreduce", step)
-        gathered = _allgather(self._group, local, world)
+        assert self._aborts is not None  # set by join
+        averaged = exchange_average(self._group, local, self._aborts)
         self.on_phase("apply", step)
         self._backup = _snapshot(self.model, self.optimizer)
-        apply_gradient(self.model, self.optimizer, gathered)
+        apply_average(self.model, self.optimizer, averaged)
         return digest(self.model)
 
     @endpoint
@@ -182,14 +200,17 @@ def apply_gradient(
 ) -> None:
     """Average `gathered` (one flat gradient per participant, in participant order: the same
     order everywhere, so the same bits everywhere) and take an optimizer step with it."""
-    total = gathered[0].clone()
-    for grad in gathered[1:]:
-        total += grad
-    total /= len(gathered)
+    apply_average(model, optimizer, average(gathered))
+
+
+def apply_average(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, averaged: torch.Tensor
+) -> None:
+    """Take an optimizer step with the flat averaged gradient `averaged`."""
     offset = 0
     for param in model.parameters():
         count = param.numel()
-        param.grad = total[offset : offset + count].view_as(param).clone()
+        param.grad = averaged[offset : offset + count].view_as(param).clone()
         offset += count
     optimizer.step()
 
@@ -232,14 +253,6 @@ def replay_training(
         return replica.model
     finally:
         torch.set_num_threads(threads)
-
-
-def _allgather(group: Any, local: torch.Tensor, world: int) -> list[torch.Tensor]:
-    import torch
-
-    out = [torch.empty_like(local) for _ in range(world)]
-    group.allgather([out], [local]).wait()
-    return out
 
 
 def _snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
