@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,9 +26,13 @@ from supervision import ActorError, SupervisionError, SupervisionEvent
 from transport import get_logger
 
 from ._aborts import AbortNotices
-from ._outcomes import Recovery, ReplicaGroupError, StepOutcome
+from ._outcomes import Recovery, ReplicaGroupError, StepOutcome, alive, short
 from ._replica import Replica
 from ._spares import SparePool, host_lost
+
+#: What a replica's proc needs imported, the fork server imports before forking it (once per
+#: host): torch, and torch._dynamo that the optimizers import on their first step.
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
 
 
 @dataclass
@@ -62,6 +66,7 @@ class ReplicaGroup:
         store_host: str = "127.0.0.1",
         heartbeat_timeout_s: float | None = None,
         spare_hosts: HostMesh | None = None,
+        preload: Sequence[str] = PRELOAD,
         **kwargs: Any,
     ) -> None:
         if not 1 <= min_replicas <= replicas:
@@ -79,6 +84,7 @@ class ReplicaGroup:
         self.step_timeout_s = step_timeout_s
         self.group_timeout_s = group_timeout_s
         self.wait_for_replicas_s = wait_for_replicas_s
+        self._env = {"MESHVISOR_PRELOAD": ",".join(preload)} if preload else None
         self._store = dist.TCPStore(  # type: ignore[attr-defined]
             store_host, 0, is_master=True, wait_for_workers=False
         )
@@ -142,7 +148,7 @@ class ReplicaGroup:
         failed = {i: e for i, e in prepared.items() if isinstance(e, BaseException)}
         if failed:
             self._abort(members, step, failed)
-            reasons = "; ".join(f"replica {i}: {_short(e)}" for i, e in sorted(failed.items()))
+            reasons = "; ".join(f"replica {i}: {short(e)}" for i, e in sorted(failed.items()))
             return self._outcome(step, False, members, started, reasons)
         digests = {d for values in prepared.values() for d in values}
         if len(digests) != 1:
@@ -151,7 +157,7 @@ class ReplicaGroup:
         committed = self._call_all(members, "commit", step)
         for index, result in committed.items():  # the step is decided: a late death is a
             if isinstance(result, BaseException):  # failure of that replica, not of the step
-                self._failed(index, f"died while committing: {_short(result)}", host_lost(result))
+                self._failed(index, f"died while committing: {short(result)}", host_lost(result))
         self.history.append((step, members))
         now = time.monotonic()
         for index in members:
@@ -203,6 +209,7 @@ class ReplicaGroup:
         procs = where.spawn_procs(
             per_host=self._per_replica,
             name=f"{self.name}{index}-procs",
+            env=self._env,  # the fork server imports torch once: replacements start warm
             heartbeat_timeout_s=hb_timeout,
         )
         actors = procs.spawn(f"{self.name}{index}", self.replica_class, *self.args, **self.kwargs)
@@ -228,7 +235,7 @@ class ReplicaGroup:
         try:
             call.get(timeout=timeout_s)
         except (SupervisionError, ActorError, TimeoutError) as exc:
-            why = f"failed while the group started: {_short(exc)}"
+            why = f"failed while the group started: {short(exc)}"
             self._failed(member.index, why, host_lost(exc))
 
     def _on_event(self, member: _Member, event: SupervisionEvent) -> bool:
@@ -289,7 +296,7 @@ class ReplicaGroup:
         assert up is not None and member.recovery is not None
         error = up.exception()
         if error is not None:  # failed again: the next _recover() re-spawns it
-            self._log.warning("replica_respawn_failed", replica=member.index, reason=_short(error))
+            self._log.warning("replica_respawn_failed", replica=member.index, reason=short(error))
             return
         member.recovery.respawned_at = time.monotonic()
         donors = [m for m in self._members if m.state == "live"]
@@ -302,7 +309,7 @@ class ReplicaGroup:
         try:
             member.actors.heal_from.call(donors[0].actors).get(timeout=self.step_timeout_s)
         except (SupervisionError, ActorError, TimeoutError) as exc:
-            self._log.warning("replica_heal_failed", replica=member.index, reason=_short(exc))
+            self._log.warning("replica_heal_failed", replica=member.index, reason=short(exc))
             return
         member.recovery.healed_at = time.monotonic()
         with member.lock:
@@ -331,7 +338,7 @@ class ReplicaGroup:
         if failed:
             for index, error in failed.items():
                 if isinstance(error, SupervisionError):
-                    self._failed(index, _short(error), host_lost(error))
+                    self._failed(index, short(error), host_lost(error))
             self._quorum_members = None
             return False
         self._quorum_members = members
@@ -363,8 +370,8 @@ class ReplicaGroup:
         """Undo `step` everywhere it was prepared; replicas that died are re-spawned."""
         for index, error in failed.items():
             if isinstance(error, SupervisionError):
-                self._failed(index, _short(error), host_lost(error))
-        survivors = tuple(i for i in members if i not in failed or _alive(failed[i]))
+                self._failed(index, short(error), host_lost(error))
+        survivors = tuple(i for i in members if i not in failed or alive(failed[i]))
         self._call_all(survivors, "abort", step)
         self._quorum_members = None  # a collective failed: the group must be formed again
 
@@ -381,13 +388,3 @@ class ReplicaGroup:
         if not committed:
             self._log.warning("step_discarded", step=step, replicas=list(members), reason=reason)
         return outcome
-
-
-def _alive(error: BaseException) -> bool:
-    """Whether a replica whose call raised `error` is still there (its endpoint raised)."""
-    return isinstance(error, (ActorError, TimeoutError))
-
-
-def _short(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]

@@ -58,3 +58,20 @@ class StallingTrainer(Trainer):
             except FileExistsError:
                 return
             os.kill(os.getpid(), getattr(signal, signame))
+
+
+class HangsWhileBuilt(Trainer):
+    """The first replica built (per `marks` directory) stops its own process (SIGSTOP) in
+    build(), so the group finds it hung while it starts."""
+
+    def __init__(self, marks: str) -> None:
+        self.marks = Path(marks)
+        super().__init__()
+
+    def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        try:
+            (self.marks / "hung-in-build").touch(exist_ok=False)
+        except FileExistsError:
+            return super().build()
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return super().build()
