@@ -1,8 +1,9 @@
 """`Replica`: the actor side of TorchFT-style replica training (needs torch).
 
 A replica holds a full copy of the model and its optimizer. Each step is two-phase: `prepare`
-computes the local gradient, gathers every participant's gradient over a gloo process group,
-averages them in a fixed order and applies the optimizer, keeping a backup; `commit` drops the
+computes the local gradient, averages it with every participant's over a gloo process group
+(a reduce-scatter and an all-gather, summed in a fixed order: `_exchange`) and applies the
+optimizer, keeping a backup; `commit` drops the
 backup, `abort` restores it. So a step is applied everywhere or nowhere, and every participant
 ends it with bitwise-identical parameters. A replacement replica heals by pulling the state of
 a live peer straight from that peer's actor (tensors travel out of band, zero-copy).
@@ -59,7 +60,8 @@ class Replica(Actor):
         raise NotImplementedError("a Replica subclass must implement loss(model, step, shard)")
 
     def on_phase(self, phase: str, step: int) -> None:
-        """Called as each phase of a step begins ("forward", "allreduce", "apply", "commit");
+        """Called as each phase of a step begins ("join" when the group is formed for it,
+        "forward", "allreduce", "apply", "commit");
         override to instrument a replica (or, in tests, to make it fail at a chosen point)."""
 
     # -- membership ---------------------------------------------------------------------------
@@ -106,8 +108,8 @@ class Replica(Actor):
 
     @endpoint
     def prepare(self, step: int, quorum: int, world: int) -> str:
-        """Phase one of `step`: gradient, gather, average, apply (with a backup). Returns the
-        digest of the resulting parameters."""
+        """Phase one of `step`: gradient, exchange (the average), apply (with a backup).
+        Returns the digest of the resulting parameters."""
         if quorum != self._quorum or self._group is None:
             raise RuntimeError(f"replica {self.replica_id} is not in quorum {quorum}")
         if step != self.committed_step + 1:

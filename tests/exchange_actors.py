@@ -12,7 +12,7 @@ import torch.distributed as dist
 from replica_actors import Trainer
 
 from mesh import Actor, current_rank, endpoint
-from recovery._exchange import exchange_average
+from recovery import exchange_average
 
 
 def gradient(seed: int, rank: int, numel: int) -> torch.Tensor:

@@ -22,9 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mesh import this_host
-from recovery import ReplicaGroup, replay_training
+from recovery import ReplicaGroup, bucket_bounds, replay_training
+from recovery import fixed_order_average as average
 from recovery import parameter_digest as digest
-from recovery._exchange import average, bucket_bounds
 
 pytestmark = pytest.mark.timeout(240)
 
