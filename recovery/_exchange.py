@@ -4,7 +4,8 @@ The flat gradient is cut into one bucket per group rank (padded to equal sizes).
 sends bucket b of every rank to its owner, rank b, which sums the parts in rank order and
 divides; an all-gather then hands every rank every averaged bucket. Each rank sends and
 receives about twice the gradient's size whatever the number of replicas (an all-gather of
-whole gradients moves N times that). Float addition is elementwise, so summing a bucket in
+whole gradients moves N times that; it is still used for small gradients, where latency
+counts more than bytes). Float addition is elementwise, so summing a bucket in
 rank order gives the bits that summing whole gradients in rank order gives: `average` is the
 reference, which `replay_training` uses.
 
@@ -29,6 +30,10 @@ T = TypeVar("T")
 #: moment supervision reports a death.
 ABORT_POLL_S = 0.02
 
+
+#: Below this many bytes sent per rank, one all-gather of whole gradients costs less than two
+#: collectives (latency, not bandwidth, bounds a step): the bits are the same either way.
+ALLGATHER_BELOW_BYTES = 256 * 1024
 
 #: Process groups with collectives given up, and those collectives: kept until they end, since
 #: dropping a process group waits for its pending work (up to the backend's timeout).
@@ -71,6 +76,10 @@ def exchange_average(
     world, numel = group.size(), local.numel()
     if world == 1:
         return average([local])
+    if (world - 1) * numel * local.element_size() < ALLGATHER_BELOW_BYTES:
+        everyone = torch.empty(world * numel, dtype=local.dtype, device=local.device)
+        _wait_for(group, group._allgather_base(everyone, local.contiguous()), aborted)
+        return average(everyone.view(world, numel).unbind(0))
     size = -(-numel // world)
     padded = torch.zeros(size * world, dtype=local.dtype, device=local.device)
     padded[:numel] = local

@@ -104,9 +104,9 @@ class ReplicaGroup:
         self._current: tuple[int, tuple[int, ...]] = (0, ())  # (quorum, its members)
         self._log = get_logger("recovery.group", group=name)
         self._spares = SparePool(spare_hosts)
-        self._members = [
-            self._spawn(hosts, index, heartbeat_timeout_s) for index in range(replicas)
-        ]
+        self._members: list[_Member] = []  # filled as spawned: a failure may come meanwhile
+        for index in range(replicas):
+            self._spawn(hosts, index, heartbeat_timeout_s)
         self._start()
 
     # -- the public face ------------------------------------------------------------------------
@@ -201,7 +201,8 @@ class ReplicaGroup:
 
     # -- membership ------------------------------------------------------------------------------
 
-    def _spawn(self, hosts: HostMesh, index: int, hb_timeout: float | None) -> _Member:
+    def _spawn(self, hosts: HostMesh, index: int, hb_timeout: float | None) -> None:
+        """Start replica `index` and watch it (a member before its handlers can run)."""
         where = hosts
         if "hosts" in hosts.extent.labels:
             count = hosts.extent.sizes[hosts.extent.labels.index("hosts")]
@@ -214,10 +215,10 @@ class ReplicaGroup:
         )
         actors = procs.spawn(f"{self.name}{index}", self.replica_class, *self.args, **self.kwargs)
         member = _Member(index, procs, actors)
+        self._members.append(member)
         on_failure = functools.partial(self._on_event, member)
         procs.on_failure(on_failure)
         actors.on_failure(on_failure)
-        return member
 
     def _start(self) -> None:
         """Configure every replica and give them all the state of the first one that is up. A
