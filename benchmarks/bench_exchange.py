@@ -7,7 +7,8 @@ Each rank is a process started here, in a gloo group on loopback; every exchange
 every rank and the slowest rank counts (a step waits for it); the median of `--repeats`
 exchanges is reported. The ratio column is the time against the allreduce of the same row.
 "Sent per rank" is what each rank sends: 2(N-1)/N of the gradient for the new exchange and
-allreduce's ring, (N-1) gradients for the all-gather.
+allreduce's ring, (N-1) gradients for the all-gather (which the new exchange uses too for
+gradients small enough that latency counts more than bytes).
 
     python3 benchmarks/bench_exchange.py [--sizes 10000,1000000,4000000] [--repeats 9] [--json]
 """
@@ -32,6 +33,7 @@ import torch.distributed as dist
 
 from recovery import exchange_average
 from recovery import fixed_order_average as average
+from recovery._exchange import ALLGATHER_BELOW_BYTES
 
 METHODS = ("reduce-scatter+all-gather", "all-gather (old)", "allreduce (floor)")
 
@@ -121,7 +123,10 @@ def _result(results: Any, procs: list[Any]) -> Any:
 
 def sent_per_rank(method: str, world: int, numel: int) -> float:
     """Megabytes each rank sends for one exchange of `numel` float32."""
-    grads = (world - 1) if method == METHODS[1] else 2 * (world - 1) / world
+    whole = method == METHODS[1] or (
+        method == METHODS[0] and (world - 1) * numel * 4 < ALLGATHER_BELOW_BYTES
+    )
+    grads = (world - 1) if whole else 2 * (world - 1) / world
     return grads * numel * 4 / 1e6
 
 

@@ -17,6 +17,7 @@ supervision says a peer is dead instead of waiting for the backend's timeout.
 
 from __future__ import annotations
 
+import datetime
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -94,11 +95,20 @@ def exchange_average(
 
 def wait_unless_aborted(work: Any, aborted: Callable[[], str | None]) -> None:
     """Wait for a collective's `work`; give it up (it goes on, abandoned, until the backend's
-    timeout) as soon as `aborted()` gives a reason."""
-    done = threading.Event()
-    work.get_future().add_done_callback(lambda _: done.set())
-    _wait(done, aborted)
-    work.wait()  # raises the backend's error, if any
+    timeout) as soon as `aborted()` gives a reason. The backend waits in slices of
+    `ABORT_POLL_S` (a timed-out ``wait`` leaves gloo's work running, to be waited on again)."""
+    poll = datetime.timedelta(seconds=ABORT_POLL_S)
+    while True:
+        try:
+            work.wait(poll)
+            return
+        except RuntimeError:
+            if work.is_completed():
+                work.wait()  # it failed: raises the backend's error
+                return
+        reason = aborted()
+        if reason is not None:
+            raise ExchangeAborted(f"the exchange was given up: {reason}")
 
 
 def _wait_for(group: Any, work: Any, aborted: Callable[[], str | None]) -> None:
