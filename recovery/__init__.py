@@ -5,6 +5,10 @@ a replica that dies is re-spawned in place, heals from a live peer and rejoins. 
 the public `mesh` API.
 """
 
+from ._exchange import ExchangeAborted as ExchangeAborted
+from ._exchange import average as fixed_order_average
+from ._exchange import bucket_bounds as bucket_bounds
+from ._exchange import exchange_average as exchange_average
 from ._group import ReplicaGroup as ReplicaGroup
 from ._heal import HealReport as HealReport
 from ._outcomes import Recovery as Recovery
@@ -15,12 +19,16 @@ from ._replica import digest as parameter_digest
 from ._replica import replay_training as replay_training
 
 __all__ = (
+    "ExchangeAborted",
     "HealReport",
     "Recovery",
     "Replica",
     "ReplicaGroup",
     "ReplicaGroupError",
     "StepOutcome",
+    "bucket_bounds",
+    "exchange_average",
+    "fixed_order_average",
     "parameter_digest",
     "replay_training",
 )

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,9 +25,14 @@ from mesh import ActorMesh, Future, HostMesh, ProcMesh
 from supervision import ActorError, SupervisionError, SupervisionEvent
 from transport import get_logger
 
-from ._outcomes import Recovery, ReplicaGroupError, StepOutcome
+from ._aborts import AbortNotices
+from ._outcomes import Recovery, ReplicaGroupError, StepOutcome, alive, short
 from ._replica import Replica
 from ._spares import SparePool, host_lost
+
+#: What a replica's proc needs imported, the fork server imports before forking it (once per
+#: host): torch, and torch._dynamo that the optimizers import on their first step.
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
 
 
 @dataclass
@@ -61,6 +66,7 @@ class ReplicaGroup:
         store_host: str = "127.0.0.1",
         heartbeat_timeout_s: float | None = None,
         spare_hosts: HostMesh | None = None,
+        preload: Sequence[str] = PRELOAD,
         **kwargs: Any,
     ) -> None:
         if not 1 <= min_replicas <= replicas:
@@ -78,10 +84,12 @@ class ReplicaGroup:
         self.step_timeout_s = step_timeout_s
         self.group_timeout_s = group_timeout_s
         self.wait_for_replicas_s = wait_for_replicas_s
+        self._env = {"MESHVISOR_PRELOAD": ",".join(preload)} if preload else None
         self._store = dist.TCPStore(  # type: ignore[attr-defined]
             store_host, 0, is_master=True, wait_for_workers=False
         )
         self._store_address = (store_host, self._store.port)
+        self._aborts = AbortNotices(self._store)
         self._per_replica = dict(per_replica or {"gpus": 1})
         self.ranks_per_replica = 1
         for size in self._per_replica.values():
@@ -93,11 +101,12 @@ class ReplicaGroup:
         self.preempted: SupervisionEvent | None = None  # a notice: the loop should drain()
         self._quorum = 0
         self._quorum_members: tuple[int, ...] | None = None
+        self._current: tuple[int, tuple[int, ...]] = (0, ())  # (quorum, its members)
         self._log = get_logger("recovery.group", group=name)
         self._spares = SparePool(spare_hosts)
-        self._members = [
-            self._spawn(hosts, index, heartbeat_timeout_s) for index in range(replicas)
-        ]
+        self._members: list[_Member] = []  # filled as spawned: a failure may come meanwhile
+        for index in range(replicas):
+            self._spawn(hosts, index, heartbeat_timeout_s)
         self._start()
 
     # -- the public face ------------------------------------------------------------------------
@@ -132,14 +141,14 @@ class ReplicaGroup:
         started = time.monotonic()
         step = self.committed_steps + 1
         members = self._await_quorum()
-        if not self._form_group(members):
+        if not self._form_group(members, step):
             return self._outcome(step, False, members, started, "the process group did not form")
         world = len(members) * self.ranks_per_replica
         prepared = self._call_all(members, "prepare", step, self._quorum, world)
         failed = {i: e for i, e in prepared.items() if isinstance(e, BaseException)}
         if failed:
             self._abort(members, step, failed)
-            reasons = "; ".join(f"replica {i}: {_short(e)}" for i, e in sorted(failed.items()))
+            reasons = "; ".join(f"replica {i}: {short(e)}" for i, e in sorted(failed.items()))
             return self._outcome(step, False, members, started, reasons)
         digests = {d for values in prepared.values() for d in values}
         if len(digests) != 1:
@@ -148,7 +157,7 @@ class ReplicaGroup:
         committed = self._call_all(members, "commit", step)
         for index, result in committed.items():  # the step is decided: a late death is a
             if isinstance(result, BaseException):  # failure of that replica, not of the step
-                self._failed(index, f"died while committing: {_short(result)}", host_lost(result))
+                self._failed(index, f"died while committing: {short(result)}", host_lost(result))
         self.history.append((step, members))
         now = time.monotonic()
         for index in members:
@@ -192,7 +201,8 @@ class ReplicaGroup:
 
     # -- membership ------------------------------------------------------------------------------
 
-    def _spawn(self, hosts: HostMesh, index: int, hb_timeout: float | None) -> _Member:
+    def _spawn(self, hosts: HostMesh, index: int, hb_timeout: float | None) -> None:
+        """Start replica `index` and watch it (a member before its handlers can run)."""
         where = hosts
         if "hosts" in hosts.extent.labels:
             count = hosts.extent.sizes[hosts.extent.labels.index("hosts")]
@@ -200,14 +210,15 @@ class ReplicaGroup:
         procs = where.spawn_procs(
             per_host=self._per_replica,
             name=f"{self.name}{index}-procs",
+            env=self._env,  # the fork server imports torch once: replacements start warm
             heartbeat_timeout_s=hb_timeout,
         )
         actors = procs.spawn(f"{self.name}{index}", self.replica_class, *self.args, **self.kwargs)
         member = _Member(index, procs, actors)
+        self._members.append(member)
         on_failure = functools.partial(self._on_event, member)
         procs.on_failure(on_failure)
         actors.on_failure(on_failure)
-        return member
 
     def _start(self) -> None:
         """Configure every replica and give them all the state of the first one that is up. A
@@ -225,7 +236,7 @@ class ReplicaGroup:
         try:
             call.get(timeout=timeout_s)
         except (SupervisionError, ActorError, TimeoutError) as exc:
-            why = f"failed while the group started: {_short(exc)}"
+            why = f"failed while the group started: {short(exc)}"
             self._failed(member.index, why, host_lost(exc))
 
     def _on_event(self, member: _Member, event: SupervisionEvent) -> bool:
@@ -246,6 +257,9 @@ class ReplicaGroup:
             member.state = "failed"
             member.recovery = Recovery(index, time.monotonic(), why)
             self.recoveries.append(member.recovery)
+        quorum, participants = self._current
+        if index in participants:  # survivors waiting on it in a collective give up now
+            self._aborts.abort(quorum, f"replica {index} {why}")
         self._log.warning("replica_failed", replica=index, reason=why)
 
     def _await_quorum(self) -> tuple[int, ...]:
@@ -283,7 +297,7 @@ class ReplicaGroup:
         assert up is not None and member.recovery is not None
         error = up.exception()
         if error is not None:  # failed again: the next _recover() re-spawns it
-            self._log.warning("replica_respawn_failed", replica=member.index, reason=_short(error))
+            self._log.warning("replica_respawn_failed", replica=member.index, reason=short(error))
             return
         member.recovery.respawned_at = time.monotonic()
         donors = [m for m in self._members if m.state == "live"]
@@ -297,17 +311,20 @@ class ReplicaGroup:
             peers = [donor.actors for donor in donors]  # each sends a share of the chunks
             member.actors.heal_from.call(peers).get(timeout=self.step_timeout_s)
         except (SupervisionError, ActorError, TimeoutError) as exc:
-            self._log.warning("replica_heal_failed", replica=member.index, reason=_short(exc))
+            self._log.warning("replica_heal_failed", replica=member.index, reason=short(exc))
             return
         member.recovery.healed_at = time.monotonic()
         with member.lock:
             member.state = "live"
         self._log.info("replica_healed", replica=member.index, donors=[d.index for d in donors])
 
-    def _form_group(self, members: tuple[int, ...]) -> bool:
+    def _form_group(self, members: tuple[int, ...], step: int) -> bool:
         if members == self._quorum_members:
             return True
         self._quorum += 1
+        self._current = (self._quorum, members)
+        if any(self._members[i].state != "live" for i in members):
+            return False  # one failed since it was counted (its abort notice may be missed)
         world = len(members) * self.ranks_per_replica
         joined = self._call_all(
             members,
@@ -317,12 +334,13 @@ class ReplicaGroup:
             world,
             self._store_address,
             self.group_timeout_s,
+            step,
         )
         failed = {i: e for i, e in joined.items() if isinstance(e, BaseException)}
         if failed:
             for index, error in failed.items():
                 if isinstance(error, SupervisionError):
-                    self._failed(index, _short(error), host_lost(error))
+                    self._failed(index, short(error), host_lost(error))
             self._quorum_members = None
             return False
         self._quorum_members = members
@@ -354,8 +372,8 @@ class ReplicaGroup:
         """Undo `step` everywhere it was prepared; replicas that died are re-spawned."""
         for index, error in failed.items():
             if isinstance(error, SupervisionError):
-                self._failed(index, _short(error), host_lost(error))
-        survivors = tuple(i for i in members if i not in failed or _alive(failed[i]))
+                self._failed(index, short(error), host_lost(error))
+        survivors = tuple(i for i in members if i not in failed or alive(failed[i]))
         self._call_all(survivors, "abort", step)
         self._quorum_members = None  # a collective failed: the group must be formed again
 
@@ -372,13 +390,3 @@ class ReplicaGroup:
         if not committed:
             self._log.warning("step_discarded", step=step, replicas=list(members), reason=reason)
         return outcome
-
-
-def _alive(error: BaseException) -> bool:
-    """Whether a replica whose call raised `error` is still there (its endpoint raised)."""
-    return isinstance(error, (ActorError, TimeoutError))
-
-
-def _short(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from supervision import ActorError
+
 
 class ReplicaGroupError(RuntimeError):
     """The group cannot go on: too few replicas for too long, or replicas diverged."""
@@ -30,3 +32,14 @@ class Recovery:
     respawned_at: float | None = None
     healed_at: float | None = None
     first_commit_at: float | None = None
+
+
+def alive(error: BaseException) -> bool:
+    """Whether a replica whose call raised `error` is still there (its endpoint raised)."""
+    return isinstance(error, (ActorError, TimeoutError))
+
+
+def short(error: BaseException) -> str:
+    """The first line of `error` with its type, for a reason or a log line."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]

@@ -1,8 +1,9 @@
 """`Replica`: the actor side of TorchFT-style replica training (needs torch).
 
 A replica holds a full copy of the model and its optimizer. Each step is two-phase: `prepare`
-computes the local gradient, gathers every participant's gradient over a gloo process group,
-averages them in a fixed order and applies the optimizer, keeping a backup; `commit` drops the
+computes the local gradient, averages it with every participant's over a gloo process group
+(a reduce-scatter and an all-gather, summed in a fixed order: `_exchange`) and applies the
+optimizer, keeping a backup; `commit` drops the
 backup, `abort` restores it. So a step is applied everywhere or nowhere, and every participant
 ends it with bitwise-identical parameters. A replacement replica heals by pulling the state of
 a live peer straight from that peer's actor (tensors travel out of band, zero-copy).
@@ -25,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from mesh import Actor, context, endpoint
 
+from ._aborts import AbortWatch
+from ._exchange import average, exchange_average, run_unless_aborted
 from ._heal import DonorCache, HealReport, endpoints_of, heal
 from ._heal_state import Chunk, Piece, StateLayout
 from ._position import Position, capture_position, restore_position
@@ -58,7 +61,7 @@ class Replica(Actor):
         self.committed_step = 0  # the number of steps committed so far
         self.replica_id = -1
         self.ranks_per_replica = 1
-        self._store: Any = None
+        self._aborts: AbortWatch | None = None
         self._group: Any = None
         self._quorum = -1
         self._backup: dict[str, Any] | None = None
@@ -73,9 +76,10 @@ class Replica(Actor):
         raise NotImplementedError("a Replica subclass must implement loss(model, step, shard)")
 
     def on_phase(self, phase: str, step: int) -> None:
-        """Called as each phase of a step begins ("forward", "allreduce", "apply", "commit");
-        override to instrument a replica (or, in tests, to make it fail at a chosen point).
-        A donor also calls it as it sends each chunk of a heal: ("heal", committed step)."""
+        """Called as each phase of a step begins ("join" when the group is formed for it,
+        "forward", "allreduce", "apply", "commit"); override to instrument a replica (or, in
+        tests, to make it fail at a chosen point). A donor also calls it as it sends each
+        chunk of a heal: ("heal", committed step)."""
 
     def data_state(self) -> Any:
         """The position of this replica's data loader after the committed steps: small,
@@ -96,29 +100,43 @@ class Replica(Actor):
 
     @endpoint
     def join(
-        self, quorum: int, base: int, world: int, store: tuple[str, int], timeout_s: float
+        self,
+        quorum: int,
+        base: int,
+        world: int,
+        store: tuple[str, int],
+        timeout_s: float,
+        step: int = 0,
     ) -> None:
-        """Enter the process group of `quorum` (a fresh one per membership): this replica's
-        ranks take the group ranks from `base` on."""
+        """Enter the process group of `quorum` (a fresh one per membership) for `step`: this
+        replica's ranks take the group ranks from `base` on. Gives up as soon as the group's
+        controller says that a member failed (`ExchangeAborted`)."""
         import torch.distributed as dist
 
+        self.on_phase("join", step)
         rank = base + context().rank.rank
         timeout = datetime.timedelta(seconds=timeout_s)
-        if self._store is None:
-            self._store = dist.TCPStore(  # type: ignore[attr-defined]
-                store[0], store[1], is_master=False, timeout=timeout
-            )
         self._group = None  # the old group: its peers may be gone
-        prefixed = dist.PrefixStore(f"quorum-{quorum}", self._store)  # type: ignore[attr-defined]
-        self._group = dist.ProcessGroupGloo(prefixed, rank, world, timeout)
+        self._quorum = -1
+        if self._aborts is None:
+            self._aborts = AbortWatch(store, timeout_s)
+        self._aborts.quorum = quorum
+        # A store client of its own: an abandoned rendezvous may still hold its connection.
+        client = dist.TCPStore(  # type: ignore[attr-defined]
+            store[0], store[1], is_master=False, timeout=timeout
+        )
+        prefixed = dist.PrefixStore(f"quorum-{quorum}", client)  # type: ignore[attr-defined]
+        self._group = run_unless_aborted(
+            lambda: dist.ProcessGroupGloo(prefixed, rank, world, timeout), self._aborts
+        )
         self._quorum = quorum
 
     # -- one step -----------------------------------------------------------------------------
 
     @endpoint
     def prepare(self, step: int, quorum: int, world: int) -> str:
-        """Phase one of `step`: gradient, gather, average, apply (with a backup). Returns the
-        digest of the resulting parameters."""
+        """Phase one of `step`: gradient, exchange (the average), apply (with a backup).
+        Returns the digest of the resulting parameters."""
         if quorum != self._quorum or self._group is None:
             raise RuntimeError(f"replica {self.replica_id} is not in quorum {quorum}")
         if step != self.committed_step + 1:
@@ -132,10 +150,11 @@ class Replica(Actor):
         self.on_phase("forward", step)
         local = local_gradient(self.model, self.loss(self.model, step, shard))
         self.on_phase("allreduce", step)
-        gathered = _allgather(self._group, local, world)
+        assert self._aborts is not None  # set by join
+        averaged = exchange_average(self._group, local, self._aborts)
         self.on_phase("apply", step)
         self._backup = _snapshot(self.model, self.optimizer)
-        apply_gradient(self.model, self.optimizer, gathered)
+        apply_average(self.model, self.optimizer, averaged)
         return digest(self.model)
 
     @endpoint
@@ -229,14 +248,17 @@ def apply_gradient(
 ) -> None:
     """Average `gathered` (one flat gradient per participant, in participant order: the same
     order everywhere, so the same bits everywhere) and take an optimizer step with it."""
-    total = gathered[0].clone()
-    for grad in gathered[1:]:
-        total += grad
-    total /= len(gathered)
+    apply_average(model, optimizer, average(gathered))
+
+
+def apply_average(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, averaged: torch.Tensor
+) -> None:
+    """Take an optimizer step with the flat averaged gradient `averaged`."""
     offset = 0
     for param in model.parameters():
         count = param.numel()
-        param.grad = total[offset : offset + count].view_as(param).clone()
+        param.grad = averaged[offset : offset + count].view_as(param).clone()
         offset += count
     optimizer.step()
 
@@ -279,14 +301,6 @@ def replay_training(
         return replica.model
     finally:
         torch.set_num_threads(threads)
-
-
-def _allgather(group: Any, local: torch.Tensor, world: int) -> list[torch.Tensor]:
-    import torch
-
-    out = [torch.empty_like(local) for _ in range(world)]
-    group.allgather([out], [local]).wait()
-    return out
 
 
 def _snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -134,12 +134,18 @@ class _ProcStart(BaseException):
 
 
 #: Modules the fork server imports before forking anything (comma-separated), so that procs
-#: start with them loaded: e.g. ``torch``, which takes a second or two to import.
+#: start with them loaded: e.g. ``torch``, which takes a second or two to import. In a proc's
+#: `env` (``spawn_procs(env=...)``) it names modules to import before forking that proc: once,
+#: so later procs of this fork server start with them loaded too.
 PRELOAD_ENV = ENV_NAMES["preload"]
+_preloaded: set[str] = set()  # modules tried already (imported, or failed and reported)
 
 
-def _preload() -> None:
-    for name in current_settings().preload:
+def _preload(names: tuple[str, ...] | list[str]) -> None:
+    for name in names:
+        if not name or name in _preloaded:
+            continue
+        _preloaded.add(name)
         try:
             importlib.import_module(name)
         except Exception as exc:
@@ -148,7 +154,7 @@ def _preload() -> None:
 
 def _serve(control: socket.socket, logs: LogFileConfig | None) -> NoReturn:
     die_with_parent()
-    _preload()
+    _preload(current_settings().preload)
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     os.set_blocking(wake_read, False)
@@ -220,6 +226,8 @@ def _handle_request(
     if refusal is not None:
         control.send(pickle.dumps(("spawn_failed", proc_id, refusal)))
         return
+    if not config["bootstrap"]:
+        _preload([n.strip() for n in config["env"].get(PRELOAD_ENV, "").split(",")])
     try:
         pid, relays = _fork_proc(config, prefix, control, selector, wake_read, where)
     except OSError as exc:

@@ -1,0 +1,148 @@
+"""The gradient exchange of a replica group: a reduce-scatter then an all-gather, in fixed order.
+
+The flat gradient is cut into one bucket per group rank (padded to equal sizes). An all-to-all
+sends bucket b of every rank to its owner, rank b, which sums the parts in rank order and
+divides; an all-gather then hands every rank every averaged bucket. Each rank sends and
+receives about twice the gradient's size whatever the number of replicas (an all-gather of
+whole gradients moves N times that; it is still used for small gradients, where latency
+counts more than bytes). Float addition is elementwise, so summing a bucket in
+rank order gives the bits that summing whole gradients in rank order gives: `average` is the
+reference, which `replay_training` uses.
+
+The collectives are methods of the backend's process group (`alltoall_base`,
+`_allgather_base`): gloo on CPU; NCCL offers the same methods for CUDA tensors (untested here:
+no GPU). Every wait goes through `wait_unless_aborted`, so a survivor gives up as soon as
+supervision says a peer is dead instead of waiting for the backend's timeout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import torch
+
+T = TypeVar("T")
+
+#: How often a waiting replica looks for an abort: it bounds what a survivor waits beyond the
+#: moment supervision reports a death.
+ABORT_POLL_S = 0.02
+
+
+#: Below this many bytes sent per rank, one all-gather of whole gradients costs less than two
+#: collectives (latency, not bandwidth, bounds a step): the bits are the same either way.
+ALLGATHER_BELOW_BYTES = 256 * 1024
+
+#: Process groups with collectives given up, and those collectives: kept until they end, since
+#: dropping a process group waits for its pending work (up to the backend's timeout).
+_ABANDONED: list[tuple[Any, Any]] = []
+
+
+class ExchangeAborted(RuntimeError):
+    """A collective was given up: a peer of the group failed (supervision said so)."""
+
+
+def bucket_bounds(numel: int, world: int) -> list[tuple[int, int]]:
+    """The slice of a flat gradient of `numel` elements that each of `world` ranks owns: equal
+    contiguous buckets, in rank order (the last ones shorter, or empty, where it does not
+    divide)."""
+    if world < 1 or numel < 0:
+        raise ValueError(f"buckets need world >= 1 and numel >= 0, not {world} and {numel}")
+    size = -(-numel // world)
+    return [(min(b * size, numel), min((b + 1) * size, numel)) for b in range(world)]
+
+
+def average(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The mean of `parts`, summed left to right (participant order): the same bits wherever
+    it is computed, a bucket at a time or whole."""
+    total = parts[0].clone()
+    for part in parts[1:]:
+        total += part
+    total /= len(parts)
+    return total
+
+
+def exchange_average(
+    group: Any, local: torch.Tensor, aborted: Callable[[], str | None]
+) -> torch.Tensor:
+    """The average of every group rank's `local` gradient (bitwise `average` of them in rank
+    order), through `group`; raises `ExchangeAborted` once `aborted()` names a reason."""
+    import torch
+    import torch.distributed as dist
+
+    _ABANDONED[:] = [(g, work) for g, work in _ABANDONED if not work.is_completed()]
+    world, numel = group.size(), local.numel()
+    if world == 1:
+        return average([local])
+    if (world - 1) * numel * local.element_size() < ALLGATHER_BELOW_BYTES:
+        everyone = torch.empty(world * numel, dtype=local.dtype, device=local.device)
+        _wait_for(group, group._allgather_base(everyone, local.contiguous()), aborted)
+        return average(everyone.view(world, numel).unbind(0))
+    size = -(-numel // world)
+    padded = torch.zeros(size * world, dtype=local.dtype, device=local.device)
+    padded[:numel] = local
+    received = torch.empty_like(padded)  # row r: bucket `rank` of rank r
+    options = dist.AllToAllOptions()  # type: ignore[attr-defined]
+    _wait_for(group, group.alltoall_base(received, padded, [], [], options), aborted)
+    mine = average(received.view(world, size).unbind(0))
+    gathered = torch.empty_like(padded)
+    _wait_for(group, group._allgather_base(gathered, mine), aborted)
+    return gathered[:numel]
+
+
+def wait_unless_aborted(work: Any, aborted: Callable[[], str | None]) -> None:
+    """Wait for a collective's `work`; give it up (it goes on, abandoned, until the backend's
+    timeout) as soon as `aborted()` gives a reason. The backend waits in slices of
+    `ABORT_POLL_S` (a timed-out ``wait`` leaves gloo's work running, to be waited on again)."""
+    poll = datetime.timedelta(seconds=ABORT_POLL_S)
+    while True:
+        try:
+            work.wait(poll)
+            return
+        except RuntimeError:
+            if work.is_completed():
+                work.wait()  # it failed: raises the backend's error
+                return
+        reason = aborted()
+        if reason is not None:
+            raise ExchangeAborted(f"the exchange was given up: {reason}")
+
+
+def _wait_for(group: Any, work: Any, aborted: Callable[[], str | None]) -> None:
+    try:
+        wait_unless_aborted(work, aborted)
+    except ExchangeAborted:
+        _ABANDONED.append((group, work))
+        raise
+
+
+def run_unless_aborted(task: Callable[[], T], aborted: Callable[[], str | None]) -> T:
+    """`task()` (a blocking call such as a process group's rendezvous) on a thread of its own,
+    given up (left to end on its own) as soon as `aborted()` gives a reason."""
+    done = threading.Event()
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, task()))
+        except BaseException as exc:
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="meshvisor-rendezvous", daemon=True).start()
+    _wait(done, aborted)
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
+def _wait(done: threading.Event, aborted: Callable[[], str | None]) -> None:
+    while not done.wait(ABORT_POLL_S):
+        reason = aborted()
+        if reason is not None:
+            raise ExchangeAborted(f"the exchange was given up: {reason}")

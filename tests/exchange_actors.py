@@ -1,0 +1,77 @@
+"""Actors for tests/test_exchange.py (importable by procs: they unpickle these classes)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from replica_actors import Trainer
+
+from mesh import Actor, current_rank, endpoint
+from recovery import exchange_average
+
+
+def gradient(seed: int, rank: int, numel: int) -> torch.Tensor:
+    """A deterministic gradient of `rank`, with magnitudes spread wide so that the order of a
+    sum changes its bits."""
+    generator = torch.Generator().manual_seed(seed * 1009 + rank)
+    scale = torch.exp(torch.randn(numel, generator=generator) * 8)
+    return torch.randn(numel, generator=generator) * scale
+
+
+class Exchanger(Actor):
+    """Joins a gloo group of the first `world` ranks and averages `gradient`s through it."""
+
+    @endpoint
+    def average(
+        self, store: tuple[str, int], tag: str, world: int, seed: int, numel: int
+    ) -> torch.Tensor:
+        torch.set_num_threads(1)
+        rank = current_rank().rank
+        timeout = datetime.timedelta(seconds=60)
+        client = dist.TCPStore(store[0], store[1], is_master=False, timeout=timeout)  # type: ignore[attr-defined]
+        prefixed = dist.PrefixStore(tag, client)  # type: ignore[attr-defined]
+        group = dist.ProcessGroupGloo(prefixed, rank, world, timeout)
+        averaged = exchange_average(group, gradient(seed, rank, numel), lambda: None)
+        return averaged.clone()
+
+
+class StallingTrainer(Trainer):
+    """Sends itself `signal` at chosen (step, phase) points, once each (a marker file in
+    `marks` remembers it): SIGKILL dies, SIGSTOP hangs."""
+
+    def __init__(self, plan: dict[int, list[tuple[int, str, str]]], marks: str) -> None:
+        super().__init__()
+        self.plan = plan
+        self.marks = Path(marks)
+
+    def on_phase(self, phase: str, step: int) -> None:
+        for when, where, signame in self.plan.get(self.replica_id, []):
+            if (when, where) != (step, phase):
+                continue
+            try:
+                (self.marks / f"{self.replica_id}-{step}-{phase}").touch(exist_ok=False)
+            except FileExistsError:
+                return
+            os.kill(os.getpid(), getattr(signal, signame))
+
+
+class HangsWhileBuilt(Trainer):
+    """The first replica built (per `marks` directory) stops its own process (SIGSTOP) in
+    build(), so the group finds it hung while it starts."""
+
+    def __init__(self, marks: str) -> None:
+        self.marks = Path(marks)
+        super().__init__()
+
+    def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        try:
+            (self.marks / "hung-in-build").touch(exist_ok=False)
+        except FileExistsError:
+            return super().build()
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return super().build()

@@ -1,0 +1,150 @@
+"""The gradient exchange (recovery/_exchange.py): its buckets, its bits, and no stalls.
+
+The exchange must give the bits of `average` (whole gradients summed in rank order), which
+`replay_training` uses: for every size and world, bucket by bucket in one process (the data
+movement of the all-to-all and the all-gather, simulated), and through real gloo groups of
+real procs. A replica killed or hung at any point of a step, the rendezvous included, costs
+the survivors the failure-detection time, not the process group's timeout.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+
+import exchange_actors as xa
+import pytest
+import replica_actors as ra
+import torch
+import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mesh import this_host
+from recovery import ReplicaGroup, bucket_bounds, replay_training
+from recovery import fixed_order_average as average
+from recovery import parameter_digest as digest
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.contiguous().view(torch.int32)
+
+
+@given(numel=st.integers(0, 10_000), world=st.integers(1, 64))
+def test_buckets_cover_the_gradient_in_rank_order(numel: int, world: int) -> None:
+    bounds = bucket_bounds(numel, world)
+    assert len(bounds) == world
+    assert bounds[0][0] == 0 and bounds[-1][1] == numel
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds)), "contiguous, in rank order"
+    share = -(-numel // world)
+    sizes = [stop - start for start, stop in bounds]
+    assert all(size <= share for size in sizes), "no bucket is over the equal share"
+    assert all(size == share for size in sizes[: numel // share if share else 0])
+
+
+def test_bad_bucket_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="world >= 1"):
+        bucket_bounds(10, 0)
+
+
+def simulated_exchange(grads: list[torch.Tensor]) -> torch.Tensor:
+    """What every rank ends with: bucket b of every rank goes to rank b (all-to-all), which
+    averages the parts in rank order; the averaged buckets are then gathered in rank order."""
+    world, numel = len(grads), grads[0].numel()
+    owned = []
+    for start, stop in bucket_bounds(numel, world):
+        owned.append(average([g[start:stop] for g in grads]))
+    return torch.cat(owned)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+    world=st.integers(1, 9),
+    seed=st.integers(0, 2**16),
+)
+def test_bucketed_average_has_the_bits_of_the_whole_average(
+    shape: list[int], world: int, seed: int
+) -> None:
+    numel = 1
+    for size in shape:
+        numel *= size
+    grads = [xa.gradient(seed, rank, numel) for rank in range(world)]
+    assert torch.equal(bits(simulated_exchange(grads)), bits(average(grads)))
+
+
+def test_summing_order_matters_for_these_gradients() -> None:
+    """The check above can fail: with these magnitudes, another order gives other bits."""
+    grads = [xa.gradient(3, rank, 4096) for rank in range(4)]
+    assert not torch.equal(bits(average(grads)), bits(average(grads[::-1])))
+
+
+def test_gloo_exchange_of_real_procs_has_the_bits_of_the_whole_average() -> None:
+    """Small gradients go through one all-gather, larger ones through buckets: both bitwise."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+    procs = this_host().spawn_procs(per_host={"ranks": 4}, name="exchangers")
+    try:
+        actors = procs.spawn("exchanger", xa.Exchanger).flatten("rank")
+        for world, numel in [(2, 1), (3, 1000), (4, 3), (2, 70_001), (4, 100_003)]:
+            ranks = actors.slice(rank=slice(0, world))
+            tag = f"w{world}-n{numel}"
+            found = ranks.average.call(("127.0.0.1", store.port), tag, world, 7, numel).get(60)
+            expected = average([xa.gradient(7, rank, numel) for rank in range(world)])
+            for value in found.values():
+                assert torch.equal(bits(value), bits(expected)), (world, numel)
+    finally:
+        procs.stop(grace_s=1.0).get(timeout=30)
+
+
+# -- no stalls --------------------------------------------------------------------------------
+
+#: The process group's own timeout in these tests: a survivor that waited for it would take
+#: this long; one that gives up on a supervision report takes about the detection time.
+GROUP_TIMEOUT_S = 60.0
+#: A generous bound on a discarded step (detection, the abort, the controller's bookkeeping)
+#: on a machine whose cores are saturated: far below GROUP_TIMEOUT_S.
+STALL_BOUND_S = 20.0
+
+
+@pytest.fixture
+def groups() -> Iterator[list[ReplicaGroup]]:
+    made: list[ReplicaGroup] = []
+    yield made
+    for group in made:
+        group.close()
+
+
+def test_survivors_do_not_wait_on_a_replica_failing_at_any_point(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    plan = {
+        1: [(1, "join", "SIGKILL"), (10, "apply", "SIGKILL")],
+        2: [(4, "forward", "SIGKILL"), (13, "allreduce", "SIGSTOP")],
+        0: [(7, "allreduce", "SIGKILL")],
+    }
+    group = ReplicaGroup(
+        this_host(),
+        xa.StallingTrainer,
+        plan,
+        str(tmp_path),
+        replicas=3,
+        heartbeat_timeout_s=1.0,
+        group_timeout_s=GROUP_TIMEOUT_S,
+        step_timeout_s=GROUP_TIMEOUT_S,
+    )
+    groups.append(group)
+    while group.committed_steps < 15:
+        if group.committed_steps + 1 in (4, 7, 10, 13):
+            group.wait_for_all(timeout=120)
+        group.step()
+        assert len(group.outcomes) < 40, group.outcomes[-5:]
+    discarded = {o.step: round(o.seconds, 3) for o in group.outcomes if not o.committed}
+    print(f"\nseconds of each discarded step (group timeout {GROUP_TIMEOUT_S:g} s): {discarded}")
+    assert set(discarded) == {1, 4, 7, 10, 13}, group.outcomes
+    assert max(discarded.values()) < STALL_BOUND_S, discarded
+    replayed = replay_training(ra.Trainer, group.history)
+    live = {d for entries in group.status().values() for _, d in entries}
+    assert live == {digest(replayed)}
