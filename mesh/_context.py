@@ -110,11 +110,12 @@ def enter_context(value: Context) -> ContextToken:
     """Run as `value`: `context()` returns it, and structlog's context variables hold its
     identity (``actor_id``, ``mesh_name``, ``rank``), so that structlog loggers configured
     with ``merge_contextvars`` (structlog's default) log it. Only once the process has
-    imported structlog (the actor's code did): importing it costs every proc ~0.1 s."""
+    imported structlog (the actor's code did; a module half imported by another thread is
+    not used): importing it costs every proc ~0.1 s."""
     token = _current.set(value)
     structlog = sys.modules.get("structlog")
-    if structlog is None:
-        return token, {}
+    if structlog is None or getattr(structlog.__spec__, "_initializing", False):
+        return token, {}  # not imported, or another thread is importing it right now
     bound = structlog.contextvars.bind_contextvars(
         actor_id=value.actor_id, mesh_name=value.mesh_name, rank=dict(value.rank)
     )
