@@ -193,9 +193,14 @@ class Fragile(Actor):
         libc.signal(signum, ctypes.c_void_p(1))  # SIG_IGN
 
     @endpoint
-    def data_limit(self) -> int:
-        """This proc's RLIMIT_DATA (what ``memory_limit`` sets), in bytes."""
-        return resource.getrlimit(resource.RLIMIT_DATA)[0]
+    def data_limit(self) -> tuple[int, int]:
+        """This proc's RLIMIT_DATA (what ``memory_limit`` sets) and its private writable memory
+        now (``VmData``), in bytes."""
+        with open("/proc/self/status") as status:
+            vm_data = next(
+                int(line.split()[1]) * 1024 for line in status if line.startswith("VmData:")
+            )
+        return resource.getrlimit(resource.RLIMIT_DATA)[0], vm_data
 
 
 def join_cgroup(path: str) -> None:

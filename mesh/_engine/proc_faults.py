@@ -4,8 +4,9 @@
   on a fatal signal (segfault, bus error, abort...) and on `DUMP_SIGNAL`, which the agent
   sends to a proc it declared hung; for that one faulthandler chains to the signal's default
   action afterwards, so the proc dies of it once its stacks are written.
-- Its memory limit (``spawn_procs(memory_limit=...)``): enforced as ``RLIMIT_DATA``, its
-  private writable memory (heap, anonymous mappings). An allocation past it fails with
+- Its memory limit (``spawn_procs(memory_limit=...)``): enforced as ``RLIMIT_DATA``, the
+  private writable memory (heap, anonymous mappings) it allocates on top of what it started
+  with (what it inherited from its fork server). An allocation past it fails with
   ``MemoryError``; one that escapes an endpoint or a constructor kills the proc, as the
   kernel's OOM killer would, after writing a note with the figures and the allocating stack.
 """
@@ -54,13 +55,28 @@ def record_stacks_on_faults(rundir: str, proc_id: str) -> None:
 
 
 def limit_memory(limit_bytes: int, rundir: str, proc_id: str) -> None:
-    """Cap this proc's private writable memory at `limit_bytes` (0: no limit)."""
+    """Let this proc allocate at most `limit_bytes` of private writable memory (0: no limit)
+    on top of what it started with: a proc forked from a fork server inherits the server's
+    mappings (torch, when preloaded, maps hundreds of MiB), which `RLIMIT_DATA` counts."""
     global _memory_limit
     if limit_bytes <= 0:
         return
-    resource.setrlimit(resource.RLIMIT_DATA, (limit_bytes, limit_bytes))
+    cap = _data_bytes() + limit_bytes
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
     paths = oom_note_path(rundir, proc_id), stacks_path(rundir, proc_id)
     _memory_limit = (limit_bytes, *paths)
+
+
+def _data_bytes() -> int:
+    """This process's private writable memory now (``VmData``), 0 if it cannot be read."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmData:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def die_if_out_of_memory(error: BaseException) -> None:
