@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None, prog: str = "meshvisor demo") -> int:
     )
     options = ChaosOptions(
         hosts=2,
-        preload=("torch", "torch._dynamo", "chaos"),  # replacements start in ~0.1 s
+        preload=("torch", "torch.distributed", "torch._dynamo", "chaos"),  # as ReplicaGroup asks
         on_update=print,
         params={
             "replicas": args.replicas,

@@ -9,6 +9,7 @@ in time is reported as unreachable, with the reason when one is known.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -55,7 +56,10 @@ class Snapshot:
 class SnapshotReader:
     """Takes snapshots of the agents of `target` (close it, or use it as a context manager)."""
 
-    def __init__(self, target: Target, listen_host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, target: Target, listen_host: str = "127.0.0.1", meshes: frozenset[str] = frozenset()
+    ) -> None:
+        self.meshes = meshes  # only the procs of these proc or actor meshes (empty: all)
         self._target = target
         if target.keys:
             use_curve_keys(target.keys)
@@ -99,7 +103,11 @@ class SnapshotReader:
             if agent not in answers:
                 unreachable.append(Unreachable(agent, failed.get(agent) or self._why(agent)))
                 self._outbox.forget(agent)  # no query piles up for it meanwhile
-        hosts = tuple(answers[a] for a in self._target.agents if a in answers)
+        hosts = tuple(
+            _only(answers[a], self.meshes) if self.meshes else answers[a]
+            for a in self._target.agents
+            if a in answers
+        )
         return Snapshot(self._target.title, time.time(), hosts, tuple(unreachable))
 
     def _gather(self, agents: set[str], timeout_s: float) -> dict[str, HostSnapshot]:
@@ -153,3 +161,15 @@ def _bound_alias(answered: str, asked: set[str]) -> str | None:
     port = answered.rpartition(":")[2]
     matches = [a for a in asked if a.startswith("tcp://") and a.rpartition(":")[2] == port]
     return matches[0] if len(matches) == 1 else None
+
+
+def _only(host: HostSnapshot, meshes: frozenset[str]) -> HostSnapshot:
+    """`host` with only the procs of the proc or actor meshes named `meshes`, and their events."""
+    procs = tuple(
+        proc
+        for proc in host.procs
+        if proc.mesh_name in meshes or any(actor.mesh_name in meshes for actor in proc.actors)
+    )
+    kept = {proc.proc_id for proc in procs}
+    events = tuple(e for e in host.events if e.proc_id in kept or e.mesh_name in meshes)
+    return dataclasses.replace(host, procs=procs, events=events)

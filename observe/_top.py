@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None, prog: str = "meshvisor top") -> int:
         signal.signal(signum, _exit_on_signal)
     try:
         target = _target(args)
-        with SnapshotReader(target, listen_host=args.listen_host) as reader:
+        meshes = frozenset(args.mesh or ())
+        with SnapshotReader(target, listen_host=args.listen_host, meshes=meshes) as reader:
             if args.json:
                 return _print_json(reader, args.timeout)
             from observe._live_view import run_live_view
@@ -87,6 +88,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     which.add_argument("--slurm-job", help="a meshvisor SLURM job (id or name)")
     parser.add_argument("--job-dir", help="where the SLURM job's directory is (--slurm-job)")
+    parser.add_argument(
+        "--mesh",
+        action="append",
+        help="show only the procs of this proc mesh or actor mesh (repeat for several)",
+    )
     parser.add_argument("--json", action="store_true", help="print one snapshot as JSON, exit")
     parser.add_argument(
         "--interval", type=_positive, default=1.0, help="seconds between refreshes (default 1)"

@@ -70,16 +70,16 @@ def _quit(pane: TmuxPane) -> None:
 def test_view_shows_procs_and_actors_then_a_kill_then_q_quits(
     pane: TmuxPane, make_procs: Callable[..., Any], root_events: list[Any]
 ) -> None:
-    procs = make_procs({"gpus": 2})
+    procs = make_procs({"gpus": 2}, name="view-kill")
     where = procs.spawn("watchers", Where)
     pids = sorted(pid for pid, _ in where.where.call().get(timeout=T).values())
-    pane.start(_top("--pid", str(os.getpid()), "--interval", "0.5"), _env())
+    pane.start(_top("--pid", str(os.getpid()), "--mesh", "view-kill", "--interval", "0.5"), _env())
     shown = pane.wait_for(
         lambda s: all(str(p) in s for p in pids) and _both_actors(s),
         "both procs, their pids and the actor mesh",
     )
     assert f"client {os.getpid()}" in shown
-    assert "running" in shown and "procs{gpus=0}" in shown and "procs{gpus=1}" in shown
+    assert "running" in shown and "view-kill{gpus=0}" in shown and "view-kill{gpus=1}" in shown
     assert "host " in shown and "last events" in shown and "spawned" in shown
 
     os.kill(pids[1], signal.SIGKILL)
@@ -94,24 +94,25 @@ def test_long_reasons_never_hide_which_proc_is_which(
     pane: TmuxPane, make_procs: Callable[..., Any], root_events: list[Any]
 ) -> None:
     command = BootstrapCommand("sh", args=("-c", "exit 3; " + "x" * 300))
-    make_procs({"gpus": 1}, bootstrap_command=command)  # its rank fails with a long reason
+    make_procs({"gpus": 1}, name="view-long", bootstrap_command=command)  # a long reason
     wait_until(lambda: root_events, T, "the failed start to reach the client")
     root_events.clear()
-    where = make_procs({"gpus": 2}).spawn("watchers", Where)
+    where = make_procs({"gpus": 2}, name="view-short").spawn("watchers", Where)
     pids = sorted(pid for pid, _ in where.where.call().get(timeout=T).values())
-    pane.start(_top("--pid", str(os.getpid()), "--interval", "0.5"), _env(), width=120)
+    meshes = ("--mesh", "view-long", "--mesh", "view-short")
+    pane.start(_top("--pid", str(os.getpid()), *meshes, "--interval", "0.5"), _env(), width=120)
     shown = pane.wait_for(lambda s: all(str(p) in s for p in pids), "both pids beside the reason")
     assert "failed to start: the bootstrap command" in shown and "…" in shown  # the reason, cut
     _quit(pane)
 
 
 def test_json_snapshot_has_the_documented_shape(make_procs: Callable[..., Any]) -> None:
-    procs = make_procs({"gpus": 2})
+    procs = make_procs({"gpus": 2}, name="view-json")
     where = procs.spawn("watchers", Where)
     pids = {pid for pid, _ in where.where.call().get(timeout=T).values()}
 
     def snapshot() -> dict[str, Any]:
-        done = _run_top("--pid", str(os.getpid()), "--json")
+        done = _run_top("--pid", str(os.getpid()), "--mesh", "view-json", "--json")
         assert done.returncode == 0, done.stderr
         found: dict[str, Any] = json.loads(done.stdout)
         return found
@@ -152,7 +153,7 @@ def _procs_of(snapshot: dict[str, Any], mesh: str) -> list[dict[str, Any]]:
 
 def test_a_restarted_rank_shows_its_restarts(make_procs: Callable[..., Any]) -> None:
     procs = make_procs(
-        {"gpus": 1}, name="restarting", restart=RestartPolicy(max_restarts=3, within_s=60)
+        {"gpus": 1}, name="view-restarting", restart=RestartPolicy(max_restarts=3, within_s=60)
     )
     where = procs.spawn("watchers", Where)
     ((pid, _),) = where.where.call().get(timeout=T).values()
@@ -160,7 +161,7 @@ def test_a_restarted_rank_shows_its_restarts(make_procs: Callable[..., Any]) -> 
 
     def restarted() -> dict[str, Any] | None:
         snapshot = _json_of_this_client()
-        live = [p for p in _procs_of(snapshot, "restarting") if p["health"] == "running"]
+        live = [p for p in _procs_of(snapshot, "view-restarting") if p["health"] == "running"]
         if live and live[0]["restarts"] == 1 and live[0]["actors"]:
             return snapshot
         return None
@@ -168,7 +169,9 @@ def test_a_restarted_rank_shows_its_restarts(make_procs: Callable[..., Any]) -> 
     wait_until(restarted, T, "the re-spawned proc with its rebuilt actor")
     snapshot = restarted()
     assert snapshot is not None
-    ended, live = sorted(_procs_of(snapshot, "restarting"), key=lambda p: p["health"] != "failed")
+    ended, live = sorted(
+        _procs_of(snapshot, "view-restarting"), key=lambda p: p["health"] != "failed"
+    )
     assert (
         ended["pid"] == pid and ended["health"] == "failed" and ended["exit"] == "killed by SIGKILL"
     )
@@ -186,15 +189,17 @@ def test_a_paused_proc_shows_as_hung_then_killed_as_hung(
     make_procs: Callable[..., Any], root_events: list[Any]
 ) -> None:
     procs = make_procs(
-        {"gpus": 1}, name="pausing", heartbeat_interval_s=0.2, heartbeat_timeout_s=3.0
+        {"gpus": 1}, name="view-pausing", heartbeat_interval_s=0.2, heartbeat_timeout_s=3.0
     )
     where = procs.spawn("watchers", Where)
     ((pid, _),) = where.where.call().get(timeout=T).values()
     os.kill(pid, signal.SIGSTOP)
     try:
-        wait_until(lambda: _health_of("pausing")[0][0] == "hung", T, "the paused proc: hung")
+        wait_until(lambda: _health_of("view-pausing")[0][0] == "hung", T, "the paused proc: hung")
         wait_until(
-            lambda: (_health_of("pausing")[0][1] or "").startswith("hung, killed"), T, "its kill"
+            lambda: (_health_of("view-pausing")[0][1] or "").startswith("hung, killed"),
+            T,
+            "its kill",
         )
     finally:
         with contextlib.suppress(ProcessLookupError):
