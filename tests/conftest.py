@@ -249,3 +249,12 @@ def slurm(slurm_cluster: Any, tmp_path: Path) -> Iterator[Any]:
     slurm_cluster.jobs.mkdir(mode=0o700)
     yield slurm_cluster
     slurm_cluster.restore(timeout_s=60.0)
+
+
+@pytest.fixture
+def groups() -> Iterator[list[Any]]:
+    """The replica groups a test makes (it appends them), closed when the test ends."""
+    made: list[Any] = []
+    yield made
+    for group in made:
+        group.close()

@@ -10,7 +10,6 @@ the survivors the failure-detection time, not the process group's timeout.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 
 import exchange_actors as xa
@@ -107,14 +106,6 @@ GROUP_TIMEOUT_S = 60.0
 #: A generous bound on a discarded step (detection, the abort, the controller's bookkeeping)
 #: on a machine whose cores are saturated: far below GROUP_TIMEOUT_S.
 STALL_BOUND_S = 20.0
-
-
-@pytest.fixture
-def groups() -> Iterator[list[ReplicaGroup]]:
-    made: list[ReplicaGroup] = []
-    yield made
-    for group in made:
-        group.close()
 
 
 def test_survivors_do_not_wait_on_a_replica_failing_at_any_point(

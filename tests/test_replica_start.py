@@ -5,7 +5,6 @@ any other failure, and replicas are forked from a fork server that has torch loa
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import exchange_actors as xa
@@ -18,14 +17,6 @@ from recovery import ReplicaGroup, replay_training
 from recovery import parameter_digest as digest
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def groups() -> Iterator[list[ReplicaGroup]]:
-    made: list[ReplicaGroup] = []
-    yield made
-    for group in made:
-        group.close()
 
 
 def test_a_replica_hanging_while_the_group_starts_is_replaced(
