@@ -15,6 +15,7 @@ exits with EXIT_STATUS (default 0).
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import select
 import sys
@@ -28,6 +29,7 @@ from job import JobState, SlurmJob
 
 WAIT_S = 120.0
 T = 60.0
+STUCK_S = 75.0  # far more than a client needs to get to READY, or to end
 
 
 def emit(tag: str, value: object) -> None:
@@ -45,6 +47,9 @@ def call_every_node(state: JobState, mesh: str) -> None:
 
 
 def main(argv: list[str]) -> int:
+    # a client stuck past its test's bound prints every thread's stack and ends, so the test
+    # fails with the evidence (its stderr) instead of waiting on a silent process
+    faulthandler.dump_traceback_later(STUCK_S, exit=True)
     verb = argv[0]
     if verb == "start":
         job_dir, name, mode = argv[1:4]
@@ -59,6 +64,7 @@ def main(argv: list[str]) -> int:
         emit("JOB", job.job_id)
         call_every_node(state, "workers")
         print("READY", flush=True)
+        faulthandler.cancel_dump_traceback_later()
         select.select([sys.stdin], [], [], WAIT_S)
         return 0
     if verb == "attach":
