@@ -28,15 +28,22 @@ RUN_BASE_ENV = "MESHVISOR_TEST_RUN_BASE"
 SESSION_FILE = ".session"
 
 
+#: The pytest-xdist worker (``gw0``...) a base belongs to: each worker runs a session of its own,
+#: with its own base, agents and leak check; the procs it starts inherit both variables.
+RUN_BASE_WORKER_ENV = "MESHVISOR_TEST_RUN_BASE_WORKER"
+
+
 def _make_run_base() -> tuple[str, bool]:
     """The session's private base directory, and whether this process made it."""
     inherited = os.environ.get(RUN_BASE_ENV)
-    if inherited and os.path.isdir(inherited):
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if inherited and os.path.isdir(inherited) and os.environ.get(RUN_BASE_WORKER_ENV) == worker:
         return inherited, False
     base = tempfile.mkdtemp(prefix="mvt-")
     os.chmod(base, 0o700)
     Path(base, SESSION_FILE).write_text(inherited or base)
     os.environ[RUN_BASE_ENV] = base
+    os.environ[RUN_BASE_WORKER_ENV] = worker
     return base, True
 
 
@@ -63,10 +70,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "filterwarnings", "ignore:mypy_extensions.TypedDict is deprecated:DeprecationWarning"
     )
+    config.addinivalue_line("markers", "xdist_group(name): run on one pytest-xdist worker")
     # tmp_path directories go under the private base too, removed with it at the end
     # (pytest's default keeps the last runs' directories in /tmp/pytest-of-USER).
     if config.option.basetemp is None:
         config.option.basetemp = os.path.join(RUN_BASE, "tmp")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``-n 2 --dist loadgroup``): the tests of one file run on one worker,
+    so that a module's fixtures are set up once, and every test of the SLURM cluster on the
+    same worker, so that the session starts one cluster, not one per worker."""
+    for item in items:
+        uses_slurm = "slurm_cluster" in getattr(item, "fixturenames", ())
+        group = "slurm" if uses_slurm else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

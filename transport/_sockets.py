@@ -52,10 +52,23 @@ def new_context() -> zmq.Context[Any]:
     return zmq.Context(io_threads=1)
 
 
+#: How long closing a context waits for its last messages to leave before giving up on them.
+CONTEXT_TERM_S = 5.0
+
+
 def close_context(context: zmq.Context[Any]) -> None:
-    """Terminate a context made by `new_context` (its sockets must be closed)."""
+    """Terminate a context made by `new_context` (its sockets must be closed). Bounded: a
+    socket still open somewhere would make ``term()`` wait forever, and with it the exit of
+    this process, so after `CONTEXT_TERM_S` it is left to the end of the process, logged."""
     stop_authenticator(context)
-    context.term()
+    term = threading.Thread(target=context.term, name="meshvisor-context-term", daemon=True)
+    term.start()
+    term.join(CONTEXT_TERM_S)
+    if term.is_alive():
+        get_logger("transport.context").warning(
+            "context_left_open",
+            reason=f"a socket was still open after {CONTEXT_TERM_S:g} s; its messages are lost",
+        )
 
 
 def runtime_base_dir() -> str:
