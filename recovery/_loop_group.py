@@ -131,11 +131,17 @@ class LoopGroup:
         return dict(sorted(self.results.items()))
 
     def close(self) -> None:
-        """Stop every replica's proc."""
+        """Stop every replica's proc (all at once)."""
         self._requests.close()
+        stopping = []
         for procs in self._procs:
             try:
-                procs.stop(grace_s=1.0).get(timeout=10.0)
+                stopping.append(procs.stop(grace_s=1.0))
+            except Exception:
+                pass
+        for stop in stopping:
+            try:
+                stop.get(timeout=10.0)
             except Exception:
                 pass
 

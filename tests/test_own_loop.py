@@ -1,5 +1,5 @@
-"""Bring your own training loop: examples/own_training_loop.py under a real `LoopGroup`, with
-a replica SIGKILLed in the middle of a step; real procs, gloo and supervision."""
+"""Bring your own training loop: examples/own_training_loop.py's loop under real `LoopGroup`s,
+with a replica SIGKILLing itself in the middle of a step; real procs, gloo and supervision."""
 
 from __future__ import annotations
 
@@ -7,14 +7,19 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import cloudpickle
 import pytest
 
-pytestmark = pytest.mark.timeout(240)
+from mesh import this_host
+from recovery import LoopGroup
+
+pytestmark = pytest.mark.timeout(300)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "own_training_loop.py"
 HB = 1.0
+STEPS = 5
 
 
 def _example() -> ModuleType:
@@ -27,14 +32,55 @@ def _example() -> ModuleType:
     return module
 
 
-def test_a_loop_killed_mid_step_heals_and_ends_as_a_fault_free_run() -> None:
+def _batches(shard: int, steps: range) -> list[tuple[int, int]]:
+    """(step, batch id) that a shard reads at `steps` when it keeps the group's position."""
+    return [(step, (step - 1) * 1000 + shard) for step in steps]
+
+
+def test_loops_killed_mid_step_heal_and_keep_their_place(groups: list[Any]) -> None:
     ex = _example()
-    clean, _ = ex.run_group(2, 5, heartbeat_timeout_s=HB)
-    faulty, group = ex.run_group(2, 5, (1, 3), heartbeat_timeout_s=HB, group_timeout_s=60.0)
-    print(group.outcomes, group.recoveries)
-    assert ex.continuity(clean, faulty) == []
-    assert faulty[1]["incarnation"] == 1 and faulty[1]["read"][0][0] == 3
-    discarded = [o for o in group.outcomes if not o.committed]
+
+    def start(replicas: int, kill: Any = None, min_replicas: int = 0, **kw: Any) -> LoopGroup:
+        group = LoopGroup(
+            this_host(),
+            ex.train,
+            STEPS,
+            kill,
+            replicas=replicas,
+            min_replicas=min_replicas or replicas,
+            heartbeat_timeout_s=HB,
+            **kw,
+        )
+        groups.append(group)
+        return group
+
+    # All three start at once (their procs start together); each runs when asked.
+    clean, retried = start(2), start(2, (1, 3), group_timeout_s=60.0)
+    onward = start(3, (2, 3), min_replicas=2)
+    fault_free = clean.run(timeout_s=200)
+    assert fault_free[0]["read"] == _batches(0, range(1, STEPS + 1))
+    assert fault_free[0]["digest"] == fault_free[1]["digest"]
+
+    # All replicas needed: the survivor retries the step with the healed replacement, and the
+    # run ends as the fault-free one did, bit for bit, every batch read once.
+    results = retried.run(timeout_s=200)
+    assert ex.continuity(fault_free, results) == []
+    assert results[1]["incarnation"] == 1 and results[1]["read"] == _batches(1, range(3, 6))
+    discarded = [o for o in retried.outcomes if not o.committed]
     assert [o.step for o in discarded] == [3]
-    assert discarded[0].seconds < 20.0  # not the group's 60 s timeout
-    assert group.history == [(step, (0, 1)) for step in range(1, 6)]
+    assert discarded[0].seconds < 20.0  # the survivor did not wait for the 60 s group timeout
+    assert retried.history == [(step, (0, 1)) for step in range(1, STEPS + 1)]
+    [recovery] = retried.recoveries
+    assert recovery.replica == 1 and recovery.first_commit_at is not None
+
+    # Two of three needed: the survivors go on; the replacement heals (data position included)
+    # and reads from the group's position on: no batch twice, none skipped.
+    results = onward.run(timeout_s=200)
+    assert len({result["digest"] for result in results.values()}) == 1
+    for shard in (0, 1):
+        assert results[shard]["read"] == _batches(shard, range(1, STEPS + 1))
+    late = results[2]["read"]
+    assert results[2]["incarnation"] == 1
+    assert late == _batches(2, range(late[0][0], STEPS + 1) if late else range(0))
+    assert all(members == (0, 1) for step, members in onward.history if step == 3)
+    assert [step for step, _ in onward.history] == list(range(1, STEPS + 1))
