@@ -1,13 +1,13 @@
 """Bring your own training loop: a plain PyTorch script made fault tolerant with a few lines.
 
-The plain data-parallel script, as each replica would run it (`shard` = its replica id)::
+The plain data-parallel script, as each replica would run it (`rank` = its replica id)::
 
     def train(steps):
         torch.manual_seed(0)
         model, optimizer = build()
-        loader = ShardLoader(shard)
+        loader = ShardLoader(shard=rank)
         for step in range(1, steps + 1):
-            inputs, targets = next(loader)
+            inputs, targets, _ = next(loader)
             loss = mse_loss(model(inputs), targets)
             optimizer.zero_grad()
             loss.backward()
@@ -19,12 +19,12 @@ The same loop under meshvisor (`train` below); the lines marked + are new or cha
     def train(steps):
         torch.manual_seed(0)
         model, optimizer = build()
-        loader = ShardLoader(shard)
+        loader = ShardLoader()
   +     manager = recovery.Manager(model, optimizer,
   +         data_state=loader.state_dict, load_data_state=loader.load_state_dict)
   +     loader.shard = manager.replica_id
   +     for step in manager.steps(steps):       # quorum; a replacement heals first
-            inputs, targets = next(loader)
+            inputs, targets, _ = next(loader)
             loss = mse_loss(model(inputs), targets)
             optimizer.zero_grad()
             loss.backward()
@@ -68,7 +68,7 @@ class ShardLoader:
     """Batches of one shard, resumable like torchdata's StatefulDataLoader: its state is the
     number of batches read (the same on every replica), not this shard's indices."""
 
-    def __init__(self, shard: int) -> None:
+    def __init__(self, shard: int = 0) -> None:
         self.shard = shard
         self.batches_read = 0
 
@@ -100,7 +100,7 @@ def train(steps: int, kill: tuple[int, int] | None = None) -> dict[str, Any]:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model, optimizer = build()
-    loader = ShardLoader(shard=0)
+    loader = ShardLoader()
     manager = recovery.Manager(
         model, optimizer, data_state=loader.state_dict, load_data_state=loader.load_state_dict
     )
