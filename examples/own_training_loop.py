@@ -94,9 +94,10 @@ def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.AdamW(model.parameters(), lr=0.01)
 
 
-def train(steps: int, kill: tuple[int, int] | None = None) -> dict[str, Any]:
+def train(steps: int, kill: tuple[Any, ...] | None = None) -> dict[str, Any]:
     """One replica's loop. Dropout draws from torch's global RNG: a retried step draws the
-    same masks. `kill` = (replica, step): that replica's first run SIGKILLs itself there."""
+    same masks. `kill` = (replica, step[, signal name]): that replica's first run sends itself
+    the signal (SIGKILL, or SIGSTOP for a hang) there."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model, optimizer = build()
@@ -111,8 +112,8 @@ def train(steps: int, kill: tuple[int, int] | None = None) -> dict[str, Any]:
         loss = torch.nn.functional.mse_loss(model(inputs), targets)
         optimizer.zero_grad()
         loss.backward()
-        if kill == (manager.replica_id, step) and manager.incarnation == 0:
-            os.kill(os.getpid(), signal.SIGKILL)  # a crash in the middle of the step
+        if kill and tuple(kill[:2]) == (manager.replica_id, step) and manager.incarnation == 0:
+            os.kill(os.getpid(), getattr(signal, (*kill, "SIGKILL")[2]))  # mid-step
         manager.allreduce_gradients()
         if manager.should_commit():
             optimizer.step()
@@ -128,7 +129,7 @@ def train(steps: int, kill: tuple[int, int] | None = None) -> dict[str, Any]:
 def run_group(
     replicas: int,
     steps: int,
-    kill: tuple[int, int] | None = None,
+    kill: tuple[Any, ...] | None = None,
     min_replicas: int | None = None,
     **options: Any,
 ) -> tuple[dict[int, Any], recovery.LoopGroup]:
@@ -160,14 +161,21 @@ def continuity(clean: dict[int, Any], faulty: dict[int, Any]) -> list[str]:
     return problems
 
 
+def _kill_spec(text: str) -> tuple[Any, ...]:
+    replica, step, *sig = text.split(":")
+    return (int(replica), int(step), *sig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--kill", default="1:4", help="REPLICA:STEP, or 'none'")
+    parser.add_argument(
+        "--kill", default="1:4", help="REPLICA:STEP[:SIGNAL] (SIGKILL, SIGSTOP), or 'none'"
+    )
     parser.add_argument("--min-replicas", type=int, default=None, help="default: all")
     args = parser.parse_args(argv)
-    kill = None if args.kill == "none" else tuple(int(n) for n in args.kill.split(":"))
+    kill = None if args.kill == "none" else _kill_spec(args.kill)
     started = time.monotonic()
     clean, _ = run_group(args.replicas, args.steps)
     print(f"fault-free run: {args.steps} steps in {time.monotonic() - started:.1f} s")

@@ -113,12 +113,14 @@ class Manager:
         return self._go.members if self._go is not None else ()
 
     def allreduce_gradients(self) -> None:
-        """Replace every parameter's gradient with its average over the step's replicas."""
+        """Replace the gradient of every trainable parameter with its average over the step's
+        replicas (a parameter without one counts as zeros)."""
         import torch
 
-        params = list(self.model.parameters())
+        params = [p for p in self.model.parameters() if p.requires_grad]
         grads = [
-            p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel()) for p in params
+            p.grad.reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1)
+            for p in params
         ]
         averaged = self.exchange(torch.cat(grads).detach() if grads else torch.zeros(0))
         offset = 0
