@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,12 +14,14 @@ from recovery import ReplicaGroupError
 from recovery._loop_protocol import (
     AskQuorum,
     Decision,
+    Envelope,
     Finished,
     Go,
     Healed,
     HealFrom,
     Retry,
     Vote,
+    parse_request,
 )
 from recovery._loop_rounds import Rounds
 
@@ -142,7 +145,7 @@ actions = st.lists(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.integers(1, 4), st.data(), actions)
 def test_any_order_of_failures_keeps_the_rules_and_the_run_ends(
     replicas: int, data: st.DataObject, script: list[tuple[str, int, bool]]
@@ -202,3 +205,28 @@ def test_a_failure_in_a_step_discards_it_for_the_survivors() -> None:
     sim.settle()
     assert sim.rounds.committed_steps == UNTIL
     assert sim.rounds.loops[2].incarnation == 1
+
+
+class _PortLike:
+    def send(self, value: Any) -> None: ...
+
+
+def test_bad_requests_are_refused_with_the_reason() -> None:
+    with pytest.raises(ValueError, match="got str, not a loop's request"):
+        parse_request("hello", 2)
+    with pytest.raises(ValueError, match="of 2 replicas got a request from 5"):
+        parse_request(Envelope(AskQuorum(5, 0, 0, 1), 1, _PortLike()), 2)
+    with pytest.raises(ValueError, match="replica 1's request came with no port"):
+        parse_request(Envelope(AskQuorum(1, 0, 0, 1), 1, None), 2)
+    good = Envelope(Vote(1, 0, 1, 1, True), 1, _PortLike())
+    assert parse_request(good, 2) is good
+
+
+def test_a_stale_incarnation_or_a_stray_heal_report_gets_a_retry() -> None:
+    sim = Sim(2, 1)
+    answers: list[Any] = []
+    sim.rounds.ask(AskQuorum(0, 3, 0, UNTIL), answers.append)
+    sim.rounds.healed(Healed(1, 0, 0, True), answers.append)
+    assert [type(a) for a in answers] == [Retry, Retry]
+    assert "incarnation 3 is not the current one" in answers[0].why
+    assert "was not asked to heal" in answers[1].why

@@ -13,7 +13,7 @@ import cloudpickle
 import pytest
 
 from mesh import this_host
-from recovery import LoopGroup
+from recovery import LoopGroup, Manager
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -88,3 +88,20 @@ def test_loops_killed_mid_step_heal_and_keep_their_place(groups: list[Any]) -> N
     assert late == _batches(2, range(late[0][0], STEPS + 1) if late else range(0))
     assert all(members == (0, 1) for step, members in onward.history if step == 3)
     assert [step for step, _ in onward.history] == list(range(1, STEPS + 1))
+
+
+def test_a_manager_outside_a_loop_group_is_refused() -> None:
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(
+        RuntimeError, match=r"inside a training loop started by recovery\.LoopGroup"
+    ):
+        Manager(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_bad_loop_group_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="min_replicas must be between 1 and replicas"):
+        LoopGroup(this_host(), print, replicas=2, min_replicas=3)
+    with pytest.raises(TypeError, match="runs a function in each replica"):
+        LoopGroup(this_host(), "train")  # type: ignore[arg-type]
