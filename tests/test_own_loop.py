@@ -91,13 +91,8 @@ def test_loops_killed_mid_step_heal_and_keep_their_place(groups: list[Any]) -> N
 
 
 def test_a_manager_outside_a_loop_group_is_refused() -> None:
-    import torch
-
-    model = torch.nn.Linear(2, 1)
-    with pytest.raises(
-        RuntimeError, match=r"inside a training loop started by recovery\.LoopGroup"
-    ):
-        Manager(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(RuntimeError, match=r"started by recovery\.LoopGroup"):
+        Manager(None, None)  # type: ignore[arg-type]  # refused before they are looked at
 
 
 def test_bad_loop_group_arguments_are_refused() -> None:
