@@ -227,8 +227,9 @@ class LoopGroup:
             message = self._next.get(timeout=timeout_s)
         except TimeoutError:
             return
-        except SupervisionError:  # every holder of the port is gone for now
+        except SupervisionError:  # every holder of the port is gone for now (re-spawning)
             self._next = None
+            time.sleep(timeout_s)
             return
         self._next = None
         try:

@@ -238,7 +238,8 @@ class Manager:
     def _in_step(self, what: str) -> Go:
         if self._go is None:
             raise RuntimeError(
-                f"manager.{what}() is called inside a step: within `for step in manager.steps(n)`"
+                f"manager.{what}() was called outside a step: call it inside "
+                "`for step in manager.steps(n):`, once per step, before should_commit() ends it"
             )
         return self._go
 
