@@ -1,4 +1,4 @@
-"""`recovery._loop_rounds.Rounds`, the decisions of a `LoopGroup`, against simulated loops
+"""`recovery.testing.LoopRounds`, the decisions of a `LoopGroup`, against simulated loops
 that follow the protocol while hypothesis kills, respawns and fails them in any order."""
 
 from __future__ import annotations
@@ -11,19 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recovery import ReplicaGroupError
-from recovery._loop_protocol import (
-    AskQuorum,
-    Decision,
-    Envelope,
-    Finished,
-    Go,
-    Healed,
-    HealFrom,
-    Retry,
-    Vote,
-    parse_request,
+from recovery.testing import LoopRounds as Rounds
+from recovery.testing import loop_wire
+
+AskQuorum, Decision, Envelope = loop_wire.AskQuorum, loop_wire.Decision, loop_wire.Envelope
+Finished, Go, Healed, HealFrom = (
+    loop_wire.Finished,
+    loop_wire.Go,
+    loop_wire.Healed,
+    loop_wire.HealFrom,
 )
-from recovery._loop_rounds import Rounds
+Retry, Vote, parse_request = loop_wire.Retry, loop_wire.Vote, loop_wire.parse_request
 
 UNTIL = 4
 
