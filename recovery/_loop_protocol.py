@@ -12,6 +12,7 @@ request exactly once. Messages are frozen dataclasses, checked on arrival by `pa
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,4 +103,11 @@ def parse_request(message: Any, replicas: int) -> Envelope:
         raise ValueError(f"a loop group of {replicas} replicas got a request from {replica!r}")
     if not hasattr(message.reply, "send"):
         raise ValueError(f"replica {replica}'s request came with no port to answer on")
+    for item in dataclasses.fields(message.request):
+        value = getattr(message.request, item.name)
+        if type(value).__name__ != item.type:
+            raise ValueError(
+                f"replica {replica}'s {type(message.request).__name__} has {item.name}="
+                f"{value!r}, which is not of type {item.type}"
+            )
     return message

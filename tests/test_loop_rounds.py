@@ -216,6 +216,10 @@ def test_bad_requests_are_refused_with_the_reason() -> None:
         parse_request(Envelope(AskQuorum(5, 0, 0, 1), 1, _PortLike()), 2)
     with pytest.raises(ValueError, match="replica 1's request came with no port"):
         parse_request(Envelope(AskQuorum(1, 0, 0, 1), 1, None), 2)
+    with pytest.raises(
+        ValueError, match="replica 1's AskQuorum has until='9', which is not of type int"
+    ):
+        parse_request(Envelope(AskQuorum(1, 0, 0, "9"), 1, _PortLike()), 2)  # type: ignore[arg-type]
     good = Envelope(Vote(1, 0, 1, 1, True), 1, _PortLike())
     assert parse_request(good, 2) is good
 
