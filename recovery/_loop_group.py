@@ -76,7 +76,7 @@ class LoopGroup:
             group_timeout_s=group_timeout_s,
             request_timeout_s=wait_for_replicas_s + step_timeout_s,
         )
-        self.rounds = Rounds(
+        self._rounds = Rounds(
             replicas,
             min_replicas,
             self._abort,
@@ -85,7 +85,7 @@ class LoopGroup:
             wait_for_replicas_s,
         )
         self.events: list[SupervisionEvent] = []
-        self.results: dict[int, Any] = {}
+        self._results: dict[int, Any] = {}
         self._failures: queue.SimpleQueue[tuple[int, SupervisionEvent]] = queue.SimpleQueue()
         self._env = dict(env or {})
         if preload:
@@ -104,31 +104,33 @@ class LoopGroup:
     @property
     def history(self) -> list[tuple[int, tuple[int, ...]]]:
         """(step, the replicas that trained it) of every committed step, in order."""
-        return self.rounds.history
+        return self._rounds.history
 
     @property
     def outcomes(self) -> list[StepOutcome]:
-        return self.rounds.outcomes
+        """What became of each attempt at a step (committed, or discarded and why)."""
+        return self._rounds.outcomes
 
     @property
     def recoveries(self) -> list[Recovery]:
-        return self.rounds.recoveries
+        """Each failed replica's way back: failed, re-spawned, healed, committing again."""
+        return self._rounds.recoveries
 
     def run(self, timeout_s: float = 3600.0) -> dict[int, Any]:
         """Answer the loops until each has returned; their return values by replica id."""
         deadline = time.monotonic() + timeout_s
-        while len(self.results) < len(self._procs) or self._respawns:
+        while len(self._results) < len(self._procs) or self._respawns:
             if time.monotonic() > deadline:
                 raise ReplicaGroupError(
                     f"the loops did not end within {timeout_s:g} s: replicas "
-                    f"{sorted(self.results)} returned, {self.rounds.committed_steps} steps "
+                    f"{sorted(self._results)} returned, {self._rounds.committed_steps} steps "
                     "were committed"
                 )
             self._serve_one(POLL_S)
             self._watch_runs()
             self._watch_respawns()
-            self.rounds.tick()
-        return dict(sorted(self.results.items()))
+            self._rounds.tick()
+        return dict(sorted(self._results.items()))
 
     def close(self) -> None:
         """Stop every replica's proc (all at once)."""
@@ -192,8 +194,8 @@ class LoopGroup:
             self._runs[index] = None
             error = run.exception()
             if error is None:
-                self.results[index] = run.get(timeout=0)
-                self.rounds.finished(index)
+                self._results[index] = run.get(timeout=0)
+                self._rounds.finished(index)
             elif isinstance(error, SupervisionError):
                 self._failed(index, short(error))
             else:
@@ -203,8 +205,8 @@ class LoopGroup:
 
     def _failed(self, index: int, why: str) -> None:
         self._log.warning("loop_failed", replica=index, reason=why)
-        self.results.pop(index, None)
-        self.rounds.failed(index, why)
+        self._results.pop(index, None)
+        self._rounds.failed(index, why)
         self._respawns[index] = self._procs[index].respawn()
 
     def _watch_respawns(self) -> None:
@@ -216,7 +218,7 @@ class LoopGroup:
                 self._log.warning("loop_respawn_failed", replica=index)
                 self._respawns[index] = self._procs[index].respawn()
                 continue
-            self._start_loop(index, self.rounds.respawned(index))
+            self._start_loop(index, self._rounds.respawned(index))
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -239,11 +241,11 @@ class LoopGroup:
             return
         request, respond = envelope.request, self._responder(envelope)
         if isinstance(request, AskQuorum):
-            self.rounds.ask(request, respond)
+            self._rounds.ask(request, respond)
         elif isinstance(request, Healed):
-            self.rounds.healed(request, respond)
+            self._rounds.healed(request, respond)
         else:
-            self.rounds.vote(request, respond)
+            self._rounds.vote(request, respond)
 
     def _responder(self, envelope: Envelope) -> Callable[[Any], None]:
         def respond(answer: Any) -> None:
