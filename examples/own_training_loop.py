@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     clean, _ = run_group(args.replicas, args.steps)
     print(f"fault-free run: {args.steps} steps in {time.monotonic() - started:.1f} s")
     started = time.monotonic()
-    faulty, group = run_group(args.replicas, args.steps, kill, args.min_replicas)  # type: ignore[arg-type]
+    faulty, group = run_group(args.replicas, args.steps, kill, args.min_replicas)
     print(f"run with --kill {args.kill}: {time.monotonic() - started:.1f} s")
     for outcome in group.outcomes:
         if not outcome.committed:
