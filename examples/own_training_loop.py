@@ -188,8 +188,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"  step {outcome.step} discarded after {outcome.seconds:.3f} s: {outcome.reason}"
             )
     for rec in group.recoveries:
-        took = (rec.first_commit_at or rec.failed_at) - rec.failed_at
-        print(f"  replica {rec.replica} failed ({rec.event}); first commit {took:.2f} s later")
+        back = [
+            f"{what} {at - rec.failed_at:.2f} s later"
+            for what, at in [("healed", rec.healed_at), ("committed", rec.first_commit_at)]
+            if at is not None
+        ]
+        print(f"  replica {rec.replica} failed ({rec.event}); {', '.join(back) or 'not back'}")
     digests = {result["digest"] for result in faulty.values()}
     problems = [] if len(digests) == 1 else [f"the replicas disagree: {digests}"]
     if args.min_replicas in (None, args.replicas):
