@@ -1,8 +1,9 @@
 """TorchFT-style replica recovery on a persistent allocation (needs torch).
 
 `ReplicaGroup` trains N data-parallel replicas, each a proc mesh holding a `Replica` actor;
-a replica that dies is re-spawned in place, heals from a live peer and rejoins. Built only on
-the public `mesh` API.
+a replica that dies is re-spawned in place, heals from a live peer and rejoins. A training
+loop of your own gets the same from `Manager` inside it and `LoopGroup` to launch it. Built
+only on the public `mesh` API.
 """
 
 from ._exchange import ExchangeAborted as ExchangeAborted
@@ -11,6 +12,8 @@ from ._exchange import bucket_bounds as bucket_bounds
 from ._exchange import exchange_average as exchange_average
 from ._group import ReplicaGroup as ReplicaGroup
 from ._heal import HealReport as HealReport
+from ._loop_group import LoopGroup as LoopGroup
+from ._loop_manager import Manager as Manager
 from ._outcomes import Recovery as Recovery
 from ._outcomes import ReplicaGroupError as ReplicaGroupError
 from ._outcomes import StepOutcome as StepOutcome
@@ -21,6 +24,8 @@ from ._replica import replay_training as replay_training
 __all__ = (
     "ExchangeAborted",
     "HealReport",
+    "LoopGroup",
+    "Manager",
     "Recovery",
     "Replica",
     "ReplicaGroup",

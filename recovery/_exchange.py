@@ -119,6 +119,23 @@ def _wait_for(group: Any, work: Any, aborted: Callable[[], str | None]) -> None:
         raise
 
 
+def open_group(
+    store: tuple[str, int], quorum: int, rank: int, world: int, timeout_s: float, aborts: Any
+) -> Any:
+    """The gloo process group of `quorum` (a fresh one per membership), as group rank `rank`
+    of `world`, through the group's TCP store at `store`. Gives up as soon as `aborts()` names
+    a reason (`ExchangeAborted`): a member failed while the others waited for it."""
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    # A store client of its own: an abandoned rendezvous may still hold its connection.
+    client = dist.TCPStore(  # type: ignore[attr-defined]
+        store[0], store[1], is_master=False, timeout=timeout
+    )
+    prefixed = dist.PrefixStore(f"quorum-{quorum}", client)  # type: ignore[attr-defined]
+    return run_unless_aborted(lambda: dist.ProcessGroupGloo(prefixed, rank, world, timeout), aborts)
+
+
 def run_unless_aborted(task: Callable[[], T], aborted: Callable[[], str | None]) -> T:
     """`task()` (a blocking call such as a process group's rendezvous) on a thread of its own,
     given up (left to end on its own) as soon as `aborted()` gives a reason."""

@@ -19,7 +19,6 @@ RNG states included (`_position`); a discarded step puts the data position and R
 from __future__ import annotations
 
 import ctypes
-import datetime
 import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from mesh import Actor, context, endpoint
 
 from ._aborts import AbortWatch
-from ._exchange import average, exchange_average, run_unless_aborted
+from ._exchange import average, exchange_average, open_group
 from ._heal import DonorCache, HealReport, endpoints_of, heal
 from ._heal_state import Chunk, Piece, StateLayout
 from ._position import Position, capture_position, restore_position
@@ -111,24 +110,14 @@ class Replica(Actor):
         """Enter the process group of `quorum` (a fresh one per membership) for `step`: this
         replica's ranks take the group ranks from `base` on. Gives up as soon as the group's
         controller says that a member failed (`ExchangeAborted`)."""
-        import torch.distributed as dist
-
         self.on_phase("join", step)
         rank = base + context().rank.rank
-        timeout = datetime.timedelta(seconds=timeout_s)
         self._group = None  # the old group: its peers may be gone
         self._quorum = -1
         if self._aborts is None:
             self._aborts = AbortWatch(store, timeout_s)
         self._aborts.quorum = quorum
-        # A store client of its own: an abandoned rendezvous may still hold its connection.
-        client = dist.TCPStore(  # type: ignore[attr-defined]
-            store[0], store[1], is_master=False, timeout=timeout
-        )
-        prefixed = dist.PrefixStore(f"quorum-{quorum}", client)  # type: ignore[attr-defined]
-        self._group = run_unless_aborted(
-            lambda: dist.ProcessGroupGloo(prefixed, rank, world, timeout), self._aborts
-        )
+        self._group = open_group(store, quorum, rank, world, timeout_s, self._aborts)
         self._quorum = quorum
 
     # -- one step -----------------------------------------------------------------------------

@@ -1,0 +1,13 @@
+"""Helpers for testing replica recovery without processes (as `mesh.testing` is for meshes).
+
+`LoopRounds` is the decision logic of a `LoopGroup` (quorum, heals, votes) on its own: a test
+drives it with the loop messages of `loop_wire` (`AskQuorum`, `Healed`, `Vote`, and the answers
+`HealFrom`, `Go`, `Retry`, `Finished`, `Decision`) as real loops would, and checks its answers.
+"""
+
+from __future__ import annotations
+
+from . import _loop_protocol as loop_wire
+from ._loop_rounds import Rounds as LoopRounds
+
+__all__ = ("LoopRounds", "loop_wire")
