@@ -25,6 +25,8 @@ import transport
 from supervision import SupervisionError
 from tests.actors import Counter
 from transport import (
+    BATCH_MAGIC,
+    MAX_BATCH_MESSAGES,
     OUT_OF_BAND_MIN_BYTES,
     Envelope,
     Inbox,
@@ -35,7 +37,6 @@ from transport import (
     new_context,
     private_runtime_dir,
 )
-from transport._batches import BATCH_MAGIC, MAX_BATCH_MESSAGES, Batch, split_batch
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -117,18 +118,6 @@ def test_every_message_arrives_once_in_order_per_destination(
             assert envelope.header == Numbered(run, destination, seq)
             assert envelope.payload is not None and envelope.payload.load() == value
         assert inbox.receive_nowait() is None, "a message arrived twice"
-
-
-@given(st.lists(st.binary(min_size=1, max_size=300), min_size=1, max_size=MAX_BATCH_MESSAGES))
-def test_a_batch_splits_into_the_frames_it_packed(frames: list[bytes]) -> None:
-    batch = Batch()
-    for frame in frames:
-        batch.add(frame)
-    packed = memoryview(batch.packed())
-    if len(frames) == 1:
-        assert bytes(packed) == frames[0]  # a lone message travels as it is
-    else:
-        assert [bytes(m) for m in split_batch(packed)] == frames
 
 
 def batch_of(*messages: bytes, count: int | None = None, tail: bytes = b"") -> bytes:
