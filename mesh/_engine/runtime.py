@@ -231,9 +231,13 @@ class Runtime:
             )
 
     def _flush_soon(self) -> None:
-        """Send the waiting batches within BATCH_DELAY_S (at once without an event loop)."""
+        """Send the waiting batches after the event loop's current turn when sent from it
+        (async code batches what its tasks send in one turn), else within BATCH_DELAY_S
+        (at once without an event loop)."""
         loop = self.loop
-        if not loop.call_soon_threadsafe(loop.call_later, BATCH_DELAY_S, self.outbox.flush):
+        if loop.on_loop_thread():
+            loop.call_soon(self.outbox.flush)
+        elif not loop.call_soon_threadsafe(loop.call_later, BATCH_DELAY_S, self.outbox.flush):
             self.outbox.flush()
 
     def _on_inbox_closed(self, envelope: Envelope) -> None:
