@@ -4,6 +4,8 @@
 between addresses, FIFO per sender→receiver pair.
 """
 
+from ._batches import BATCH_MAGIC as BATCH_MAGIC
+from ._batches import MAX_BATCH_MESSAGES as MAX_BATCH_MESSAGES
 from ._errors import MalformedMessage as MalformedMessage
 from ._errors import MessageTooLarge as MessageTooLarge
 from ._errors import SerializationError as SerializationError
@@ -46,9 +48,11 @@ from ._sockets import runtime_base_dir as runtime_base_dir
 from ._sockets import tcp_address as tcp_address
 
 __all__ = (
+    "BATCH_MAGIC",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "KEYS_ENV",
     "MAGIC",
+    "MAX_BATCH_MESSAGES",
     "MAX_HEADER_BYTES",
     "OUT_OF_BAND_MIN_BYTES",
     "CurveKeys",

@@ -42,6 +42,7 @@ MAGIC = b"MV\x03"
 _LENGTH = struct.Struct("<I")
 _PREFIX = len(MAGIC) + _LENGTH.size + 1
 _MARSHAL, _NESTED = b"m", b"n"
+_MARSHAL_CODE, _NESTED_CODE = _MARSHAL[0], _NESTED[0]
 #: The default largest message (MESHVISOR_MAX_MESSAGE_BYTES, `TransportSettings`, overrides it).
 DEFAULT_MAX_MESSAGE_BYTES = TransportSettings.max_message_bytes
 #: The largest header a receiver decodes (a SpawnProcs of thousands of procs is far smaller).
@@ -69,7 +70,10 @@ def message_type(cls: _T) -> _T:
     name = f"{cls.__module__}.{cls.__qualname__}"
     _registered.add(cls)
     _by_name[name] = cls
-    _fields_of[cls] = lambda header: (name, *reduce(header)[1])
+    if values is not None:
+        _fields_of[cls] = lambda header: (name, *values(header))
+    else:
+        _fields_of[cls] = lambda header: (name, *reduce(header)[1])
     return cls
 
 
@@ -110,12 +114,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _decode_header(codec: bytes | memoryview, data: memoryview) -> Any:
-    if codec != _MARSHAL and codec != _NESTED:
-        raise MalformedMessage(f"unknown header encoding {bytes(codec)!r}")
+def _decode_header(codec: int, data: memoryview) -> Any:
+    if codec != _MARSHAL_CODE and codec != _NESTED_CODE:
+        raise MalformedMessage(f"unknown header encoding {bytes([codec])!r}")
     check_marshal(data)
     values = marshal.loads(data)
-    if codec == _NESTED:
+    if codec == _NESTED_CODE:
         return _rebuilt((..., *values) if type(values) is tuple else values, 0)
     return _message(values, 0)
 
@@ -241,8 +245,8 @@ def encode(
             f"{MAX_HEADER_BYTES} bytes on headers; put large values in the payload"
         )
     if payload is None:
-        return [MAGIC + _LENGTH.pack(len(head)) + codec + head]
-    size = payload.nbytes
+        return [b"".join((MAGIC, _LENGTH.pack(len(head)), codec, head))]
+    size = payload.nbytes if payload.buffers else len(payload.body)
     if max_bytes is None:
         max_bytes = transport_settings().max_message_bytes
     if size > max_bytes:
@@ -251,7 +255,8 @@ def encode(
             f"{max_bytes} bytes; send large data in pieces or raise the limit with "
             "MESHVISOR_MAX_MESSAGE_BYTES."
         )
-    return [MAGIC + _LENGTH.pack(len(head)) + codec + head + payload.body, *payload.buffers]
+    first = b"".join((MAGIC, _LENGTH.pack(len(head)), codec, head, payload.body))
+    return [first, *payload.buffers] if payload.buffers else [first]
 
 
 def decode(frames: Sequence[Any], *, max_bytes: int | None = None) -> Envelope:
@@ -280,7 +285,7 @@ def decode(frames: Sequence[Any], *, max_bytes: int | None = None) -> Envelope:
             f"frame holds {first.nbytes - _PREFIX}"
         )
     try:
-        header = _decode_header(first[_PREFIX - 1 : _PREFIX], first[_PREFIX : _PREFIX + length])
+        header = _decode_header(first[_PREFIX - 1], first[_PREFIX : _PREFIX + length])
     except MalformedMessage:
         raise
     except Exception as exc:

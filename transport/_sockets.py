@@ -20,15 +20,17 @@ import contextlib
 import os
 import tempfile
 import threading
-import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 import zmq
 
+from ._batches import Batch, fits_in_batch, is_batch, split_batch_or_none
 from ._errors import MalformedMessage, MessageTooLarge, TransportError
 from ._faults import network_faults
 from ._frames import _PREFIX, MAX_HEADER_BYTES, Envelope, decode
+from ._handshakes import HandshakeWatch, RefusalWatch
 from ._log import get_logger
 from ._security import (
     check_exposure,
@@ -114,6 +116,7 @@ class Inbox:
         self.address: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self._ipc_path = address[len("ipc://") :] if address.startswith("ipc://") else None
         self._poll_items = [(self._socket, zmq.POLLIN)]
+        self._split: deque[Envelope] = deque()  # the messages of a batch not yet taken
 
     def listen_also(self, address: str) -> str:
         """Also receive on `address` (e.g. tcp next to ipc); returns the address as bound."""
@@ -142,25 +145,45 @@ class Inbox:
 
     def poll(self, timeout_ms: int | None) -> bool:
         """Wait up to `timeout_ms` (None: forever) for a message; True if one is waiting."""
+        if self._split:
+            return True
         return bool(zmq.zmq_poll(self._poll_items, -1 if timeout_ms is None else timeout_ms))
 
     def receive_nowait(self) -> Envelope | None:
         """The next valid message, or None when none is waiting. Invalid ones are logged."""
-        while True:
+        if self._split:
+            return self._split.popleft()
+        socket = self._socket
+        while socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # cheaper than raising zmq.Again
             try:
-                frames = [self._socket.recv(zmq.NOBLOCK, copy=False)]
+                frames = [socket.recv(zmq.NOBLOCK, copy=False)]
                 while frames[-1].more:  # the parts of one message arrive together
-                    frames.append(self._socket.recv(zmq.NOBLOCK, copy=False))
+                    frames.append(socket.recv(zmq.NOBLOCK, copy=False))
             except zmq.Again:
                 return None
             except zmq.ZMQError as exc:
                 raise TransportError(f"receiving on {self.address} failed: {exc}") from exc
-            try:
-                return decode(frames, max_bytes=self._max_bytes)
-            except (MalformedMessage, MessageTooLarge) as exc:
-                self._log.warning(
-                    "message_dropped", address=self.address, reason=str(exc), frames=len(frames)
-                )
+            first = memoryview(frames[0])
+            if len(frames) == 1 and is_batch(first):
+                messages = split_batch_or_none(first, self._log, self.address)
+                self._split.extend(e for m in messages if (e := self._decode([m])) is not None)
+                if self._split:
+                    return self._split.popleft()
+                continue
+            envelope = self._decode(frames)
+            if envelope is not None:
+                return envelope
+        return None
+
+    def _decode(self, frames: list[Any]) -> Envelope | None:
+        """The message `frames` hold, or None (logged) when it is malformed or too large."""
+        try:
+            return decode(frames, max_bytes=self._max_bytes)
+        except (MalformedMessage, MessageTooLarge) as exc:
+            self._log.warning(
+                "message_dropped", address=self.address, reason=str(exc), frames=len(frames)
+            )
+            return None
 
     def close(self) -> None:
         self._socket.close(linger=0)
@@ -183,20 +206,62 @@ class Outbox:
         self._handshakes: dict[str, HandshakeWatch] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._batches: dict[str, Batch] = {}  # small messages waiting, by destination
 
     def send(self, address: str, frames: Sequence[Any]) -> None:
-        """Queue `frames` for `address`; never blocks on a slow or absent receiver."""
+        """Queue `frames` for `address`, after what waits in its batch; never blocks on a
+        slow or absent receiver."""
         if _FAULTS.active:  # chaos testing: the fault rules decide
+            self.flush()
             _FAULTS.route(address, frames, self._send_now)
             return
         self._send_now(address, frames)
+
+    def send_soon(self, address: str, frames: Sequence[Any]) -> bool:
+        """Like `send`, but a small message may wait in `address`'s batch (its receiver is
+        busy with earlier ones); True when no batch waited before, so that a `flush` must
+        now come soon (the caller arranges it: see `_batches`)."""
+        if _FAULTS.active or not fits_in_batch(frames):
+            self.send(address, frames)
+            return False
+        with self._lock:
+            if self._closed:
+                raise TransportError("cannot send: this process's transport is closed.")
+            started = not self._batches
+            batch = self._batches.get(address)
+            if batch is None:
+                batch = self._batches[address] = Batch()
+            if batch.add(frames[0]):
+                del self._batches[address]
+                self._send_locked(address, [batch.packed()])
+        return started
+
+    def flush(self) -> None:
+        """Send every batch that waits (any thread)."""
+        if not self._batches:
+            return
+        with self._lock:
+            batches, self._batches = self._batches, {}
+            for address, batch in batches.items():
+                try:
+                    self._send_locked(address, [batch.packed()])
+                except TransportError as exc:  # the others must still go
+                    get_logger("transport.outbox").warning(
+                        "send_failed", to=address, messages=len(batch.frames), reason=str(exc)
+                    )
 
     def _send_now(self, address: str, frames: Sequence[Any]) -> None:
         with self._lock:
             if self._closed:
                 raise TransportError("cannot send: this process's transport is closed.")
-            socket = self._sockets.get(address) or self._connect(address)
-            _send_frames(socket, address, frames)
+            batch = self._batches.pop(address, None) if self._batches else None
+            if batch is not None:  # what waited goes first: FIFO per destination
+                self._send_locked(address, [batch.packed()])
+            self._send_locked(address, frames)
+
+    def _send_locked(self, address: str, frames: Sequence[Any]) -> None:
+        socket = self._sockets.get(address) or self._connect(address)
+        _send_frames(socket, address, frames)
 
     def send_once(self, address: str, frames: Sequence[Any], linger_ms: int = 1000) -> None:
         """Send `frames` to a passing peer (a viewer) without keeping a connection to it: a
@@ -253,6 +318,7 @@ class Outbox:
         with self._lock:
             socket = self._sockets.pop(address, None)
             watch = self._handshakes.pop(address, None)
+            self._batches.pop(address, None)
         if watch is not None:
             watch.close()
         if socket is not None:
@@ -260,6 +326,8 @@ class Outbox:
 
     def close(self, linger_ms: int = 2000) -> None:
         """Close every connection, waiting up to `linger_ms` for queued messages to leave."""
+        with contextlib.suppress(TransportError):
+            self.flush()
         with self._lock:
             self._closed = True
             sockets, self._sockets = list(self._sockets.values()), {}
@@ -312,87 +380,3 @@ def _check_address(address: object) -> None:
             f"cannot send to {address!r}: not a meshvisor address (a string such as "
             "ipc://PATH or tcp://HOST:PORT); the message that named it is malformed."
         )
-
-
-_REFUSAL_LOG_INTERVAL_S = 10.0
-_HANDSHAKE_FAILURES = (
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-)
-_HANDSHAKE_SUCCEEDED = zmq.EVENT_HANDSHAKE_SUCCEEDED
-
-
-class HandshakeWatch:
-    """Remembers why a peer refused an outgoing connection during the security handshake,
-    until a later handshake succeeds. Read lazily: the events wait in the monitor socket."""
-
-    def __init__(self, socket: zmq.Socket[Any]) -> None:
-        self._socket = socket
-        self._monitor = socket.get_monitor_socket(_HANDSHAKE_FAILURES | _HANDSHAKE_SUCCEEDED)
-        self._reason: str | None = None
-
-    def refusal(self) -> str | None:
-        from zmq.utils.monitor import recv_monitor_message
-
-        while True:
-            try:
-                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return self._reason
-            if event["event"] == _HANDSHAKE_SUCCEEDED:
-                self._reason = None
-            else:
-                self._reason = _handshake_failure(event["event"], event["value"])
-
-    def close(self) -> None:
-        with contextlib.suppress(zmq.ZMQError):
-            self._socket.disable_monitor()
-        self._monitor.close(linger=0)
-
-
-class RefusalWatch:
-    """Logs, with a reason, every peer whose connection an inbox refused during the handshake
-    (a peer without the allocation's CURVE keys). Poll `fileno()`, then call `drain()`."""
-
-    def __init__(self, socket: zmq.Socket[Any], address: str) -> None:
-        self._monitor = socket.get_monitor_socket(_HANDSHAKE_FAILURES)
-        self._address = address
-        self._log = get_logger("transport.auth")
-        self._logged_at = -_REFUSAL_LOG_INTERVAL_S
-        self._unlogged = 0
-
-    def fileno(self) -> int:
-        return int(self._monitor.getsockopt(zmq.FD))
-
-    def drain(self) -> None:
-        from zmq.utils.monitor import recv_monitor_message
-
-        while True:
-            try:
-                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self._unlogged += 1
-            now = time.monotonic()
-            if now - self._logged_at < _REFUSAL_LOG_INTERVAL_S:
-                continue  # a refused peer retries every few ms: one line per interval
-            self._log.warning(
-                "peer_refused",
-                inbox=self._address,
-                refusals=self._unlogged,
-                reason=_handshake_failure(event["event"], event["value"]),
-            )
-            self._logged_at, self._unlogged = now, 0
-
-    def close(self) -> None:
-        self._monitor.close(linger=0)
-
-
-def _handshake_failure(event: int, value: int) -> str:
-    """What a failed security handshake (a zmq monitor `event` with its `value`) means."""
-    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-        return f"authentication refused (ZAP status {value}): not this allocation's CURVE key"
-    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-        return "the security handshake failed: the two sides do not hold the same CURVE keys"
-    return f"the security handshake failed (errno {value}): wrong or missing CURVE keys"

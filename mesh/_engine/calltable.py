@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from mesh._engine.calls import PendingCall, ResultSink
@@ -23,10 +24,13 @@ from transport import Envelope, Outbox, Payload, encode, loads
 class CallTable:
     """Pending calls by id. `lock` is the ownership lock: it also guards the peers' state."""
 
-    def __init__(self, lock: threading.Lock, outbox: Outbox, pid: int) -> None:
+    def __init__(
+        self, lock: threading.Lock, outbox: Outbox, pid: int, flush_soon: Callable[[], None]
+    ) -> None:
         self._lock = lock
         self._outbox = outbox
         self._pid = pid
+        self._flush_soon = flush_soon  # sends the batches started here soon (`send_soon`)
         self._calls: dict[int, PendingCall] = {}
         self._ids = itertools.count(1)
 
@@ -48,6 +52,7 @@ class CallTable:
         if messages:
             note_call(messages[0][0].mesh_key)  # in a notebook: its lines go under this cell
         failed: list[tuple[int, BaseException]] = []
+        batched = False
         with self._lock:
             if sink is not None:
                 peers = {header.rank: peer for peer, header in messages}
@@ -60,12 +65,17 @@ class CallTable:
                     assert peer.event is not None
                     failed.append((header.rank, gone_error(peer, peer.event, mesh)))
                     continue
+                busy = bool(peer.calls)  # it has not answered earlier calls: it may wait
                 if sink is not None:
                     peer.calls.add(call_id)
                 if peer.address is None:  # copy now: the caller may change its buffers
                     peer.queued.append([frames[0], *(bytes(memoryview(b)) for b in frames[1:])])
+                elif busy:
+                    batched |= self._outbox.send_soon(peer.address, frames)
                 else:
                     self._outbox.send(peer.address, frames)
+        if batched:
+            self._flush_soon()
         for index, error in failed:
             self.settle(call_id, index, error=error)
 

@@ -27,8 +27,11 @@ class HostServices(Protocol):
     def send_message(self, address: str, header: Any, payload: Payload | None = None) -> None:
         """Send one message; an unreachable address is logged, never raised."""
 
-    def send_frames(self, address: str, header: Any, frames: list[Any]) -> None:
-        """Send the frames `transport.encode` made for `header`."""
+    def send_frames(
+        self, address: str, header: Any, frames: list[Any], *, soon: bool = False
+    ) -> None:
+        """Send the frames `transport.encode` made for `header`; `soon`: it may wait a
+        moment in a batch (its receiver waits for more from here anyway)."""
 
     def call_soon(self, function: Callable[..., Any], *args: Any) -> None:
         """Run `function(*args)` on the loop thread soon, from any thread."""

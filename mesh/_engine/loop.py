@@ -26,9 +26,16 @@ _RECEIVE_BATCH = 256
 class EventLoop:
     """Runs anyio on one thread, dispatching every message of `inbox` to `dispatch`."""
 
-    def __init__(self, inbox: Inbox, dispatch: Callable[[Envelope], None], pid: int) -> None:
+    def __init__(
+        self,
+        inbox: Inbox,
+        dispatch: Callable[[Envelope], None],
+        pid: int,
+        flush: Callable[[], None] = lambda: None,
+    ) -> None:
         self.pid = pid
         self._inbox = inbox
+        self._flush = flush  # sends the messages waiting in batches, before pumping waits
         self._dispatch = dispatch
         self._thread: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -84,6 +91,7 @@ class EventLoop:
 
     def pump_until(self, future: Future[Any], timeout: float | None) -> None:
         """Receive and dispatch on this (loop) thread until `future` is done or time is up."""
+        self._flush()
         deadline = None if timeout is None else time.monotonic() + timeout
         self._nested += 1
         try:
@@ -124,16 +132,17 @@ class EventLoop:
         assert self._loop is not None
         self._loop.call_later(delay_s, function, *args)
 
-    def call_soon_threadsafe(self, function: Callable[..., Any], *args: Any) -> None:
-        """Run `function(*args)` soon on the loop thread, from any thread (a no-op once the
-        loop has finished: close() cleans up then)."""
+    def call_soon_threadsafe(self, function: Callable[..., Any], *args: Any) -> bool:
+        """Run `function(*args)` soon on the loop thread, from any thread; False (nothing
+        done) when the loop has not started or has finished: close() cleans up then."""
         loop = self._loop
         if loop is None or self.finished.is_set():
-            return
+            return False
         try:
             loop.call_soon_threadsafe(function, *args)
         except RuntimeError:  # the loop has just closed
-            pass
+            return False
+        return True
 
     def start_task(self, function: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Start a task on the event loop (loop thread only)."""

@@ -85,6 +85,7 @@ class ReplyInbox:
 
     def pump_until(self, future: Future[Any], timeout: float | None) -> None:
         """Receive replies until `future` is done or `timeout` passes."""
+        self.runtime.outbox.flush()  # what this thread's calls left waiting goes before it waits
         deadline = None if timeout is None else time.monotonic() + timeout
         while not future.finished():
             remaining = None if deadline is None else deadline - time.monotonic()

@@ -37,7 +37,8 @@ class Replier:
         """Send the result; one that cannot be sent (unpicklable, too large) fails the call."""
         if header.reply_to is None:
             return
-        error = self._send_value(header.reply_to, Reply(header.call_id, header.rank), result)
+        reply, soon = Reply(header.call_id, header.rank), bool(actor.mailbox)
+        error = self._send_value(header.reply_to, reply, result, soon=soon)
         if error is not None:
             self.exception(actor, header, _unsendable_result(header, error))
 
@@ -69,13 +70,16 @@ class Replier:
                 header.reply_to, Reply(header.call_id, header.rank), Payload.dump(None)
             )
 
-    def _send_value(self, reply_to: str, header: Any, value: Any) -> Exception | None:
-        """Send `value` with `header`, or return why it cannot go (serialization, size)."""
+    def _send_value(
+        self, reply_to: str, header: Any, value: Any, *, soon: bool = False
+    ) -> Exception | None:
+        """Send `value` with `header`, or return why it cannot go (serialization, size).
+        `soon`: the reply may wait in a batch (more calls are queued, from pipelining)."""
         try:
             frames = encode(header, Payload.dump(value))
         except Exception as exc:  # whatever pickling raises must not lose the call
             return exc
-        self._services.send_frames(reply_to, header, frames)
+        self._services.send_frames(reply_to, header, frames, soon=soon)
         return None
 
 

@@ -66,6 +66,9 @@ from transport import (
     new_context,
 )
 
+#: The longest a message waits in a batch for others to the same address (`Outbox.send_soon`).
+BATCH_DELAY_S = 0.001
+
 
 class Runtime:
     """The messaging core of one process (the client or a proc)."""
@@ -94,9 +97,9 @@ class Runtime:
         self.closing = False  # set while the session shuts down: exits are expected then
         self.closed = threading.Event()
         self._log = get_logger("mesh.runtime", proc=proc_id)
-        self.loop = EventLoop(self.inbox, self._dispatch, self.pid)
+        self.loop = EventLoop(self.inbox, self._dispatch, self.pid, self.outbox.flush)
         self.ownership = Ownership()
-        self.calls = CallTable(self.ownership.lock, self.outbox, self.pid)
+        self.calls = CallTable(self.ownership.lock, self.outbox, self.pid, self._flush_soon)
         self.replies = ReplyRoutes(self)
         self.host = ActorHost(self)
         self.ports = PortTable(self)
@@ -212,14 +215,30 @@ class Runtime:
             return
         self.send_frames(address, header, frames)
 
-    def send_frames(self, address: str, header: Any, frames: list[Any]) -> None:
-        """Send the frames `encode` made for `header`; an unreachable address is logged."""
+    def send_frames(
+        self, address: str, header: Any, frames: list[Any], *, soon: bool = False
+    ) -> None:
+        """Send the frames `encode` made for `header`; an unreachable address is logged.
+        `soon`: they may wait in a batch for a moment (`transport._batches`)."""
         try:
-            self.outbox.send(address, frames)
+            if not soon:
+                self.outbox.send(address, frames)
+            elif self.outbox.send_soon(address, frames):
+                self._flush_soon()
         except TransportError as exc:
             self._log.warning(
                 "send_failed", to=address, kind=type(header).__name__, reason=str(exc)
             )
+
+    def _flush_soon(self) -> None:
+        """Send the waiting batches after the event loop's current turn when sent from it
+        (async code batches what its tasks send in one turn), else within BATCH_DELAY_S
+        (at once without an event loop)."""
+        loop = self.loop
+        if loop.on_loop_thread():
+            loop.call_soon(self.outbox.flush)
+        elif not loop.call_soon_threadsafe(loop.call_later, BATCH_DELAY_S, self.outbox.flush):
+            self.outbox.flush()
 
     def _on_inbox_closed(self, envelope: Envelope) -> None:
         """A caller's reply inbox is gone: drop the connection made to answer it."""
