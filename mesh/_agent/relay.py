@@ -9,7 +9,6 @@ fails that rank from the proc's exit report, as for a call sent to it directly.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import sys
@@ -17,11 +16,21 @@ from typing import Any
 
 from mesh._agent.procs import ProcRecord, ProcTable
 from mesh._engine.fanout_messages import MAX_BATCH_ANSWERS, FanOut, pack_answers
-from mesh._engine.messages import CallActor, Failure, InboxClosed, Reply
-from transport import Envelope, Outbox, Payload, TransportError, encode, is_address
+from mesh._engine.messages import CallActor, Failure, InboxClosed, Reply, StopActor
+from transport import (
+    Envelope,
+    Outbox,
+    Payload,
+    TransportError,
+    encode,
+    is_address,
+    transport_settings,
+)
 
-#: A batch of answers leaves at once when it reaches this size (it may also leave earlier).
-MAX_BATCH_BYTES = 8 << 20
+#: The most bytes of answers one batch carries (less with a lower message size limit).
+MAX_BATCH_BYTES = 1 << 20
+#: An answer larger than this goes on alone, as it came: batching would copy it for nothing.
+MAX_SHARED_BYTES = 64 << 10
 
 Answer = tuple[int, str, Payload | None]
 
@@ -51,6 +60,9 @@ class FanOutRelay:
         self._ids = itertools.count(1)
         self._answered: dict[int, _Relayed] = {}  # calls with answers to send
         self._early: dict[str, list[list[Any]]] = {}  # for tcp procs whose port is not known
+        limit = transport_settings().max_message_bytes  # a batch must stay within it
+        self._batch_bytes = min(MAX_BATCH_BYTES, limit // 2)
+        self._alone_bytes = min(MAX_SHARED_BYTES, limit // 4)
 
     def handle(self, envelope: Envelope) -> bool:
         """Act on `envelope` if it is part of fanned-out calls; whether it was."""
@@ -71,8 +83,9 @@ class FanOutRelay:
         if reason is not None:
             self._log.warning("message_rejected", kind="FanOut", reason=reason)
             return
-        relay_id = message.call_id
+        relay_id, reply_to = message.call_id, None
         if message.reply_to is not None:
+            reply_to = self._address  # the procs answer here
             relay_id = next(self._ids)
             relayed = self._calls[relay_id] = _Relayed(message.call_id, message.reply_to)
         for proc_id, rank in request.targets:
@@ -81,9 +94,7 @@ class FanOutRelay:
                 continue
             if message.reply_to is not None:
                 relayed.waiting[rank] = proc_id
-            reply_to = None if message.reply_to is None else self._address
-            one = dataclasses.replace(message, call_id=relay_id, reply_to=reply_to, rank=rank)
-            self._deliver(proc, encode(one, payload))
+            self._deliver(proc, encode(_for_rank(message, relay_id, reply_to, rank), payload))
         if message.reply_to is not None and not relayed.waiting:
             del self._calls[relay_id]
 
@@ -98,13 +109,19 @@ class FanOutRelay:
         if relayed is None or relayed.waiting.pop(header.rank, None) is None:
             self._log.warning("answer_ignored", call=header.call_id, rank=header.rank)
             return
-        kind = "" if type(header) is Reply else header.kind  # type: ignore[union-attr]
-        relayed.answers.append((header.rank, kind, payload))
-        relayed.nbytes += 0 if payload is None else payload.nbytes
-        self._answered[header.call_id] = relayed
         if not relayed.waiting:
             del self._calls[header.call_id]
-        if len(relayed.answers) >= MAX_BATCH_ANSWERS or relayed.nbytes >= MAX_BATCH_BYTES:
+        size = 0 if payload is None else payload.nbytes
+        if size > self._alone_bytes:  # large: on its own, as the proc sent it
+            self._send(relayed.reply_to, encode(_answer_to(relayed, header), payload))
+            return
+        if relayed.nbytes + size > self._batch_bytes:
+            self._send_answers(relayed)
+        kind = "" if type(header) is Reply else header.kind  # type: ignore[union-attr]
+        relayed.answers.append((header.rank, kind, payload))
+        relayed.nbytes += size
+        self._answered[header.call_id] = relayed
+        if len(relayed.answers) >= MAX_BATCH_ANSWERS:
             self._send_answers(relayed)
 
     def flush(self) -> None:
@@ -153,6 +170,23 @@ class FanOutRelay:
             self._outbox.send(address, frames)
         except TransportError as exc:
             self._log.warning("send_failed", to=address, reason=str(exc))
+
+
+def _answer_to(relayed: _Relayed, header: Reply | Failure) -> Reply | Failure:
+    """A proc's answer to the agent, as an answer to the caller's call."""
+    if type(header) is Reply:
+        return Reply(relayed.call_id, header.rank)
+    return Failure(relayed.call_id, header.rank, header.kind)  # type: ignore[union-attr]
+
+
+def _for_rank(
+    message: CallActor | StopActor, call_id: int, reply_to: str | None, rank: int
+) -> CallActor | StopActor:
+    """`message` as the proc of rank `rank` gets it, answering `call_id` at `reply_to`."""
+    if type(message) is CallActor:
+        labels, sizes = message.labels, message.sizes
+        return CallActor(call_id, reply_to, message.actor_id, message.endpoint, labels, sizes, rank)
+    return StopActor(call_id, reply_to, message.actor_id, rank)
 
 
 def _bad_fan_out(request: FanOut) -> str | None:

@@ -20,8 +20,9 @@ from mesh._engine.messages import CallActor, StopActor
 from mesh._engine.peers import ProcPeer, Route
 from transport import Payload, encode, network_faults
 
-#: The fewest recipients of one call on one host for which the call goes through its agent.
-MIN_FANOUT = 2
+#: The fewest recipients of one call on one host for which the call goes through its agent:
+#: below it, the extra hop costs more than the messages it saves (benchmarks/bench_fanout.py).
+MIN_FANOUT = 4
 
 _RELAYABLE = (CallActor, StopActor)
 _FAULTS = network_faults()
