@@ -5,7 +5,9 @@ For N = 1, 8, 32, 64 procs (one actor each) on one host (the local agent), and o
 (median) and the rate of pipelined calls to all N (100 issued, then every get), each with
 the fan-out (one message per host, answers batched back) and, as the baseline taken in the
 same run on the same procs, with every message sent to its actor directly. The two take
-turns, round after round, so that load on the machine falls on both alike.
+turns, round after round, so that load on the machine falls on both alike. Beside the times,
+the CPU each call costs this client and the other processes (agents and procs, from /proc):
+on a loaded machine wall times wander, CPU per call much less.
 
     python3 benchmarks/bench_fanout.py [--sizes 1 8 32 64] [--rounds 5] [--json]
 """
@@ -54,21 +56,69 @@ def fanning_out(enabled: bool) -> Iterator[None]:
         fanout.MIN_FANOUT = saved
 
 
-def call_all_ms(actors: Any, calls: int) -> float:
-    times = []
-    for i in range(calls):
-        start = time.perf_counter()
-        actors.ok.call(i).get(timeout=T)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+def descendants_cpu_s() -> float:
+    """CPU seconds used so far by the processes this one started (agents, fork servers,
+    procs), alive ones only: read from /proc."""
+    parents: dict[int, int] = {}
+    used: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:  # it ended meanwhile
+                continue
+            parents[int(name)] = int(fields[1])
+            used[int(name)] = (int(fields[11]) + int(fields[12])) / tick
+    ours, grew = {os.getpid()}, True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in ours} - ours
+        ours |= more
+        grew = bool(more)
+    return sum(used[pid] for pid in ours if pid != os.getpid())
 
 
-def pipelined_per_s(actors: Any) -> float:
-    start = time.perf_counter()
-    futures = [actors.ok.call(i) for i in range(PIPELINED)]
-    for future in futures:
-        future.get(timeout=T)
-    return PIPELINED / (time.perf_counter() - start)
+def timed(work: Any, count: int) -> tuple[float, float, float]:
+    """(wall ms, this client's CPU ms, the other processes' CPU ms) per unit of `work()`,
+    which does `count` units."""
+    others, client, start = descendants_cpu_s(), time.process_time(), time.perf_counter()
+    work()
+    wall, client = time.perf_counter() - start, time.process_time() - client
+    others = descendants_cpu_s() - others
+    return wall * 1e3 / count, client * 1e3 / count, others * 1e3 / count
+
+
+def call_all(actors: Any, calls: int) -> tuple[float, float, float]:
+    """Calls to all, one after the other: the median wall time, and the CPU per call."""
+    walls: list[float] = []
+
+    def work() -> None:
+        for i in range(calls):
+            start = time.perf_counter()
+            actors.ok.call(i).get(timeout=T)
+            walls.append((time.perf_counter() - start) * 1e3)
+
+    _, client, others = timed(work, calls)
+    return statistics.median(walls), client, others
+
+
+def pipelined(actors: Any) -> tuple[float, float, float]:
+    """PIPELINED calls to all issued, then every get: calls per second, and CPU per call."""
+
+    def work() -> None:
+        futures = [actors.ok.call(i) for i in range(PIPELINED)]
+        for future in futures:
+            future.get(timeout=T)
+
+    wall, client, others = timed(work, PIPELINED)
+    return 1e3 / wall, client, others
+
+
+FIGURES = (
+    *("call_ms", "call_client_cpu_ms", "call_other_cpu_ms"),
+    *("pipelined_per_s", "pipelined_client_cpu_ms", "pipelined_other_cpu_ms"),
+)
 
 
 def measure(hosts: HostMesh, n: int, rounds: int) -> dict[str, Any]:
@@ -78,24 +128,19 @@ def measure(hosts: HostMesh, n: int, rounds: int) -> dict[str, Any]:
     try:
         actors = procs.spawn("echo", Echo)
         actors.ok.call(0).get(timeout=T)  # started, and its first messages answered
-        results: dict[bool, dict[str, list[float]]] = {
-            path: {"call": [], "pipelined": []} for path in (True, False)
-        }
+        results: dict[str, list[tuple[float, ...]]] = {"fanout": [], "direct": []}
         calls = max(5, 200 // max(n, 1))
         for _ in range(rounds):
-            for path in (True, False):
-                with fanning_out(path):
+            for path in ("fanout", "direct"):
+                with fanning_out(path == "fanout"):
                     actors.ok.call(0).get(timeout=T)  # warm: the routes settle on this path
-                    results[path]["call"].append(call_all_ms(actors, calls))
-                    results[path]["pipelined"].append(pipelined_per_s(actors))
+                    results[path].append((*call_all(actors, calls), *pipelined(actors)))
     finally:
         procs.stop().get(timeout=T)
     row: dict[str, Any] = {"n": n, "hosts": len(hosts)}
-    for path, name in ((True, "fanout"), (False, "direct")):
-        row[f"{name}_call_all_ms"] = statistics.median(results[path]["call"])
-        row[f"{name}_pipelined_per_s"] = statistics.median(results[path]["pipelined"])
-    row["call_speedup"] = row["direct_call_all_ms"] / row["fanout_call_all_ms"]
-    row["pipelined_speedup"] = row["fanout_pipelined_per_s"] / row["direct_pipelined_per_s"]
+    for path, rounds_of in results.items():
+        for index, figure in enumerate(FIGURES):
+            row[f"{path}_{figure}"] = statistics.median(r[index] for r in rounds_of)
     return row
 
 
@@ -130,17 +175,30 @@ def report(rows: list[dict[str, Any]], as_json: bool) -> None:
         for row in rows:
             print(json.dumps(row))
         return
+    print("per call to all N: fan-out / direct (direct: every message sent to its actor)")
     print(
-        f"{'N':>4} {'hosts':>5} | {'call all: fan-out':>17} {'direct':>9} {'speedup':>7} | "
-        f"{'pipelined/s: fan-out':>20} {'direct':>9} {'speedup':>7}"
+        f"{'N':>3} {'hosts':>5} | {'call ms':>13} {'x':>5} | {'client CPU ms':>13} {'x':>5} | "
+        f"{'others CPU ms':>13} | {'pipelined/s':>13} {'x':>5} | {'client CPU ms':>13} "
+        f"{'x':>5} | {'others CPU ms':>13}"
     )
     for r in rows:
-        print(
-            f"{r['n']:>4} {r['hosts']:>5} | {r['fanout_call_all_ms']:>14.2f} ms "
-            f"{r['direct_call_all_ms']:>6.2f} ms {r['call_speedup']:>6.2f}x | "
-            f"{r['fanout_pipelined_per_s']:>20.1f} {r['direct_pipelined_per_s']:>9.1f} "
-            f"{r['pipelined_speedup']:>6.2f}x"
-        )
+        cells = []
+        for figure, higher_is_better in (
+            ("call_ms", False),
+            ("call_client_cpu_ms", False),
+            ("call_other_cpu_ms", None),
+            ("pipelined_per_s", True),
+            ("pipelined_client_cpu_ms", False),
+            ("pipelined_other_cpu_ms", None),
+        ):
+            ours, base = r[f"fanout_{figure}"], r[f"direct_{figure}"]
+            cell = f"{ours:>6.2f}/{base:<6.2f}"
+            if higher_is_better is not None:
+                gain = ours / base if higher_is_better else base / ours
+                cell += f" {gain:>4.2f}x"
+            cells.append(cell)
+        print(f"{r['n']:>3} {r['hosts']:>5} | " + " | ".join(cells))
+    print("x: the fan-out's gain over direct (>1: better); others: agents and procs together")
 
 
 def main() -> int:
