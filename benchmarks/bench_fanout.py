@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import mesh
-import mesh._engine.fanout as fanout
 import mesh.testing
 from mesh import Actor, HostMesh, attach, endpoint, this_host
+from mesh.testing import fan_out_from
 
 HOSTS = 4
 PIPELINED = 100
@@ -43,17 +43,6 @@ class Echo(Actor):
     @endpoint
     def ok(self, x: int) -> int:
         return x
-
-
-@contextmanager
-def fanning_out(enabled: bool) -> Iterator[None]:
-    """Calls made inside go through the host agents (or, not `enabled`, straight to procs)."""
-    saved = fanout.MIN_FANOUT
-    fanout.MIN_FANOUT = saved if enabled else sys.maxsize
-    try:
-        yield
-    finally:
-        fanout.MIN_FANOUT = saved
 
 
 def descendants_cpu_s() -> float:
@@ -132,7 +121,7 @@ def measure(hosts: HostMesh, n: int, rounds: int) -> dict[str, Any]:
         calls = max(5, 200 // max(n, 1))
         for _ in range(rounds):
             for path in ("fanout", "direct"):
-                with fanning_out(path == "fanout"):
+                with fan_out_from(4 if path == "fanout" else sys.maxsize):
                     actors.ok.call(0).get(timeout=T)  # warm: the routes settle on this path
                     results[path].append((*call_all(actors, calls), *pipelined(actors)))
     finally:

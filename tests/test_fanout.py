@@ -5,6 +5,8 @@ path (straight to the proc, or through its agent) each took."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import actors
@@ -15,32 +17,20 @@ from hypothesis import strategies as st
 from polling import wait_until
 from test_agent_hardening import agent_barrier, raw_peer
 
-import mesh._engine.fanout as fanout
 import mesh.testing
-from mesh import ActorMesh
-from mesh._engine.fanout_messages import FanOut, RelayedReplies, pack_answers, unpack_answers
-from mesh._engine.messages import CallActor
+from mesh.testing import fan_out_from, fanned_out, wire
+from mesh.testing import fanout_wire as fw
 from supervision import ActorError, SupervisionError
 from transport import Envelope, Payload, decode, encode
 
 T = 30  # seconds: the bound on every wait in this module (never reached when things work)
 
 
-def fanned_out(actors: ActorMesh[Any]) -> list[bool]:
-    """For each actor of `actors`: whether this client's last message to it went through the
-    host agent (white box: proves the test exercised the fan-out path)."""
-    state = actors._state
-    return [
-        (route := peer.routes.get(state.actor_id)) is not None and route.via_agent
-        for peer in state.peers
-    ]
-
-
 @pytest.mark.timeout(90)
 def test_a_rank_dying_in_a_fanned_out_call_fails_only_its_part(
-    make_procs: Any, root_events: list[Any], monkeypatch: pytest.MonkeyPatch
+    make_procs: Any, root_events: list[Any], stack: contextlib.ExitStack
 ) -> None:
-    monkeypatch.setattr(fanout, "MIN_FANOUT", 2)  # the two survivors below fan out too
+    stack.enter_context(fan_out_from(2))  # the two survivors below fan out too
     procs = make_procs({"gpus": 4})
     dies = procs.spawn("dies", fa.Dies)
     assert sorted(dies.rank.call().get(timeout=T).values()) == [0, 1, 2, 3]
@@ -83,11 +73,11 @@ _MESSAGES = st.tuples(
 
 @pytest.mark.timeout(240)
 def test_messages_to_an_actor_arrive_in_order_on_either_path(
-    make_procs: Any, no_failure_reaches_the_root: None, monkeypatch: pytest.MonkeyPatch
+    make_procs: Any, no_failure_reaches_the_root: None, stack: contextlib.ExitStack
 ) -> None:
     """Calls and broadcasts to one actor (direct) or several (through their agent), pipelined
     without waiting: each actor receives its messages in the order they were sent."""
-    monkeypatch.setattr(fanout, "MIN_FANOUT", 2)  # slices of 2 of the 3 actors fan out too
+    stack.enter_context(fan_out_from(2))  # slices of 2 of the 3 actors fan out too
     recorder = make_procs({"gpus": 3}).spawn("recorder", fa.Recorder)
     recorder.take.call().get(timeout=T)
     paths_seen: set[bool] = set()
@@ -124,26 +114,26 @@ def test_the_agent_relays_well_formed_fan_outs_and_refuses_the_others(make_procs
     agent = mesh.testing.local_agent()
     with raw_peer(agent.address) as peer:
 
-        def call(call_id: int, reply_to: str) -> CallActor:
-            return CallActor(call_id, reply_to, actor_id, "echo", ("gpus",), (2,), 0)
+        def call(call_id: int, reply_to: str) -> wire.CallActor:
+            return wire.CallActor(call_id, reply_to, actor_id, "echo", ("gpus",), (2,), 0)
 
         args = Payload.dump(((5,), {}))
         refused = [
-            FanOut(call(1, "file:///nowhere"), targets),  # no address to answer
-            FanOut(call(2, peer.inbox.address), ((peers[0].proc_id, 2),)),  # outside the sizes
-            FanOut(call(3, peer.inbox.address), (targets[0], targets[0])),  # a rank twice
+            fw.FanOut(call(1, "file:///nowhere"), targets),  # no address to answer
+            fw.FanOut(call(2, peer.inbox.address), ((peers[0].proc_id, 2),)),  # outside the sizes
+            fw.FanOut(call(3, peer.inbox.address), (targets[0], targets[0])),  # a rank twice
         ]
         for request in refused:
             peer.send(encode(request, args))
         unknown = ("never-ran-0", 1)  # skipped: its exit report is what tells a caller
-        peer.send(encode(FanOut(call(4, peer.inbox.address), (targets[0], unknown)), args))
-        peer.send(encode(FanOut(call(5, peer.inbox.address), targets), args))
+        peer.send(encode(fw.FanOut(call(4, peer.inbox.address), (targets[0], unknown)), args))
+        peer.send(encode(fw.FanOut(call(5, peer.inbox.address), targets), args))
         answers: dict[tuple[int, int], Any] = {}
         while len(answers) < 3:
             assert peer.inbox.poll(int(T * 1000)), f"answers so far: {answers}"
             batch = peer.inbox.receive_nowait()
-            assert batch is not None and type(batch.header) is RelayedReplies, batch
-            for answer in unpack_answers(batch):
+            assert batch is not None and type(batch.header) is fw.RelayedReplies, batch
+            for answer in fw.unpack_answers(batch):
                 answers[answer.header.call_id, answer.header.rank] = answer.payload.load()  # type: ignore[union-attr]
         assert answers == {(4, 0): 5, (5, 0): 5, (5, 1): 5}
         agent_barrier(peer)
@@ -170,24 +160,31 @@ def test_a_batch_of_answers_unpacks_into_the_answers_packed(
         (rank, kind, Payload(body, buffers) if body or buffers else None)
         for rank, kind, body, buffers in answers
     ]
-    header, payload = pack_answers(7, packed)
+    header, payload = fw.pack_answers(7, packed)
     envelope = decode(encode(header, payload))
     unpacked = [
         (e.header.rank, getattr(e.header, "kind", ""), *_bytes_of(e.payload))
-        for e in unpack_answers(envelope)
+        for e in fw.unpack_answers(envelope)
     ]
     assert unpacked == [(rank, kind, body, buffers) for rank, kind, body, buffers in answers]
-    assert all(e.header.call_id == 7 for e in unpack_answers(envelope))
+    assert all(e.header.call_id == 7 for e in fw.unpack_answers(envelope))
     if answers:  # a batch whose entries do not add up to its payload is refused, not misread
         index = data.draw(st.integers(0, len(answers) - 1))
         rank, kind, size, count = header.answers[index]
         wrong = (rank, kind, size + data.draw(st.integers(1, 5)), count)
-        bad = RelayedReplies(7, (*header.answers[:index], wrong, *header.answers[index + 1 :]))
+        bad = fw.RelayedReplies(7, (*header.answers[:index], wrong, *header.answers[index + 1 :]))
         with pytest.raises(ValueError, match="declares"):
-            unpack_answers(Envelope(bad, envelope.payload))
+            fw.unpack_answers(Envelope(bad, envelope.payload))
 
 
 def _bytes_of(payload: Payload | None) -> tuple[bytes, list[bytes]]:
     if payload is None:
         return b"", []
     return bytes(payload.body), [bytes(b) for b in payload.buffers]
+
+
+@pytest.fixture
+def stack() -> Iterator[contextlib.ExitStack]:
+    """Context managers a test enters, left after it, pass or fail."""
+    with contextlib.ExitStack() as entered:
+        yield entered

@@ -12,6 +12,8 @@ and only then may take the other path. A message can therefore never overtake an
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +78,18 @@ def fan_out_frames(group: list[tuple[ProcPeer, Any]], payload: Payload | None) -
     """The one message to a host agent that delivers the headers of `group` (one call)."""
     targets = tuple((peer.proc_id, header.rank) for peer, header in group)
     return encode(FanOut(group[0][1], targets), payload)
+
+
+@contextmanager
+def fan_out_from(recipients: int) -> Iterator[None]:
+    """Inside the block, this process sends a call through a host agent from `recipients`
+    recipients on that host (`sys.maxsize`: never): both paths, in tests and benchmarks."""
+    global MIN_FANOUT
+    saved, MIN_FANOUT = MIN_FANOUT, recipients
+    try:
+        yield
+    finally:
+        MIN_FANOUT = saved
 
 
 def _hosts_worth_fanning_out(messages: list[tuple[ProcPeer, Any]]) -> set[str]:
