@@ -23,8 +23,9 @@ from mesh._engine.peers import ProcPeer, Route
 from transport import Payload, encode, network_faults
 
 #: The fewest recipients of one call on one host for which the call goes through its agent:
-#: below it, the extra hop costs more than the messages it saves (benchmarks/bench_fanout.py).
-MIN_FANOUT = 4
+#: below it, the extra hops cost more than the messages they save, as benchmarks/bench_fanout.py
+#: measured on a 2-core machine shared by the client, the agents and every proc.
+MIN_FANOUT = 32
 
 _RELAYABLE = (CallActor, StopActor)
 _FAULTS = network_faults()
