@@ -12,17 +12,21 @@ aggregate proc lines without procs (`RankLog`, `LogFileConfig`, `line_level`, `A
 `RankedLine`), and play a raw peer of an agent or a proc with the typed wire messages of `wire`
 (and `detached_wire`, those of detached meshes; `debug_wire`, those of the distributed
 debugger; `workspace_wire`, those of workspace sync, whose paths an agent checks with
-`workspace_path_problem`). Each reads the engine in one place, here.
+`workspace_path_problem`; `fanout_wire`, those of fanned-out calls). `fan_out_from` sets when
+calls go through host agents, and `fanned_out` tells which path an actor mesh's last messages
+took. Each reads the engine in one place, here.
 """
 
 from __future__ import annotations
 
 import subprocess
 from dataclasses import dataclass
+from typing import Any
 
 from mesh._agent.log_files import LogFileConfig as LogFileConfig
 from mesh._agent.log_files import RankLog as RankLog
 from mesh._agent.log_records import line_level as line_level
+from mesh._api.actor_mesh import ActorMesh as _ActorMesh
 from mesh._api.configure import configured as settings
 from mesh._api.controllers import stop_controllers as stop_controllers
 from mesh._api.faults import Party as Party
@@ -33,10 +37,12 @@ from mesh._api.faults import heal_links as heal_links
 from mesh._api.faults import probe as probe
 from mesh._engine import debug_messages as debug_wire
 from mesh._engine import detached_messages as detached_wire
+from mesh._engine import fanout_messages as fanout_wire
 from mesh._engine import messages as wire
 from mesh._engine import session as _session
 from mesh._engine import workspace_messages as workspace_wire
 from mesh._engine.callwatch import call_watchdog_suspended as call_watchdog_suspended
+from mesh._engine.fanout import fan_out_from as fan_out_from
 from mesh._engine.proc_lines import Aggregator as Aggregator
 from mesh._engine.proc_lines import RankedLine as RankedLine
 from mesh._engine.workspace_files import path_problem as workspace_path_problem
@@ -58,6 +64,9 @@ __all__ = (
     "detached_wire",
     "exit_process",
     "fail_next_call",
+    "fan_out_from",
+    "fanned_out",
+    "fanout_wire",
     "heal_links",
     "inbox_address",
     "known_agents",
@@ -73,6 +82,14 @@ __all__ = (
     "workspace_path_problem",
     "workspace_wire",
 )
+
+
+def fanned_out(actors: _ActorMesh[Any]) -> list[bool]:
+    """For each actor of `actors` (all ranks, unsliced): whether this process's last message
+    to it went through its host agent (docs/fan-out.md)."""
+    state = actors._state
+    routes = [peer.routes.get(state.actor_id) for peer in state.peers]
+    return [route is not None and route.via_agent for route in routes]
 
 
 def shutdown() -> None:

@@ -19,6 +19,7 @@ from mesh._agent.forkserver import ForkServerClient
 from mesh._agent.notices import NoticeWatch
 from mesh._agent.output_relay import forwarded_report
 from mesh._agent.procs import ProcRecord, ProcTable, exit_code_and_signal, unknown_proc_report
+from mesh._agent.relay import FanOutRelay
 from mesh._agent.rundir import remove_proc_sockets, remove_stale_sockets
 from mesh._agent.snapshots import AgentView
 from mesh._agent.spawning import output_prefix, proc_address, proc_config, socket_path_too_long
@@ -97,6 +98,7 @@ class HostAgent:
         parts = (self._procs, self._watchdog, self._outbox, self._stop, self._log)
         self._detached = DetachedMeshes(*parts, (self.address, self._hostname), not owner_pid)
         self._ws = Workspaces(rundir, self._outbox, self.address, self._log).handle
+        self._relay = FanOutRelay(self._procs, self._outbox, self.address, self._log)
         if owner_pid is None:  # a daemon: the run directory is its own
             remove_stale_sockets(rundir, keep=self.address)
 
@@ -165,11 +167,13 @@ class HostAgent:
                 self._reject(envelope.header, reason)
                 continue
             try:
-                self._handle(envelope)
+                if not self._relay.handle(envelope):  # fanned-out calls first: the hot path
+                    self._handle(envelope)
             except Exception as exc:  # one bad request never takes the host down
                 self._log.exception(
                     "message_handling_failed", kind=type(envelope.header).__name__, reason=repr(exc)
                 )
+        self._relay.flush()  # the answers that came in together leave together
 
     def _reject(self, header: object, reason: str) -> None:
         """Log a request this agent cannot act on; tell its sender where it can be told."""
@@ -339,6 +343,7 @@ class HostAgent:
         )
         self._outbox.forget(proc.address)
         remove_proc_sockets(self._rundir, proc.proc_id)
+        self._relay.proc_exited(proc.proc_id)
         report = exit_report_with_evidence(proc, pid, code, signame, self._hostname, self._rundir)
         for address in self._detached.recipients(proc, report):
             if proc.failure is not None:

@@ -11,7 +11,7 @@ from mesh._shape import Extent
 from mesh._values import ValueMesh
 
 if TYPE_CHECKING:
-    from mesh._engine.peers import ActorMeshView, ProcPeer
+    from mesh._engine.peers import ActorMeshView, ProcPeer, Route
     from mesh._engine.replies import ReplyInbox
 
 
@@ -26,7 +26,7 @@ class PendingCall:
     """The recipients of one call that have not answered, keyed by the rank each was sent.
     `mesh` is the actor mesh called, so that a proc's failure is told about its actor."""
 
-    __slots__ = ("call_id", "home", "mesh", "peers", "sink")
+    __slots__ = ("call_id", "home", "mesh", "peers", "sequence", "sink")
 
     def __init__(
         self,
@@ -41,6 +41,7 @@ class PendingCall:
         self.peers = peers
         self.home = home
         self.mesh = mesh
+        self.sequence: dict[int, tuple[Route, int]] | None = None  # see fanout.route
 
 
 class OneSink:

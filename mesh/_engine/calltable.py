@@ -1,7 +1,8 @@
 """`CallTable`: the calls this process made that still expect replies, and how they end.
 
-A call sends one header per recipient proc (`send_to_procs`); each reply, failure or loss of a
-recipient's proc settles that recipient's part, feeding the call's result sink.
+A call sends one header per recipient proc (`send_to_procs`), or one per host agent for the
+recipients of a host (`fanout`); each reply, failure or loss of a recipient's proc settles that
+recipient's part, feeding the call's result sink.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 from mesh._engine.calls import PendingCall, ResultSink
+from mesh._engine.fanout import fan_out_frames, note_answer, route
+from mesh._engine.fanout_messages import unpack_answers
 from mesh._engine.fork import check_not_forked
-from mesh._engine.messages import Failure, Reply
+from mesh._engine.messages import Failure, Reply, invalid_fields
 from mesh._engine.notebook import note_call
 from mesh._engine.peers import ActorMeshView, ProcPeer
 from mesh._engine.replies import ReplyInbox
@@ -52,32 +55,67 @@ class CallTable:
         if messages:
             note_call(messages[0][0].mesh_key)  # in a notebook: its lines go under this cell
         failed: list[tuple[int, BaseException]] = []
-        batched = False
+        busy: set[str] = set()
         with self._lock:
+            pending = None
             if sink is not None:
                 peers = {header.rank: peer for peer, header in messages}
-                self._calls[call_id] = PendingCall(call_id, sink, peers, home, mesh)
+                pending = self._calls[call_id] = PendingCall(call_id, sink, peers, home, mesh)
                 if home is not None:  # they will connect to it, and drop that when it closes
                     home.called.update(peers.values())
+            live = []
             for peer, header in messages:
-                frames = encode(header, payload)
                 if not peer.alive:
                     assert peer.event is not None
                     failed.append((header.rank, gone_error(peer, peer.event, mesh)))
                     continue
-                busy = bool(peer.calls)  # it has not answered earlier calls: it may wait
+                live.append((peer, header))
+                if peer.calls:  # it has not answered earlier calls: it may wait
+                    busy.add(peer.proc_id)
                 if sink is not None:
                     peer.calls.add(call_id)
-                if peer.address is None:  # copy now: the caller may change its buffers
-                    peer.queued.append([frames[0], *(bytes(memoryview(b)) for b in frames[1:])])
-                elif busy:
-                    batched |= self._outbox.send_soon(peer.address, frames)
-                else:
-                    self._outbox.send(peer.address, frames)
+            routed = route(live, pending is not None)
+            if pending is not None:
+                pending.sequence = routed.sequence
+            batched = self._send_direct(routed.direct, payload, busy)
+            for agent, group in routed.relayed.items():
+                self._outbox.send(agent, fan_out_frames(group, payload))
         if batched:
             self._flush_soon()
         for index, error in failed:
             self.settle(call_id, index, error=error)
+
+    def _send_direct(
+        self, messages: list[tuple[ProcPeer, Any]], payload: Payload | None, busy: set[str]
+    ) -> bool:
+        """Send to each proc itself; to a `busy` one (still answering earlier calls) the
+        message may wait to leave with others. Whether any waits (then flush soon)."""
+        batched = False
+        for peer, header in messages:
+            frames = encode(header, payload)
+            if peer.address is None:  # copy now: the caller may change its buffers
+                peer.queued.append([frames[0], *(bytes(memoryview(b)) for b in frames[1:])])
+            elif peer.proc_id in busy:
+                batched |= self._outbox.send_soon(peer.address, frames)
+            else:
+                self._outbox.send(peer.address, frames)
+        return batched
+
+    def on_relayed(self, envelope: Envelope) -> None:
+        """A host agent's batch of answers to one call (see `fanout`)."""
+        try:
+            answers = unpack_answers(envelope)
+        except ValueError as exc:  # the call must end: its ranks in this batch fail
+            header = envelope.header
+            if invalid_fields(header) is None:
+                for rank, *_ in header.answers:
+                    self.settle(header.call_id, rank, error=ActorError(str(exc)))
+            return
+        for answer in answers:
+            if type(answer.header) is Reply:
+                self.on_reply(answer)
+            else:
+                self.on_failure(answer)
 
     def on_reply(self, envelope: Envelope) -> None:
         header: Reply = envelope.header
@@ -127,6 +165,7 @@ class CallTable:
             peer = pending.peers.pop(rank, None)
             if peer is None:
                 return
+            note_answer(pending.sequence, rank)
             if not any(other is peer for other in pending.peers.values()):
                 peer.calls.discard(call_id)
             if not pending.peers:

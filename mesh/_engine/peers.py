@@ -1,4 +1,5 @@
-"""`ProcPeer`: a proc as one process sees it: where it listens and whether it is alive.
+"""`ProcPeer`: a proc as one process sees it: where it listens and whether it is alive, and
+the `Route` of the messages to each of its actors.
 
 `ActorMeshView`: an actor mesh as one process sees it, to tell of its actors' failures.
 """
@@ -13,6 +14,23 @@ from mesh._context import actor_identity
 from mesh._engine.future import Future
 from mesh._shape import Extent, Point
 from supervision import EventKind, SupervisionEvent
+
+
+class Route:
+    """The path of the messages this process sends to one actor (straight to its proc, or
+    through its host agent): `sent` messages so far, the first `seen` known to have arrived."""
+
+    __slots__ = ("seen", "sent", "via_agent")
+
+    def __init__(self) -> None:
+        self.via_agent = False
+        self.sent = 0
+        self.seen = 0
+
+    @property
+    def settled(self) -> bool:
+        """Whether every message sent on this path arrived: the next may take another."""
+        return self.seen == self.sent
 
 
 class ProcPeer:
@@ -34,6 +52,7 @@ class ProcPeer:
         "proc_id",
         "queued",
         "ready",
+        "routes",
         "state",
     )
 
@@ -63,6 +82,7 @@ class ProcPeer:
         self.event: SupervisionEvent | None = None
         self.queued: list[list[Any]] = []
         self.calls: set[int] = set()
+        self.routes: dict[str, Route] = {}  # by actor id: the path of this process's messages
         self.ready: Future[None] = Future(description=f"the start of proc {proc_id}")
         self.gone: Future[None] = Future(description=f"the end of proc {proc_id}")
         if address:
@@ -71,6 +91,7 @@ class ProcPeer:
     def hold(self) -> None:
         """Start over as a proc being (re)started: calls queue here until it is ready."""
         self.state, self.address, self.pid, self.event = "starting", None, None, None
+        self.routes = {}
         self.ready = Future(description=f"the start of proc {self.proc_id}")
         self.gone = Future(description=f"the end of proc {self.proc_id}")
 

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import sniffio
 
+from mesh._engine.fanout_messages import RelayedReplies
 from mesh._engine.fork import check_not_forked
 from mesh._engine.future import Future
 from mesh._engine.messages import Failure, InboxClosed, Reply, Wake
@@ -36,6 +37,8 @@ class ReplySettler(Protocol):
     def on_reply(self, envelope: Envelope) -> None: ...
 
     def on_failure(self, envelope: Envelope) -> None: ...
+
+    def on_relayed(self, envelope: Envelope) -> None: ...
 
     def inboxes_awaiting_replies(self) -> set[int]: ...
 
@@ -121,6 +124,8 @@ class ReplyInbox:
             self.runtime.calls.on_reply(envelope)
         elif kind is Failure:
             self.runtime.calls.on_failure(envelope)
+        elif kind is RelayedReplies:
+            self.runtime.calls.on_relayed(envelope)
         elif kind is not Wake:
             self.runtime.dispatch_elsewhere(envelope)
 
@@ -240,6 +245,7 @@ class ReplyRoutes:
         runtime = self._runtime
         runtime.outbox.forget(inbox.address)
         called = {peer.address for peer in inbox.called if peer.alive and peer.address}
+        called |= {peer.agent for peer in inbox.called if peer.agent}  # fanned-out answers
         for address in sorted(called):
             runtime.send_message(address, InboxClosed(inbox.address))
         return True

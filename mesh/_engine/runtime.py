@@ -21,6 +21,7 @@ from mesh._engine.agent_queries import AgentQueries
 from mesh._engine.agents import AgentWatch
 from mesh._engine.calltable import CallTable
 from mesh._engine.debug_pause import PausedCalls
+from mesh._engine.fanout_messages import RelayedReplies
 from mesh._engine.fault_rules import apply_fault_rules
 from mesh._engine.future import Future
 from mesh._engine.host import ActorHost
@@ -118,6 +119,7 @@ class Runtime:
         self._handlers: dict[type, Callable[[Envelope], None]] = {
             Reply: self.calls.on_reply,
             Failure: self.calls.on_failure,
+            RelayedReplies: self.calls.on_relayed,
             ProcReady: self.procs.on_proc_ready,
             ProcExited: self.procs.on_proc_exited,
             SpawnFailed: self.procs.on_spawn_failed,

@@ -1,0 +1,203 @@
+"""`FanOutRelay`: the host agent's half of fanned-out calls (see `mesh/_engine/fanout.py`).
+
+A caller sends one `FanOut` for several procs of this host; the agent delivers the call to
+each of them (the payload's bytes as they came: the agent never unpickles them), asking for
+the answers itself. Answers that arrive together go back to the caller in one
+`RelayedReplies` per call. A proc that exits is dropped from the calls it was in: its caller
+fails that rank from the proc's exit report, as for a call sent to it directly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+from typing import Any
+
+from mesh._agent.procs import ProcRecord, ProcTable
+from mesh._engine.fanout_messages import MAX_BATCH_ANSWERS, FanOut, pack_answers
+from mesh._engine.messages import CallActor, Failure, InboxClosed, Reply, StopActor
+from transport import (
+    Envelope,
+    Outbox,
+    Payload,
+    TransportError,
+    encode,
+    is_address,
+    transport_settings,
+)
+
+#: The most bytes of answers one batch carries (less with a lower message size limit).
+MAX_BATCH_BYTES = 1 << 20
+#: An answer larger than this goes on alone, as it came: batching would copy it for nothing.
+MAX_SHARED_BYTES = 64 << 10
+
+Answer = tuple[int, str, Payload | None]
+
+
+class _Relayed:
+    """One fanned-out call awaiting answers: whose call it is, and the procs not done yet."""
+
+    __slots__ = ("answers", "call_id", "nbytes", "reply_to", "waiting")
+
+    def __init__(self, call_id: int, reply_to: str) -> None:
+        self.call_id = call_id
+        self.reply_to = reply_to
+        self.waiting: dict[int, str] = {}  # rank in the call -> proc id
+        self.answers: list[Answer] = []  # arrived, not sent on yet
+        self.nbytes = 0
+
+
+class FanOutRelay:
+    """Delivers fanned-out calls to this agent's procs and sends their answers back batched."""
+
+    def __init__(self, procs: ProcTable, outbox: Outbox, address: str, log: Any) -> None:
+        self._procs = procs
+        self._outbox = outbox
+        self._address = address
+        self._log = log
+        self._calls: dict[int, _Relayed] = {}  # by the call id the procs answer
+        self._ids = itertools.count(1)
+        self._answered: dict[int, _Relayed] = {}  # calls with answers to send
+        self._early: dict[str, list[list[Any]]] = {}  # for tcp procs whose port is not known
+        limit = transport_settings().max_message_bytes  # a batch must stay within it
+        self._batch_bytes = min(MAX_BATCH_BYTES, limit // 2)
+        self._alone_bytes = min(MAX_SHARED_BYTES, limit // 4)
+
+    def handle(self, envelope: Envelope) -> bool:
+        """Act on `envelope` if it is part of fanned-out calls; whether it was."""
+        kind = type(envelope.header)
+        if kind is FanOut:
+            self._fan_out(envelope.header, envelope.payload)
+        elif kind is Reply or kind is Failure:
+            self._answer(envelope.header, envelope.payload)
+        elif kind is InboxClosed:
+            self._inbox_closed(envelope.header.address)
+        else:
+            return False
+        return True
+
+    def _fan_out(self, request: FanOut, payload: Payload | None) -> None:
+        message = request.message
+        reason = _bad_fan_out(request)
+        if reason is not None:
+            self._log.warning("message_rejected", kind="FanOut", reason=reason)
+            return
+        relay_id, reply_to = message.call_id, None
+        if message.reply_to is not None:
+            reply_to = self._address  # the procs answer here
+            relay_id = next(self._ids)
+            relayed = self._calls[relay_id] = _Relayed(message.call_id, message.reply_to)
+        for proc_id, rank in request.targets:
+            proc = self._procs.get(proc_id)
+            if proc is None:  # gone: its exit report tells the caller
+                continue
+            if message.reply_to is not None:
+                relayed.waiting[rank] = proc_id
+            self._deliver(proc, encode(_for_rank(message, relay_id, reply_to, rank), payload))
+        if message.reply_to is not None and not relayed.waiting:
+            del self._calls[relay_id]
+
+    def _deliver(self, proc: ProcRecord, frames: list[Any]) -> None:
+        if proc.connected or "*" not in proc.address:
+            self._send(proc.address, frames)
+        else:  # a tcp proc that has not said which port it took: wait for it
+            self._early.setdefault(proc.proc_id, []).append(frames)
+
+    def _answer(self, header: Reply | Failure, payload: Payload | None) -> None:
+        relayed = self._calls.get(header.call_id)
+        if relayed is None or relayed.waiting.pop(header.rank, None) is None:
+            self._log.warning("answer_ignored", call=header.call_id, rank=header.rank)
+            return
+        if not relayed.waiting:
+            del self._calls[header.call_id]
+        size = 0 if payload is None else payload.nbytes
+        if size > self._alone_bytes:  # large: on its own, as the proc sent it
+            self._send(relayed.reply_to, encode(_answer_to(relayed, header), payload))
+            return
+        if relayed.nbytes + size > self._batch_bytes:
+            self._send_answers(relayed)
+        kind = "" if type(header) is Reply else header.kind  # type: ignore[union-attr]
+        relayed.answers.append((header.rank, kind, payload))
+        relayed.nbytes += size
+        self._answered[header.call_id] = relayed
+        if len(relayed.answers) >= MAX_BATCH_ANSWERS:
+            self._send_answers(relayed)
+
+    def flush(self) -> None:
+        """Send the answers that arrived (one message per call), and the calls that waited
+        for their tcp procs to be ready. Called each time the agent's inbox is drained."""
+        for relayed in self._answered.values():
+            self._send_answers(relayed)
+        self._answered.clear()
+        for proc_id in [p for p in self._early if self._ready(p)]:
+            proc = self._procs.get(proc_id)
+            for frames in self._early.pop(proc_id):
+                if proc is not None:
+                    self._send(proc.address, frames)
+
+    def _ready(self, proc_id: str) -> bool:
+        proc = self._procs.get(proc_id)
+        return proc is None or proc.connected
+
+    def _send_answers(self, relayed: _Relayed) -> None:
+        if relayed.answers:
+            header, payload = pack_answers(relayed.call_id, relayed.answers)
+            relayed.answers, relayed.nbytes = [], 0
+            self._send(relayed.reply_to, encode(header, payload, max_bytes=sys.maxsize))
+
+    def proc_exited(self, proc_id: str) -> None:
+        """`proc_id` exited: the calls it was in no longer wait for it."""
+        self._early.pop(proc_id, None)
+        for relay_id, relayed in list(self._calls.items()):
+            for rank in [r for r, p in relayed.waiting.items() if p == proc_id]:
+                del relayed.waiting[rank]
+            if not relayed.waiting:
+                del self._calls[relay_id]
+
+    def _inbox_closed(self, address: str) -> None:
+        """A caller's reply inbox is gone: forget its calls and the connection to it."""
+        for relay_id, relayed in list(self._calls.items()):
+            if relayed.reply_to == address:
+                del self._calls[relay_id]
+        for relay_id, relayed in list(self._answered.items()):
+            if relayed.reply_to == address:
+                del self._answered[relay_id]
+        self._outbox.forget(address)
+
+    def _send(self, address: str, frames: list[Any]) -> None:
+        try:
+            self._outbox.send(address, frames)
+        except TransportError as exc:
+            self._log.warning("send_failed", to=address, reason=str(exc))
+
+
+def _answer_to(relayed: _Relayed, header: Reply | Failure) -> Reply | Failure:
+    """A proc's answer to the agent, as an answer to the caller's call."""
+    if type(header) is Reply:
+        return Reply(relayed.call_id, header.rank)
+    return Failure(relayed.call_id, header.rank, header.kind)  # type: ignore[union-attr]
+
+
+def _for_rank(
+    message: CallActor | StopActor, call_id: int, reply_to: str | None, rank: int
+) -> CallActor | StopActor:
+    """`message` as the proc of rank `rank` gets it, answering `call_id` at `reply_to`."""
+    if type(message) is CallActor:
+        labels, sizes = message.labels, message.sizes
+        return CallActor(call_id, reply_to, message.actor_id, message.endpoint, labels, sizes, rank)
+    return StopActor(call_id, reply_to, message.actor_id, rank)
+
+
+def _bad_fan_out(request: FanOut) -> str | None:
+    """Why the agent must refuse `request` (its fields' types are checked already), or None."""
+    message = request.message
+    if message.reply_to is not None and not is_address(message.reply_to):
+        return f"reply_to {message.reply_to[:60]!r} is not a meshvisor address"
+    sizes = message.sizes if isinstance(message, CallActor) else None
+    limit = math.inf if sizes is None else math.prod(sizes)
+    if any(not 0 <= rank < limit for _, rank in request.targets):
+        return f"a target's rank is outside the sizes {sizes!r} of the call"
+    if len({rank for _, rank in request.targets}) != len(request.targets):
+        return "two targets have the same rank"
+    return None

@@ -1,0 +1,105 @@
+"""Which messages of a call go straight to their procs, and which once to each host agent.
+
+A call to several actors of one host is sent once, to that host's agent, which delivers it
+to each proc and sends their answers back in batches (`FanOut`, `RelayedReplies`). So the
+caller's work per call grows with the number of hosts, not of actors.
+
+Per-pair FIFO between this process and each actor holds across the two paths: the messages
+to one actor keep the path of the previous one until every message sent on it is known to
+have arrived (an answer to a message proves that it and all before it on its path arrived),
+and only then may take the other path. A message can therefore never overtake an earlier one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from mesh._engine.fanout_messages import FanOut
+from mesh._engine.messages import CallActor, StopActor
+from mesh._engine.peers import ProcPeer, Route
+from transport import Payload, encode, network_faults
+
+#: The fewest recipients of one call on one host for which the call goes through its agent:
+#: below it, the extra hops cost more than the messages they save, as benchmarks/bench_fanout.py
+#: measured on a 2-core machine shared by the client, the agents and every proc.
+MIN_FANOUT = 32
+
+_RELAYABLE = (CallActor, StopActor)
+_FAULTS = network_faults()
+
+
+@dataclass
+class Routed:
+    """The messages of one call by path. `sequence`: for each rank in the call whose answer
+    is awaited, its actor's route and its message's number on it (see `answered`)."""
+
+    direct: list[tuple[ProcPeer, Any]] = field(default_factory=list)
+    relayed: dict[str, list[tuple[ProcPeer, Any]]] = field(default_factory=dict)
+    sequence: dict[int, tuple[Route, int]] = field(default_factory=dict)
+
+
+def route(messages: list[tuple[ProcPeer, Any]], answered: bool) -> Routed:
+    """Choose each message's path (caller holds the ownership lock); `answered`: whether
+    answers to these messages are awaited (then `Routed.sequence` is filled)."""
+    routed = Routed()
+    fanned = _hosts_worth_fanning_out(messages)
+    for peer, header in messages:
+        actor_id = getattr(header, "actor_id", None)
+        if actor_id is None:  # no actor's mailbox: no order to keep
+            routed.direct.append((peer, header))
+            continue
+        path = peer.routes.get(actor_id)
+        if path is None:
+            path = peer.routes[actor_id] = Route()
+        relayable = type(header) in _RELAYABLE
+        if path.settled or not relayable:  # (a re-spawn starts a new actor: no order to keep)
+            path.via_agent = relayable and peer.agent in fanned
+        path.sent += 1
+        if answered:
+            routed.sequence[header.rank] = (path, path.sent)
+        if path.via_agent:
+            routed.relayed.setdefault(peer.agent, []).append((peer, header))  # type: ignore[arg-type]
+        else:
+            routed.direct.append((peer, header))
+    return routed
+
+
+def note_answer(sequence: dict[int, tuple[Route, int]] | None, rank: int) -> None:
+    """Rank `rank` of a call answered: its message, and those before it on its path, arrived."""
+    if sequence:
+        found = sequence.pop(rank, None)
+        if found is not None and found[1] > found[0].seen:
+            found[0].seen = found[1]
+
+
+def fan_out_frames(group: list[tuple[ProcPeer, Any]], payload: Payload | None) -> list[Any]:
+    """The one message to a host agent that delivers the headers of `group` (one call)."""
+    targets = tuple((peer.proc_id, header.rank) for peer, header in group)
+    return encode(FanOut(group[0][1], targets), payload)
+
+
+@contextmanager
+def fan_out_from(recipients: int) -> Iterator[None]:
+    """Inside the block, this process sends a call through a host agent from `recipients`
+    recipients on that host (`sys.maxsize`: never): both paths, in tests and benchmarks."""
+    global MIN_FANOUT
+    saved, MIN_FANOUT = MIN_FANOUT, recipients
+    try:
+        yield
+    finally:
+        MIN_FANOUT = saved
+
+
+def _hosts_worth_fanning_out(messages: list[tuple[ProcPeer, Any]]) -> set[str]:
+    """The agents with at least MIN_FANOUT ready recipients of these messages. None while
+    this process's sends go through fault rules: chaos rules name the procs' addresses."""
+    if _FAULTS.active or len(messages) < MIN_FANOUT:
+        return set()
+    count: dict[str, int] = {}
+    for peer, header in messages:
+        if peer.agent is not None and peer.address is not None and type(header) in _RELAYABLE:
+            count[peer.agent] = count.get(peer.agent, 0) + 1
+    return {agent for agent, n in count.items() if n >= MIN_FANOUT}

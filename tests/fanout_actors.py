@@ -1,0 +1,44 @@
+"""Actors for the fan-out tests: they record the order of what they receive, or die on cue."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from mesh import Actor, current_rank, endpoint
+
+
+class Recorder(Actor):
+    """Keeps every token it is sent, in the order its messages arrive."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+
+    @endpoint
+    def note(self, token: int) -> None:
+        self.tokens.append(token)
+
+    @endpoint
+    def take(self) -> list[int]:
+        """The tokens so far, and start over."""
+        tokens, self.tokens = self.tokens, []
+        return tokens
+
+
+class Dies(Actor):
+    """Answers with its rank; the rank named dies instead."""
+
+    @endpoint
+    def rank(self) -> int:
+        return current_rank().rank
+
+    @endpoint
+    def rank_or_die(self, doomed: int) -> int:
+        if current_rank().rank == doomed:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return current_rank().rank
+
+    @endpoint
+    def fail(self, message: str) -> Any:
+        raise ValueError(message)
