@@ -9,7 +9,8 @@ this machine) and, in the same run:
    script starting a step per node at once, each running ``python -c pass``;
 2. meshvisor: ``SlurmJob({"hosts": 4}).state()`` -> procs + an actor on the 4 nodes answer a
    call, split into submit -> batch script runs (its output file appears), -> every agent
-   answers, -> first call;
+   answers, -> first call; the default job ends with its client and is granted by ``salloc``
+   at once; a persistent one (a batch job, ``sbatch``) is measured too, for the notes;
 3. meshvisor: a node of ``{"trainers": 3, "spare": 1}`` lost (SIGKILL of its slurmd, its job
    step's slurmstepd and every task process of the node) -> the caller's SupervisionError and
    the owner's ``on_failure`` event; then -> the rank answering again on the spare node;
