@@ -9,7 +9,8 @@ this machine) and, in the same run:
    script starting a step per node at once, each running ``python -c pass``;
 2. meshvisor: ``SlurmJob({"hosts": 4}).state()`` -> procs + an actor on the 4 nodes answer a
    call, split into submit -> batch script runs (its output file appears), -> every agent
-   answers, -> first call;
+   answers, -> first call; the default job ends with its client and is granted by ``salloc``
+   at once; a persistent one (a batch job, ``sbatch``) is measured too, for the notes;
 3. meshvisor: a node of ``{"trainers": 3, "spare": 1}`` lost (SIGKILL of its slurmd, its job
    step's slurmstepd and every task process of the node) -> the caller's SupervisionError and
    the owner's ``on_failure`` event; then -> the rank answering again on the spare node;
@@ -174,8 +175,9 @@ def _actor_class() -> Any:
     return Node
 
 
-def ours_first_call(jobs: Path, rep: int) -> dict[str, float]:
-    """SlurmJob({"hosts": 4}).state() to an actor on each of the 4 nodes answering."""
+def ours_first_call(jobs: Path, rep: int, persistent: bool = False) -> dict[str, float]:
+    """SlurmJob({"hosts": 4}).state() to an actor on each of the 4 nodes answering (a job
+    ending with its client, granted at once by salloc; `persistent`: a batch job)."""
     from job import SlurmJob
 
     marks: dict[str, float] = {}
@@ -195,7 +197,9 @@ def ours_first_call(jobs: Path, rep: int) -> dict[str, float]:
             marks["running"] = time.perf_counter()
 
     t0 = time.perf_counter()
-    job = SlurmJob({"hosts": 4}, name=f"bench-{rep}", job_dir=jobs, progress=progress)
+    job = SlurmJob(
+        {"hosts": 4}, name=f"bench-{rep}", job_dir=jobs, progress=progress, persistent=persistent
+    )
     watcher = threading.Thread(target=watch_batch_start, daemon=True)
     watcher.start()
     try:
@@ -562,7 +566,14 @@ def print_table(rows: dict[str, list[dict[str, Any]]], reps: int) -> None:
         )
     print("\nnotes:")
     print("  1a: slurmctld starts a batch job at its next scheduling pass, once a second: 0-1 s")
-    print("      after the submission at random, the same for every column; 1' leaves it out")
+    print("      after the submission at random; 1' leaves it out. meshvisor's job (it ends with")
+    print("      its client) is granted by salloc in the request: its 1a is salloc's answer")
+    persistent = [r["total"] for r in rows["first_persistent"]]
+    if persistent:
+        print(
+            f"  meshvisor, a persistent job (a batch job, sbatch): submit -> first call "
+            f"{_stat(persistent).strip()} s"
+        )
     print("  1a/1b: Monarch polls squeue every 2 s, so its workers start before it sees RUNNING;")
     print("         only the totals (row 1) compare")
     for r in loss[:1]:
@@ -623,6 +634,7 @@ def main() -> int:
             "raw",
             "raw_python",
             "first",
+            "first_persistent",
             "loss",
             "monarch_first",
             "monarch_loss",
@@ -641,6 +653,7 @@ def main() -> int:
                 ("raw", lambda rep=rep: raw_slurm(cluster.environ(), work, rep)),
                 ("raw_python", lambda rep=rep: raw_python(cluster.environ(), work, rep)),
                 ("first", lambda rep=rep: ours_first_call(work, rep)),
+                ("first_persistent", lambda rep=rep: ours_first_call(work, rep, True)),
                 ("loss", lambda rep=rep: ours_node_loss(work, conf, rep)),
                 ("monarch_as_is", lambda: run_monarch("first-call", conf, work, adapt=False)),
                 ("monarch_first", lambda: run_monarch("first-call", conf, work, adapt=True)),

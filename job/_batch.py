@@ -1,4 +1,5 @@
-"""The batch script of a SLURM job: ``python -m job._batch JOBDIR`` (sbatch runs it).
+"""The batch process of a SLURM job: ``python -m job._batch JOBDIR``, run by sbatch on the
+job's first node, or by salloc beside the client for a job that ends with it (`job._salloc`).
 
 It starts one job step per node (``srun`` on that node alone), each running a host agent
 (`job._node.agent_command`), so that losing one node's step leaves the others running. Without

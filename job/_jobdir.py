@@ -7,7 +7,7 @@ that every node and the client see, as home directories are on clusters):
 - ``keys/``: the CURVE keys made for the job (private), unless the client brought its own;
 - ``agents/NODE.RESTART``: the address of the agent on NODE, written by it when it listens
   (RESTART is SLURM's requeue count, so a requeued job's agents are told apart);
-- ``batch.sh`` and ``slurm-JOBID.out``: the script sbatch runs and what it printed;
+- ``batch.sh`` and ``slurm-JOBID.out``: the script sbatch runs and what it (or salloc) printed;
 - ``logs/``: the per-rank log files of the procs on its agents (``meshvisor logs --job``).
 """
 

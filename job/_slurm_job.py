@@ -1,11 +1,12 @@
 """`SlurmJob`: host meshes from a SLURM allocation, one meshvisor host agent per node.
 
 ``SlurmJob(meshes={"trainers": 4, "spare": 1}, partition=..., time_limit=...)`` describes the
-job; `apply` submits it with ``sbatch`` (one job for all meshes); `state` waits, bounded and
-showing progress, until every node's agent answers and gives a `HostMesh` per named mesh, with
-extent ``{"hosts": N}``. The job outlives its client when `persistent` (attach again with
-`SlurmJob.attach(job_id_or_name)`), and is cancelled when the client exits otherwise, even on
-SIGKILL (a reaper process watches the client). The names follow Monarch's ``monarch.job``.
+job; `apply` submits it (one job for all meshes); `state` waits, bounded and showing progress,
+until every node's agent answers and gives a `HostMesh` per named mesh, with extent
+``{"hosts": N}``. The job outlives its client when `persistent` (attach again with
+`SlurmJob.attach(job_id_or_name)`): then it is a batch job (``sbatch``). Otherwise it is
+cancelled when the client exits, even on SIGKILL (a reaper process watches the client), and
+starts at once with ``salloc`` (`job._salloc`). The names follow Monarch's ``monarch.job``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from job._job import JobTrait, check_meshes
 from job._job_state import JobState
 from job._jobdir import JobDir, JobSpec, job_dirs_matching
 from job._reaper import start_reaper
+from job._salloc import SallocRefusedOption, allocate, salloc_arguments
 from job._sbatch import batch_script, sbatch_arguments
 from job._scheduler import SlurmError, cancel, job_record, submit
 from job._startup import AgentsWait, client_host
@@ -80,6 +82,7 @@ class SlurmJob(JobTrait):
         self.name = name
         self.meshes = dict(meshes)
         self.persistent = persistent
+        self._requeue = requeue
         self.start_timeout_s = start_timeout_s
         self._progress = progress
         self._root = Path(job_dir) if job_dir is not None else None
@@ -104,6 +107,7 @@ class SlurmJob(JobTrait):
         self._dir: JobDir | None = None
         self._spec: JobSpec | None = None
         self._reaper: subprocess.Popen[bytes] | None = None
+        self._salloc: subprocess.Popen[bytes] | None = None
         self._state: JobState | None = None
 
     # -- attaching to a job that runs -----------------------------------------------------------
@@ -146,7 +150,7 @@ class SlurmJob(JobTrait):
         job.name, job.meshes, job.persistent = spec.name, dict(spec.meshes), True
         job.start_timeout_s, job._progress = start_timeout_s, progress
         job._root, job._python, job._listen_host = found.path.parent, spec.python, None
-        job._sbatch_args = []
+        job._sbatch_args, job._requeue, job._salloc = [], False, None
         job._dir, job._spec, job._reaper, job._state = found, spec, None, None
         return job
 
@@ -186,10 +190,8 @@ class SlurmJob(JobTrait):
             notice_signal=self._notice_signal,
         )
         self._dir.write_spec(spec)
-        self._dir.batch_script.write_text(batch_script(self._python, self._dir.path))
-        arguments = [*self._sbatch_args, f"--output={self._dir.output_file()}"]
         try:
-            job_id = submit(arguments, str(self._dir.batch_script))
+            job_id = self._submit(self._dir, outlives_client=spec.persistent or self._requeue)
         except BaseException:
             shutil.rmtree(self._dir.path, ignore_errors=True)  # nothing of it runs
             self._dir = None
@@ -251,6 +253,13 @@ class SlurmJob(JobTrait):
             self._reaper.terminate()
             self._reaper.wait()
             self._reaper = None
+        if self._salloc is not None:  # it ends with the job's batch process, once the job ends
+            try:
+                self._salloc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                self._salloc.kill()  # the job is cancelled: it has nothing left to release
+                self._salloc.wait()
+            self._salloc = None
         self._state = None
 
     kill = cancel  # Monarch's name
@@ -274,6 +283,21 @@ class SlurmJob(JobTrait):
         return f"<SlurmJob {self.name} id={self.job_id} meshes={self.meshes}>"
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _submit(self, job_dir: JobDir, outlives_client: bool) -> str:
+        """Submit the job; its id. One the client's exit cancels starts at once (salloc,
+        `job._salloc`) unless salloc refuses one of its options; others are batch jobs."""
+        if not outlives_client:
+            try:
+                job_id, self._salloc = allocate(salloc_arguments(self._sbatch_args), job_dir)
+                return job_id
+            except SallocRefusedOption as refused:
+                (job_dir.path / "salloc.out").unlink(missing_ok=True)
+                self._report(f"submitting a batch job instead: {refused}")
+        job_dir.batch_script.write_text(batch_script(self._python, job_dir.path))
+        return submit(
+            [*self._sbatch_args, f"--output={job_dir.output_file()}"], str(job_dir.batch_script)
+        )
 
     def _job_keys(self, job_dir: JobDir) -> str:
         """The CURVE keys the job's agents use: this client's own if it has some (a process
