@@ -16,9 +16,10 @@ Requests travel in packets of at most `_CHUNK` bytes, each starting with b"+" (m
 or b"." (the last), so that a request of any size fits; the agent queues them and sends as
 the socket takes them, never blocking. Reports are small: one packet each.
 
-A spawn request carries every proc of one request to the agent: the fork server forks them one
-after the other, with nothing in between but their pipes, and only then reports them, so that
-a mesh's procs start together and initialize in parallel (`warm_start` keeps each one cheap).
+A spawn request carries every proc of one request to the agent: the fork server preloads what
+they need first, then forks them one after the other, reporting each pid at once, with no
+round trip to the agent in between: a mesh's procs start together and initialize in parallel
+(`warm_start` keeps each one cheap).
 """
 
 from __future__ import annotations
@@ -232,29 +233,26 @@ def _handle_request(
     if request[0] == "sync":
         _sync_output(request, control, selector)
         return
-    reports: list[tuple[Any, ...]] = []
-    for proc_id, prefix, config in _startable(request[1], reports):
+    for proc_id, prefix, config in _startable(request[1], control):
         try:
             pid, relays = _fork_proc(config, prefix, control, selector, wake_read, where)
         except OSError as exc:
-            reports.append(("spawn_failed", proc_id, f"fork failed: {exc}"))
+            control.send(pickle.dumps(("spawn_failed", proc_id, f"fork failed: {exc}")))
             continue
         children.add(pid)
         for relay in relays:
             selector.register(relay.fd, selectors.EVENT_READ, relay)
-        reports.append(("spawned", proc_id, pid))
-    for report in reports:
-        control.send(pickle.dumps(report))
+        control.send(pickle.dumps(("spawned", proc_id, pid)))
 
 
-def _startable(batch: list[ForkRequest], reports: list[tuple[Any, ...]]) -> list[ForkRequest]:
-    """The procs of `batch` that can be forked, their modules preloaded; a refusal for each
-    of the others in `reports`."""
+def _startable(batch: list[ForkRequest], control: socket.socket) -> list[ForkRequest]:
+    """The procs of `batch` that can be forked, their modules preloaded; the others are
+    refused (reported on `control`)."""
     startable = []
     for proc_id, prefix, config in batch:
         refusal = launch_refusal(config) if config["bootstrap"] else None
         if refusal is not None:
-            reports.append(("spawn_failed", proc_id, refusal))
+            control.send(pickle.dumps(("spawn_failed", proc_id, refusal)))
             continue
         if not config["bootstrap"]:
             _preload([n.strip() for n in config["env"].get(PRELOAD_ENV, "").split(",")])
