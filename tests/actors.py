@@ -139,6 +139,16 @@ class Echo(Actor):
     def sys_path(self) -> list[str]:
         return list(sys.path)
 
+    @endpoint
+    def modules(self) -> list[str]:
+        """The names of the modules this proc has loaded."""
+        return sorted(sys.modules)
+
+    @endpoint
+    def frozen_objects(self) -> int:
+        """How many objects the garbage collector leaves alone (`gc.freeze`)."""
+        return gc.get_freeze_count()
+
     def helper(self) -> str:
         """A plain method, not an endpoint."""
         return "not callable remotely"

@@ -209,6 +209,12 @@ def join_cgroup(path: str) -> None:
         procs.write(str(os.getpid()))
 
 
+def refuse_rank_two() -> None:
+    """A proc mesh's bootstrap function that fails to start rank 2 (the others start)."""
+    if _targeted(2):
+        raise RuntimeError("rank 2 has no GPU")
+
+
 # -- owners ------------------------------------------------------------------------------------
 
 

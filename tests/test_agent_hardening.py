@@ -419,7 +419,8 @@ def test_a_large_env_reaches_every_proc(make_procs: Any) -> None:
 @pytest.mark.timeout(120)
 def test_a_burst_of_spawn_requests_waits_for_the_fork_server(make_procs: Any) -> None:
     agent = local_agent()
-    procs = make_procs({"gpus": 12}, env={"PAD": "p" * 30_000})  # more than its socket holds
+    # one batch request: the procs share the value, which makes it more than the socket holds
+    procs = make_procs({"gpus": 12}, env={"PAD": "p" * 400_000})
     pids = procs.spawn("echo", actors.Echo).pid.call().get(timeout=60).values()
     assert len(set(pids)) == 12
     assert local_agent() == agent

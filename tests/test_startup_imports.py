@@ -1,18 +1,23 @@
-"""What a host agent costs to start: modules that take start-up time but are needed only when
-something is logged (structlog) or asked for (package metadata) stay out of it, so that the
-agents of a SLURM job answer sooner (benchmarks/bench_slurm.py measures it). Logging itself is
-unchanged: a record at or above the level is written as before."""
+"""What a host agent and its procs cost to start: modules that take start-up time but are
+needed only when something is logged (structlog) or asked for (package metadata) stay out of
+the agent, so that the agents of a SLURM job answer sooner (benchmarks/bench_slurm.py measures
+it); a proc forked from the fork server imports nothing of the runtime itself, so that spawning
+many stays cheap (benchmarks/bench_spawn.py). Logging itself is unchanged: a record at or above
+the level is written as before."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any
 
+from actors import Echo
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,6 +25,10 @@ import transport
 
 #: What `meshvisor agent` imports before it listens (its fork server forks procs from these).
 AGENT_IMPORTS = "import meshvisor._cli, mesh._agent.daemon"
+#: What a fork server has imported when it forks a proc.
+FORK_SERVER_IMPORTS = "import mesh._agent.daemon, mesh._agent.warm_start as w; w.warm_up()"
+#: The packages a proc runs on: none of their modules may be left for each proc to import.
+RUNTIME_PACKAGES = ("mesh", "transport", "supervision", "anyio", "asyncio", "zmq", "cloudpickle")
 LEVELS = ("debug", "info", "warning", "error", "critical")
 #: Each logging method of a structlog bound logger, and the level it logs at.
 METHODS = {
@@ -48,6 +57,18 @@ def test_an_agent_starts_without_structlog_or_package_metadata() -> None:
     loaded = _modules_loaded_by(AGENT_IMPORTS)
     assert not {"structlog", "rich", "importlib.metadata"} & loaded
     assert {"mesh._agent.proc_main", "cloudpickle", "zmq"} <= loaded  # what its procs need
+
+
+def test_a_forked_proc_imports_nothing_of_the_runtime(make_procs: Callable[..., Any]) -> None:
+    echo = make_procs({"gpus": 1}).spawn("echo", Echo)
+    (loaded,) = echo.modules.call().get(timeout=60).values()
+    assert echo.frozen_objects.call_one().get(timeout=60) > 0  # its fork server warmed up
+    assert {"actors", "anyio._backends._asyncio"} <= set(loaded)  # it ran the actor on anyio
+    tests = os.path.dirname(os.path.abspath(__file__))
+    the_actor = f"import sys; sys.path.insert(0, {tests!r}); import actors"
+    new = set(loaded) - _modules_loaded_by(f"{FORK_SERVER_IMPORTS}; {the_actor}")
+    runtime = {m for m in new if m.split(".")[0] in RUNTIME_PACKAGES}
+    assert not runtime, f"each proc imports these after its fork: {sorted(runtime)}"
 
 
 def test_structlog_is_imported_by_the_first_record_at_the_level() -> None:

@@ -9,7 +9,8 @@ Runs as its own process (``meshvisor agent`` or ``python -m mesh._agent``):
 - `evidence`, `stacks` and `oom_kills`: why a proc died: the stacks it dumped (a hung one is
   asked to), ordered for reading, and whether it ran out of memory;
 - `spawning`: a new proc's address, configuration and output prefix;
-- `forkserver`: the single-threaded process that forks procs; `proc_main` is what each runs;
+- `forkserver`: the single-threaded process that forks procs (a request's procs in one batch);
+  `warm_start` keeps each fork cheap; `proc_main` is what each runs;
 - `rundir`: the run directory of the procs' ipc sockets;
 - `allocations`: the allocation files agents join and clients attach to.
 """

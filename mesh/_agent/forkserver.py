@@ -6,7 +6,7 @@ full interpreter start). The fork server is the procs' parent: it reaps them the
 exit and relays their stdout/stderr line by line (`output_relay`), never blocking on it.
 
 Protocol over a SOCK_SEQPACKET pair, pickled tuples:
-  agent → server  ("spawn", proc_id, prefix, config) | ("signal", pid, signum)
+  agent → server  ("spawn", [(proc_id, prefix, config), ...]) | ("signal", pid, signum)
                   | ("sync", proc_ids, forward, reply_to, token, quiet)
                   (a config with a "bootstrap" command: the child executes it, see launching)
   server → agent  ("spawned", proc_id, pid) | ("spawn_failed", proc_id, reason)
@@ -15,6 +15,11 @@ Protocol over a SOCK_SEQPACKET pair, pickled tuples:
 Requests travel in packets of at most `_CHUNK` bytes, each starting with b"+" (more follow)
 or b"." (the last), so that a request of any size fits; the agent queues them and sends as
 the socket takes them, never blocking. Reports are small: one packet each.
+
+A spawn request carries every proc of one request to the agent: the fork server preloads what
+they need first, then forks them one after the other, reporting each pid at once, with no
+round trip to the agent in between: a mesh's procs start together and initialize in parallel
+(`warm_start` keeps each one cheap).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Any, NoReturn
 from mesh._agent.launching import exec_bootstrap, launch_refusal
 from mesh._agent.log_files import LogFileConfig, RankLog
 from mesh._agent.output_relay import Output, Relay
+from mesh._agent.warm_start import freeze_inherited, warm_up
 from mesh._engine.log_messages import SyncOutput
 from mesh._settings import ENV_NAMES, current_settings
 
@@ -42,6 +48,9 @@ _PR_SET_PDEATHSIG = 1
 _MAX_PACKET = 1 << 20
 _CHUNK = 32 * 1024
 _MORE, _LAST = b"+", b"."
+
+#: One proc to fork: its id, the prefix of its output lines, its configuration (`proc_config`).
+ForkRequest = tuple[str, str, dict[str, Any]]
 
 
 def die_with_parent() -> None:
@@ -58,8 +67,9 @@ class ForkServerClient:
         self.pid = pid
         self._outgoing: deque[bytes] = deque()
 
-    def spawn(self, proc_id: str, prefix: str, config: dict[str, Any]) -> None:
-        self._send(("spawn", proc_id, prefix, config))
+    def spawn(self, batch: list[ForkRequest]) -> None:
+        """Fork the procs of `batch` (proc id, output prefix, configuration) together."""
+        self._send(("spawn", batch))
 
     def signal(self, pid: int, signum: int) -> None:
         self._send(("signal", pid, signum))
@@ -142,19 +152,21 @@ _preloaded: set[str] = set()  # modules tried already (imported, or failed and r
 
 
 def _preload(names: tuple[str, ...] | list[str]) -> None:
-    for name in names:
-        if not name or name in _preloaded:
-            continue
+    fresh = [name for name in names if name and name not in _preloaded]
+    for name in fresh:
         _preloaded.add(name)
         try:
             importlib.import_module(name)
         except Exception as exc:
             print(f"meshvisor fork server: cannot preload {name!r}: {exc}", file=sys.stderr)
+    if fresh:
+        freeze_inherited()
 
 
 def _serve(control: socket.socket, logs: LogFileConfig | None) -> NoReturn:
     die_with_parent()
     _preload(current_settings().preload)
+    warm_up()
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     os.set_blocking(wake_read, False)
@@ -221,22 +233,31 @@ def _handle_request(
     if request[0] == "sync":
         _sync_output(request, control, selector)
         return
-    _, proc_id, prefix, config = request
-    refusal = launch_refusal(config) if config["bootstrap"] else None
-    if refusal is not None:
-        control.send(pickle.dumps(("spawn_failed", proc_id, refusal)))
-        return
-    if not config["bootstrap"]:
-        _preload([n.strip() for n in config["env"].get(PRELOAD_ENV, "").split(",")])
-    try:
-        pid, relays = _fork_proc(config, prefix, control, selector, wake_read, where)
-    except OSError as exc:
-        control.send(pickle.dumps(("spawn_failed", proc_id, f"fork failed: {exc}")))
-        return
-    children.add(pid)
-    for relay in relays:
-        selector.register(relay.fd, selectors.EVENT_READ, relay)
-    control.send(pickle.dumps(("spawned", proc_id, pid)))
+    for proc_id, prefix, config in _startable(request[1], control):
+        try:
+            pid, relays = _fork_proc(config, prefix, control, selector, wake_read, where)
+        except OSError as exc:
+            control.send(pickle.dumps(("spawn_failed", proc_id, f"fork failed: {exc}")))
+            continue
+        children.add(pid)
+        for relay in relays:
+            selector.register(relay.fd, selectors.EVENT_READ, relay)
+        control.send(pickle.dumps(("spawned", proc_id, pid)))
+
+
+def _startable(batch: list[ForkRequest], control: socket.socket) -> list[ForkRequest]:
+    """The procs of `batch` that can be forked, their modules preloaded; the others are
+    refused (reported on `control`)."""
+    startable = []
+    for proc_id, prefix, config in batch:
+        refusal = launch_refusal(config) if config["bootstrap"] else None
+        if refusal is not None:
+            control.send(pickle.dumps(("spawn_failed", proc_id, refusal)))
+            continue
+        if not config["bootstrap"]:
+            _preload([n.strip() for n in config["env"].get(PRELOAD_ENV, "").split(",")])
+        startable.append((proc_id, prefix, config))
+    return startable
 
 
 def _sync_output(

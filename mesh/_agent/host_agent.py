@@ -15,7 +15,7 @@ import time
 
 from mesh._agent.detached import DetachedMeshes
 from mesh._agent.evidence import declare_hung, exit_report_with_evidence, note_ready
-from mesh._agent.forkserver import ForkServerClient
+from mesh._agent.forkserver import ForkRequest, ForkServerClient
 from mesh._agent.notices import NoticeWatch
 from mesh._agent.output_relay import forwarded_report
 from mesh._agent.procs import ProcRecord, ProcTable, exit_code_and_signal, unknown_proc_report
@@ -188,8 +188,7 @@ class HostAgent:
     def _handle(self, envelope: Envelope) -> None:
         header = envelope.header
         if type(header) is SpawnProcs:
-            for spec in header.procs:
-                self._spawn(header, spec)
+            self._spawn(header)
         elif type(header) is StopProcs:
             self._stop(header.proc_ids, header.grace_s, header.reply_to)
         elif type(header) is Heartbeat:
@@ -213,20 +212,20 @@ class HostAgent:
         elif not (self._view.handle(header) or self._detached.handle(envelope) or self._ws(header)):
             self._log.warning("message_ignored", kind=type(header).__name__)
 
-    def _spawn(self, request: SpawnProcs, spec: ProcSpec) -> None:
-        address = proc_address(self._inbox.address, self._rundir, spec.proc_id)
-        refusal = self._spawn_refusal(spec, address)
-        if refusal is not None:
-            self._send(request.owner, SpawnFailed(spec.proc_id, self._hostname, refusal))
-            return
-        proc = ProcRecord(
-            spec, request.owner, address, request.heartbeat_timeout_s, request.busy_timeout_s
-        )
-        proc.expect_first_heartbeat()
-        proc.bootstrap = request.bootstrap
-        self._procs.add(proc)
-        config = proc_config(request, spec, address, self._inbox.address, self._rundir)
-        self._forkserver.spawn(spec.proc_id, output_prefix(spec), config)
+    def _spawn(self, request: SpawnProcs) -> None:
+        """Start the procs of `request` in one batch of the fork server (refusing some)."""
+        batch: list[ForkRequest] = []
+        for spec in request.procs:
+            address = proc_address(self._inbox.address, self._rundir, spec.proc_id)
+            refusal = self._spawn_refusal(spec, address)
+            if refusal is not None:
+                self._send(request.owner, SpawnFailed(spec.proc_id, self._hostname, refusal))
+                continue
+            self._procs.add(ProcRecord.requested(request, spec, address))
+            config = proc_config(request, spec, address, self._inbox.address, self._rundir)
+            batch.append((spec.proc_id, output_prefix(spec), config))
+        if batch:
+            self._forkserver.spawn(batch)
 
     def _spawn_refusal(self, spec: ProcSpec, address: str) -> str | None:
         """Why this agent cannot start `spec` at `address` now, or None."""

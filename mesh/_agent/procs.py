@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from mesh._agent.liveness import CpuSample
 from mesh._agent.oom_kills import CgroupMemory
 from mesh._agent.spawning import bootstrap_failure
-from mesh._engine.messages import ProcExited, ProcSpec
+from mesh._engine.messages import ProcExited, ProcSpec, SpawnProcs
 from mesh._engine.view_messages import ActorView
 
 #: Exit reports kept for watchers that ask about a proc after it is gone.
@@ -58,6 +58,16 @@ class ProcRecord:
     actors: tuple[ActorView, ...] = ()
     detached: str = ""  # the detached mesh it belongs to: kept when its owner goes away
 
+    @classmethod
+    def requested(cls, request: SpawnProcs, spec: ProcSpec, address: str) -> ProcRecord:
+        """The record of proc `spec` of spawn `request`, to listen at `address`: not forked
+        yet."""
+        timeouts = (request.heartbeat_timeout_s, request.busy_timeout_s)
+        proc = cls(spec, request.owner, address, *timeouts)
+        proc.bootstrap = request.bootstrap
+        proc.expect_first_heartbeat()
+        return proc
+
     @property
     def proc_id(self) -> str:
         return self.spec.proc_id
@@ -68,7 +78,8 @@ class ProcRecord:
             self.failure = bootstrap_failure(self.bootstrap, code, signame, self.hung)
 
     def expect_first_heartbeat(self) -> None:
-        """Start the heartbeat clock of a proc about to be forked: it gets a start-up grace."""
+        """Start the heartbeat clock of a new proc (requested, then again once forked): it
+        gets a start-up grace."""
         self.silent_since = time.monotonic() + _STARTUP_GRACE_S
         self.heartbeat_due = self.silent_since + self.heartbeat_timeout_s
 

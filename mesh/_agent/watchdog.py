@@ -41,7 +41,10 @@ class Watchdog:
             proc.cpu, proc.cpu_at = sample_cpu(proc.pid), now
 
     def forked(self, proc: ProcRecord) -> None:
-        """`proc` was just forked: sample its CPU time, the baseline for judging a silence."""
+        """`proc` was just forked: its first heartbeat is due a start-up grace from now (not
+        from the request: a fork server busy with a large batch or a slow preload does not eat
+        into it), and its CPU time is sampled, the baseline for judging a silence."""
+        proc.expect_first_heartbeat()
         if proc.pid is not None:
             proc.cpu, proc.cpu_at = sample_cpu(proc.pid), time.monotonic()
 
