@@ -55,8 +55,10 @@ class Replica(Actor):
     heal_window: int = 4
     heal_timeout_s: float = 60.0
     #: In a group with spares, each replica keeps the averaged gradients of this many
-    #: committed steps (as much memory as that many gradients) for spares to catch up from.
+    #: committed steps (as much memory as that many gradients) for spares to catch up from,
+    #: and spares catch up every `standby_follow_every` steps (fewer wake-ups per step).
     standby_updates: int = 4
+    standby_follow_every: int = 2
 
     def __init__(self) -> None:
         import torch

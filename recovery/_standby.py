@@ -70,6 +70,14 @@ class Standbys:
         self._digests: dict[int, str] = {}
         self._retired: list[Future[None]] = []
         self._log = get_logger("recovery.spares", group=name)
+        self._follow_every = spawner.replica_class.standby_follow_every
+        keep = configure_args[1]
+        if count and not (type(self._follow_every) is int and 1 <= self._follow_every <= keep // 2):
+            raise ValueError(
+                f"{spawner.replica_class.__name__}.standby_follow_every must be a whole number "
+                f"from 1 to half its standby_updates ({keep}), not {self._follow_every!r}: a "
+                "spare catches up from the updates its peers keep"
+            )
         for _ in range(count):
             self._spawn()
 
@@ -158,7 +166,7 @@ class Standbys:
 
     def committed(self, step: int, digest: str, donors: Sequence[ActorMesh[Replica]]) -> None:
         """Step `step` was committed with parameters `digest` by `donors`: every ready spare
-        not busy with an earlier step follows it (the call is not waited for)."""
+        `follow_every` steps behind, not busy with an earlier call, catches up (not waited for)."""
         self._digests[step] = digest
         self._digests.pop(step - DIGESTS_KEPT, None)
         for spare in self._snapshot():
@@ -168,7 +176,7 @@ class Standbys:
                 if not spare.follow.done():
                     continue
                 self._check(spare)
-            if spare.state == "ready":
+            if spare.state == "ready" and step - spare.verified >= self._follow_every:
                 spare.follow = spare.actors.follow.call(step, list(donors))
                 spare.following = step
 

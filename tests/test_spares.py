@@ -22,9 +22,8 @@ from test_replicas import assert_invariants, pid_of, train
 
 from mesh import ActorMesh, this_host
 from mesh.testing import probe
-from recovery import Replica, ReplicaGroup, replay_training
+from recovery import Replica, ReplicaGroup, UpdateLog, replay_training
 from recovery import parameter_digest as digest
-from recovery._follow import UpdateLog
 
 pytestmark = pytest.mark.timeout(240)
 
