@@ -29,7 +29,14 @@ from mesh import Actor, concurrent_endpoint, context, endpoint
 
 from ._aborts import AbortWatch
 from ._exchange import average, exchange_average, run_unless_aborted
-from ._follow import Takeover, UpdateLog, fetch_updates, peer_position, rank_match
+from ._follow import (
+    Takeover,
+    UpdateLog,
+    fetch_updates,
+    peer_position,
+    rank_match,
+    warm_up_gloo,
+)
 from ._heal import DonorCache, HealReport, endpoints_of, heal
 from ._heal_state import Chunk, Piece, StateLayout
 from ._position import Position, capture_position, restore_position
@@ -109,6 +116,8 @@ class Replica(Actor):
         self.replica_id = replica_id
         self.ranks_per_replica = ranks_per_replica
         self._updates.resize(keep_updates)
+        if replica_id < 0:
+            warm_up_gloo()  # a spare joins a step's group in a hurry
 
     @endpoint
     def join(
