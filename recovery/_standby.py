@@ -68,7 +68,8 @@ class Standbys:
         self._spares: list[Spare] = []
         self._made = 0
         self._digests: dict[int, str] = {}
-        self._retired: list[Future[None]] = []
+        self._retired: list[Future[None]] = []  # the old procs of replaced replicas, stopping
+        self._owed: list[ProcMesh] = []  # procs to stop, and a spare to spawn, for each
         self._log = get_logger("recovery.spares", group=name)
         self._follow_every = spawner.replica_class.standby_follow_every
         keep = configure_args[1]
@@ -122,8 +123,8 @@ class Standbys:
 
     def replace(self, member: Member, step: int, donors: Sequence[ActorMesh[Replica]]) -> bool:
         """Whether a ready spare took failed `member`'s place at committed `step` (caught up
-        from `donors`). Its meshes are the member's now, the old ones stop, and a new spare is
-        spawned in the background."""
+        from `donors`). Its meshes are the member's now; after the next commit the old ones
+        stop and a new spare is spawned (not before: the step it joins has the CPU to itself)."""
         taken = self._take(member.index, step, donors)
         if taken is None:
             return False
@@ -134,8 +135,7 @@ class Standbys:
             member.host_lost, member.state = False, "live"
         with self._lock:
             self._spares.remove(spare)
-        self._spawn()
-        self._retired.append(retired.stop(grace_s=1.0))  # not waited for
+        self._owed.append(retired)
         assert member.recovery is not None
         member.recovery.respawned_at = member.recovery.healed_at = time.monotonic()
         member.recovery.by_spare = True
@@ -169,6 +169,9 @@ class Standbys:
         `follow_every` steps behind, not busy with an earlier call, catches up (not waited for)."""
         self._digests[step] = digest
         self._digests.pop(step - DIGESTS_KEPT, None)
+        while self._owed:
+            self._retired.append(self._owed.pop().stop(grace_s=1.0))  # not waited for
+            self._spawn()
         for spare in self._snapshot():
             if spare.state != "ready":
                 continue
@@ -182,7 +185,8 @@ class Standbys:
 
     def close(self) -> None:
         """Stop every spare, and what is left of the replicas they replaced."""
-        stopping = [spare.procs.stop(grace_s=1.0) for spare in self._snapshot()]
+        owed, self._owed = self._owed, []
+        stopping = [procs.stop(grace_s=1.0) for procs in owed + [s.procs for s in self._snapshot()]]
         for future in stopping + self._retired:
             try:
                 future.get(timeout=10.0)
