@@ -30,7 +30,7 @@ from ._members import PRELOAD, Member, ReplicaSpawner, gather
 from ._outcomes import Recovery, ReplicaGroupError, StepOutcome, alive, short
 from ._replica import Replica
 from ._spares import SparePool, host_lost
-from ._standby import Standbys
+from ._standby import Standbys, check_spares
 
 
 class ReplicaGroup:
@@ -59,10 +59,9 @@ class ReplicaGroup:
             raise ValueError(
                 f"min_replicas must be between 1 and replicas ({replicas}), not {min_replicas}"
             )
-        if type(spares) is not int or spares < 0:
-            raise ValueError(f"spares must be a whole number >= 0, not {spares!r}")
         if not (isinstance(replica_class, type) and issubclass(replica_class, Replica)):
             raise TypeError(f"ReplicaGroup needs a Replica subclass, got {replica_class!r}")
+        check_spares(replica_class, spares)
         import torch.distributed as dist
 
         self.replica_class = replica_class

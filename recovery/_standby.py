@@ -32,6 +32,19 @@ from ._replica import Replica
 DIGESTS_KEPT = 64
 
 
+def check_spares(replica_class: type[Replica], spares: int) -> None:
+    """Refuse a spare count, or spare settings of `replica_class`, that cannot work."""
+    if type(spares) is not int or spares < 0:
+        raise ValueError(f"spares must be a whole number >= 0, not {spares!r}")
+    every, keep = replica_class.standby_follow_every, replica_class.standby_updates
+    if spares and not (type(every) is int and type(keep) is int and 1 <= every <= keep // 2):
+        raise ValueError(
+            f"{replica_class.__name__}.standby_follow_every must be a whole number from 1 to "
+            f"half its standby_updates ({keep!r}), not {every!r}: spares catch up from the "
+            "updates their peers keep"
+        )
+
+
 @dataclass(eq=False)
 class Spare:
     """One standby replica and where it stands."""
@@ -72,13 +85,6 @@ class Standbys:
         self._owed: list[ProcMesh] = []  # procs to stop, and a spare to spawn, for each
         self._log = get_logger("recovery.spares", group=name)
         self._follow_every = spawner.replica_class.standby_follow_every
-        keep = configure_args[1]
-        if count and not (type(self._follow_every) is int and 1 <= self._follow_every <= keep // 2):
-            raise ValueError(
-                f"{spawner.replica_class.__name__}.standby_follow_every must be a whole number "
-                f"from 1 to half its standby_updates ({keep}), not {self._follow_every!r}: a "
-                "spare catches up from the updates its peers keep"
-            )
         for _ in range(count):
             self._spawn()
 

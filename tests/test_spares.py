@@ -154,9 +154,16 @@ def test_the_update_log_gives_exactly_the_kept_run_of_steps(
         assert found is None
 
 
+class FollowsTooRarely(ra.Trainer):
+    standby_updates = 4
+    standby_follow_every = 3  # its peers would no longer keep what it lacks
+
+
 def test_bad_spare_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="spares must be a whole number"):
         ReplicaGroup(this_host(), ra.Trainer, replicas=2, spares=-1)
+    with pytest.raises(ValueError, match="from 1 to half its standby_updates"):
+        ReplicaGroup(this_host(), FollowsTooRarely, replicas=2, spares=1)
     log = UpdateLog()
     with pytest.raises(ValueError, match=r"first\.\.last >= 1"):
         log.between(3, 2)
