@@ -24,6 +24,7 @@ from mesh import ActorMesh, this_host
 from mesh.testing import probe
 from recovery import Replica, ReplicaGroup, UpdateLog, replay_training
 from recovery import parameter_digest as digest
+from supervision import SupervisionError
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -181,3 +182,34 @@ def test_without_spares_replicas_keep_no_updates(groups: list[ReplicaGroup]) -> 
     os.kill(pid_of(group, 1), signal.SIGKILL)
     train(group, 4)
     assert [(r.replica, r.by_spare) for r in group.recoveries] == [(1, False)]
+
+
+def test_a_spare_of_several_ranks_takes_the_place_of_a_replica_losing_one(
+    groups: list[ReplicaGroup],
+) -> None:
+    group = ReplicaGroup(
+        this_host(),
+        ra.Trainer,
+        replicas=2,
+        per_replica={"gpus": 2},
+        spares=1,
+        heartbeat_timeout_s=HB,
+    )
+    groups.append(group)
+    group.wait_for_all()
+    train(group, 3)
+    old = group.replicas[1]
+    os.kill(_pid(old.slice(gpus=1)), signal.SIGKILL)  # one rank of two
+    train(group, 6)
+    assert [(r.replica, r.by_spare) for r in group.recoveries] == [(1, True)]
+    assert all(members == (0, 1) for _, members in group.history), group.history
+    assert_invariants(group, ranks_per_replica=2)
+    _wait_for(lambda: _stopped(old.slice(gpus=0)), "the old replica's rank 0 was not stopped")
+
+
+def _stopped(mesh: ActorMesh[Replica]) -> bool:
+    try:
+        mesh.status.call_one().get(timeout=30)
+    except SupervisionError as error:
+        return "stop" in str(error)
+    return False
