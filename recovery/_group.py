@@ -138,9 +138,9 @@ class ReplicaGroup:
         spares = len(self._standbys.meshes)
         while len(self.live()) < len(self._members) or self._standbys.ready() < spares:
             if time.monotonic() > deadline:
+                ready = f" and {self._standbys.ready()} of {spares} spares" if spares else ""
                 raise ReplicaGroupError(
-                    f"only replicas {self.live()} and {self._standbys.ready()} of {spares} "
-                    f"spares are up after {timeout:g} s of waiting"
+                    f"only replicas {self.live()}{ready} are up after {timeout:g} s of waiting"
                 )
             self._recover()
             time.sleep(0.01)
