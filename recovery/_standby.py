@@ -98,10 +98,6 @@ class Standbys:
         with self._lock:
             return sum(spare.state == "ready" for spare in self._spares)
 
-    def holds(self, procs: ProcMesh) -> bool:
-        with self._lock:
-            return any(spare.procs is procs for spare in self._spares)
-
     def on_failure(self, procs: ProcMesh, why: str, host_lost: bool) -> None:
         """The spare on `procs` failed (from supervision, any thread): it is re-spawned at the
         next `tend`. A spare already failed or coming up again ignores a late report."""
@@ -175,6 +171,7 @@ class Standbys:
         `follow_every` steps behind, not busy with an earlier call, catches up (not waited for)."""
         self._digests[step] = digest
         self._digests.pop(step - DIGESTS_KEPT, None)
+        self._retired = [future for future in self._retired if not future.done()]
         while self._owed:
             self._retired.append(self._owed.pop().stop(grace_s=1.0))  # not waited for
             self._spawn()
