@@ -1,15 +1,17 @@
 """TorchFT-style replica recovery on a persistent allocation (needs torch).
 
 `ReplicaGroup` trains N data-parallel replicas, each a proc mesh holding a `Replica` actor;
-a replica that dies is re-spawned in place, heals from a live peer and rejoins. A training
-loop of your own gets the same from `Manager` inside it and `LoopGroup` to launch it. Built
-only on the public `mesh` API.
+a replica that dies is re-spawned in place, heals from a live peer and rejoins, or a hot spare
+takes its place (`spares=K`). A training loop of your own gets the same from `Manager` inside
+it and `LoopGroup` to launch it. Built only on the public `mesh` API.
 """
 
 from ._exchange import ExchangeAborted as ExchangeAborted
 from ._exchange import average as fixed_order_average
 from ._exchange import bucket_bounds as bucket_bounds
 from ._exchange import exchange_average as exchange_average
+from ._follow import Takeover as Takeover
+from ._follow import UpdateLog as UpdateLog
 from ._group import ReplicaGroup as ReplicaGroup
 from ._heal import HealReport as HealReport
 from ._loop_group import LoopGroup as LoopGroup
@@ -31,6 +33,8 @@ __all__ = (
     "ReplicaGroup",
     "ReplicaGroupError",
     "StepOutcome",
+    "Takeover",
+    "UpdateLog",
     "bucket_bounds",
     "exchange_average",
     "fixed_order_average",

@@ -10,15 +10,15 @@ re-spawned on the same allocation in the background; between two steps it heals 
 peer (the peer's tensors go straight to it) and takes part from the next step on. Below
 `min_replicas` the group waits for replacements, within a bound, rather than train alone.
 A replica whose host is lost ("unreachable": its node died) comes back on a `spare_hosts` host.
+With `spares=K`, K standby replicas follow the committed steps and a failed replica's place is
+taken by one of them at the next step instead (`_standby`).
 """
 
 from __future__ import annotations
 
-import functools
-import threading
+import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from mesh import ActorMesh, Future, HostMesh, ProcMesh
@@ -26,26 +26,11 @@ from supervision import ActorError, SupervisionError, SupervisionEvent
 from transport import get_logger
 
 from ._aborts import AbortNotices
+from ._members import PRELOAD, Member, ReplicaSpawner, gather
 from ._outcomes import Recovery, ReplicaGroupError, StepOutcome, alive, short
 from ._replica import Replica
 from ._spares import SparePool, host_lost
-
-#: What a replica's proc needs imported, the fork server imports before forking it (once per
-#: host): torch, and torch._dynamo that the optimizers import on their first step.
-PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
-
-
-@dataclass
-class _Member:
-    index: int
-    procs: ProcMesh
-    actors: ActorMesh[Replica]
-    state: str = "live"  # live | failed
-    respawn: Future[None] | None = None
-    up: Future[Any] | None = None  # done once the replacement runs (configured)
-    recovery: Recovery | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    host_lost: bool = False  # its last failure was the loss of its host
+from ._standby import Standbys, check_spares
 
 
 class ReplicaGroup:
@@ -67,6 +52,7 @@ class ReplicaGroup:
         heartbeat_timeout_s: float | None = None,
         spare_hosts: HostMesh | None = None,
         preload: Sequence[str] = PRELOAD,
+        spares: int = 0,
         **kwargs: Any,
     ) -> None:
         if not 1 <= min_replicas <= replicas:
@@ -75,6 +61,7 @@ class ReplicaGroup:
             )
         if not (isinstance(replica_class, type) and issubclass(replica_class, Replica)):
             raise TypeError(f"ReplicaGroup needs a Replica subclass, got {replica_class!r}")
+        check_spares(replica_class, spares)
         import torch.distributed as dist
 
         self.replica_class = replica_class
@@ -84,16 +71,13 @@ class ReplicaGroup:
         self.step_timeout_s = step_timeout_s
         self.group_timeout_s = group_timeout_s
         self.wait_for_replicas_s = wait_for_replicas_s
-        self._env = {"MESHVISOR_PRELOAD": ",".join(preload)} if preload else None
         self._store = dist.TCPStore(  # type: ignore[attr-defined]
             store_host, 0, is_master=True, wait_for_workers=False
         )
         self._store_address = (store_host, self._store.port)
         self._aborts = AbortNotices(self._store)
         self._per_replica = dict(per_replica or {"gpus": 1})
-        self.ranks_per_replica = 1
-        for size in self._per_replica.values():
-            self.ranks_per_replica *= size
+        self.ranks_per_replica = math.prod(self._per_replica.values())
         self.history: list[tuple[int, tuple[int, ...]]] = []
         self.outcomes: list[StepOutcome] = []
         self.recoveries: list[Recovery] = []
@@ -103,10 +87,24 @@ class ReplicaGroup:
         self._quorum_members: tuple[int, ...] | None = None
         self._current: tuple[int, tuple[int, ...]] = (0, ())  # (quorum, its members)
         self._log = get_logger("recovery.group", group=name)
-        self._spares = SparePool(spare_hosts)
-        self._members: list[_Member] = []  # filled as spawned: a failure may come meanwhile
+        self._members: list[Member] = []  # filled as spawned: a failure may come meanwhile
+        self._spawner = ReplicaSpawner(
+            hosts,
+            replica_class,
+            args,
+            kwargs,
+            self._per_replica,
+            preload,
+            heartbeat_timeout_s,
+            SparePool(spare_hosts),
+            self._on_event,
+        )
         for index in range(replicas):
-            self._spawn(hosts, index, heartbeat_timeout_s)
+            procs, actors = self._spawner.spawn(f"{name}{index}", index)
+            self._members.append(Member(index, procs, actors))
+        self._keep_updates = replica_class.standby_updates if spares else 0
+        configure = (self.ranks_per_replica, self._keep_updates)
+        self._standbys = Standbys(self._spawner, spares, replicas, configure, step_timeout_s, name)
         self._start()
 
     # -- the public face ------------------------------------------------------------------------
@@ -120,17 +118,29 @@ class ReplicaGroup:
         """The actor mesh of each replica, by replica id."""
         return [member.actors for member in self._members]
 
+    @property
+    def spare_replicas(self) -> list[ActorMesh[Replica]]:
+        """The actor mesh of each spare (ready or not)."""
+        return self._standbys.meshes
+
+    def ready_spares(self) -> int:
+        """How many spares could take a failed replica's place now."""
+        return self._standbys.ready()
+
     def live(self) -> tuple[int, ...]:
         """The ids of the replicas that take part in the next step."""
         return tuple(m.index for m in self._members if m.state == "live")
 
     def wait_for_all(self, timeout: float = 60.0) -> None:
-        """Wait until every replica is up and healed (replacements included)."""
+        """Wait until every replica is up and healed (replacements included), and every
+        spare ready."""
         deadline = time.monotonic() + timeout
-        while len(self.live()) < len(self._members):
+        spares = len(self._standbys.meshes)
+        while len(self.live()) < len(self._members) or self._standbys.ready() < spares:
             if time.monotonic() > deadline:
+                ready = f" and {self._standbys.ready()} of {spares} spares" if spares else ""
                 raise ReplicaGroupError(
-                    f"only replicas {self.live()} are up after {timeout:g} s of waiting"
+                    f"only replicas {self.live()}{ready} are up after {timeout:g} s of waiting"
                 )
             self._recover()
             time.sleep(0.01)
@@ -159,6 +169,8 @@ class ReplicaGroup:
             if isinstance(result, BaseException):  # failure of that replica, not of the step
                 self._failed(index, f"died while committing: {short(result)}", host_lost(result))
         self.history.append((step, members))
+        donors = [self._members[i].actors for i in members if self._members[i].state == "live"]
+        self._standbys.committed(step, digests.pop(), donors)  # spares follow, not waited for
         now = time.monotonic()
         for index in members:
             member = self._members[index]
@@ -192,46 +204,33 @@ class ReplicaGroup:
         return next((v[0] for v in found.values() if isinstance(v, list)), {})
 
     def close(self) -> None:
-        """Stop every replica."""
-        for member in self._members:
+        """Stop every replica and spare."""
+        stopping = [member.procs.stop(grace_s=1.0) for member in self._members]
+        self._standbys.close()
+        for future in stopping:
             try:
-                member.procs.stop(grace_s=1.0).get(timeout=10.0)
+                future.get(timeout=10.0)
             except Exception:
                 pass
 
     # -- membership ------------------------------------------------------------------------------
 
-    def _spawn(self, hosts: HostMesh, index: int, hb_timeout: float | None) -> None:
-        """Start replica `index` and watch it (a member before its handlers can run)."""
-        where = hosts
-        if "hosts" in hosts.extent.labels:
-            count = hosts.extent.sizes[hosts.extent.labels.index("hosts")]
-            where = hosts.slice(hosts=index % count)
-        procs = where.spawn_procs(
-            per_host=self._per_replica,
-            name=f"{self.name}{index}-procs",
-            env=self._env,  # the fork server imports torch once: replacements start warm
-            heartbeat_timeout_s=hb_timeout,
-        )
-        actors = procs.spawn(f"{self.name}{index}", self.replica_class, *self.args, **self.kwargs)
-        member = _Member(index, procs, actors)
-        self._members.append(member)
-        on_failure = functools.partial(self._on_event, member)
-        procs.on_failure(on_failure)
-        actors.on_failure(on_failure)
-
     def _start(self) -> None:
         """Configure every replica and give them all the state of the first one that is up. A
         replica that fails meanwhile is replaced and healed like any failed replica."""
         for member in self._members:
-            configured = member.actors.configure.call(member.index, self.ranks_per_replica)
+            configured = member.actors.configure.call(*self._configure_args(member))
             self._while_starting(member, configured, self.step_timeout_s * 4)
         live = [m for m in self._members if m.state == "live"]
         for member in live[1:]:
             healed = member.actors.heal_from.call(live[0].actors)
             self._while_starting(member, healed, self.step_timeout_s)
+        self._standbys.tend([m.actors for m in live[:1]])  # spares heal once their procs run
 
-    def _while_starting(self, member: _Member, call: Future[Any], timeout_s: float) -> None:
+    def _configure_args(self, member: Member) -> tuple[int, int, int]:
+        return member.index, self.ranks_per_replica, self._keep_updates
+
+    def _while_starting(self, member: Member, call: Future[Any], timeout_s: float) -> None:
         """Wait for a start-up `call` to `member`; if it fails, so has the member."""
         try:
             call.get(timeout=timeout_s)
@@ -239,13 +238,18 @@ class ReplicaGroup:
             why = f"failed while the group started: {short(exc)}"
             self._failed(member.index, why, host_lost(exc))
 
-    def _on_event(self, member: _Member, event: SupervisionEvent) -> bool:
-        """A failure of `member`, from the supervision tree (event loop thread): handled here."""
+    def _on_event(self, procs: ProcMesh, event: SupervisionEvent) -> bool:
+        """A failure of the replica on `procs`, from the supervision tree (event loop thread):
+        of a member, a spare, or a replica already replaced (then nothing to do)."""
         if event.is_notice:  # its host goes away soon: the training loop drains
             self.preempted = self.preempted or event
             return True
         self.events.append(event)
-        self._failed(member.index, str(event), host_lost(event))
+        member = next((m for m in self._members if m.procs is procs), None)
+        if member is not None:
+            self._failed(member.index, str(event), host_lost(event))
+        else:
+            self._standbys.on_failure(procs, str(event), host_lost(event))
         return True
 
     def _failed(self, index: int, why: str, host_lost: bool = False) -> None:
@@ -278,21 +282,31 @@ class ReplicaGroup:
             time.sleep(0.01)
 
     def _recover(self) -> None:
-        """Re-spawn failed replicas in the background; heal those that are up (here, between
-        two steps, so that they take the state of the last committed step)."""
+        """Put a ready spare in each failed replica's place, else re-spawn it in the
+        background; heal those that are up; tend the spares (here, between two steps, so that
+        they take the state of the last committed step)."""
         for member in self._members:
-            if member.state != "failed":
+            if member.state != "failed" or (member.respawn is None and self._take_spare(member)):
                 continue
             if member.respawn is None:
                 lost, member.host_lost = member.host_lost, False
-                spare = self._spares.take() if lost else None  # its host is lost: move it
-                member.respawn = member.procs.respawn(on=spare)
+                host = self._spawner.spare_hosts.take() if lost else None  # its host is lost
+                member.respawn = member.procs.respawn(on=host)
                 # calls to a re-spawning rank wait for it: this one tells when it is up
-                member.up = member.actors.configure.call(member.index, self.ranks_per_replica)
+                member.up = member.actors.configure.call(*self._configure_args(member))
             elif member.up is not None and member.up.done():
                 self._heal(member)
+        self._standbys.tend([m.actors for m in self._members if m.state == "live"])
 
-    def _heal(self, member: _Member) -> None:
+    def _take_spare(self, member: Member) -> bool:
+        """Whether a ready spare took the place of failed `member`."""
+        donors = [m.actors for m in self._members if m.state == "live"]
+        if not (donors and self._standbys.replace(member, self.committed_steps, donors)):
+            return False
+        self._quorum_members = None  # the same replica ids on other procs: a fresh group
+        return True
+
+    def _heal(self, member: Member) -> None:
         up, member.up, member.respawn = member.up, None, None
         assert up is not None and member.recovery is not None
         error = up.exception()
@@ -358,15 +372,7 @@ class ReplicaGroup:
                 call_args[1] = position * self.ranks_per_replica
             mesh = self._members[index].actors
             futures[index] = getattr(mesh, endpoint).call(*call_args)
-        deadline = time.monotonic() + self.step_timeout_s
-        results: dict[int, Any] = {}
-        for index, future in futures.items():
-            try:
-                values = future.get(timeout=max(0.0, deadline - time.monotonic()))
-                results[index] = list(values.values())
-            except (SupervisionError, ActorError, TimeoutError) as exc:
-                results[index] = exc
-        return results
+        return gather(futures, self.step_timeout_s)
 
     def _abort(self, members: tuple[int, ...], step: int, failed: dict[int, Any]) -> None:
         """Undo `step` everywhere it was prepared; replicas that died are re-spawned."""

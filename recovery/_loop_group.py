@@ -20,7 +20,7 @@ from supervision import SupervisionError, SupervisionEvent
 from transport import get_logger
 
 from ._aborts import AbortNotices
-from ._group import PRELOAD
+from ._members import PRELOAD
 from ._loop_protocol import AskQuorum, Envelope, Healed, Reply, parse_request
 from ._loop_rounds import Rounds
 from ._loop_runner import LoopRunner, LoopSpec

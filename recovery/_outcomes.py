@@ -32,6 +32,7 @@ class Recovery:
     respawned_at: float | None = None
     healed_at: float | None = None
     first_commit_at: float | None = None
+    by_spare: bool = False  # a spare took the replica's place (no re-spawn, no full heal)
 
 
 def alive(error: BaseException) -> bool:

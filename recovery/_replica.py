@@ -14,6 +14,7 @@ bit, which is how the tests prove that no step was lost, applied twice or half-a
 
 Healing streams the state in chunks from every live peer at once (`_heal`), data position and
 RNG states included (`_position`); a discarded step puts the data position and RNG states back.
+A spare follows the group by applying the averaged gradients of committed steps (`_follow`).
 """
 
 from __future__ import annotations
@@ -23,10 +24,18 @@ import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from mesh import Actor, context, endpoint
+from mesh import Actor, concurrent_endpoint, context, endpoint
 
 from ._aborts import AbortWatch
 from ._exchange import average, exchange_average, open_group
+from ._follow import (
+    Takeover,
+    UpdateLog,
+    fetch_updates,
+    peer_position,
+    rank_match,
+    warm_up_gloo,
+)
 from ._heal import DonorCache, HealReport, endpoints_of, heal
 from ._heal_state import Chunk, Piece, StateLayout
 from ._position import Position, capture_position, restore_position
@@ -51,6 +60,11 @@ class Replica(Actor):
     heal_chunk_bytes: int = 8 << 20
     heal_window: int = 4
     heal_timeout_s: float = 60.0
+    #: In a group with spares, each replica keeps the averaged gradients of this many
+    #: committed steps (as much memory as that many gradients) for spares to catch up from,
+    #: and spares catch up every `standby_follow_every` steps (fewer wake-ups per step).
+    standby_updates: int = 4
+    standby_follow_every: int = 2
 
     def __init__(self) -> None:
         import torch
@@ -66,6 +80,8 @@ class Replica(Actor):
         self._backup: dict[str, Any] | None = None
         self._position: Position | None = None  # before the step in progress, for abort
         self._donor = DonorCache()
+        self._update: torch.Tensor | None = None  # the averaged gradient of a prepared step
+        self._updates = UpdateLog()
         self.last_heal: HealReport | None = None
 
     def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -93,9 +109,14 @@ class Replica(Actor):
     # -- membership ---------------------------------------------------------------------------
 
     @endpoint
-    def configure(self, replica_id: int, ranks_per_replica: int) -> None:
+    def configure(self, replica_id: int, ranks_per_replica: int, keep_updates: int = 0) -> None:
+        """Take the place of replica `replica_id` (-1: a spare); keep the updates of the last
+        `keep_updates` committed steps for spares (0: the group has none)."""
         self.replica_id = replica_id
         self.ranks_per_replica = ranks_per_replica
+        self._updates.resize(keep_updates)
+        if replica_id < 0:
+            warm_up_gloo()  # a spare joins a step's group in a hurry
 
     @endpoint
     def join(
@@ -142,6 +163,7 @@ class Replica(Actor):
         assert self._aborts is not None  # set by join
         averaged = exchange_average(self._group, local, self._aborts)
         self.on_phase("apply", step)
+        self._update = averaged
         self._backup = _snapshot(self.model, self.optimizer)
         apply_average(self.model, self.optimizer, averaged)
         return digest(self.model)
@@ -153,11 +175,15 @@ class Replica(Actor):
         self.on_phase("commit", step)
         self._backup = self._position = None
         self.committed_step = step
+        if self._update is not None:
+            self._updates.record(step, self._update)
+        self._update = None
         return self.committed_step
 
     @endpoint
     def abort(self, step: int) -> int:
         """Undo a prepared step (if any): the parameters are those of the last commit."""
+        self._update = None
         if self._backup is not None:
             _restore(self.model, self.optimizer, self._backup)
             self._backup = None
@@ -183,11 +209,11 @@ class Replica(Actor):
     def heal_from(self, peers: ActorMesh[Replica] | Sequence[ActorMesh[Replica]]) -> HealReport:
         """Take the committed state of `peers` (live replicas; from each, the rank matching
         this one), in chunks spread over all of them; see `recovery._heal`."""
+        return self._heal(peers)
+
+    def _heal(self, peers: ActorMesh[Replica] | Sequence[ActorMesh[Replica]]) -> HealReport:
         meshes = [peers] if not isinstance(peers, Sequence) else list(peers)
-        donors = []
-        for mesh in meshes:
-            ranks = mesh.flatten("rank")
-            donors.append(endpoints_of(ranks.slice(rank=context().rank.rank % len(ranks))))
+        donors = [endpoints_of(rank_match(mesh, context().rank.rank)) for mesh in meshes]
         self._backup = self._position = None
         self._donor.clear()
         self.last_heal = heal(
@@ -205,6 +231,54 @@ class Replica(Actor):
         """Bytes of the committed state of `step` (tensor, start, stop), sent from memory."""
         self.on_phase("heal", step)
         return self._donor.chunks(self, step, pieces, prepared=self._backup is not None)
+
+    # -- spares -------------------------------------------------------------------------------
+
+    @concurrent_endpoint
+    def committed_updates(self, first: int, last: int) -> list[torch.Tensor] | None:
+        """The averaged gradients of committed steps `first`..`last`, for a spare to apply;
+        None unless this replica keeps them all (`standby_updates`)."""
+        return self._updates.between(first, last)
+
+    @endpoint
+    def follow(self, step: int, peers: Sequence[ActorMesh[Replica]]) -> tuple[int, str]:
+        """A spare: apply the committed updates after its own step up to `step`, from the
+        first of `peers` that keeps them. Returns the step it holds and its digest."""
+        self._catch_up(step, [rank_match(peer, context().rank.rank) for peer in peers])
+        return self.committed_step, digest(self.model)
+
+    @endpoint
+    def take_place(
+        self, replica_id: int, step: int, expected: str | None, peers: Sequence[ActorMesh[Replica]]
+    ) -> Takeover:
+        """A spare becomes replica `replica_id` at committed `step`: it catches up from
+        `peers`' updates and takes their data position and RNG states; it heals its whole
+        state from them instead if it cannot, or if its parameters do not match `expected`
+        (the digest of `step`; None: already checked)."""
+        self.replica_id = replica_id
+        ranks = [rank_match(peer, context().rank.rank) for peer in peers]
+        applied = self._catch_up(step, ranks)
+        position = peer_position(ranks, step, self.heal_timeout_s)
+        matches = expected is None or digest(self.model) == expected
+        if self.committed_step == step and matches and position is not None:
+            restore_position(self, position)
+            return Takeover(step, applied, healed=False)
+        self._heal(list(peers))
+        return Takeover(self.committed_step, applied, healed=True)
+
+    def _catch_up(self, step: int, ranks: Sequence[ActorMesh[Replica]]) -> int:
+        """Apply the committed updates of the steps after this replica's up to `step`, from
+        the first of `ranks` (a peer's rank each) that keeps them; returns how many."""
+        first = self.committed_step + 1
+        if step < first:
+            return 0
+        numel = sum(p.numel() for p in self.model.parameters())
+        updates = fetch_updates(ranks, first, step, numel, self.heal_timeout_s)
+        for offset, update in enumerate(updates or ()):
+            apply_average(self.model, self.optimizer, update)
+            self.committed_step = first + offset
+            self._updates.record(self.committed_step, update)
+        return len(updates or ())
 
     @endpoint
     def status(self) -> tuple[int, str]:

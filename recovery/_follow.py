@@ -1,0 +1,132 @@
+"""How a spare replica follows its group: the committed updates a replica keeps, and catching
+up by applying a peer's.
+
+Every participant of a step ends `prepare` with the averaged gradient of the step and applies
+it with its optimizer. A spare that holds the state of step s and applies the averaged gradients
+of steps s+1..t, in order, with the same optimizer, holds the state of step t bit for bit, at
+the cost of one gradient's bytes per step instead of the whole state. So with spares, every
+replica keeps the averaged gradients of its last `Replica.standby_updates` committed steps
+(`UpdateLog`), and a spare pulls the ones it lacks from a live peer (`catch_up`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from supervision import ActorError, SupervisionError
+
+from ._heal_state import StateLayout
+from ._position import Position
+
+if TYPE_CHECKING:
+    import torch
+
+    from mesh import ActorMesh
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """How a spare took a failed replica's place: the step it holds, the committed updates it
+    applied to get there, and whether it had to heal its whole state instead."""
+
+    step: int
+    updates: int
+    healed: bool
+
+
+class UpdateLog:
+    """The averaged gradients of the last `keep` committed steps (none when `keep` is 0).
+    Read by a concurrent endpoint while the replica steps: guarded by a lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._updates: deque[tuple[int, torch.Tensor]] = deque(maxlen=1)
+        self.keep = 0
+
+    def resize(self, keep: int) -> None:
+        if type(keep) is not int or keep < 0:
+            raise ValueError(f"a replica keeps a whole number of updates >= 0, not {keep!r}")
+        with self._lock:
+            self.keep = keep
+            self._updates = deque(self._updates, maxlen=max(keep, 1))
+
+    def record(self, step: int, update: torch.Tensor) -> None:
+        """Keep the update of committed `step` (the step after the last one kept)."""
+        with self._lock:
+            if not self.keep:
+                return
+            if self._updates and self._updates[-1][0] != step - 1:
+                self._updates.clear()  # a gap (this replica healed meanwhile): start afresh
+            self._updates.append((step, update))
+
+    def between(self, first: int, last: int) -> list[torch.Tensor] | None:
+        """The updates of steps `first`..`last`, or None unless all of them are kept."""
+        if not (type(first) is int and type(last) is int and 1 <= first <= last):
+            raise ValueError(f"ask for the updates of steps first..last >= 1, not {first}..{last}")
+        with self._lock:
+            found = {step: update for step, update in self._updates}
+        if first not in found or last not in found:
+            return None
+        return [found[step] for step in range(first, last + 1)]
+
+
+def warm_up_gloo() -> None:
+    """Make and drop a one-rank gloo process group. A process's first one costs ~0.25 s of
+    gloo's own set-up (~0.01 s after that): a spare pays it here, not in the rendezvous of the
+    step it joins, where every replica would wait for it."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.HashStore()  # type: ignore[attr-defined]
+    dist.ProcessGroupGloo(store, 0, 1, datetime.timedelta(seconds=30))  # type: ignore[attr-defined]
+
+
+def rank_match(mesh: ActorMesh[Any], rank: int) -> ActorMesh[Any]:
+    """The rank of a replica's actor `mesh` that serves this replica's rank `rank`."""
+    ranks = mesh.flatten("rank")
+    return ranks.slice(rank=rank % len(ranks))
+
+
+def fetch_updates(
+    peers: Sequence[ActorMesh[Any]], first: int, last: int, numel: int, timeout_s: float
+) -> list[torch.Tensor] | None:
+    """The committed updates of steps `first`..`last` from the first of `peers` (one rank
+    each) that keeps them all, or None if none does (it died, or no longer keeps them)."""
+    for peer in peers:
+        try:
+            updates = peer.committed_updates.call_one(first, last).get(timeout=timeout_s)
+        except (SupervisionError, ActorError, TimeoutError):
+            continue
+        if updates is not None and _well_formed(updates, last - first + 1, numel):
+            return list(updates)
+    return None
+
+
+def _well_formed(updates: Any, count: int, numel: int) -> bool:
+    import torch
+
+    return (
+        isinstance(updates, list)
+        and len(updates) == count
+        and all(
+            isinstance(u, torch.Tensor) and u.dim() == 1 and u.numel() == numel for u in updates
+        )
+    )
+
+
+def peer_position(peers: Sequence[ActorMesh[Any]], step: int, timeout_s: float) -> Position | None:
+    """The data position and RNG states of the first of `peers` (one rank each) that holds
+    committed `step`, or None if none does."""
+    for peer in peers:
+        try:
+            layout = peer.heal_layout.call_one().get(timeout=timeout_s)
+        except (SupervisionError, ActorError, TimeoutError):
+            continue
+        if isinstance(layout, StateLayout) and layout.step == step:
+            return layout.position
+    return None

@@ -1,0 +1,100 @@
+"""The replicas of a `ReplicaGroup` as its controller sees them: how one is spawned (members
+and spares alike, the same way) and what the group tracks about each member."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mesh import ActorMesh, Future, HostMesh, ProcMesh, ValueMesh
+from supervision import ActorError, SupervisionError, SupervisionEvent
+
+from ._outcomes import Recovery
+from ._replica import Replica
+from ._spares import SparePool
+
+#: What a replica's proc needs imported, the fork server imports before forking it (once per
+#: host): torch, and torch._dynamo that the optimizers import on their first step.
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
+
+#: Told of every failure of a replica's meshes, with the proc mesh it concerns.
+FailureHandler = Callable[[ProcMesh, SupervisionEvent], bool]
+
+
+@dataclass
+class Member:
+    """Replica `index` of the group: its meshes (a spare's, once one took its place)."""
+
+    index: int
+    procs: ProcMesh
+    actors: ActorMesh[Replica]
+    state: str = "live"  # live | failed
+    respawn: Future[None] | None = None
+    up: Future[Any] | None = None  # done once the replacement runs (configured)
+    recovery: Recovery | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    host_lost: bool = False  # its last failure was the loss of its host
+
+
+@dataclass(frozen=True, eq=False)
+class ReplicaSpawner:
+    """Spawns one replica (a proc mesh of `per_replica` ranks holding the replica actor) the
+    way the group's every replica is spawned, and routes its failures to `on_failure`."""
+
+    hosts: HostMesh
+    replica_class: type[Replica]
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    per_replica: Mapping[str, int]
+    preload: Sequence[str]  # modules the fork server imports before forking its procs
+    heartbeat_timeout_s: float | None
+    spare_hosts: SparePool  # where a replica whose host is lost goes (one host each, once)
+    on_failure: FailureHandler
+
+    def spawn(self, name: str, slot: int) -> tuple[ProcMesh, ActorMesh[Replica]]:
+        """Replica meshes named after `name`, on the host of `slot` (round robin over the
+        hosts); returns at once, the procs start in the background."""
+        where = self.hosts
+        if "hosts" in where.extent.labels:
+            count = where.extent.sizes[where.extent.labels.index("hosts")]
+            where = where.slice(hosts=slot % count)
+        procs = where.spawn_procs(
+            per_host=dict(self.per_replica),
+            name=f"{name}-procs",
+            env={"MESHVISOR_PRELOAD": ",".join(self.preload)} if self.preload else None,
+            heartbeat_timeout_s=self.heartbeat_timeout_s,
+        )
+        actors = procs.spawn(name, self.replica_class, *self.args, **self.kwargs)
+        handler = _Routed(self.on_failure, procs)
+        procs.on_failure(handler)
+        actors.on_failure(handler)
+        return procs, actors
+
+
+@dataclass(frozen=True)
+class _Routed:
+    """A failure handler of one replica's meshes: tells `handler` which proc mesh failed, so
+    the group finds who holds it now (a member, a spare, or no one any more)."""
+
+    handler: FailureHandler
+    procs: ProcMesh
+
+    def __call__(self, event: SupervisionEvent) -> bool:
+        return self.handler(self.procs, event)
+
+
+def gather(calls: Mapping[int, Future[ValueMesh[Any]]], timeout_s: float) -> dict[int, Any]:
+    """Wait for the call made to each member (all within `timeout_s`): per member, the list
+    of values (rank order) or the error."""
+    deadline = time.monotonic() + timeout_s
+    results: dict[int, Any] = {}
+    for index, future in calls.items():
+        try:
+            values = future.get(timeout=max(0.0, deadline - time.monotonic()))
+            results[index] = list(values.values())
+        except (SupervisionError, ActorError, TimeoutError) as exc:
+            results[index] = exc
+    return results

@@ -1,0 +1,254 @@
+"""Hot spares of a `ReplicaGroup`: standby replicas that take a failed replica's place at the
+next step.
+
+A spare is spawned and built like any replica and healed to the committed state once, between
+two steps (like a replacement). From then on it stays there off the step's path: after each
+commit the controller asks it to `follow` (pull the step's averaged gradient from a participant
+and apply it, see `_follow`) without waiting for it, and checks the digest it reports against
+the step's. When a replica fails, a ready spare takes its place at the next step (`take_place`:
+it catches up on the updates it lacks and takes the data position and RNG states of a peer); a
+new spare is spawned in the background. A spare that fails is re-spawned in place and healed
+again; the steps never wait for it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mesh import ActorMesh, Future, ProcMesh
+from supervision import ActorError, SupervisionError
+from transport import get_logger
+
+from ._follow import Takeover
+from ._members import Member, ReplicaSpawner
+from ._outcomes import short
+from ._replica import Replica
+
+#: The digests of this many recent committed steps are kept, to check what spares report.
+DIGESTS_KEPT = 64
+
+
+def check_spares(replica_class: type[Replica], spares: int) -> None:
+    """Refuse a spare count, or spare settings of `replica_class`, that cannot work."""
+    if type(spares) is not int or spares < 0:
+        raise ValueError(f"spares must be a whole number >= 0, not {spares!r}")
+    every, keep = replica_class.standby_follow_every, replica_class.standby_updates
+    if spares and not (type(every) is int and type(keep) is int and 1 <= every <= keep // 2):
+        raise ValueError(
+            f"{replica_class.__name__}.standby_follow_every must be a whole number from 1 to "
+            f"half its standby_updates ({keep!r}), not {every!r}: spares catch up from the "
+            "updates their peers keep"
+        )
+
+
+@dataclass(eq=False)
+class Spare:
+    """One standby replica and where it stands."""
+
+    number: int
+    procs: ProcMesh
+    actors: ActorMesh[Replica]
+    state: str = "starting"  # starting | behind (needs a heal) | ready | taking | failed
+    up: Future[Any] | None = None  # done once its procs run (configured)
+    follow: Future[Any] | None = None  # its latest follow call
+    following: int = -1  # the step that call asked it to reach
+    verified: int = -1  # the last committed step its digest was found equal to the group's
+    host_lost: bool = False
+
+
+class Standbys:
+    """The spares of one group: `count` of them, kept ready; see the module docstring."""
+
+    def __init__(
+        self,
+        spawner: ReplicaSpawner,
+        count: int,
+        first_slot: int,
+        configure_args: tuple[int, int],
+        timeout_s: float,
+        name: str,
+    ) -> None:
+        self._spawner = spawner
+        self._first_slot = first_slot
+        self._configure_args = configure_args  # (ranks per replica, updates kept)
+        self._timeout_s = timeout_s
+        self._name = name
+        self._lock = threading.Lock()
+        self._spares: list[Spare] = []
+        self._made = 0
+        self._digests: dict[int, str] = {}
+        self._retired: list[Future[None]] = []  # the old procs of replaced replicas, stopping
+        self._owed: list[ProcMesh] = []  # procs to stop, and a spare to spawn, for each
+        self._log = get_logger("recovery.spares", group=name)
+        self._follow_every = spawner.replica_class.standby_follow_every
+        for _ in range(count):
+            self._spawn()
+
+    @property
+    def meshes(self) -> list[ActorMesh[Replica]]:
+        with self._lock:
+            return [spare.actors for spare in self._spares]
+
+    def ready(self) -> int:
+        """How many spares could take a place now."""
+        with self._lock:
+            return sum(spare.state == "ready" for spare in self._spares)
+
+    def on_failure(self, procs: ProcMesh, why: str, host_lost: bool) -> None:
+        """The spare on `procs` failed (from supervision, any thread): it is re-spawned at the
+        next `tend`. A spare already failed or coming up again ignores a late report."""
+        with self._lock:
+            spare = next((s for s in self._spares if s.procs is procs), None)
+            if spare is None or spare.state in ("failed", "starting"):
+                return
+            spare.state = "failed"
+            spare.host_lost = spare.host_lost or host_lost
+        self._log.warning("spare_failed", spare=spare.number, reason=why)
+
+    # -- between two steps -----------------------------------------------------------------
+
+    def tend(self, donors: Sequence[ActorMesh[Replica]]) -> None:
+        """Re-spawn failed spares (in the background) and heal those that are up but behind
+        from `donors` (the live replicas, between two steps)."""
+        for spare in self._snapshot():
+            if spare.state == "failed":
+                self._respawn(spare)
+            elif spare.state == "starting" and spare.up is not None and spare.up.done():
+                error, spare.up = spare.up.exception(), None
+                self._set(spare, "failed" if error is not None else "behind", error)
+            if spare.state == "behind" and donors:
+                self._heal(spare, donors)
+
+    def replace(self, member: Member, step: int, donors: Sequence[ActorMesh[Replica]]) -> bool:
+        """Whether a ready spare took failed `member`'s place at committed `step` (caught up
+        from `donors`). Its meshes are the member's now; after the next commit the old ones
+        stop and a new spare is spawned (not before: the step it joins has the CPU to itself)."""
+        taken = self._take(member.index, step, donors)
+        if taken is None:
+            return False
+        spare, takeover = taken
+        retired = member.procs
+        with member.lock:  # the member holds the spare's procs before they stop being a spare's
+            member.procs, member.actors = spare.procs, spare.actors
+            member.host_lost, member.state = False, "live"
+        with self._lock:
+            self._spares.remove(spare)
+        self._owed.append(retired)
+        assert member.recovery is not None
+        member.recovery.respawned_at = member.recovery.healed_at = time.monotonic()
+        member.recovery.by_spare = True
+        self._log.info("spare_took_place", replica=member.index, spare=spare.number, how=takeover)
+        return True
+
+    def _take(
+        self, index: int, step: int, donors: Sequence[ActorMesh[Replica]]
+    ) -> tuple[Spare, Takeover] | None:
+        """A ready spare made replica `index` at committed `step`, or None if none could."""
+        for spare in self._snapshot():
+            if spare.follow is not None and spare.follow.done():
+                self._check(spare)
+            if spare.state != "ready":
+                continue
+            expected = None if spare.verified == step else self._digests.get(step, "unknown")
+            self._set(spare, "taking")
+            try:
+                done = spare.actors.take_place.call(index, step, expected, list(donors))
+                takeover = next(iter(done.get(timeout=self._timeout_s).values()))
+            except (SupervisionError, ActorError, TimeoutError) as exc:
+                self._set(spare, "failed" if isinstance(exc, SupervisionError) else "behind", exc)
+                continue
+            return spare, takeover
+        return None
+
+    # -- after each commit -----------------------------------------------------------------
+
+    def committed(self, step: int, digest: str, donors: Sequence[ActorMesh[Replica]]) -> None:
+        """Step `step` was committed with parameters `digest` by `donors`: every ready spare
+        `follow_every` steps behind, not busy with an earlier call, catches up (not waited for)."""
+        self._digests[step] = digest
+        self._digests.pop(step - DIGESTS_KEPT, None)
+        self._retired = [future for future in self._retired if not future.done()]
+        while self._owed:
+            self._retired.append(self._owed.pop().stop(grace_s=1.0))  # not waited for
+            self._spawn()
+        for spare in self._snapshot():
+            if spare.state != "ready":
+                continue
+            if spare.follow is not None:
+                if not spare.follow.done():
+                    continue
+                self._check(spare)
+            if spare.state == "ready" and step - spare.verified >= self._follow_every:
+                spare.follow = spare.actors.follow.call(step, list(donors))
+                spare.following = step
+
+    def close(self) -> None:
+        """Stop every spare, and what is left of the replicas they replaced."""
+        owed, self._owed = self._owed, []
+        stopping = [procs.stop(grace_s=1.0) for procs in owed + [s.procs for s in self._snapshot()]]
+        for future in stopping + self._retired:
+            try:
+                future.get(timeout=10.0)
+            except Exception:
+                pass
+
+    # -- inside --------------------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        number, self._made = self._made, self._made + 1
+        procs, actors = self._spawner.spawn(
+            f"{self._name}-spare{number}", self._first_slot + number
+        )
+        spare = Spare(number, procs, actors)
+        spare.up = actors.configure.call(-1, *self._configure_args)
+        with self._lock:
+            self._spares.append(spare)
+
+    def _snapshot(self) -> list[Spare]:
+        with self._lock:
+            return list(self._spares)
+
+    def _set(self, spare: Spare, state: str, why: BaseException | None = None) -> None:
+        with self._lock:
+            if spare.state == "failed" and state != "starting":
+                return  # supervision said it died: only a re-spawn changes that
+            spare.state = state
+        if why is not None:
+            self._log.warning("spare_" + state, spare=spare.number, reason=short(why))
+
+    def _respawn(self, spare: Spare) -> None:
+        lost, spare.host_lost = spare.host_lost, False
+        spare.follow = None
+        spare.procs.respawn(on=self._spawner.spare_hosts.take() if lost else None)
+        spare.up = spare.actors.configure.call(-1, *self._configure_args)
+        self._set(spare, "starting")
+
+    def _heal(self, spare: Spare, donors: Sequence[ActorMesh[Replica]]) -> None:
+        try:
+            healed = spare.actors.heal_from.call(list(donors)).get(timeout=self._timeout_s)
+        except (SupervisionError, ActorError, TimeoutError) as exc:
+            self._set(spare, "failed" if isinstance(exc, SupervisionError) else "behind", exc)
+            return
+        spare.verified = next(iter(healed.values())).step
+        self._set(spare, "ready")
+        self._log.info("spare_ready", spare=spare.number, step=spare.verified)
+
+    def _check(self, spare: Spare) -> None:
+        """Look at the spare's finished follow call: where it got to, and with which bits."""
+        assert spare.follow is not None
+        future, spare.follow = spare.follow, None
+        error = future.exception()
+        if error is not None:
+            self._set(spare, "failed" if isinstance(error, SupervisionError) else "behind", error)
+            return
+        reached = set(future.get().values())
+        expected = (spare.following, self._digests.get(spare.following))
+        if reached == {expected}:
+            spare.verified = spare.following
+            return
+        why = f"it reached {sorted(reached)} where the group committed {expected}"
+        self._set(spare, "behind", RuntimeError(why))  # cannot follow: heal its whole state

@@ -1,0 +1,215 @@
+"""Hot spares of a `ReplicaGroup` (`spares=K`): standby replicas follow the committed steps and
+take a failed replica's place at the next step; a spare that dies is replaced and the steps do
+not notice. Real procs, gloo and SIGKILL; the invariants are those of tests/test_replicas.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import heal_actors as ha
+import pytest
+import replica_actors as ra
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_heal import _committed_reads
+from test_replicas import assert_invariants, pid_of, train
+
+from mesh import ActorMesh, this_host
+from mesh.testing import probe
+from recovery import Replica, ReplicaGroup, UpdateLog, replay_training
+from recovery import parameter_digest as digest
+from supervision import SupervisionError
+
+pytestmark = pytest.mark.timeout(240)
+
+HB = 1.0
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def _pid(mesh: ActorMesh[Replica]) -> int:
+    return int(next(iter(probe(mesh).get(timeout=30).values())))
+
+
+def assert_spares_follow(group: ReplicaGroup) -> None:
+    """Every spare holds, bit for bit, the state of a committed step (the replay up to it)."""
+    for mesh in group.spare_replicas:
+        for step, held in mesh.status.call().get(timeout=60).values():
+            assert 0 < step <= group.committed_steps, (step, group.committed_steps)
+            assert held == digest(replay_training(ra.Trainer, group.history[:step])), step
+
+
+def test_spares_take_the_place_of_dead_replicas_and_dead_spares_are_replaced(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    """Replica 1 dies in the exchange of step 3, replica 0 is killed between steps 5 and 6:
+    each time a spare takes the place at the retried or next step, so every step is committed
+    by all three. Then the spare itself is killed: no step notices."""
+    plan = {1: [(3, "allreduce")]}
+    group = ReplicaGroup(
+        this_host(),
+        ra.DyingTrainer,
+        plan,
+        str(tmp_path),
+        replicas=3,
+        spares=1,
+        heartbeat_timeout_s=HB,
+    )
+    groups.append(group)
+    group.wait_for_all()  # the spare is ready
+    first_spare = group.spare_replicas[0]
+    train(group, 8, between={5: 0}, full_before={6})
+    assert [(r.replica, r.by_spare) for r in group.recoveries] == [(1, True), (0, True)]
+    assert all(r.first_commit_at is not None for r in group.recoveries), group.recoveries
+    assert group.replicas[1] is first_spare, "the first spare holds replica 1's place"
+    assert all(members == (0, 1, 2) for _, members in group.history), group.history
+    discarded = [o.step for o in group.outcomes if not o.committed]
+    assert 3 in discarded and set(discarded) <= {3, 6} and len(discarded) == len(set(discarded))
+    assert_invariants(group)
+
+    group.wait_for_all()  # the spare spawned after the second take-over is ready
+    spare = group.spare_replicas[0]
+    outcomes = len(group.outcomes)
+    os.kill(_pid(spare), signal.SIGKILL)
+    _wait_for(lambda: group.ready_spares() == 0, "the group never noticed the spare's death")
+    train(group, 10)
+    group.wait_for_all()  # re-spawned in place and healed
+    train(group, 12)
+    assert group.spare_replicas == [spare] and group.ready_spares() == 1
+    assert all(o.committed for o in group.outcomes[outcomes:]), group.outcomes[outcomes:]
+    assert len(group.recoveries) == 2, "a spare's death is no replica's failure"
+    assert any(e.mesh_name.startswith("replica-spare") for e in group.events), group.events
+    assert_invariants(group)
+    assert_spares_follow(group)
+
+
+def test_a_spare_goes_on_with_the_groups_batches_and_random_numbers(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    """Against a run without failures: replica 1 is killed between steps 2 and 3 and a spare
+    takes its place. At every step, every replica reads the batch and the random numbers the
+    run without failures read, and the parameters end equal to that run's, bit for bit."""
+    reference = ReplicaGroup(this_host(), ha.LoaderTrainer, {}, str(tmp_path), replicas=3)
+    groups.append(reference)
+    train(reference, 7)
+    expected = _committed_reads(reference)
+    final = reference.status()
+    reference.close()
+    group = ReplicaGroup(
+        this_host(),
+        ha.LoaderTrainer,
+        {},
+        str(tmp_path),
+        replicas=3,
+        spares=1,
+        heartbeat_timeout_s=HB,
+    )
+    groups.append(group)
+    group.wait_for_all()
+    train(group, 7, between={2: 1})
+    assert [(r.replica, r.by_spare) for r in group.recoveries] == [(1, True)], group.recoveries
+    assert all(members == (0, 1, 2) for _, members in group.history), group.history
+    reads = _committed_reads(group)
+    assert set(reads) == set(expected) - {(1, 1), (1, 2)}, sorted(reads)  # 1 died after 2
+    for key, read in reads.items():
+        assert read == expected[key], (key, read)
+    assert group.status() == final
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    keep=st.integers(0, 5),
+    steps=st.lists(st.integers(1, 3), max_size=12),  # each: how far after the previous one
+    first=st.integers(1, 30),
+    count=st.integers(1, 6),
+)
+def test_the_update_log_gives_exactly_the_kept_run_of_steps(
+    keep: int, steps: list[int], first: int, count: int
+) -> None:
+    """A replica keeps the updates of its last `keep` committed steps in a row (a gap, as after
+    a heal, starts afresh), and gives steps first..last only if it keeps every one of them."""
+    log = UpdateLog()
+    log.resize(keep)
+    step, run = 0, []
+    for gap in steps:
+        step += gap
+        log.record(step, torch.full((1,), float(step)))
+        run = (run if run and run[-1] == step - 1 else []) + [step]
+    kept = run[-keep:] if keep else []
+    last = first + count - 1
+    found = log.between(first, last)
+    if all(s in kept for s in range(first, last + 1)):
+        assert found is not None and [int(u.item()) for u in found] == list(range(first, last + 1))
+    else:
+        assert found is None
+
+
+class FollowsTooRarely(ra.Trainer):
+    standby_updates = 4
+    standby_follow_every = 3  # its peers would no longer keep what it lacks
+
+
+def test_bad_spare_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="spares must be a whole number"):
+        ReplicaGroup(this_host(), ra.Trainer, replicas=2, spares=-1)
+    with pytest.raises(ValueError, match="from 1 to half its standby_updates"):
+        ReplicaGroup(this_host(), FollowsTooRarely, replicas=2, spares=1)
+    log = UpdateLog()
+    with pytest.raises(ValueError, match=r"first\.\.last >= 1"):
+        log.between(3, 2)
+    with pytest.raises(ValueError, match="whole number of updates"):
+        log.resize(-1)
+
+
+def test_without_spares_replicas_keep_no_updates(groups: list[ReplicaGroup]) -> None:
+    group = ReplicaGroup(this_host(), ra.Trainer, replicas=2)
+    groups.append(group)
+    train(group, 2)
+    assert group.spare_replicas == [] and group.ready_spares() == 0
+    kept = group.replicas[0].committed_updates.call_one(1, 2).get(timeout=60)
+    assert kept is None, "a group without spares spends no memory on updates"
+    os.kill(pid_of(group, 1), signal.SIGKILL)
+    train(group, 4)
+    assert [(r.replica, r.by_spare) for r in group.recoveries] == [(1, False)]
+
+
+def test_a_spare_of_several_ranks_takes_the_place_of_a_replica_losing_one(
+    groups: list[ReplicaGroup],
+) -> None:
+    group = ReplicaGroup(
+        this_host(),
+        ra.Trainer,
+        replicas=2,
+        per_replica={"gpus": 2},
+        spares=1,
+        heartbeat_timeout_s=HB,
+    )
+    groups.append(group)
+    group.wait_for_all()
+    train(group, 3)
+    old = group.replicas[1]
+    os.kill(_pid(old.slice(gpus=1)), signal.SIGKILL)  # one rank of two
+    train(group, 6)
+    assert [(r.replica, r.by_spare) for r in group.recoveries] == [(1, True)]
+    assert all(members == (0, 1) for _, members in group.history), group.history
+    assert_invariants(group, ranks_per_replica=2)
+    _wait_for(lambda: _stopped(old.slice(gpus=0)), "the old replica's rank 0 was not stopped")
+
+
+def _stopped(mesh: ActorMesh[Replica]) -> bool:
+    try:
+        mesh.status.call_one().get(timeout=30)
+    except SupervisionError as error:
+        return "stop" in str(error)
+    return False
