@@ -149,6 +149,10 @@ class Killer(threading.Thread):
         self.stopped = threading.Event()
         self.started_at = time.monotonic()
 
+    def start(self) -> None:
+        self.started_at = time.monotonic()
+        super().start()
+
     def run(self) -> None:
         for k in range(self.count):
             due = self.started_at + (k + 0.5) * self.period_s
