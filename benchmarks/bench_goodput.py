@@ -21,12 +21,14 @@ allreduce of each gradient, then Adam, on 3 processes: the floor for the step ti
 
     python3 benchmarks/bench_goodput.py [--sizes demo,100MB,1GB] [--periods 10,30] [--kills 3]
     python3 benchmarks/bench_goodput.py --quick          # demo and 100MB, T = 5 s, 3 kills
+    python3 benchmarks/bench_goodput.py --spares 1       # also ReplicaGroup(spares=1)
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import itertools
 import json
 import logging
@@ -187,7 +189,7 @@ def until(killer: Killer) -> float:
 # -- meshvisor ---------------------------------------------------------------------------------
 
 
-def meshvisor_run(size: Size, args: argparse.Namespace) -> SystemRun:
+def meshvisor_run(size: Size, args: argparse.Namespace, spares: int = 0) -> SystemRun:
     from mesh import endpoint, this_host
     from recovery import Replica, ReplicaGroup
 
@@ -214,6 +216,7 @@ def meshvisor_run(size: Size, args: argparse.Namespace) -> SystemRun:
         name=f"goodput-{size.name}",
         heartbeat_timeout_s=HEARTBEAT_S,
         step_timeout_s=size.step_timeout_s,
+        spares=spares,
     )
     try:
         for _ in range(3):  # warm up: Adam's moments exist, the group is formed
@@ -221,9 +224,9 @@ def meshvisor_run(size: Size, args: argparse.Namespace) -> SystemRun:
         begin, started = group.committed_steps, time.monotonic()
         while time.monotonic() - started < args.fault_free_s:
             group.step()
-        result = SystemRun(
-            "meshvisor", size.name, (group.committed_steps - begin) / (time.monotonic() - started)
-        )
+        system = f"meshvisor+{spares}" if spares else "meshvisor"
+        rate = (group.committed_steps - begin) / (time.monotonic() - started)
+        result = SystemRun(system, size.name, rate)
         for period in args.periods:
             result.with_kills.append(_meshvisor_kills(group, period, args))
         problem = group.check_consistency()
@@ -573,21 +576,21 @@ def _mean(values: list[float]) -> float:
 def print_goodput(runs: list[SystemRun]) -> None:
     print("\nGoodput: 3 replicas, a SIGKILL of a random replica every T s")
     header = ("size", "T s", "system", "kills", "steps/s", "w/ kills", "goodput", "recovery s")
-    print("{:<6} {:>4} {:<9} {:>5} {:>8} {:>8} {:>7} {:>10}  {}".format(*header, "x faster"))
+    print("{:<6} {:>4} {:<11} {:>5} {:>8} {:>8} {:>7} {:>10}  {}".format(*header, "x faster"))
     by_key = {(r.size, r.system): r for r in runs}
     for run in runs:
-        other = by_key.get((run.size, "torchft" if run.system == "meshvisor" else "meshvisor"))
+        other = by_key.get((run.size, "torchft"))
         for kills in run.with_kills:
             recovery = _mean(kills.recovery_s)
             speedup = ""
-            if run.system == "meshvisor" and other is not None:
+            if run.system != "torchft" and other is not None:
                 theirs = next(k for k in other.with_kills if k.period_s == kills.period_s)
                 speedup = f"{_mean(theirs.recovery_s) / recovery:.1f}"
             extra = f" (+{kills.other_failures} other)" if kills.other_failures else ""
             if kills.unrecovered:
                 extra += f" ({kills.unrecovered} not recovered within {WAIT_S:g} s)"
             print(
-                f"{run.size:<6} {kills.period_s:>4g} {run.system:<9} {kills.kills:>5} "
+                f"{run.size:<6} {kills.period_s:>4g} {run.system:<11} {kills.kills:>5} "
                 f"{run.steps_per_s:>8.2f} {kills.steps_per_s:>8.2f} "
                 f"{kills.steps_per_s / run.steps_per_s:>7.2f} {recovery:>10.2f}  {speedup}{extra}"
             )
@@ -602,7 +605,7 @@ def print_phases(runs: list[SystemRun]) -> None:
     for run in runs:
         for kills in run.with_kills:
             parts = ", ".join(f"{k} {_mean(v):.2f}" for k, v in kills.phases.items())
-            print(f"  {run.size:<6} T={kills.period_s:g} {run.system:<9} {parts}")
+            print(f"  {run.size:<6} T={kills.period_s:g} {run.system:<11} {parts}")
 
 
 def print_overhead(runs: list[SystemRun], plain: dict[str, float]) -> None:
@@ -628,9 +631,12 @@ def main() -> int:
     parser.add_argument("--periods", default="10,30", help="seconds between kills, per run")
     parser.add_argument("--kills", type=int, default=3, help="kills per period's run")
     parser.add_argument("--fault-free-s", type=float, default=20.0)
-    parser.add_argument("--systems", default="meshvisor,torchft,plain")
+    parser.add_argument("--systems", default="meshvisor,spares,torchft,plain")
     parser.add_argument("--plain-steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--spares", type=int, default=0, help="also ReplicaGroup(spares=K), as 'meshvisor+K'"
+    )
     parser.add_argument("--quick", action="store_true", help="demo and 100MB, T = 5 s, 10 s")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -643,8 +649,13 @@ def main() -> int:
     for name in args.sizes.split(","):
         size = SIZES[name]
         print(f"{name}: {size.params / 1e6:.2f} M parameters, {size.state_mb:.1f} MB of state")
-        for system, run in (("meshvisor", meshvisor_run), ("torchft", torchft_run)):
-            if system in systems:
+        spares = functools.partial(meshvisor_run, spares=args.spares)
+        for system, run in (
+            ("meshvisor", meshvisor_run),
+            ("spares", spares),
+            ("torchft", torchft_run),
+        ):
+            if system in systems and (system != "spares" or args.spares):
                 try:  # one system's failure leaves the other's numbers
                     runs.append(run(size, args))
                     print(f"  {system}: {runs[-1]}", flush=True)
