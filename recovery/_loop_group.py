@@ -20,10 +20,10 @@ from supervision import SupervisionError, SupervisionEvent
 from transport import get_logger
 
 from ._aborts import AbortNotices
-from ._members import PRELOAD
 from ._loop_protocol import AskQuorum, Envelope, Healed, Reply, parse_request
 from ._loop_rounds import Rounds
 from ._loop_runner import LoopRunner, LoopSpec
+from ._members import PRELOAD
 from ._outcomes import Recovery, ReplicaGroupError, StepOutcome, short
 
 #: How long the controller's loop waits for a request before it looks at everything else.
