@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from supervision import SupervisionError
+from transport import Lent, get_logger
 
 from ._heal_state import (
     Chunk,
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     import torch
 
     from mesh import ActorMesh, Future
+
+_log = get_logger("recovery.heal")
 
 
 @dataclass(frozen=True)
@@ -66,16 +69,27 @@ class HealingReplica(DataPositioned, Protocol):
 
 
 class DonorCache:
-    """The donor's tensor list for the step it serves, built once per heal, not per chunk.
-    Dropped whenever a step begins (`Replica.prepare`), since an abort replaces tensors."""
+    """The donor's tensor list for the step it serves, built once per heal, not per chunk,
+    and the chunks it lent to the transport. Cleared whenever a step begins
+    (`Replica.prepare`): an abort replaces tensors, and a step changes them in place."""
 
     def __init__(self) -> None:
         self._step = -1
         self._tensors: list[tuple[str, torch.Tensor]] = []
         self._skeleton: Any = None
+        self._lent: list[Lent] = []
 
-    def clear(self) -> None:
-        self._step, self._tensors, self._skeleton = -1, [], None
+    def clear(self, timeout_s: float) -> None:
+        """Forget the tensors, once the transport has sent every chunk lent from them: the
+        caller changes them next. A chunk not sent within `timeout_s` goes to a receiver that
+        stopped reading, and whose request is past its deadline (`_Stream`), so its bytes are
+        never used; the wait ends there and the state may change under it."""
+        deadline = time.monotonic() + timeout_s
+        for lent in self._lent:
+            if not lent.wait_released(max(deadline - time.monotonic(), 0.0)):
+                _log.warning("heal_chunks_unsent", after_s=timeout_s)
+                break
+        self._step, self._tensors, self._skeleton, self._lent = -1, [], None, []
 
     def layout(self, replica: HealingReplica, prepared: bool) -> StateLayout:
         """The layout of `replica`'s committed state."""
@@ -88,7 +102,10 @@ class DonorCache:
     ) -> list[Chunk]:
         """The bytes of `pieces` of `replica`'s committed state at `step`."""
         self._refresh(replica, step, prepared)
-        return serve(self._tensors, pieces)
+        chunks = serve(self._tensors, pieces)
+        self._lent = [lent for lent in self._lent if not lent.released]
+        self._lent.extend(chunk.lent for chunk in chunks if chunk.lent is not None)
+        return chunks
 
     def _refresh(self, replica: HealingReplica, step: int, prepared: bool) -> None:
         if prepared:
@@ -150,8 +167,9 @@ def heal(
     lost: set[int] = set()
     layout = _first_layout(donors, lost, timeout_s)
     targets = Targets(layout, replica.model, replica.optimizer)
-    stream = _Stream(donors, plan_chunks(layout.tensors, chunk_bytes), layout.step, lost)
-    stream.run(targets, window, timeout_s)
+    chunks = plan_chunks(layout.tensors, chunk_bytes)
+    stream = _Stream(donors, chunks, layout.step, lost, timeout_s)
+    stream.run(targets, window)
     targets.finish(replica.optimizer)
     restore_position(replica, layout.position)
     replica.committed_step = layout.step
@@ -177,27 +195,39 @@ def _first_layout(donors: Sequence[_Donor], lost: set[int], timeout_s: float) ->
 
 
 class _Stream:
-    """The chunk requests of one heal: who sends what, what is in flight, what is left."""
+    """The chunk requests of one heal: who sends what, what is in flight, what is left.
+
+    A reply counts only if it came within `timeout_s` of its request: a donor waits that long
+    for its lent chunks to be sent before it changes its state (`DonorCache.clear`), so a
+    chunk sent from memory that changed meanwhile arrives too late to be used."""
 
     def __init__(
-        self, donors: Sequence[_Donor], chunks: list[tuple[Piece, ...]], step: int, lost: set[int]
+        self,
+        donors: Sequence[_Donor],
+        chunks: list[tuple[Piece, ...]],
+        step: int,
+        lost: set[int],
+        timeout_s: float,
     ) -> None:
         self.donors = donors
         self.chunks = chunks
         self.step = step
         self.lost = lost
+        self.timeout_s = timeout_s
         self.served = [0] * len(donors)
         self.pending: deque[int] = deque(range(len(chunks)))
-        self.in_flight: deque[tuple[int, int, Future[list[Chunk]]]] = deque()
+        self.in_flight: deque[_Request] = deque()
         self.load = [0] * len(donors)
 
-    def run(self, targets: Targets, window: int, timeout_s: float) -> None:
+    def run(self, targets: Targets, window: int) -> None:
         self._fill(window)
         while self.in_flight:
-            donor, chunk, future = self.in_flight.popleft()
+            donor, chunk, future, deadline = self.in_flight.popleft()
             self.load[donor] -= 1
             try:
-                reply = future.get(timeout=timeout_s)
+                reply = future.get(timeout=max(deadline - time.monotonic(), 0.0))
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"a chunk came more than {self.timeout_s} s after asking")
             except _LOST:
                 self._lose(donor, chunk)
             else:
@@ -222,14 +252,19 @@ class _Stream:
                 if not self.pending:
                     return
                 chunk = self.pending.popleft()
+                deadline = time.monotonic() + self.timeout_s
                 future = self.donors[donor].chunks(self.step, self.chunks[chunk])
-                self.in_flight.append((donor, chunk, future))
+                self.in_flight.append((donor, chunk, future, deadline))
                 self.load[donor] += 1
 
     def _lose(self, donor: int, chunk: int) -> None:
         """`donor` is gone: its chunks in flight go back to the front of the queue."""
         self.lost.add(donor)
-        again = [chunk] + [c for d, c, _ in self.in_flight if d == donor]
+        again = [chunk] + [entry[1] for entry in self.in_flight if entry[0] == donor]
         self.in_flight = deque(entry for entry in self.in_flight if entry[0] != donor)
         self.load[donor] = 0
         self.pending.extendleft(reversed(again))
+
+
+#: One chunk request in flight: donor, chunk, the reply's future, the deadline for the reply.
+_Request = tuple[int, int, "Future[list[Chunk]]", float]

@@ -22,6 +22,8 @@ from ._frames import Payload as Payload
 from ._frames import decode as decode
 from ._frames import encode as encode
 from ._frames import message_type as message_type
+from ._lending import LEND_MIN_BYTES as LEND_MIN_BYTES
+from ._lending import Lent as Lent
 from ._log import get_logger as get_logger
 from ._log import reset_logging as reset_logging
 from ._security import KEYS_ENV as KEYS_ENV
@@ -48,6 +50,7 @@ from ._sockets import tcp_address as tcp_address
 __all__ = (
     "DEFAULT_MAX_MESSAGE_BYTES",
     "KEYS_ENV",
+    "LEND_MIN_BYTES",
     "MAGIC",
     "MAX_HEADER_BYTES",
     "OUT_OF_BAND_MIN_BYTES",
@@ -55,6 +58,7 @@ __all__ = (
     "Envelope",
     "FaultRule",
     "Inbox",
+    "Lent",
     "MalformedMessage",
     "MessageTooLarge",
     "NetworkFaults",

@@ -17,6 +17,7 @@ from typing import Any
 import cloudpickle
 
 from ._errors import SerializationError, safe_str
+from ._lending import unwrap_lent
 
 #: Buffers smaller than this are cheaper to copy into the pickle stream than to send alone.
 OUT_OF_BAND_MIN_BYTES = 2048
@@ -131,8 +132,9 @@ def _is_plain(value: Any, depth: int = _LIFT_DEPTH) -> bool:
     return all(_is_plain(item, depth - 1) for item in value)
 
 
-def dumps(value: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
-    """Serialize `value` into a pickle body and its out-of-band buffers."""
+def dumps(value: Any) -> tuple[bytes, list[Any]]:
+    """Serialize `value` into a pickle body and its out-of-band buffers (a `Lent` value's
+    as a zmq frame, which sockets send without a copy)."""
     if _is_plain(value):
         return pickle.dumps(value, protocol=5), []
     state = _reusable
@@ -140,11 +142,12 @@ def dumps(value: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
         buffers: list[pickle.PickleBuffer] = []
         stream = io.BytesIO()
         _dump(_Pickler(stream, protocol=5, buffer_callback=buffers.append), value)
-        return stream.getvalue(), buffers
+        return stream.getvalue(), unwrap_lent(buffers) if buffers else buffers
     state.busy = True
     try:
         _dump(state.pickler, value)
-        return state.stream.getvalue(), state.buffers[:]
+        buffers = state.buffers
+        return state.stream.getvalue(), unwrap_lent(buffers) if buffers else []
     finally:
         state.stream.seek(0)
         state.stream.truncate()
