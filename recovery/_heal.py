@@ -77,18 +77,18 @@ class DonorCache:
         self._step = -1
         self._tensors: list[tuple[str, torch.Tensor]] = []
         self._skeleton: Any = None
-        self._lent: list[Lent] = []
+        self._lent: list[tuple[Lent, torch.Tensor]] = []
 
-    def clear(self, timeout_s: float) -> None:
-        """Forget the tensors, once the transport has sent every chunk lent from them: the
-        caller changes them next. A chunk not sent within `timeout_s` goes to a receiver that
-        stopped reading, and whose request is past its deadline (`_Stream`), so its bytes are
-        never used; the wait ends there and the state may change under it."""
-        deadline = time.monotonic() + timeout_s
-        for lent in self._lent:
-            if not lent.wait_released(max(deadline - time.monotonic(), 0.0)):
-                _log.warning("heal_chunks_unsent", after_s=timeout_s)
-                break
+    def clear(self) -> None:
+        """Forget the tensors: the caller changes them next. A tensor with chunks the
+        transport has not sent yet (to a receiver that stopped reading, or died) first moves
+        to a copy of its memory, so that the bytes in flight stay those of the committed step;
+        the old memory is freed once the transport drops them. Never waits."""
+        unsent = {id(tensor): tensor for lent, tensor in self._lent if not lent.released}
+        if unsent:
+            _log.warning("heal_chunks_unsent", tensors=len(unsent))
+        for tensor in unsent.values():
+            tensor.data = tensor.data.clone()
         self._step, self._tensors, self._skeleton, self._lent = -1, [], None, []
 
     def layout(self, replica: HealingReplica, prepared: bool) -> StateLayout:
@@ -103,8 +103,10 @@ class DonorCache:
         """The bytes of `pieces` of `replica`'s committed state at `step`."""
         self._refresh(replica, step, prepared)
         chunks = serve(self._tensors, pieces)
-        self._lent = [lent for lent in self._lent if not lent.released]
-        self._lent.extend(chunk.lent for chunk in chunks if chunk.lent is not None)
+        self._lent = [entry for entry in self._lent if not entry[0].released]
+        for (index, _, _), chunk in zip(pieces, chunks):
+            if chunk.lent is not None:
+                self._lent.append((chunk.lent, self._tensors[index][1]))
         return chunks
 
     def _refresh(self, replica: HealingReplica, step: int, prepared: bool) -> None:
@@ -167,9 +169,8 @@ def heal(
     lost: set[int] = set()
     layout = _first_layout(donors, lost, timeout_s)
     targets = Targets(layout, replica.model, replica.optimizer)
-    chunks = plan_chunks(layout.tensors, chunk_bytes)
-    stream = _Stream(donors, chunks, layout.step, lost, timeout_s)
-    stream.run(targets, window)
+    stream = _Stream(donors, plan_chunks(layout.tensors, chunk_bytes), layout.step, lost)
+    stream.run(targets, window, timeout_s)
     targets.finish(replica.optimizer)
     restore_position(replica, layout.position)
     replica.committed_step = layout.step
@@ -195,39 +196,27 @@ def _first_layout(donors: Sequence[_Donor], lost: set[int], timeout_s: float) ->
 
 
 class _Stream:
-    """The chunk requests of one heal: who sends what, what is in flight, what is left.
-
-    A reply counts only if it came within `timeout_s` of its request: a donor waits that long
-    for its lent chunks to be sent before it changes its state (`DonorCache.clear`), so a
-    chunk sent from memory that changed meanwhile arrives too late to be used."""
+    """The chunk requests of one heal: who sends what, what is in flight, what is left."""
 
     def __init__(
-        self,
-        donors: Sequence[_Donor],
-        chunks: list[tuple[Piece, ...]],
-        step: int,
-        lost: set[int],
-        timeout_s: float,
+        self, donors: Sequence[_Donor], chunks: list[tuple[Piece, ...]], step: int, lost: set[int]
     ) -> None:
         self.donors = donors
         self.chunks = chunks
         self.step = step
         self.lost = lost
-        self.timeout_s = timeout_s
         self.served = [0] * len(donors)
         self.pending: deque[int] = deque(range(len(chunks)))
-        self.in_flight: deque[_Request] = deque()
+        self.in_flight: deque[tuple[int, int, Future[list[Chunk]]]] = deque()
         self.load = [0] * len(donors)
 
-    def run(self, targets: Targets, window: int) -> None:
+    def run(self, targets: Targets, window: int, timeout_s: float) -> None:
         self._fill(window)
         while self.in_flight:
-            donor, chunk, future, deadline = self.in_flight.popleft()
+            donor, chunk, future = self.in_flight.popleft()
             self.load[donor] -= 1
             try:
-                reply = future.get(timeout=max(deadline - time.monotonic(), 0.0))
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"a chunk came more than {self.timeout_s} s after asking")
+                reply = future.get(timeout=timeout_s)
             except _LOST:
                 self._lose(donor, chunk)
             else:
@@ -252,19 +241,14 @@ class _Stream:
                 if not self.pending:
                     return
                 chunk = self.pending.popleft()
-                deadline = time.monotonic() + self.timeout_s
                 future = self.donors[donor].chunks(self.step, self.chunks[chunk])
-                self.in_flight.append((donor, chunk, future, deadline))
+                self.in_flight.append((donor, chunk, future))
                 self.load[donor] += 1
 
     def _lose(self, donor: int, chunk: int) -> None:
         """`donor` is gone: its chunks in flight go back to the front of the queue."""
         self.lost.add(donor)
-        again = [chunk] + [entry[1] for entry in self.in_flight if entry[0] == donor]
+        again = [chunk] + [c for d, c, _ in self.in_flight if d == donor]
         self.in_flight = deque(entry for entry in self.in_flight if entry[0] != donor)
         self.load[donor] = 0
         self.pending.extendleft(reversed(again))
-
-
-#: One chunk request in flight: donor, chunk, the reply's future, the deadline for the reply.
-_Request = tuple[int, int, "Future[list[Chunk]]", float]

@@ -64,7 +64,8 @@ def state_tensors(
 ) -> tuple[list[tuple[str, torch.Tensor]], Any]:
     """Every tensor of the model and optimizer state (keyed), and the optimizer's state_dict
     with its tensors replaced by `TensorSlot`s numbered after the model's tensors."""
-    tensors = [(f"model.{name}", value) for name, value in model.state_dict().items()]
+    state = model.state_dict(keep_vars=True)  # the tensors themselves (`DonorCache.clear`)
+    tensors = [(f"model.{name}", value) for name, value in state.items()]
     skeleton = _slots(optimizer.state_dict(), "optimizer", tensors)
     return tensors, skeleton
 

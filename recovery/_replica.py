@@ -146,7 +146,7 @@ class Replica(Actor):
             )
         shard = self.replica_id * self.ranks_per_replica + context().rank.rank
         self._position = capture_position(self)  # the data and RNG a retry must see again
-        self._donor.clear(self.heal_timeout_s)
+        self._donor.clear()
         self.on_phase("forward", step)
         local = local_gradient(self.model, self.loss(self.model, step, shard))
         self.on_phase("allreduce", step)
@@ -200,7 +200,7 @@ class Replica(Actor):
             ranks = mesh.flatten("rank")
             donors.append(endpoints_of(ranks.slice(rank=context().rank.rank % len(ranks))))
         self._backup = self._position = None
-        self._donor.clear(self.heal_timeout_s)
+        self._donor.clear()
         self.last_heal = heal(
             self, donors, self.heal_chunk_bytes, self.heal_window, self.heal_timeout_s
         )

@@ -1,6 +1,6 @@
 """Lent buffers (`transport.Lent`): sent from their owner's memory without a copy, kept alive
-until zmq is done with them, released once written out or dropped with their connection;
-real zmq sockets over ipc, in this process."""
+until zmq is done with them, released once written out or dropped with their connection; and
+a heal donor's use of them. Real zmq sockets over ipc, in this process."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import transport
+from recovery._heal import DonorCache
 from transport import (
     LEND_MIN_BYTES,
     Inbox,
@@ -58,6 +60,7 @@ class Link:
         while (envelope := self.inbox.receive_nowait()) is None:
             assert time.monotonic() < deadline, "no message arrived"
             self.inbox.poll(100)
+        assert envelope.payload is not None
         return envelope.payload.load()
 
 
@@ -164,7 +167,7 @@ def test_a_lent_buffer_is_released_only_once_its_receiver_took_it(link: Link) ->
             deadline = time.monotonic() + 30
             while (envelope := inbox.receive_nowait()) is None and time.monotonic() < deadline:
                 inbox.poll(100)
-            received.append(envelope.payload.load() if envelope else None)
+            received.append(envelope.payload.load() if envelope and envelope.payload else None)
         finally:
             inbox.close()
 
@@ -183,3 +186,43 @@ def test_a_lent_buffer_is_released_only_once_its_receiver_took_it(link: Link) ->
 def test_only_contiguous_buffers_can_be_lent() -> None:
     with pytest.raises(ValueError, match="only a contiguous buffer"):
         Lent(np.arange(100)[::2])
+
+
+def test_a_heal_donor_never_changes_bytes_the_transport_has_not_sent(link: Link) -> None:
+    """A donor lends a chunk to a receiver that does not read (nobody bound yet), then a step
+    begins: `DonorCache.clear` returns at once and the tensor moves to a copy, so the step's
+    changes do not reach the chunk in flight. Sent chunks cost no copy."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(256, 256)
+    replica: Any = SimpleNamespace(
+        model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), committed_step=3
+    )
+    before = model.weight.detach().clone()
+    memory = model.weight.data_ptr()
+    cache = DonorCache()
+    chunks = cache.chunks(replica, 3, [(0, 0, before.nbytes)], prepared=False)
+    link.outbox.send(link.inbox.address, encode(Lending(5), Payload.dump(chunks)))
+    assert bytes(link.receive()[0].view) == before.numpy().tobytes()
+    assert chunks[0].lent is not None and chunks[0].lent.wait_released(30)
+    cache.clear()
+    assert model.weight.data_ptr() == memory, "a sent chunk's tensor was copied"
+    late = f"ipc://{link.folder}/late-receiver"
+    chunks = cache.chunks(replica, 3, [(0, 0, before.nbytes)], prepared=False)
+    link.outbox.send(late, encode(Lending(6), Payload.dump(chunks)))
+    started = time.monotonic()
+    cache.clear()
+    assert time.monotonic() - started < 5, "the donor waited for a receiver that does not read"
+    assert model.weight.data_ptr() != memory and torch.equal(model.weight.detach(), before)
+    with torch.no_grad():
+        model.weight.fill_(7.0)  # the next step changes the state
+    inbox = Inbox(link.context, late)
+    try:
+        deadline = time.monotonic() + 30
+        while (envelope := inbox.receive_nowait()) is None:
+            assert time.monotonic() < deadline, "the lent chunk never arrived"
+            inbox.poll(100)
+        assert envelope.payload is not None
+        assert bytes(envelope.payload.load()[0].view) == before.numpy().tobytes()
+    finally:
+        inbox.close()
+        link.outbox.forget(late)

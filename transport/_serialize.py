@@ -1,7 +1,9 @@
 """Values to bytes and back: cloudpickle bodies with pickle protocol-5 out-of-band buffers.
 
 Large contiguous buffers (bytes, bytearray, memoryview, numpy arrays, CPU torch tensors) are not
-copied into the pickle stream; they travel as separate zero-copy frames.
+copied into the pickle stream; they travel as separate frames. A socket copies such a frame
+once as it sends it (so the sender may change its value right after), except a `Lent` one,
+which goes straight from its owner's memory (see `_lending`).
 """
 
 from __future__ import annotations
