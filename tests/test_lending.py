@@ -10,8 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -22,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import transport
-from recovery._heal import DonorCache
+from recovery import Replica
 from transport import (
     LEND_MIN_BYTES,
     Inbox,
@@ -188,33 +187,45 @@ def test_only_contiguous_buffers_can_be_lent() -> None:
         Lent(np.arange(100)[::2])
 
 
+class WideReplica(Replica):
+    """A replica whose first tensor (a 256x256 weight, 256 KiB) is large enough to be lent."""
+
+    def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(256, 256)
+        return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
 def test_a_heal_donor_never_changes_bytes_the_transport_has_not_sent(link: Link) -> None:
-    """A donor lends a chunk to a receiver that does not read (nobody bound yet), then a step
-    begins: `DonorCache.clear` returns at once and the tensor moves to a copy, so the step's
-    changes do not reach the chunk in flight. Sent chunks cost no copy."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(256, 256)
-    replica: Any = SimpleNamespace(
-        model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), committed_step=3
-    )
-    before = model.weight.detach().clone()
-    memory = model.weight.data_ptr()
-    cache = DonorCache()
-    chunks = cache.chunks(replica, 3, [(0, 0, before.nbytes)], prepared=False)
-    link.outbox.send(link.inbox.address, encode(Lending(5), Payload.dump(chunks)))
+    """A donor serves a chunk (`heal_chunks`) to a receiver that does not read (nobody bound
+    yet), then its state is about to change (here a heal of its own, which it refuses for want
+    of peers): that returns at once and the weight moves to a copy, so the changes that follow
+    do not reach the chunk in flight. A chunk already sent costs no copy."""
+    replica = WideReplica()
+    replica.committed_step = 3
+    weight = cast(torch.nn.Linear, replica.model).weight
+    before = weight.detach().clone()
+    memory = weight.data_ptr()
+
+    def serve() -> Payload:
+        return Payload.dump(Replica.heal_chunks.function(replica, 3, [(0, 0, before.nbytes)]))
+
+    def step_begins() -> None:
+        with pytest.raises(ValueError, match="at least one live peer"):
+            Replica.heal_from.function(replica, [])
+
+    link.outbox.send(link.inbox.address, encode(Lending(5), serve()))
     assert bytes(link.receive()[0].view) == before.numpy().tobytes()
-    assert chunks[0].lent is not None and chunks[0].lent.wait_released(30)
-    cache.clear()
-    assert model.weight.data_ptr() == memory, "a sent chunk's tensor was copied"
+    step_begins()
+    assert weight.data_ptr() == memory, "a sent chunk's tensor was copied"
     late = f"ipc://{link.folder}/late-receiver"
-    chunks = cache.chunks(replica, 3, [(0, 0, before.nbytes)], prepared=False)
-    link.outbox.send(late, encode(Lending(6), Payload.dump(chunks)))
+    link.outbox.send(late, encode(Lending(6), serve()))
     started = time.monotonic()
-    cache.clear()
+    step_begins()
     assert time.monotonic() - started < 5, "the donor waited for a receiver that does not read"
-    assert model.weight.data_ptr() != memory and torch.equal(model.weight.detach(), before)
+    assert weight.data_ptr() != memory and torch.equal(weight.detach(), before)
     with torch.no_grad():
-        model.weight.fill_(7.0)  # the next step changes the state
+        weight.fill_(7.0)  # the state changes
     inbox = Inbox(link.context, late)
     try:
         deadline = time.monotonic() + 30
