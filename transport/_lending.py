@@ -32,8 +32,11 @@ class Lent:
 
     def __init__(self, buffer: Any) -> None:
         view = memoryview(buffer)
-        if not view.contiguous:
-            raise ValueError("only a contiguous buffer can be lent to the transport")
+        if not view.c_contiguous:
+            raise ValueError(
+                "only a C-contiguous buffer can be lent to the transport: make it contiguous "
+                "first (a copy), or send it as a plain value"
+            )
         self.view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
         self._trackers: list[zmq.MessageTracker] = []
 
