@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from mesh import ActorMesh, Future
 
 _log = get_logger("recovery.heal")
+#: How long a donor waits for the transport to report its sent chunks released.
+_RELEASE_GRACE_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -83,8 +85,14 @@ class DonorCache:
         """Forget the tensors: the caller changes them next. A tensor with chunks the
         transport has not sent yet (to a receiver that stopped reading, or died) first moves
         to a copy of its memory, so that the bytes in flight stay those of the committed step;
-        the old memory is freed once the transport drops them. Never waits."""
-        unsent = {id(tensor): tensor for lent, tensor in self._lent if not lent.released}
+        the old memory is freed once the transport drops them. Waits a moment at most: zmq
+        reports a sent chunk released through a thread of pyzmq's, shortly after."""
+        deadline = time.monotonic() + _RELEASE_GRACE_S
+        unsent = {
+            id(tensor): tensor
+            for lent, tensor in self._lent
+            if not lent.wait_released(max(deadline - time.monotonic(), 0.0))
+        }
         if unsent:
             _log.warning("heal_chunks_unsent", tensors=len(unsent))
         for tensor in unsent.values():

@@ -208,8 +208,11 @@ def test_a_heal_donor_never_changes_bytes_the_transport_has_not_sent(link: Link)
     before = weight.detach().clone()
     memory = weight.data_ptr()
 
+    served: list[Any] = []
+
     def serve() -> Payload:
-        return Payload.dump(Replica.heal_chunks.function(replica, 3, [(0, 0, before.nbytes)]))
+        served[:] = Replica.heal_chunks.function(replica, 3, [(0, 0, before.nbytes)])
+        return Payload.dump(served)
 
     def step_begins() -> None:
         with pytest.raises(ValueError, match="at least one live peer"):
@@ -217,6 +220,7 @@ def test_a_heal_donor_never_changes_bytes_the_transport_has_not_sent(link: Link)
 
     link.outbox.send(link.inbox.address, encode(Lending(5), serve()))
     assert bytes(link.receive()[0].view) == before.numpy().tobytes()
+    assert served[0].lent.wait_released(30)
     step_begins()
     assert weight.data_ptr() == memory, "a sent chunk's tensor was copied"
     late = f"ipc://{link.folder}/late-receiver"
