@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from supervision import SupervisionError
+from transport import Lent, get_logger
 
 from ._heal_state import (
     Chunk,
@@ -36,6 +37,10 @@ if TYPE_CHECKING:
     import torch
 
     from mesh import ActorMesh, Future
+
+_log = get_logger("recovery.heal")
+#: How long a donor waits for the transport to report its sent chunks released.
+_RELEASE_GRACE_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -66,16 +71,33 @@ class HealingReplica(DataPositioned, Protocol):
 
 
 class DonorCache:
-    """The donor's tensor list for the step it serves, built once per heal, not per chunk.
-    Dropped whenever a step begins (`Replica.prepare`), since an abort replaces tensors."""
+    """The donor's tensor list for the step it serves, built once per heal, not per chunk,
+    and the chunks it lent to the transport. Cleared whenever a step begins
+    (`Replica.prepare`): an abort replaces tensors, and a step changes them in place."""
 
     def __init__(self) -> None:
         self._step = -1
         self._tensors: list[tuple[str, torch.Tensor]] = []
         self._skeleton: Any = None
+        self._lent: list[tuple[Lent, torch.Tensor]] = []
 
     def clear(self) -> None:
-        self._step, self._tensors, self._skeleton = -1, [], None
+        """Forget the tensors: the caller changes them next. A tensor with chunks the
+        transport has not sent yet (to a receiver that stopped reading, or died) first moves
+        to a copy of its memory, so that the bytes in flight stay those of the committed step;
+        the old memory is freed once the transport drops them. Waits a moment at most: zmq
+        reports a sent chunk released through a thread of pyzmq's, shortly after."""
+        deadline = time.monotonic() + _RELEASE_GRACE_S
+        unsent = {
+            id(tensor): tensor
+            for lent, tensor in self._lent
+            if not lent.wait_released(max(deadline - time.monotonic(), 0.0))
+        }
+        if unsent:
+            _log.warning("heal_chunks_unsent", tensors=len(unsent))
+        for tensor in unsent.values():
+            tensor.data = tensor.data.clone()
+        self._step, self._tensors, self._skeleton, self._lent = -1, [], None, []
 
     def layout(self, replica: HealingReplica, prepared: bool) -> StateLayout:
         """The layout of `replica`'s committed state."""
@@ -88,7 +110,12 @@ class DonorCache:
     ) -> list[Chunk]:
         """The bytes of `pieces` of `replica`'s committed state at `step`."""
         self._refresh(replica, step, prepared)
-        return serve(self._tensors, pieces)
+        chunks = serve(self._tensors, pieces)
+        self._lent = [entry for entry in self._lent if not entry[0].released]
+        for (index, _, _), chunk in zip(pieces, chunks):
+            if chunk.lent is not None:
+                self._lent.append((chunk.lent, self._tensors[index][1]))
+        return chunks
 
     def _refresh(self, replica: HealingReplica, step: int, prepared: bool) -> None:
         if prepared:

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from transport import Lent
+
 from ._position import Position
 
 if TYPE_CHECKING:
@@ -62,7 +64,8 @@ def state_tensors(
 ) -> tuple[list[tuple[str, torch.Tensor]], Any]:
     """Every tensor of the model and optimizer state (keyed), and the optimizer's state_dict
     with its tensors replaced by `TensorSlot`s numbered after the model's tensors."""
-    tensors = [(f"model.{name}", value) for name, value in model.state_dict().items()]
+    state = model.state_dict(keep_vars=True)  # the tensors themselves (`DonorCache.clear`)
+    tensors = [(f"model.{name}", value) for name, value in state.items()]
     skeleton = _slots(optimizer.state_dict(), "optimizer", tensors)
     return tensors, skeleton
 
@@ -113,16 +116,17 @@ def plan_chunks(specs: Sequence[TensorSpec], chunk_bytes: int) -> list[tuple[Pie
 
 
 class Chunk:
-    """Bytes of one piece, pickled as an out-of-band buffer: the sender's transport sends
-    them from the tensor's memory, the receiver reads them from the received frame."""
+    """Bytes of one piece. A donor lends them to the transport (`transport.Lent`: sent from
+    the tensor's memory, no copy); the receiver reads them from the received frame."""
 
-    __slots__ = ("view",)
+    __slots__ = ("lent", "view")
 
-    def __init__(self, view: memoryview) -> None:
+    def __init__(self, view: memoryview, lent: Lent | None = None) -> None:
         self.view = view
+        self.lent = lent
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _rebuild_chunk, (pickle.PickleBuffer(self.view),)
+        return _rebuild_chunk, (self.lent or pickle.PickleBuffer(self.view),)
 
 
 def _rebuild_chunk(buffer: Any) -> Chunk:
@@ -130,14 +134,16 @@ def _rebuild_chunk(buffer: Any) -> Chunk:
 
 
 def serve(tensors: Sequence[tuple[str, torch.Tensor]], pieces: Sequence[Piece]) -> list[Chunk]:
-    """The bytes of `pieces`, without copying those of CPU tensors."""
+    """The bytes of `pieces`, lent from the memory of CPU tensors (copied off other devices):
+    the donor must not change them until every chunk's `lent` is released."""
     chunks = []
     for piece in pieces:
         index, start, stop = _checked(tensors, piece)
         raw = _flat_bytes(tensors[index][1])[start:stop]
         if raw.device.type != "cpu":
             raw = raw.cpu()
-        chunks.append(Chunk(_memory(raw)))
+        view = _memory(raw)
+        chunks.append(Chunk(view, Lent(view)))
     return chunks
 
 

@@ -24,6 +24,8 @@ from ._frames import Payload as Payload
 from ._frames import decode as decode
 from ._frames import encode as encode
 from ._frames import message_type as message_type
+from ._lending import LEND_MIN_BYTES as LEND_MIN_BYTES
+from ._lending import Lent as Lent
 from ._log import get_logger as get_logger
 from ._log import reset_logging as reset_logging
 from ._security import KEYS_ENV as KEYS_ENV
@@ -51,6 +53,7 @@ __all__ = (
     "BATCH_MAGIC",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "KEYS_ENV",
+    "LEND_MIN_BYTES",
     "MAGIC",
     "MAX_BATCH_MESSAGES",
     "MAX_HEADER_BYTES",
@@ -59,6 +62,7 @@ __all__ = (
     "Envelope",
     "FaultRule",
     "Inbox",
+    "Lent",
     "MalformedMessage",
     "MessageTooLarge",
     "NetworkFaults",

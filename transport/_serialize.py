@@ -1,7 +1,9 @@
 """Values to bytes and back: cloudpickle bodies with pickle protocol-5 out-of-band buffers.
 
 Large contiguous buffers (bytes, bytearray, memoryview, numpy arrays, CPU torch tensors) are not
-copied into the pickle stream; they travel as separate zero-copy frames.
+copied into the pickle stream; they travel as separate frames. A socket copies such a frame
+once as it sends it (so the sender may change its value right after), except a `Lent` one,
+which goes straight from its owner's memory (see `_lending`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import cloudpickle
 
 from ._errors import SerializationError, safe_str
+from ._lending import unwrap_lent
 
 #: Buffers smaller than this are cheaper to copy into the pickle stream than to send alone.
 OUT_OF_BAND_MIN_BYTES = 2048
@@ -137,8 +140,9 @@ def _is_plain(value: Any, depth: int = _LIFT_DEPTH) -> bool:
     return True
 
 
-def dumps(value: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
-    """Serialize `value` into a pickle body and its out-of-band buffers."""
+def dumps(value: Any) -> tuple[bytes, list[Any]]:
+    """Serialize `value` into a pickle body and its out-of-band buffers (a `Lent` value's
+    as a zmq frame, which sockets send without a copy)."""
     if _is_plain(value):
         return pickle.dumps(value, protocol=5), []
     state = _reusable
@@ -146,11 +150,12 @@ def dumps(value: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
         buffers: list[pickle.PickleBuffer] = []
         stream = io.BytesIO()
         _dump(_Pickler(stream, protocol=5, buffer_callback=buffers.append), value)
-        return stream.getvalue(), buffers
+        return stream.getvalue(), unwrap_lent(buffers) if buffers else buffers
     state.busy = True
     try:
         _dump(state.pickler, value)
-        return state.stream.getvalue(), state.buffers[:]
+        buffers = state.buffers
+        return state.stream.getvalue(), unwrap_lent(buffers) if buffers else []
     finally:
         state.stream.seek(0)
         state.stream.truncate()

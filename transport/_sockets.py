@@ -343,8 +343,9 @@ def _send_frames(socket: zmq.Socket[Any], address: str, frames: Sequence[Any]) -
     try:
         if len(frames) == 1:
             socket.send(frames[0], zmq.NOBLOCK)  # copying a small frame is cheapest
-        else:  # buffers are copied once here, so later changes by the caller
-            # (an optimizer step on a tensor just sent) cannot alter what was sent
+        else:  # buffers are copied once here, so later changes by the caller (an
+            # optimizer step on a tensor just sent) cannot alter what was sent; zmq frames
+            # (`Lent` buffers) go without a copy, their owner waits until they are released
             socket.send(frames[0], zmq.NOBLOCK | zmq.SNDMORE)
             socket.send_multipart(frames[1:], zmq.NOBLOCK)
     except zmq.Again as exc:  # only with a send high-water mark, which is unset
