@@ -144,10 +144,11 @@ class Clients:
         return client.ready_message
 
     def start_progress_clock(self) -> None:
-        """Measure gaps in the workload's progress from now on."""
+        """Measure gaps in the current client's progress from its first report on (it comes
+        with its first step, possibly before this runs on a busy machine: a stall right after
+        that step counts whole), not from the end of a killed client's."""
         with self._lock:
             self._expected_crash = False
-            self._last_progress = time.monotonic()
 
     def kill(self) -> None:
         """Kill the current client (a fault): its procs are orphans, and must be reaped."""
@@ -161,6 +162,8 @@ class Clients:
         """Start the next client after a killed one, and wait until it is ready."""
         previous = self.require()
         previous.channel.close()  # it was killed: nothing more can come
+        with self._lock:
+            self._last_progress = None  # its successor's startup is no gap in the workload
         self._done_steps = self.steps
         self.wait_ready(self.start(previous.generation + 1))
         self.start_progress_clock()
