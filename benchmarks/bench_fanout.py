@@ -50,7 +50,7 @@ class Echo(Actor):
         return x
 
     @endpoint
-    def size(self, data: bytes) -> int:
+    def length(self, data: bytes) -> int:
         return len(data)
 
 
@@ -154,11 +154,11 @@ def memcpy_ms(data: bytes, copies: int) -> float:
 
 
 def measure_payload(n: int, megabytes: int, rounds: int) -> dict[str, Any]:
-    """A `megabytes` argument to all `n` procs of this host: shared vs direct vs memcpy floor
-    (medians over `rounds`, the three taking turns)."""
+    """A `megabytes` argument to all `n` procs of this host: shared vs direct vs memcpy floor,
+    and the same call with an empty argument (medians over `rounds`, all taking turns)."""
     data = os.urandom(megabytes << 20)
     procs = this_host().spawn_procs(per_host={"gpus": n})
-    times: dict[str, list[float]] = {"shared": [], "direct": [], "memcpy": []}
+    times: dict[str, list[float]] = {"shared": [], "direct": [], "memcpy": [], "empty": []}
     try:
         actors = procs.spawn("sizes", Echo)
         actors.ok.call(0).get(timeout=T)
@@ -167,8 +167,12 @@ def measure_payload(n: int, megabytes: int, rounds: int) -> dict[str, Any]:
                 with fan_out_from(1 if path == "shared" else sys.maxsize):
                     actors.ok.call(0).get(timeout=T)  # the routes settle on this path
                     start = time.perf_counter()
-                    actors.size.call(data).get(timeout=T)
+                    actors.length.call(data).get(timeout=T)
                     times[path].append((time.perf_counter() - start) * 1e3)
+                    if path == "shared":  # the same call with no argument to speak of
+                        start = time.perf_counter()
+                        actors.length.call(b"").get(timeout=T)
+                        times["empty"].append((time.perf_counter() - start) * 1e3)
             times["memcpy"].append(memcpy_ms(data, n))
     finally:
         procs.stop().get(timeout=T)
@@ -182,13 +186,15 @@ def report_payloads(rows: list[dict[str, Any]], as_json: bool) -> None:
         return
     print("a large argument to all N procs of one host, per call (ms)")
     print(
-        f"{'N':>3} {'MB':>3} | {'shared':>8} {'direct':>8} {'memcpy':>8} | vs floor: shared direct"
+        f"{'N':>3} {'MB':>3} | {'shared':>8} {'direct':>8} {'memcpy':>8} {'empty':>8} | "
+        "vs memcpy: shared direct | shared - empty vs memcpy"
     )
     for r in rows:
         floor = r["memcpy"]
         print(
-            f"{r['n']:>3} {r['mb']:>3} | {r['shared']:>8.2f} {r['direct']:>8.2f} {floor:>8.2f} | "
-            f"{r['shared'] / floor:>15.2f}x {r['direct'] / floor:>5.2f}x"
+            f"{r['n']:>3} {r['mb']:>3} | {r['shared']:>8.2f} {r['direct']:>8.2f} {floor:>8.2f} "
+            f"{r['empty']:>8.2f} | {r['shared'] / floor:>17.2f}x {r['direct'] / floor:>5.2f}x | "
+            f"{(r['shared'] - r['empty']) / floor:>24.2f}x"
         )
 
 
