@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from polling import wait_until
 
 import mesh.testing
-from mesh._engine.shared_payload import SHARED_PAYLOAD_MIN_BYTES, mapped_payload, share_payload
 from mesh.testing import fan_out_from, fanned_out, wire
+from mesh.testing import shared_payload_wire as sp
 from supervision import SupervisionError
 from transport import Payload
 
@@ -54,10 +54,10 @@ def test_a_shared_payload_reaches_every_rank_and_outlives_no_receiver(
     @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.integers(-512, 512))
     def reaches_every_rank(offset: int) -> None:
-        size = SHARED_PAYLOAD_MIN_BYTES + offset
+        size = sp.SHARED_PAYLOAD_MIN_BYTES + offset
         tensor = torch.randint(0, 255, (size,), dtype=torch.uint8, generator=generator)
         expected = hashlib.sha256(tensor.numpy().tobytes()).hexdigest()
-        shared = Payload.dump(((tensor,), {})).nbytes >= SHARED_PAYLOAD_MIN_BYTES
+        shared = Payload.dump(((tensor,), {})).nbytes >= sp.SHARED_PAYLOAD_MIN_BYTES
         answers = receivers.digest.call(tensor).get(timeout=T)
         assert list(answers.values()) == [(expected, shared)] * 3, "ranks see no one's writes"
         assert fanned_out(receivers) == [True] * 3
@@ -67,7 +67,7 @@ def test_a_shared_payload_reaches_every_rank_and_outlives_no_receiver(
     reaches_every_rank()
 
     release = tmp_path / "release"
-    tensor = torch.ones(SHARED_PAYLOAD_MIN_BYTES, dtype=torch.uint8)
+    tensor = torch.ones(sp.SHARED_PAYLOAD_MIN_BYTES, dtype=torch.uint8)
     futures = list(receivers.hold.stream(tensor, str(release)))
     wait_until(lambda: _segments_held(agent) == 1, timeout=T, what="the agent sharing it")
     os.kill(pids.item(gpus=2), 9)
@@ -78,7 +78,7 @@ def test_a_shared_payload_reaches_every_rank_and_outlives_no_receiver(
             outcomes.append(future.get(timeout=T))
         except SupervisionError as exc:
             outcomes.append(type(exc))
-    assert sorted(outcomes, key=str) == [SHARED_PAYLOAD_MIN_BYTES] * 2 + [SupervisionError]
+    assert sorted(outcomes, key=str) == [sp.SHARED_PAYLOAD_MIN_BYTES] * 2 + [SupervisionError]
     wait_until(lambda: _segments_held(agent) == 0, timeout=T, what="the segment closed")
     assert set(os.listdir("/dev/shm")) <= shm_before
 
@@ -92,22 +92,22 @@ def test_a_memory_file_maps_back_into_the_payload_written_and_nothing_else(
 ) -> None:
     body, buffers = parts
     call = wire.CallActor(1, None, "actor", "echo", ("gpus",), (2,), 0)
-    fd, shared = share_payload(call, Payload(body, buffers))
+    fd, shared = sp.share_payload(call, Payload(body, buffers))
     try:
-        mapped = mapped_payload(shared)
+        mapped = sp.mapped_payload(shared)
         assert (bytes(mapped.body), [bytes(b) for b in mapped.buffers]) == (body, buffers)
         for buffer in mapped.buffers:  # private copies: writable, and writes stay here
             buffer[:1] = b"x" * min(1, len(buffer))
-        again = mapped_payload(shared)
+        again = sp.mapped_payload(shared)
         assert [bytes(b) for b in again.buffers] == buffers
         with pytest.raises(ValueError, match="wrong token"):
-            mapped_payload(dataclasses.replace(shared, token=bytes(16)))
+            sp.mapped_payload(dataclasses.replace(shared, token=bytes(16)))
         with pytest.raises(ValueError, match="malformed"):
-            mapped_payload(dataclasses.replace(shared, body_bytes=-1))
+            sp.mapped_payload(dataclasses.replace(shared, body_bytes=-1))
     finally:
         os.close(fd)
     with pytest.raises(ValueError, match=r"is gone|not the shared payload"):
-        mapped_payload(shared)  # closed: gone, or its number taken by another file
+        sp.mapped_payload(shared)  # closed: gone, or its number taken by another file
 
 
 @pytest.fixture

@@ -30,11 +30,11 @@ from mesh._engine.messages import ActorFailed, CallActor, SpawnActor, StopActor
 from mesh._engine.proc_faults import die_if_out_of_memory
 from mesh._engine.replying import Replier, clip, format_traceback
 from mesh._engine.response_port import NO_REPLY, with_response_port
-from mesh._engine.shared_payload import SharedCall, mapped_payload
+from mesh._engine.shared_payload import SharedCall, on_shared_call
 from mesh._engine.supervising import ChildFailures
 from mesh._engine.work import Kind, Work, call_work
 from mesh._engine.workers import Workers
-from supervision import ActorError, SupervisionError, SupervisionEvent
+from supervision import SupervisionError, SupervisionEvent
 from transport import Envelope, Payload, get_logger, safe_str
 
 #: How long a message for an actor that is not spawned here (yet) waits for its spawn message.
@@ -69,23 +69,13 @@ class ActorHost:
         """The runtime's table entries for the messages actors take (called on the loop thread)."""
         return {
             CallActor: self._on_call,
-            SharedCall: self._on_shared_call,
+            SharedCall: functools.partial(on_shared_call, self._on_call, self._replier),
             SpawnActor: self._on_spawn,
             StopActor: self._on_stop,
         }
 
     def _on_call(self, envelope: Envelope) -> None:
         self._post(call_work(envelope))
-
-    def _on_shared_call(self, envelope: Envelope) -> None:
-        """A call whose payload the host agent shares with other procs (`shared_payload`)."""
-        try:
-            self._on_call(Envelope(envelope.header.message, mapped_payload(envelope.header)))
-        except ValueError as exc:  # never a crash: the caller (or nobody, if gone) is told
-            message = getattr(envelope.header, "message", None)
-            self._log.warning("shared_payload_unreadable", reason=safe_str(exc))
-            if isinstance(message, CallActor):
-                self._replier.failure(message, "raised", ActorError(safe_str(exc)))
 
     def _on_spawn(self, envelope: Envelope) -> None:
         self._spawned(Work("construct", envelope.header, envelope.payload))

@@ -19,11 +19,14 @@ import mmap
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from mesh._engine.messages import CallActor, invalid_fields
-from transport import Payload, message_type
+from mesh._engine.replying import Replier
+from supervision import ActorError
+from transport import Envelope, Payload, get_logger, message_type, safe_str
 
 #: The smallest payload a host agent shares rather than copies to each proc: below it, making
 #: and mapping a memory file costs more than the copies it saves.
@@ -102,6 +105,22 @@ def mapped_payload(shared: SharedCall) -> Payload:
     if view[:_TOKEN_BYTES] != shared.token:
         raise ValueError(f"{path} is not the shared payload its header names (wrong token)")
     return Payload(*_split(view, shared.body_bytes, shared.buffer_bytes))
+
+
+def on_shared_call(
+    deliver: Callable[[Envelope], None], replier: Replier, envelope: Envelope
+) -> None:
+    """A proc's handler of `SharedCall`: `deliver` the call with its mapped payload, or tell
+    its caller why it cannot run (never a crash: the agent may have sent something stale)."""
+    try:
+        payload = mapped_payload(envelope.header)
+    except ValueError as exc:
+        get_logger("mesh.actor").warning("shared_payload_unreadable", reason=safe_str(exc))
+        message = getattr(envelope.header, "message", None)
+        if isinstance(message, CallActor):
+            replier.failure(message, "raised", ActorError(safe_str(exc)))
+        return
+    deliver(Envelope(envelope.header.message, payload))
 
 
 def _split(view: memoryview, body_bytes: int, buffer_bytes: tuple[int, ...]) -> tuple[Any, Any]:
