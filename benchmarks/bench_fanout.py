@@ -9,9 +9,10 @@ turns, round after round, so that load on the machine falls on both alike. Besid
 the CPU each call costs this client and the other processes (agents and procs, from /proc):
 on a loaded machine wall times wander, CPU per call much less.
 
-Then large arguments (1 and 64 MB) to all N procs of one host: shared (the agent writes it
-once into a memory file the procs map), against sent to each proc directly, beside the floor
-of one memcpy of the argument per proc, timed in this process in the same run.
+Then large arguments (1 and 64 MB, bytes and a tensor) to all N procs of one host: shared
+(the agent writes it once into a memory file the procs map), against sent to each proc
+directly, beside the floor of one memcpy of the argument per proc, timed in this process in
+the same run.
 
     python3 benchmarks/bench_fanout.py [--sizes 1 8 32 64] [--rounds 5] [--json]
         [--payload-procs 8 32] [--payload-mb 1 64]
@@ -50,7 +51,7 @@ class Echo(Actor):
         return x
 
     @endpoint
-    def length(self, data: bytes) -> int:
+    def length(self, data: Any) -> int:
         return len(data)
 
 
@@ -153,10 +154,16 @@ def memcpy_ms(data: bytes, copies: int) -> float:
     return best * 1e3
 
 
-def measure_payload(n: int, megabytes: int, rounds: int) -> dict[str, Any]:
-    """A `megabytes` argument to all `n` procs of this host: shared vs direct vs memcpy floor,
-    and the same call with an empty argument (medians over `rounds`, all taking turns)."""
-    data = os.urandom(megabytes << 20)
+def measure_payload(n: int, megabytes: int, kind: str, rounds: int) -> dict[str, Any]:
+    """A `megabytes` argument (`kind`: bytes, which the procs copy out, or a uint8 tensor,
+    which they do not) to all `n` procs of this host: shared vs direct vs memcpy floor, and
+    the same call with an empty argument (medians over `rounds`, all taking turns)."""
+    raw = os.urandom(megabytes << 20)
+    data: Any = raw
+    if kind == "tensor":
+        import torch
+
+        data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
     procs = this_host().spawn_procs(per_host={"gpus": n})
     times: dict[str, list[float]] = {"shared": [], "direct": [], "memcpy": [], "empty": []}
     try:
@@ -173,10 +180,11 @@ def measure_payload(n: int, megabytes: int, rounds: int) -> dict[str, Any]:
                         start = time.perf_counter()
                         actors.length.call(b"").get(timeout=T)
                         times["empty"].append((time.perf_counter() - start) * 1e3)
-            times["memcpy"].append(memcpy_ms(data, n))
+            times["memcpy"].append(memcpy_ms(raw, n))
     finally:
         procs.stop().get(timeout=T)
-    return {"n": n, "mb": megabytes, **{k: statistics.median(v) for k, v in times.items()}}
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    return {"n": n, "mb": megabytes, "kind": kind, **medians}
 
 
 def report_payloads(rows: list[dict[str, Any]], as_json: bool) -> None:
@@ -185,16 +193,18 @@ def report_payloads(rows: list[dict[str, Any]], as_json: bool) -> None:
             print(json.dumps(row))
         return
     print("a large argument to all N procs of one host, per call (ms)")
+    columns = ("shared", "direct", "memcpy", "empty")
     print(
-        f"{'N':>3} {'MB':>3} | {'shared':>8} {'direct':>8} {'memcpy':>8} {'empty':>8} | "
+        f"{'N':>3} {'MB':>3} {'kind':>6} | " + " ".join(f"{c:>8}" for c in columns) + " | "
         "vs memcpy: shared direct | shared - empty vs memcpy"
     )
     for r in rows:
         floor = r["memcpy"]
+        ratios = (r["shared"] / floor, r["direct"] / floor, (r["shared"] - r["empty"]) / floor)
         print(
-            f"{r['n']:>3} {r['mb']:>3} | {r['shared']:>8.2f} {r['direct']:>8.2f} {floor:>8.2f} "
-            f"{r['empty']:>8.2f} | {r['shared'] / floor:>17.2f}x {r['direct'] / floor:>5.2f}x | "
-            f"{(r['shared'] - r['empty']) / floor:>24.2f}x"
+            f"{r['n']:>3} {r['mb']:>3} {r['kind']:>6} | "
+            + " ".join(f"{r[c]:>8.2f}" for c in columns)
+            + f" | {ratios[0]:>17.2f}x {ratios[1]:>5.2f}x | {ratios[2]:>24.2f}x"
         )
 
 
@@ -271,7 +281,10 @@ def main() -> int:
             hosts = attach(str(alloc))
             rows += [measure(hosts, n, args.rounds) for n in args.sizes if n >= HOSTS]
     payloads = [
-        measure_payload(n, mb, args.rounds) for n in args.payload_procs for mb in args.payload_mb
+        measure_payload(n, mb, kind, args.rounds)
+        for n in args.payload_procs
+        for mb in args.payload_mb
+        for kind in ("bytes", "tensor")
     ]
     mesh.testing.shutdown()
     report(rows, args.json)
