@@ -9,7 +9,13 @@ turns, round after round, so that load on the machine falls on both alike. Besid
 the CPU each call costs this client and the other processes (agents and procs, from /proc):
 on a loaded machine wall times wander, CPU per call much less.
 
+Then large arguments (1 and 64 MB, bytes and a tensor) to all N procs of one host: shared
+(the agent writes it once into a memory file the procs map), against sent to each proc
+directly, beside the floor of one memcpy of the argument per proc, timed in this process in
+the same run.
+
     python3 benchmarks/bench_fanout.py [--sizes 1 8 32 64] [--rounds 5] [--json]
+        [--payload-procs 8 32] [--payload-mb 1 64]
 """
 
 from __future__ import annotations
@@ -43,6 +49,10 @@ class Echo(Actor):
     @endpoint
     def ok(self, x: int) -> int:
         return x
+
+    @endpoint
+    def length(self, data: Any) -> int:
+        return len(data)
 
 
 def descendants_cpu_s() -> float:
@@ -133,6 +143,71 @@ def measure(hosts: HostMesh, n: int, rounds: int) -> dict[str, Any]:
     return row
 
 
+def memcpy_ms(data: bytes, copies: int) -> float:
+    """The floor: `copies` copies of `data` in this process, in ms (best of 3)."""
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(copies):
+            bytearray(data)
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def measure_payload(n: int, megabytes: int, kind: str, rounds: int) -> dict[str, Any]:
+    """A `megabytes` argument (`kind`: bytes, which the procs copy out, or a uint8 tensor,
+    which they do not) to all `n` procs of this host: shared vs direct vs memcpy floor, and
+    the same call with an empty argument (medians over `rounds`, all taking turns)."""
+    raw = os.urandom(megabytes << 20)
+    data: Any = raw
+    if kind == "tensor":
+        import torch
+
+        data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    procs = this_host().spawn_procs(per_host={"gpus": n})
+    times: dict[str, list[float]] = {"shared": [], "direct": [], "memcpy": [], "empty": []}
+    try:
+        actors = procs.spawn("sizes", Echo)
+        actors.ok.call(0).get(timeout=T)
+        for _ in range(rounds):
+            for path in ("shared", "direct"):
+                with fan_out_from(1 if path == "shared" else sys.maxsize):
+                    actors.ok.call(0).get(timeout=T)  # the routes settle on this path
+                    start = time.perf_counter()
+                    actors.length.call(data).get(timeout=T)
+                    times[path].append((time.perf_counter() - start) * 1e3)
+                    if path == "shared":  # the same call with no argument to speak of
+                        start = time.perf_counter()
+                        actors.length.call(b"").get(timeout=T)
+                        times["empty"].append((time.perf_counter() - start) * 1e3)
+            times["memcpy"].append(memcpy_ms(raw, n))
+    finally:
+        procs.stop().get(timeout=T)
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    return {"n": n, "mb": megabytes, "kind": kind, **medians}
+
+
+def report_payloads(rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    print("a large argument to all N procs of one host, per call (ms)")
+    columns = ("shared", "direct", "memcpy", "empty")
+    print(
+        f"{'N':>3} {'MB':>3} {'kind':>6} | " + " ".join(f"{c:>8}" for c in columns) + " | "
+        "vs memcpy: shared direct | shared - empty vs memcpy"
+    )
+    for r in rows:
+        floor = r["memcpy"]
+        ratios = (r["shared"] / floor, r["direct"] / floor, (r["shared"] - r["empty"]) / floor)
+        print(
+            f"{r['n']:>3} {r['mb']:>3} {r['kind']:>6} | "
+            + " ".join(f"{r[c]:>8.2f}" for c in columns)
+            + f" | {ratios[0]:>17.2f}x {ratios[1]:>5.2f}x | {ratios[2]:>24.2f}x"
+        )
+
+
 @contextmanager
 def four_agents() -> Iterator[Path]:
     """HOSTS daemon agents on loopback tcp in one allocation file (yielded); stopped after."""
@@ -192,18 +267,28 @@ def report(rows: list[dict[str, Any]], as_json: bool) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[1, 8, 32, 64])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--payload-procs", type=int, nargs="*", default=[8, 32])
+    parser.add_argument("--payload-mb", type=int, nargs="*", default=[1, 64])
     args = parser.parse_args()
     os.environ.setdefault("MESHVISOR_LOG_LEVEL", "warning")
     mesh.configure(agent_timeout_s=30.0)  # agents busy forking 64 procs on 2 cores are alive
     rows = [measure(this_host(), n, args.rounds) for n in args.sizes]
-    with four_agents() as alloc:
-        hosts = attach(str(alloc))
-        rows += [measure(hosts, n, args.rounds) for n in args.sizes if n >= HOSTS]
+    if any(n >= HOSTS for n in args.sizes):
+        with four_agents() as alloc:
+            hosts = attach(str(alloc))
+            rows += [measure(hosts, n, args.rounds) for n in args.sizes if n >= HOSTS]
+    payloads = [
+        measure_payload(n, mb, kind, args.rounds)
+        for n in args.payload_procs
+        for mb in args.payload_mb
+        for kind in ("bytes", "tensor")
+    ]
     mesh.testing.shutdown()
     report(rows, args.json)
+    report_payloads(payloads, args.json)
     return 0
 
 

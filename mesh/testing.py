@@ -12,9 +12,10 @@ aggregate proc lines without procs (`RankLog`, `LogFileConfig`, `line_level`, `A
 `RankedLine`), and play a raw peer of an agent or a proc with the typed wire messages of `wire`
 (and `detached_wire`, those of detached meshes; `debug_wire`, those of the distributed
 debugger; `workspace_wire`, those of workspace sync, whose paths an agent checks with
-`workspace_path_problem`; `fanout_wire`, those of fanned-out calls). `fan_out_from` sets when
-calls go through host agents, and `fanned_out` tells which path an actor mesh's last messages
-took. Each reads the engine in one place, here.
+`workspace_path_problem`; `fanout_wire`, those of fanned-out calls; `shared_payload_wire`,
+the memory files of shared payloads). `fan_out_from` sets when calls go through host agents,
+and `fanned_out` tells which path an actor mesh's last messages took. Each reads the engine
+in one place, here.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from mesh._engine import detached_messages as detached_wire
 from mesh._engine import fanout_messages as fanout_wire
 from mesh._engine import messages as wire
 from mesh._engine import session as _session
+from mesh._engine import shared_payload as shared_payload_wire
 from mesh._engine import workspace_messages as workspace_wire
 from mesh._engine.callwatch import call_watchdog_suspended as call_watchdog_suspended
 from mesh._engine.fanout import fan_out_from as fan_out_from
@@ -75,6 +77,7 @@ __all__ = (
     "probe",
     "run_dir",
     "settings",
+    "shared_payload_wire",
     "shutdown",
     "stop_controllers",
     "stop_local_agent",

@@ -9,12 +9,14 @@ fails that rank from the proc's exit report, as for a call sent to it directly.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import sys
 from typing import Any
 
 from mesh._agent.procs import ProcRecord, ProcTable
+from mesh._agent.shared_segments import SharedSegments
 from mesh._engine.fanout_messages import MAX_BATCH_ANSWERS, FanOut, pack_answers
 from mesh._engine.messages import CallActor, Failure, InboxClosed, Reply, StopActor
 from transport import (
@@ -60,6 +62,7 @@ class FanOutRelay:
         self._ids = itertools.count(1)
         self._answered: dict[int, _Relayed] = {}  # calls with answers to send
         self._early: dict[str, list[list[Any]]] = {}  # for tcp procs whose port is not known
+        self._shared = SharedSegments(log)  # large payloads: one memory file, not N copies
         limit = transport_settings().max_message_bytes  # a batch must stay within it
         self._batch_bytes = min(MAX_BATCH_BYTES, limit // 2)
         self._alone_bytes = min(MAX_SHARED_BYTES, limit // 4)
@@ -88,13 +91,21 @@ class FanOutRelay:
             reply_to = self._address  # the procs answer here
             relay_id = next(self._ids)
             relayed = self._calls[relay_id] = _Relayed(message.call_id, message.reply_to)
+        shared = self._shared.share(relay_id, message, payload, len(request.targets))
         for proc_id, rank in request.targets:
             proc = self._procs.get(proc_id)
             if proc is None:  # gone: its exit report tells the caller
                 continue
             if message.reply_to is not None:
                 relayed.waiting[rank] = proc_id
-            self._deliver(proc, encode(_for_rank(message, relay_id, reply_to, rank), payload))
+            header = _for_rank(message, relay_id, reply_to, rank)
+            if shared is None or not isinstance(header, CallActor):
+                self._deliver(proc, encode(header, payload))
+                continue
+            self._shared.expect(relay_id, rank, proc_id)
+            self._deliver(proc, encode(dataclasses.replace(shared, message=header)))
+        if shared is not None:
+            self._shared.sent(relay_id)
         if message.reply_to is not None and not relayed.waiting:
             del self._calls[relay_id]
 
@@ -105,6 +116,7 @@ class FanOutRelay:
             self._early.setdefault(proc.proc_id, []).append(frames)
 
     def _answer(self, header: Reply | Failure, payload: Payload | None) -> None:
+        self._shared.answered(header.call_id, header.rank)
         relayed = self._calls.get(header.call_id)
         if relayed is None or relayed.waiting.pop(header.rank, None) is None:
             self._log.warning("answer_ignored", call=header.call_id, rank=header.rank)
@@ -149,6 +161,7 @@ class FanOutRelay:
     def proc_exited(self, proc_id: str) -> None:
         """`proc_id` exited: the calls it was in no longer wait for it."""
         self._early.pop(proc_id, None)
+        self._shared.proc_exited(proc_id)
         for relay_id, relayed in list(self._calls.items()):
             for rank in [r for r, p in relayed.waiting.items() if p == proc_id]:
                 del relayed.waiting[rank]

@@ -30,6 +30,7 @@ from mesh._engine.messages import ActorFailed, CallActor, SpawnActor, StopActor
 from mesh._engine.proc_faults import die_if_out_of_memory
 from mesh._engine.replying import Replier, clip, format_traceback
 from mesh._engine.response_port import NO_REPLY, with_response_port
+from mesh._engine.shared_payload import SharedCall, on_shared_call
 from mesh._engine.supervising import ChildFailures
 from mesh._engine.work import Kind, Work, call_work
 from mesh._engine.workers import Workers
@@ -68,6 +69,7 @@ class ActorHost:
         """The runtime's table entries for the messages actors take (called on the loop thread)."""
         return {
             CallActor: self._on_call,
+            SharedCall: functools.partial(on_shared_call, self._on_call, self._replier),
             SpawnActor: self._on_spawn,
             StopActor: self._on_stop,
         }

@@ -1,0 +1,42 @@
+"""Actors for the shared-payload tests: they report how a large argument reached them."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from mesh import Actor, endpoint
+
+_SEGMENT = "memfd:meshvisor-payload"
+
+
+def _mapped() -> bool:
+    """Whether this proc maps a host agent's shared payload now."""
+    return _SEGMENT in Path("/proc/self/maps").read_text()
+
+
+class Receiver(Actor):
+    """Digests its tensor argument, then overwrites it: a write must stay private to it."""
+
+    @endpoint
+    def digest(self, tensor: Any) -> tuple[str, bool]:
+        """(sha256 of the tensor's bytes, whether it lies in a shared payload now)."""
+        found = hashlib.sha256(tensor.numpy().tobytes()).hexdigest()
+        mapped = _mapped()
+        tensor.fill_(0xFF)  # copy-on-write: the other ranks must not see this
+        return found, mapped
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def hold(self, tensor: Any, until: str) -> int:
+        """Keep the shared payload mapped until the file `until` exists (30 s at most)."""
+        deadline = time.monotonic() + 30
+        while not os.path.exists(until) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return int(tensor.numel())
