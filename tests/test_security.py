@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -440,3 +441,49 @@ def test_an_inbox_refuses_frames_over_the_size_limit_at_the_socket(
         inbox.close()
         os.rmdir(folder)
     assert "message_dropped" not in capsys.readouterr().err  # not even read to be dropped
+
+
+#: Refused handshakes that would fill a watch's monitor queue at libzmq's default limits.
+MONITOR_QUEUE_EVENTS = 2000
+
+
+@pytest.mark.timeout(180)
+def test_a_peer_refusing_us_for_long_never_freezes_the_transport(tmp_path: Path) -> None:
+    """A listener with other CURVE keys refuses an outbox's handshakes over and over (zmq keeps
+    reconnecting). Past two thousand refusals, libzmq's blocking monitor send used to stop the
+    context's I/O thread: no more sends, and closing the outbox waited forever."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    others = transport.CurveKeys.create(tmp_path / "other-keys")
+    context = new_context()
+    server = context.socket(zmq.PULL)
+    monitor = None
+    outbox = transport.Outbox(context)
+    try:
+        server.curve_server = True
+        server.curve_secretkey, server.curve_publickey = others.secret, others.public
+        port = server.bind_to_random_port("tcp://127.0.0.1")
+        monitor = server.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        )
+        outbox.send(f"tcp://127.0.0.1:{port}", [b"refused"])
+        refusals = 0
+        deadline = time.monotonic() + 120
+        while refusals <= MONITOR_QUEUE_EVENTS + 200:
+            assert time.monotonic() < deadline, f"the outbox stopped retrying after {refusals}"
+            if monitor.poll(5000):
+                recv_monitor_message(monitor)
+                refusals += 1
+        closing = threading.Thread(target=outbox.close, daemon=True)
+        closing.start()
+        closing.join(T)
+        assert not closing.is_alive(), "closing the outbox waited forever"
+    finally:
+        if monitor is not None:
+            server.disable_monitor()
+            monitor.close(linger=0)
+        server.close(linger=0)
+        outbox.close(linger_ms=0)
+        transport.close_context(context)

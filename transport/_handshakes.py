@@ -25,7 +25,7 @@ class HandshakeWatch:
 
     def __init__(self, socket: zmq.Socket[Any]) -> None:
         self._socket = socket
-        self._monitor = socket.get_monitor_socket(_HANDSHAKE_FAILURES | _HANDSHAKE_SUCCEEDED)
+        self._monitor = unbounded_monitor(socket, _HANDSHAKE_FAILURES | _HANDSHAKE_SUCCEEDED)
         self._reason: str | None = None
 
     def refusal(self) -> str | None:
@@ -42,7 +42,11 @@ class HandshakeWatch:
                 self._reason = _handshake_failure(event["event"], event["value"])
 
     def close(self) -> None:
+        """Stop watching. The events waiting unread are taken first: libzmq's "monitor
+        stopped" event is a blocking send, which would wait forever on a full queue (a peer
+        that refused us a thousand times), and with it this process's exit."""
         with contextlib.suppress(zmq.ZMQError):
+            self.refusal()
             self._socket.disable_monitor()
         self._monitor.close(linger=0)
 
@@ -52,7 +56,7 @@ class RefusalWatch:
     (a peer without the allocation's CURVE keys). Poll `fileno()`, then call `drain()`."""
 
     def __init__(self, socket: zmq.Socket[Any], address: str) -> None:
-        self._monitor = socket.get_monitor_socket(_HANDSHAKE_FAILURES)
+        self._monitor = unbounded_monitor(socket, _HANDSHAKE_FAILURES)
         self._address = address
         self._log = get_logger("transport.auth")
         self._logged_at = -_REFUSAL_LOG_INTERVAL_S
@@ -83,6 +87,20 @@ class RefusalWatch:
 
     def close(self) -> None:
         self._monitor.close(linger=0)
+
+
+def unbounded_monitor(socket: zmq.Socket[Any], events: int) -> zmq.Socket[Any]:
+    """A socket receiving `socket`'s monitor `events`, with no receive limit. libzmq sends
+    monitor events from the context's I/O thread with a blocking send: with the default limit,
+    a thousand or two unread events (a peer refusing our handshakes for half a minute) would
+    stop that thread, and with it every socket of the process. Watches take their events
+    whenever they are used (each send, each look at a refusal), so the queue stays short."""
+    address = f"inproc://meshvisor-monitor-{id(socket):x}-{socket.FD}"
+    socket.monitor(address, events)
+    monitor: zmq.Socket[Any] = socket.context.socket(zmq.PAIR)
+    monitor.setsockopt(zmq.RCVHWM, 0)
+    monitor.connect(address)
+    return monitor
 
 
 def _handshake_failure(event: int, value: int) -> str:

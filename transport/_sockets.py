@@ -262,6 +262,9 @@ class Outbox:
     def _send_locked(self, address: str, frames: Sequence[Any]) -> None:
         socket = self._sockets.get(address) or self._connect(address)
         _send_frames(socket, address, frames)
+        watch = self._handshakes.get(address)
+        if watch is not None:
+            watch.refusal()  # takes its waiting events, so that they never pile up
 
     def send_once(self, address: str, frames: Sequence[Any], linger_ms: int = 1000) -> None:
         """Send `frames` to a passing peer (a viewer) without keeping a connection to it: a
