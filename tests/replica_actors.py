@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -60,6 +61,28 @@ class DiesWhileBuilt(Trainer):
             return super().build()
         os.kill(os.getpid(), signal.SIGKILL)
         raise AssertionError("unreachable: SIGKILL cannot be caught")
+
+
+class GatedReplacement(Trainer):
+    """The first `initial` replicas build at once; any later one (a replacement) waits in
+    build() until the file `gate` exists (at most a minute), so a test decides when it comes."""
+
+    def __init__(self, marks: str, gate: str, initial: int) -> None:
+        self.marks, self.gate, self.initial = Path(marks), Path(gate), initial
+        super().__init__()
+
+    def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        index = 0
+        while True:
+            try:
+                (self.marks / f"built-{index}").touch(exist_ok=False)
+                break
+            except FileExistsError:
+                index += 1
+        deadline = time.monotonic() + 60.0
+        while index >= self.initial and not self.gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return super().build()
 
 
 class BrokenTrainer(Replica):

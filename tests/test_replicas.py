@@ -129,10 +129,14 @@ def test_below_min_replicas_the_group_waits_for_a_replacement(
     assert_invariants(group)
 
 
-def test_the_wait_for_replacements_is_bounded(groups: list[ReplicaGroup]) -> None:
+def test_the_wait_for_replacements_is_bounded(groups: list[ReplicaGroup], tmp_path: Path) -> None:
+    gate = tmp_path / "let-the-replacement-build"
     group = ReplicaGroup(
         this_host(),
-        ra.Trainer,
+        ra.GatedReplacement,
+        str(tmp_path),
+        str(gate),
+        2,
         replicas=2,
         min_replicas=2,
         wait_for_replicas_s=0.05,
@@ -141,8 +145,9 @@ def test_the_wait_for_replacements_is_bounded(groups: list[ReplicaGroup]) -> Non
     group.step()
     os.kill(pid_of(group, 1), signal.SIGKILL)
     with pytest.raises(ReplicaGroupError, match="2 are needed"):
-        while True:  # the death may be noticed by the step itself, or before it
+        for _ in range(3):  # the death may be noticed by the step itself, or before it
             group.step()
+    gate.touch()
     group.wait_for_replicas_s = 60.0  # the replacement still comes, and training goes on
     train(group, 3)
     assert_invariants(group)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,16 +40,40 @@ class Client:
             env=env,
         )
         self.lines: dict[str, Any] = {}
+        self._pending = b""  # stdout read but not yet split into lines
 
-    def read_until(self, tag: str) -> Any:
-        """Read output lines until one tagged `tag` (bounded by the test's timeout)."""
+    def read_until(self, tag: str, timeout_s: float = 2 * T) -> Any:
+        """Read output lines until one tagged `tag`; after `timeout_s`, the client is killed
+        and the test fails with what it wrote to stderr (its stacks, if it was stuck)."""
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            word, _, rest = line.strip().partition(" ")
-            self.lines[word] = json.loads(rest) if rest else True
-            if word == tag:
-                return self.lines[word]
-        raise AssertionError(f"client ended before {tag}: {self.finish()}")
+        fd = self.process.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            while b"\n" in self._pending:
+                raw, self._pending = self._pending.split(b"\n", 1)
+                word, _, rest = raw.decode().strip().partition(" ")
+                self.lines[word] = json.loads(rest) if rest else True
+                if word == tag:
+                    return self.lines[word]
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                self.process.send_signal(signal.SIGKILL)
+                raise AssertionError(
+                    f"no {tag} from the client in {timeout_s:g} s: {self.stderr_so_far()}"
+                )
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise AssertionError(f"client ended before {tag}: {self.finish()}")
+            self._pending += chunk
+
+    def stderr_so_far(self) -> str:
+        """What the (killed) client wrote to stderr, without waiting on its descendants."""
+        assert self.process.stderr is not None
+        os.set_blocking(self.process.stderr.fileno(), False)
+        try:
+            return self.process.stderr.read() or ""
+        except (OSError, TypeError):
+            return ""
 
     def finish(self, timeout_s: float = T) -> str:
         """Wait for the client to end; what it wrote to stderr."""

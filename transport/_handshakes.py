@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from ._log import get_logger
 
@@ -29,8 +30,6 @@ class HandshakeWatch:
         self._reason: str | None = None
 
     def refusal(self) -> str | None:
-        from zmq.utils.monitor import recv_monitor_message
-
         while True:
             try:
                 event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
@@ -66,8 +65,6 @@ class RefusalWatch:
         return int(self._monitor.getsockopt(zmq.FD))
 
     def drain(self) -> None:
-        from zmq.utils.monitor import recv_monitor_message
-
         while True:
             try:
                 event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
