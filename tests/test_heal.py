@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import heal_actors as ha
@@ -22,14 +22,6 @@ from supervision import ActorError
 pytestmark = pytest.mark.timeout(300)
 
 HB = 1.0
-
-
-@pytest.fixture
-def groups() -> Iterator[list[ReplicaGroup]]:
-    made: list[ReplicaGroup] = []
-    yield made
-    for group in made:
-        group.close()
 
 
 # -- real replica groups ---------------------------------------------------------------------

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,15 +28,6 @@ from recovery import parameter_digest as digest
 pytestmark = pytest.mark.timeout(240)
 
 HB = 1.0  # heartbeat timeout of the replicas' procs
-
-
-@pytest.fixture
-def groups() -> Iterator[list[ReplicaGroup]]:
-    """Groups made by a test; all stopped afterwards."""
-    made: list[ReplicaGroup] = []
-    yield made
-    for group in made:
-        group.close()
 
 
 def pid_of(group: ReplicaGroup, replica: int) -> int:
