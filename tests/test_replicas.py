@@ -210,7 +210,8 @@ def test_torch_alone_is_enough(tmp_path: Path) -> None:
     """Without numpy (hidden from a client and all its processes by a sitecustomize), a
     group trains, heals a killed replica and checks its parameter digests."""
     (tmp_path / "sitecustomize.py").write_text(NUMPY_BLOCKER)
-    path = os.pathsep.join(p for p in [str(tmp_path), os.environ.get("PYTHONPATH")] if p)
+    repo = str(Path(__file__).parent.parent)  # whichever checkout the package is installed from
+    path = os.pathsep.join(p for p in [str(tmp_path), repo, os.environ.get("PYTHONPATH")] if p)
     script = Path(__file__).parent / "scripts" / "replicas_without_numpy.py"
     done = subprocess.run(
         [sys.executable, str(script)],

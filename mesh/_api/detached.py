@@ -8,6 +8,7 @@ nothing restarted; the failures the agents kept meanwhile follow. See docs/detac
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
@@ -257,7 +258,12 @@ def adopt(
         runtime.send_message(agent, ClaimDone(name, runtime.address))
     if in_notebook():  # the procs' lines come here, as they do for meshes spawned here
         record.forward_output = True
-        runtime.output.sync(list(record.peers), forward=True)
+        switched = runtime.output.sync(list(record.peers), forward=True)
+        # Wait for the switch: a line printed by the adopter's first call could otherwise
+        # reach the fork server before it, and go to the old owner. A slow agent only
+        # costs lines, not the adoption.
+        with contextlib.suppress(TimeoutError):
+            switched.get()
     return record, actor_records
 
 
