@@ -4,6 +4,7 @@ by name; a non-persistent one is cancelled when its client exits or is SIGKILLed
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -41,12 +42,15 @@ class Client:
         )
         self.lines: dict[str, Any] = {}
         self._pending = b""  # stdout read but not yet split into lines
+        self._stderr = b""  # stderr read so far
+        self._closed: set[int] = set()  # pipes at their end
 
     def read_until(self, tag: str, timeout_s: float = 2 * T) -> Any:
         """Read output lines until one tagged `tag`; after `timeout_s`, the client is killed
-        and the test fails with what it wrote to stderr (its stacks, if it was stuck)."""
-        assert self.process.stdout is not None
-        fd = self.process.stdout.fileno()
+        and the test fails with what it wrote to stderr (its stacks, if it was stuck).
+        Stderr is read all along: a client whose stderr pipe filled up would hang in a write."""
+        assert self.process.stdout is not None and self.process.stderr is not None
+        out, err = self.process.stdout.fileno(), self.process.stderr.fileno()
         deadline = time.monotonic() + timeout_s
         while True:
             while b"\n" in self._pending:
@@ -56,29 +60,37 @@ class Client:
                 if word == tag:
                     return self.lines[word]
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            watched = [out, err] if err not in self._closed else [out]
+            ready = select.select(watched, [], [], left)[0] if left > 0 else []
+            if not ready:
                 self.process.send_signal(signal.SIGKILL)
                 raise AssertionError(
                     f"no {tag} from the client in {timeout_s:g} s: {self.stderr_so_far()}"
                 )
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                raise AssertionError(f"client ended before {tag}: {self.finish()}")
-            self._pending += chunk
+            if err in ready:
+                chunk = os.read(err, 65536)
+                self._stderr += chunk
+                if not chunk:
+                    self._closed.add(err)
+            if out in ready:
+                chunk = os.read(out, 65536)
+                if not chunk:
+                    raise AssertionError(f"client ended before {tag}: {self.finish()}")
+                self._pending += chunk
 
     def stderr_so_far(self) -> str:
         """What the (killed) client wrote to stderr, without waiting on its descendants."""
         assert self.process.stderr is not None
         os.set_blocking(self.process.stderr.fileno(), False)
-        try:
-            return self.process.stderr.read() or ""
-        except (OSError, TypeError):
-            return ""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(self.process.stderr.fileno(), 65536):
+                self._stderr += chunk
+        return self._stderr.decode(errors="replace")
 
     def finish(self, timeout_s: float = T) -> str:
         """Wait for the client to end; what it wrote to stderr."""
         _, err = self.process.communicate(timeout=timeout_s)
-        return err
+        return self._stderr.decode(errors="replace") + (err or "")
 
     def kill(self) -> None:
         self.process.send_signal(signal.SIGKILL)
