@@ -613,6 +613,9 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print the raw rows as JSON too")
     parser.add_argument("--no-monarch", action="store_true")
     parser.add_argument(
+        "--first-call-only", action="store_true", help="figure 1 only (no node loss, no persistent)"
+    )
+    parser.add_argument(
         "--monarch-peer", choices=("first-call", "node-loss"), help=argparse.SUPPRESS
     )
     parser.add_argument("--monarch-worker", help=argparse.SUPPRESS)
@@ -662,6 +665,8 @@ def main() -> int:
                 if name.startswith("monarch") and not monarch:
                     continue
                 if name == "monarch_as_is" and rep > 0:
+                    continue
+                if args.first_call_only and name in ("first_persistent", "loss", "monarch_loss"):
                     continue
                 try:
                     rows[name].append(measure())
