@@ -517,12 +517,7 @@ def _figure(row: dict[str, Any], key: str) -> float | None:
     return row.get(key)
 
 
-def print_table(rows: dict[str, list[dict[str, Any]]], reps: int) -> None:
-    loss = rows["loss"]
-    m_loss = rows["monarch_loss"]
-    ok = [r for r in rows["monarch_first"] if "error" not in r]
-    _first_call_table(rows, reps)
-    m_ok = [r for r in m_loss if "error" not in r]
+def _node_loss_table(loss: list[dict[str, Any]], m_ok: list[dict[str, Any]]) -> None:
     print(f"\nnode {VICTIM} lost (slurmd, slurmstepd, tasks SIGKILLed): median [min-max], ms")
     print(f"{'figure':44} {'':>22} {'meshvisor':>22} {'Monarch 0.7.0':>22}")
     for label, key in (
@@ -564,6 +559,16 @@ def print_table(rows: dict[str, list[dict[str, Any]]], reps: int) -> None:
             f"   node loss seen {_ratio(_median(m_seen), _median(seen))} sooner than Monarch "
             "(goal >= x10)"
         )
+
+
+def print_table(rows: dict[str, list[dict[str, Any]]], reps: int) -> None:
+    loss = rows["loss"]
+    m_loss = rows["monarch_loss"]
+    ok = [r for r in rows["monarch_first"] if "error" not in r]
+    _first_call_table(rows, reps)
+    m_ok = [r for r in m_loss if "error" not in r]
+    if loss or m_loss:  # not measured with --first-call-only
+        _node_loss_table(loss, m_ok)
     print("\nnotes:")
     print("  1a: slurmctld starts a batch job at its next scheduling pass, once a second: 0-1 s")
     print("      after the submission at random; 1' leaves it out. meshvisor's job (it ends with")
@@ -612,6 +617,9 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print the raw rows as JSON too")
     parser.add_argument("--no-monarch", action="store_true")
+    parser.add_argument(
+        "--first-call-only", action="store_true", help="figure 1 only (no node loss, no persistent)"
+    )
     parser.add_argument(
         "--monarch-peer", choices=("first-call", "node-loss"), help=argparse.SUPPRESS
     )
@@ -662,6 +670,8 @@ def main() -> int:
                 if name.startswith("monarch") and not monarch:
                     continue
                 if name == "monarch_as_is" and rep > 0:
+                    continue
+                if args.first_call_only and name in ("first_persistent", "loss", "monarch_loss"):
                     continue
                 try:
                     rows[name].append(measure())

@@ -20,6 +20,7 @@ import tempfile
 from job._formats import SlurmFormatError, parse_duration
 from job._jobdir import JobDir, JobSpec
 from job._scheduler import SlurmError, node_records, run_slurm
+from mesh._engine.run_dirs import sweep_stale_run_dirs
 
 
 def node_addresses(nodes: list[str], nodelist: str) -> dict[str, str]:
@@ -94,8 +95,6 @@ def time_left(job_id: str) -> float | None:
 def sweep_run_dirs() -> None:
     """Remove this node's meshvisor run directories whose owner died (an agent killed by
     SIGKILL had no time to), where agents make them: XDG_RUNTIME_DIR, the temp directory."""
-    from mesh._engine.session import sweep_stale_run_dirs  # here: the agents never need it
-
     for base in {os.environ.get("XDG_RUNTIME_DIR") or "", tempfile.gettempdir()} - {""}:
         with contextlib.suppress(OSError):
             sweep_stale_run_dirs(base)

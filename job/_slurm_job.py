@@ -35,6 +35,7 @@ from job._sbatch import batch_script, sbatch_arguments
 from job._scheduler import SlurmError, cancel, job_record, submit
 from job._startup import AgentsWait, client_host
 from mesh import attach
+from mesh._engine.session import current_session
 from transport import CurveKeys, transport_settings, use_curve_keys
 
 #: Where progress goes: one line per change (queued, starting, N of M agents up).
@@ -219,10 +220,11 @@ class SlurmJob(JobTrait):
         if self._state is not None and self._still_current(self._state):
             return self._state
         deadline = time.monotonic() + (timeout_s or self.start_timeout_s)
+        use_curve_keys(self._spec.keys)
+        current_session()  # this client's runtime starts while the agents do, not after them
         nodes, addresses, restarts = AgentsWait(
             self._spec.job_id, self.name, self._dir, sum(self.meshes.values()), self._report
         ).until(deadline)
-        use_curve_keys(self._spec.keys)
         listen_host = client_host(addresses.values())
         meshes, node_names = {}, {}
         start = 0

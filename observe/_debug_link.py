@@ -26,7 +26,7 @@ from mesh._engine.debug_messages import (
     ProcList,
 )
 from mesh._engine.messages import invalid_fields
-from mesh._engine.session import write_owner_file
+from mesh._engine.run_dirs import write_owner_file
 from observe._debug_agents import local_agents
 from transport import (
     Envelope,

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from mesh._engine.session import write_owner_file
+from mesh._engine.run_dirs import write_owner_file
 from mesh._engine.view_messages import HostSnapshot, SnapshotQuery
 from observe._targets import Target
 from transport import (

@@ -18,7 +18,7 @@ from mesh._agent.allocations import allocation_keys_dir, read_allocation
 from observe._local_clients import local_clients
 from transport import KEYS_ENV, runtime_base_dir, transport_settings
 
-#: The run directory file that names the client owning it (`mesh._engine.session.OWNER_FILE`).
+#: The run directory file that names the client owning it (`mesh._engine.run_dirs.OWNER_FILE`).
 
 
 class TargetError(Exception):

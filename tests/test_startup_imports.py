@@ -8,6 +8,8 @@ the level is written as before."""
 from __future__ import annotations
 
 import contextlib
+import importlib
+import inspect
 import io
 import json
 import os
@@ -21,6 +23,7 @@ from actors import Echo
 from hypothesis import given
 from hypothesis import strategies as st
 
+import mesh
 import transport
 
 #: What `meshvisor agent` imports before it listens (its fork server forks procs from these).
@@ -56,7 +59,31 @@ def _modules_loaded_by(code: str) -> set[str]:
 def test_an_agent_starts_without_structlog_or_package_metadata() -> None:
     loaded = _modules_loaded_by(AGENT_IMPORTS)
     assert not {"structlog", "rich", "importlib.metadata"} & loaded
-    assert {"mesh._agent.proc_main", "cloudpickle", "zmq"} <= loaded  # what its procs need
+
+
+def test_an_agent_leaves_the_client_api_and_the_procs_runtime_to_its_fork_server() -> None:
+    agent = _modules_loaded_by(AGENT_IMPORTS)
+    procs_only = {"mesh._agent.proc_main", "mesh._engine.runtime", "anyio"}
+    assert not procs_only & agent
+    assert not {m for m in agent if m.startswith("mesh._api")}, "the agent loads the client API"
+    assert {"cloudpickle", "zmq", "mesh._engine.messages"} <= agent  # what it runs on
+    fork_server = _modules_loaded_by(FORK_SERVER_IMPORTS)
+    assert procs_only | {"mesh._api.host_mesh", "anyio._backends._asyncio"} <= fork_server
+
+
+def test_the_public_names_of_mesh_load_at_the_first_use_of_any() -> None:
+    assert not {m for m in _modules_loaded_by("import mesh") if m.startswith("mesh._")}
+    loaded = _modules_loaded_by("from mesh import Actor")
+    assert {"mesh._api.host_mesh", "mesh._api.workspace", "mesh._values"} <= loaded
+
+
+@given(name=st.sampled_from(mesh.__all__))
+def test_each_public_name_of_mesh_is_the_object_of_its_home_module(name: str) -> None:
+    value = getattr(mesh, name)
+    assert value is getattr(importlib.import_module(mesh._HOMES[name]), name)
+    assert name in dir(mesh)
+    if isinstance(value, type) or inspect.isfunction(value):
+        assert value.__module__ == "mesh"  # as users see it in reprs and tracebacks
 
 
 def test_a_forked_proc_imports_nothing_of_the_runtime(make_procs: Callable[..., Any]) -> None:

@@ -1,9 +1,11 @@
 """The host agent daemon's command line: ``meshvisor agent`` and ``python -m mesh._agent``.
 
 It forks its fork server before anything else (so the server stays single-threaded), then runs
-a `HostAgent` until it is shut down (SIGTERM) or its owner is gone. It chooses the CURVE keys of
-a tcp agent, writes the address actually listened on where asked, joins and leaves its
-allocation, and removes its run directory when it is its own.
+a `HostAgent` until it is shut down (SIGTERM) or its owner is gone. The agent imports only what
+it runs on, so that it answers sooner; its fork server imports what procs run on meanwhile
+(`warm_start`). It chooses the CURVE keys of a tcp agent, writes the address actually listened
+on where asked, joins and leaves its allocation, and removes its run directory when it is its
+own.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ import signal
 import sys
 from pathlib import Path
 
-# Imported before the fork server is forked, so procs start with them loaded.
-from mesh._agent import proc_main  # noqa: F401
 from mesh._agent.allocations import add_to_allocation, allocation_keys_dir, remove_from_allocation
 from mesh._agent.forkserver import PRELOAD_ENV, ForkServerClient, start_forkserver
 from mesh._agent.host_agent import HostAgent

@@ -12,7 +12,7 @@ import glob
 import os
 import stat
 
-from mesh._engine.session import sweep_stale_run_dirs, write_owner_file
+from mesh._engine.run_dirs import sweep_stale_run_dirs, write_owner_file
 from transport import private_runtime_dir
 
 

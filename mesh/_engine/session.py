@@ -22,6 +22,7 @@ from mesh._engine import notebook
 from mesh._engine.failfast import FAIL_FAST
 from mesh._engine.fork import check_not_forked, forked_from
 from mesh._engine.messages import ShutdownAgent
+from mesh._engine.run_dirs import sweep_stale_run_dirs, write_owner_file
 from mesh._engine.runtime import Runtime
 from mesh._settings import Settings
 from transport import (
@@ -35,8 +36,6 @@ from transport import (
 _session: Session | None = None
 _session_lock = threading.Lock()
 AGENT_SHUTDOWN_GRACE_S = 5.0
-#: File in a client's run directory naming its pid, so that a later client can tell it is stale.
-OWNER_FILE = "owner.pid"
 
 
 class Session:
@@ -185,34 +184,6 @@ def _session_error(what: str, error: BaseException) -> OSError:
         f"cannot start a meshvisor session: it {what}: {error}; free some space, or point "
         "XDG_RUNTIME_DIR or TMPDIR at a writable directory with a short path",
     )
-
-
-def write_owner_file(rundir: str) -> None:
-    """Name this process as the owner of `rundir`, so a later one can sweep it once we die.
-    Written under another name, then renamed: whoever sees the file sees the whole pid, even if
-    this process is killed while writing it."""
-    path = os.path.join(rundir, OWNER_FILE)
-    partial = f"{path}.{os.getpid()}.partial"
-    with open(partial, "w") as owner:
-        owner.write(str(os.getpid()))
-    os.replace(partial, path)
-
-
-def sweep_stale_run_dirs(base: str) -> None:
-    """Remove run directories of clients and daemon agents that died without cleaning up
-    (killed by SIGKILL with no local agent left to do it)."""
-    for entry in os.scandir(base):
-        if not entry.name.startswith("meshvisor-") or not entry.is_dir(follow_symlinks=False):
-            continue
-        try:
-            with open(os.path.join(entry.path, OWNER_FILE)) as owner:
-                pid = int(owner.read().strip())
-            if entry.stat().st_uid != os.getuid():
-                continue
-        except (OSError, ValueError):
-            continue
-        if not os.path.exists(f"/proc/{pid}"):
-            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def current_runtime() -> Runtime:
