@@ -49,6 +49,7 @@ from mesh._engine.peers import ProcPeer
 from mesh._engine.ports import PortTable
 from mesh._engine.proc_output import OutputSink
 from mesh._engine.procs import ProcLifecycle
+from mesh._engine.receiver import Receiver
 from mesh._engine.relays import Relays
 from mesh._engine.replies import ReplyRoutes
 from mesh._engine.restarts import Restarts
@@ -149,6 +150,14 @@ class Runtime:
 
     def start_in_thread(self) -> None:
         self.loop.start_in_thread()
+
+    def receive_on_workers(self) -> None:
+        """A proc: worker threads read the inbox and run sync calls themselves (`Receiver`);
+        call before `run`."""
+        direct = frozenset(self.host.message_handlers())
+        flush = self.outbox.flush
+        receiver = Receiver(self.inbox, self.host.workers, self.loop, direct, self._dispatch, flush)
+        self.loop.read_with(receiver)
 
     def stop_loop(self) -> None:
         """Ask the event loop to finish (from any thread) and wait for it."""
