@@ -84,6 +84,18 @@ class Receiver:
                 os.close(self._wake_write)
         self._watch_wake.set()
 
+    def step_aside(self) -> None:
+        """The calling thread is about to block: if it holds the inbox (it runs a call it
+        received), another worker thread takes the inbox now, not when the watch would."""
+        me = threading.get_ident()
+        if self._holder != me:
+            return
+        with self._role:
+            if self._holder != me or self._in_pass or self._stopping:
+                return
+            self._holder, self._task_since = None, None
+        self._workers.submit(self._serve)
+
     # -- the receiving thread --------------------------------------------------------------------
 
     def _serve(self) -> None:
