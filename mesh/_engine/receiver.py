@@ -110,9 +110,6 @@ class Receiver:
             task = None
             try:
                 task = self._receive_pass()
-            except Exception:  # a bug: keep receiving, but not in a tight loop
-                self._log.exception("receive_failed")
-                time.sleep(0.1)
             finally:
                 wake_watch = self._end_pass(task is not None)
             if task is not None:
@@ -144,8 +141,14 @@ class Receiver:
     def _receive_pass(self) -> Task | None:
         """Wait for messages, dispatch up to a pass of them; the sync work they asked for
         first, for this thread to run (None if none)."""
-        self._flush()
-        if not self._inbox.poll(None, self._wake_read) or self._stopping:
+        try:
+            self._flush()
+            ready = self._inbox.poll(None, self._wake_read)
+        except Exception:  # a bug, or a closed socket: keep going, but not in a tight loop
+            self._log.exception("receive_failed")
+            time.sleep(0.1)
+            return None
+        if not ready or self._stopping:
             return None
         loop, inbox, direct = self._loop, self._inbox, self._direct
         to_loop: list[Envelope] = []
@@ -159,6 +162,8 @@ class Receiver:
                     to_loop.append(envelope)
                 else:
                     self._dispatch(envelope)
+        except Exception:  # what was received and what it asked for still go on
+            self._log.exception("receive_failed")
         finally:
             task = self._workers.take_held()
             if to_loop:
