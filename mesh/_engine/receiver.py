@@ -59,7 +59,7 @@ class Receiver:
         self._direct = direct  # message types dispatched on the receiver (actors' messages)
         self._dispatch = dispatch
         self._flush = flush  # sends the messages waiting in batches, before waiting
-        self._role = threading.Condition()  # guards everything below
+        self._role = threading.Condition(threading.Lock())  # guards everything below
         self._holder: int | None = None  # the thread that may read the inbox
         self._in_pass = False  # the holder is reading the inbox now
         self._task_since: float | None = None  # when the holder's current task started
@@ -135,7 +135,8 @@ class Receiver:
             self._in_pass = False
             self._passes += 1
             self._task_since = time.monotonic() if has_task else None
-            self._role.notify_all()
+            if self._stopping:
+                self._role.notify_all()
             return has_task and self._watch_parked
 
     def _receive_pass(self) -> Task | None:
