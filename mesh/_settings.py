@@ -36,6 +36,7 @@ ENV_NAMES = {
     "preload": "MESHVISOR_PRELOAD",
     "home": "MESHVISOR_HOME",
     "host_name": "MESHVISOR_HOST_NAME",
+    "fanout_min_recipients": "MESHVISOR_FANOUT_MIN_RECIPIENTS",
 }
 #: The busy timeout when none is set: this long, or the heartbeat timeout where that is longer.
 DEFAULT_BUSY_TIMEOUT_S = 60.0
@@ -44,6 +45,7 @@ _DURATIONS = tuple(name for name in ENV_NAMES if name.endswith("_s"))
 _MAY_BE_ZERO = ("orphan_timeout_s",)
 #: Durations that may be None (busy: derived from the heartbeat timeout; call limit: none).
 _OPTIONAL = ("busy_timeout_s", "call_limit_s")
+_COUNTS = ("fanout_min_recipients",)
 _HEARTBEATS = ("heartbeat_interval_s", "heartbeat_timeout_s", "busy_timeout_s")
 
 
@@ -78,6 +80,10 @@ class Settings:
     #: The name of this host in supervision events (the `host` of events about procs here);
     #: a SLURM job sets its node's name, as several nodes may share one machine.
     host_name: str = field(default_factory=socket.gethostname)
+    #: The fewest recipients of one call on one host for which this process sends the call
+    #: once to that host's agent instead of to each proc (docs/fan-out.md); below it the extra
+    #: hop costs more than the messages it saves (benchmarks/bench_fanout.py measured 32).
+    fanout_min_recipients: int = 32
 
     def __post_init__(self) -> None:
         for name in _DURATIONS:
@@ -94,6 +100,7 @@ class Settings:
             raise TypeError(f"home must be a directory path (str), not {self.home!r}")
         if not isinstance(self.host_name, str) or not self.host_name.strip():
             raise ValueError(f"host_name must be a non-empty name (str), not {self.host_name!r}")
+        _check_count("fanout_min_recipients", self.fanout_min_recipients)
         self.heartbeats(None, None, None)
 
     @classmethod
@@ -167,6 +174,14 @@ def _written(value: float | str | tuple[str, ...]) -> str:
     return value if isinstance(value, str) else repr(value)
 
 
+def _check_count(name: str, value: object) -> None:
+    """Raise unless `value` is a whole number >= 1 (the error names `name`)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a whole number of recipients, not {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, not {value!r}")
+
+
 def seconds(name: str, value: object, *, zero: bool = False) -> float:
     """`value` as a duration: a finite number of seconds > 0 (>= 0 if `zero`), else an error
     naming `name`."""
@@ -182,6 +197,8 @@ def _parse(name: str, variable: str, raw: str) -> object:
     """The value of field `name` written as `raw` in environment variable `variable`."""
     if name == "preload":
         return tuple(module.strip() for module in raw.split(",") if module.strip())
+    if name in _COUNTS:
+        return _parse_count(variable, raw)
     if name not in _DURATIONS:
         return raw
     default = getattr(Settings, name, None) or DEFAULT_BUSY_TIMEOUT_S
@@ -194,6 +211,19 @@ def _parse(name: str, variable: str, raw: str) -> object:
             f"environment variable {variable}={raw!r} must be a finite number of seconds "
             f"{bound} (e.g. {default:g}); fix or unset it"
         ) from None
+
+
+def _parse_count(variable: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(
+            f"environment variable {variable}={raw!r} must be a whole number >= 1 (e.g. 32); "
+            "fix or unset it"
+        )
+    return value
 
 
 _current: Settings | None = None

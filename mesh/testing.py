@@ -21,6 +21,8 @@ in one place, here.
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +46,6 @@ from mesh._engine import session as _session
 from mesh._engine import shared_payload as shared_payload_wire
 from mesh._engine import workspace_messages as workspace_wire
 from mesh._engine.callwatch import call_watchdog_suspended as call_watchdog_suspended
-from mesh._engine.fanout import fan_out_from as fan_out_from
 from mesh._engine.proc_lines import Aggregator as Aggregator
 from mesh._engine.proc_lines import RankedLine as RankedLine
 from mesh._engine.workspace_files import path_problem as workspace_path_problem
@@ -85,6 +86,15 @@ __all__ = (
     "workspace_path_problem",
     "workspace_wire",
 )
+
+
+@contextmanager
+def fan_out_from(recipients: int) -> Iterator[None]:
+    """Inside the block, this process sends a call through a host agent from `recipients`
+    recipients on that host (`sys.maxsize`: never): both paths, in tests and benchmarks. The
+    setting `fanout_min_recipients` for the block (`mesh.configured`)."""
+    with settings(fanout_min_recipients=recipients):
+        yield
 
 
 def fanned_out(actors: _ActorMesh[Any]) -> list[bool]:

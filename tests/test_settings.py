@@ -27,6 +27,7 @@ def test_the_defaults_are_those_the_readme_documents() -> None:
     assert (defaults.orphan_timeout_s, defaults.agent_timeout_s) == (1.0, 2.0)
     assert (defaults.restart_wait_s, defaults.owner_alive_interval_s) == (30.0, 0.5)
     assert defaults.preload == () and defaults.allocations_home == Path.home() / ".meshvisor"
+    assert defaults.fanout_min_recipients == 32
     assert TransportSettings() == TransportSettings(1 << 30, "warning", "console", None)
     assert (
         Settings.from_env({}) == defaults and TransportSettings.from_env({}) == TransportSettings()
@@ -52,6 +53,7 @@ def test_every_variable_is_read() -> None:
         "MESHVISOR_RESTART_WAIT_S": "9",
         "MESHVISOR_PRELOAD": "json, decimal,",
         "MESHVISOR_HOME": "/srv/meshvisor",
+        "MESHVISOR_FANOUT_MIN_RECIPIENTS": "4",
         "MESHVISOR_MAX_MESSAGE_BYTES": "65536",
         "MESHVISOR_LOG_LEVEL": "INFO",
         "MESHVISOR_LOG_FORMAT": "json",
@@ -67,6 +69,7 @@ def test_every_variable_is_read() -> None:
         restart_wait_s=9.0,
         preload=("json", "decimal"),
         home="/srv/meshvisor",
+        fanout_min_recipients=4,
     )
     assert TransportSettings.from_env(environ) == TransportSettings(
         65536, "info", "json", "/srv/keys"
@@ -99,6 +102,13 @@ def test_bad_transport_variables_are_refused_naming_them(
         TransportSettings.from_env({variable: value})
 
 
+@pytest.mark.parametrize("value", ["0", "-3", "many", "2.5"])
+def test_a_bad_fanout_threshold_in_the_environment_is_refused_naming_it(value: str) -> None:
+    error = f"MESHVISOR_FANOUT_MIN_RECIPIENTS={value!r} must be a whole number >= 1"
+    with pytest.raises(ValueError, match=re.escape(error)):
+        Settings.from_env({"MESHVISOR_FANOUT_MIN_RECIPIENTS": value})
+
+
 def test_heartbeat_variables_that_disagree_are_refused_naming_them() -> None:
     with pytest.raises(ValueError, match="MESHVISOR_HEARTBEAT_INTERVAL_S disagree"):
         Settings.from_env({"MESHVISOR_HEARTBEAT_INTERVAL_S": "5"})
@@ -114,6 +124,8 @@ def test_heartbeat_variables_that_disagree_are_refused_naming_them() -> None:
         ({"agent_timeout_s": "2"}, "agent_timeout_s must be a number of seconds"),
         ({"heartbeat_interval_s": 3.0}, "heartbeat_timeout_s (2) must be longer than"),
         ({"preload": "torch"}, "preload must be a tuple of module names"),
+        ({"fanout_min_recipients": 0}, "fanout_min_recipients must be at least 1, not 0"),
+        ({"fanout_min_recipients": 2.0}, "fanout_min_recipients must be a whole number"),
         ({"max_message_bytes": 0}, "max_message_bytes must be a number of bytes > 0"),
         ({"log_level": "loud"}, "log_level must be one of debug"),
         ({"restart_wait": 1.0}, "unknown setting(s) restart_wait: the settings are "),
@@ -203,6 +215,7 @@ def valid_settings(draw: st.DrawFn) -> Settings:
         restart_wait_s=draw(_durations),
         preload=tuple(draw(_modules)),
         home=draw(_paths),
+        fanout_min_recipients=draw(st.integers(1, 1 << 40)),
     )
 
 

@@ -143,11 +143,13 @@ class Inbox:
         """A file descriptor that becomes readable when messages may be waiting (edge-style)."""
         return int(self._socket.getsockopt(zmq.FD))
 
-    def poll(self, timeout_ms: int | None) -> bool:
-        """Wait up to `timeout_ms` (None: forever) for a message; True if one is waiting."""
+    def poll(self, timeout_ms: int | None, wake_fd: int | None = None) -> bool:
+        """Wait up to `timeout_ms` (None: forever) for a message, or for `wake_fd` to become
+        readable; True if a message may be waiting."""
         if self._split:
             return True
-        return bool(zmq.zmq_poll(self._poll_items, -1 if timeout_ms is None else timeout_ms))
+        items = self._poll_items if wake_fd is None else [*self._poll_items, (wake_fd, zmq.POLLIN)]
+        return bool(zmq.zmq_poll(items, -1 if timeout_ms is None else timeout_ms))
 
     def receive_nowait(self) -> Envelope | None:
         """The next valid message, or None when none is waiting. Invalid ones are logged."""

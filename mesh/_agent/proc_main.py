@@ -132,6 +132,7 @@ def run_proc(config: dict[str, Any]) -> int:
     runtime.send_message(config["owner"], ready)
     runtime.send_message(config["agent"], ready)  # a tcp proc's port is news to the agent too
     log.info("proc_started", mesh=config["mesh_name"], rank=config["rank"])
+    runtime.receive_on_workers()  # sync calls run on the thread that receives them
     try:
         runtime.run()
     finally:

@@ -12,20 +12,14 @@ and only then may take the other path. A message can therefore never overtake an
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from mesh._engine.fanout_messages import FanOut
 from mesh._engine.messages import CallActor, StopActor
 from mesh._engine.peers import ProcPeer, Route
+from mesh._settings import current_settings
 from transport import Payload, encode, network_faults
-
-#: The fewest recipients of one call on one host for which the call goes through its agent:
-#: below it, the extra hops cost more than the messages they save, as benchmarks/bench_fanout.py
-#: measured on a 2-core machine shared by the client, the agents and every proc.
-MIN_FANOUT = 32
 
 _RELAYABLE = (CallActor, StopActor)
 _FAULTS = network_faults()
@@ -81,25 +75,15 @@ def fan_out_frames(group: list[tuple[ProcPeer, Any]], payload: Payload | None) -
     return encode(FanOut(group[0][1], targets), payload)
 
 
-@contextmanager
-def fan_out_from(recipients: int) -> Iterator[None]:
-    """Inside the block, this process sends a call through a host agent from `recipients`
-    recipients on that host (`sys.maxsize`: never): both paths, in tests and benchmarks."""
-    global MIN_FANOUT
-    saved, MIN_FANOUT = MIN_FANOUT, recipients
-    try:
-        yield
-    finally:
-        MIN_FANOUT = saved
-
-
 def _hosts_worth_fanning_out(messages: list[tuple[ProcPeer, Any]]) -> set[str]:
-    """The agents with at least MIN_FANOUT ready recipients of these messages. None while
-    this process's sends go through fault rules: chaos rules name the procs' addresses."""
-    if _FAULTS.active or len(messages) < MIN_FANOUT:
+    """The agents with at least `Settings.fanout_min_recipients` ready recipients of these
+    messages. None while this process's sends go through fault rules: chaos rules name the
+    procs' addresses."""
+    least = current_settings().fanout_min_recipients
+    if _FAULTS.active or len(messages) < least:
         return set()
     count: dict[str, int] = {}
     for peer, header in messages:
         if peer.agent is not None and peer.address is not None and type(header) in _RELAYABLE:
             count[peer.agent] = count.get(peer.agent, 0) + 1
-    return {agent for agent, n in count.items() if n >= MIN_FANOUT}
+    return {agent for agent, n in count.items() if n >= least}

@@ -13,6 +13,7 @@ run in tasks on the event loop. Both kinds of call take one path: prepare the fu
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -49,9 +50,10 @@ class ActorHost:
         self._actors: dict[str, HostedActor] = {}
         self.hosted = self._actors  # read-only outside: the live view's census (census.py)
         self._early: dict[str, list[Work[Any]]] = {}  # messages that beat their actor's spawn
+        self._early_lock = threading.Lock()  # messages arrive on the loop or a receiver thread
         self._injected = InjectedFailures()
         self._replier = Replier(services)
-        workers = Workers(f"meshvisor-actors-{services.proc_id}")
+        self.workers = workers = Workers(f"meshvisor-actors-{services.proc_id}")
         sync_runners: dict[Kind, SyncRunner] = {
             "construct": self._construct,
             "call": self._call_sync,
@@ -109,21 +111,32 @@ class ActorHost:
         """A new actor: its constructor runs first, then the messages that waited for it."""
         header, services = work.header, self._services
         actor = HostedActor(header, services.proc_id, services.hostname, services.pid)
-        self._actors[header.actor_id] = actor
-        actor.mailbox.extend(self._early.pop(header.actor_id, ()))
+        with self._early_lock:
+            self._actors[header.actor_id] = actor
+            actor.mailbox.extend(self._early.pop(header.actor_id, ()))
         self._lanes.post(actor, work, first=True)
 
     def _hold_until_spawned(self, work: Work[Any]) -> None:
         """A message for an actor not built here yet: its spawn message comes from another
         sender (the owner), so it may arrive later. Wait for it, but not forever."""
         actor_id = work.header.actor_id
-        waiting = self._early.setdefault(actor_id, [])
-        waiting.append(work)
-        if len(waiting) == 1:
-            self._services.call_later(EARLY_MESSAGE_WAIT_S, self._give_up_waiting, actor_id)
+        with self._early_lock:
+            actor = self._actors.get(actor_id)  # spawned meanwhile, on another thread
+            if actor is None:
+                waiting = self._early.setdefault(actor_id, [])
+                waiting.append(work)
+        if actor is not None:
+            self._post(work)
+        elif len(waiting) == 1:
+            services = self._services
+            services.call_soon(
+                services.call_later, EARLY_MESSAGE_WAIT_S, self._give_up_waiting, actor_id
+            )
 
     def _give_up_waiting(self, actor_id: str) -> None:
-        for work in self._early.pop(actor_id, ()):
+        with self._early_lock:
+            given_up = self._early.pop(actor_id, ())
+        for work in given_up:
             self._reject_unknown(work.header)
 
     def _reject_unknown(self, header: CallActor | StopActor) -> None:

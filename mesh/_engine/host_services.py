@@ -33,6 +33,9 @@ class HostServices(Protocol):
         """Send the frames `transport.encode` made for `header`; `soon`: it may wait a
         moment in a batch (its receiver waits for more from here anyway)."""
 
+    def on_loop_thread(self) -> bool:
+        """Whether this thread is the event loop's."""
+
     def call_soon(self, function: Callable[..., Any], *args: Any) -> None:
         """Run `function(*args)` on the loop thread soon, from any thread."""
 

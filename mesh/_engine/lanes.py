@@ -54,8 +54,10 @@ class Lanes:
                 return
             actor.busy = True
             in_task = actor.runs_in_task(actor.mailbox[0])
-        if in_task:
+        if in_task and self._services.on_loop_thread():
             self._services.start_task(self._drain_async, actor)
+        elif in_task:  # posted by the proc's receiver thread
+            self._resume(actor, in_task=True)
         else:
             self._workers.submit(self._drain_sync, actor)
 

@@ -12,8 +12,9 @@ import contextlib
 import contextvars
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -21,6 +22,15 @@ from mesh._engine.future import Future
 from transport import Envelope, Inbox
 
 _RECEIVE_BATCH = 256
+#: How often a `pump_until` waiting for handed messages looks at its future anyway.
+_PUMP_CHECK_S = 0.05
+
+
+class InboxReader(Protocol):
+    """A reader of the inbox other than the loop (a proc's `Receiver`)."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
 
 
 class EventLoop:
@@ -46,6 +56,16 @@ class EventLoop:
         self._stopping = False
         self.finished = threading.Event()
         self._nested = 0
+        self._reader: InboxReader | None = None  # None: the loop reads the inbox itself
+        self._handed: deque[Envelope] = deque()  # messages the reader handed, not dispatched
+        self._handed_lock = threading.Lock()
+        self._unfinished = 0  # handed messages not yet dispatched to their end
+        self._handed_ready = threading.Event()
+
+    def read_with(self, reader: InboxReader) -> None:
+        """Let `reader` read the inbox instead of the loop (before `run`); it hands the loop
+        the messages the loop must handle (`hand`)."""
+        self._reader = reader
 
     def run(self) -> None:
         """Run the event loop on this thread until `stop` (or `request_stop`)."""
@@ -65,11 +85,19 @@ class EventLoop:
         self._wakeup = anyio.Event()
         async with anyio.create_task_group() as task_group:
             self._task_group = task_group
-            self._loop.add_reader(self._inbox.fileno(), self._on_readable)
+            reader = self._reader
+            if reader is None:
+                self._loop.add_reader(self._inbox.fileno(), self._on_readable)
+            else:
+                reader.start()
             self._started.set()
-            self._on_readable()  # anything that arrived before the reader was installed
+            if reader is None:
+                self._on_readable()  # anything that arrived before the reader was installed
             await self._wakeup.wait()
-            self._loop.remove_reader(self._inbox.fileno())
+            if reader is None:
+                self._loop.remove_reader(self._inbox.fileno())
+            else:
+                reader.stop()
             task_group.cancel_scope.cancel()
 
     def _on_readable(self) -> None:
@@ -89,12 +117,68 @@ class EventLoop:
             self._dispatch(envelope)
         return False
 
+    # -- messages handed by another reader of the inbox ----------------------------------------
+
+    def hand(self, envelopes: list[Envelope]) -> None:
+        """Dispatch these messages on the loop thread, in order, after those handed before
+        (from the reader's thread)."""
+        with self._handed_lock:
+            was_empty = not self._handed
+            self._handed.extend(envelopes)
+            self._unfinished += len(envelopes)
+        self._handed_ready.set()
+        if was_empty:
+            self.call_soon(self._dispatch_handed)  # in the loop's context: tasks start there
+
+    def handing(self) -> bool:
+        """Whether messages handed to the loop are not all dispatched yet."""
+        return self._unfinished > 0
+
+    def _dispatch_handed(self) -> None:
+        if self._nested:
+            return  # a pumping Future.get() further up this thread's stack dispatches them
+        for _ in range(_RECEIVE_BATCH):
+            if not self._dispatch_one_handed():
+                return
+        assert self._loop is not None
+        self._loop.call_soon(self._dispatch_handed)  # let other tasks run, then continue
+
+    def _dispatch_one_handed(self) -> bool:
+        """Dispatch the oldest handed message; False if there was none."""
+        with self._handed_lock:
+            if not self._handed:
+                return False
+            envelope = self._handed.popleft()
+        try:
+            self._dispatch(envelope)
+        finally:
+            with self._handed_lock:
+                self._unfinished -= 1
+        return True
+
+    def _pump_handed(self, future: Future[Any], deadline: float | None) -> None:
+        """`pump_until` while another thread reads the inbox: dispatch what it hands over."""
+        while not future.finished():
+            if self._dispatch_one_handed():
+                continue
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            wait = _PUMP_CHECK_S if remaining is None else min(remaining, _PUMP_CHECK_S)
+            self._handed_ready.wait(wait)
+            self._handed_ready.clear()
+        while self._dispatch_one_handed():
+            pass  # nothing left behind: the scheduled dispatch returned while nested
+
     def pump_until(self, future: Future[Any], timeout: float | None) -> None:
         """Receive and dispatch on this (loop) thread until `future` is done or time is up."""
         self._flush()
         deadline = None if timeout is None else time.monotonic() + timeout
         self._nested += 1
         try:
+            if self._reader is not None:
+                self._pump_handed(future, deadline)
+                return
             while not future.finished():
                 envelope = self._inbox.receive_nowait()
                 if envelope is not None:

@@ -25,6 +25,7 @@ from mesh._engine.future import Future
 from mesh._engine.messages import Failure, InboxClosed, Reply, Wake
 from mesh._engine.ownership import Ownership
 from mesh._engine.peers import ProcPeer
+from mesh._engine.receiver import Receiver
 from transport import Envelope, Inbox, Outbox, Payload, check_fd_headroom
 
 #: How long a thread waits on a future before checking again whether it can pump its inbox.
@@ -62,6 +63,8 @@ class ReplyHost(Protocol):
     def ownership(self) -> Ownership: ...
     @property
     def calls(self) -> ReplySettler: ...
+    @property
+    def receiver(self) -> Receiver | None: ...
 
     def on_loop_thread(self) -> bool: ...
 
@@ -89,6 +92,9 @@ class ReplyInbox:
     def pump_until(self, future: Future[Any], timeout: float | None) -> None:
         """Receive replies until `future` is done or `timeout` passes."""
         self.runtime.outbox.flush()  # what this thread's calls left waiting goes before it waits
+        receiver = self.runtime.receiver
+        if receiver is not None:  # a sync call that blocks: the reply may need the inbox
+            receiver.step_aside()
         deadline = None if timeout is None else time.monotonic() + timeout
         while not future.finished():
             remaining = None if deadline is None else deadline - time.monotonic()

@@ -15,8 +15,6 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import anyio
-
 from mesh._engine.agent_queries import AgentQueries
 from mesh._engine.agents import AgentWatch
 from mesh._engine.calltable import CallTable
@@ -49,6 +47,7 @@ from mesh._engine.peers import ProcPeer
 from mesh._engine.ports import PortTable
 from mesh._engine.proc_output import OutputSink
 from mesh._engine.procs import ProcLifecycle
+from mesh._engine.receiver import Receiver
 from mesh._engine.relays import Relays
 from mesh._engine.replies import ReplyRoutes
 from mesh._engine.restarts import Restarts
@@ -116,6 +115,7 @@ class Runtime:
         self.output = OutputSink(self, self.ownership)
         self.queries = AgentQueries(self)
         self.paused_calls = PausedCalls(self)  # breakpoint() in a proc (installed by proc_main)
+        self.receiver: Receiver | None = None  # a proc's (receive_on_workers)
         self._handlers: dict[type, Callable[[Envelope], None]] = {
             Reply: self.calls.on_reply,
             Failure: self.calls.on_failure,
@@ -150,6 +150,15 @@ class Runtime:
     def start_in_thread(self) -> None:
         self.loop.start_in_thread()
 
+    def receive_on_workers(self) -> None:
+        """A proc: worker threads read the inbox and run sync calls themselves (`Receiver`);
+        call before `run`."""
+        direct = frozenset(self.host.message_handlers())
+        flush = self.outbox.flush
+        receiver = Receiver(self.inbox, self.host.workers, self.loop, direct, self._dispatch, flush)
+        self.loop.read_with(receiver)
+        self.receiver = receiver
+
     def stop_loop(self) -> None:
         """Ask the event loop to finish (from any thread) and wait for it."""
         self.loop.stop()
@@ -164,9 +173,7 @@ class Runtime:
                 )
                 return
             handler(envelope)
-        except anyio.get_cancelled_exc_class():
-            raise
-        except Exception:
+        except Exception:  # not cancellation (a BaseException); also on a receiver thread
             self._log.exception("message_handling_failed", kind=kind.__name__)
 
     def dispatch_elsewhere(self, envelope: Envelope) -> None:

@@ -24,14 +24,31 @@ class Workers:
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
         self._numbers = itertools.count(1)
+        self._held: list[Any] | None = None  # [thread id, its first task or None]
 
     def submit(self, function: Callable[..., object], *args: Any) -> None:
-        """Run `function(*args)` on an idle worker thread, or on a new one if none is idle."""
+        """Run `function(*args)` on an idle worker thread, or on a new one if none is idle
+        (or keep it for this thread to run itself: see `hold_first`)."""
+        held = self._held
+        if held is not None and held[1] is None and held[0] == threading.get_ident():
+            held[1] = (function, args)
+            return
         with self._lock:
             worker = self._idle.pop() if self._idle else None
         if worker is None:
             worker = _Worker(self, f"{self._name}-{next(self._numbers)}")
         worker.start(function, args)
+
+    def hold_first(self) -> None:
+        """Until `take_held`, the first task this thread submits is kept for it to run itself
+        (the receiver: a thread that is awake already costs no wake-up). One thread at a time."""
+        self._held = [threading.get_ident(), None]
+
+    def take_held(self) -> tuple[Callable[..., object], tuple[Any, ...]] | None:
+        """The task kept since `hold_first` (None if none was submitted); submits go to
+        worker threads again."""
+        held, self._held = self._held, None
+        return None if held is None else held[1]
 
     def idle_again(self, worker: _Worker) -> None:
         with self._lock:
@@ -62,8 +79,14 @@ class _Worker:
         """Run the task; its references go with this frame, so that an idle worker keeps
         nothing alive (what only the interpreter's shutdown frees must be free to go then)."""
         assert self._task is not None
-        (function, args), self._task = self._task, None
-        try:
-            function(*args)
-        except BaseException:  # a bug in meshvisor: tasks report their users' errors
-            get_logger("mesh.workers").exception("worker_task_failed")
+        task, self._task = self._task, None
+        run_task(*task)
+
+
+def run_task(function: Callable[..., object], args: tuple[Any, ...]) -> None:
+    """Run a task of the pool on this thread; what escapes it is logged (a bug in meshvisor:
+    tasks report their users' errors)."""
+    try:
+        function(*args)
+    except BaseException:
+        get_logger("mesh.workers").exception("worker_task_failed")

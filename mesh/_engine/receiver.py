@@ -1,0 +1,201 @@
+"""`Receiver`: in a proc, a worker thread reads the inbox and runs the first sync call itself.
+
+The event loop thread used to receive every message and hand each call of a sync endpoint to
+a worker thread: two wake-ups per call (the loop's, then the worker's), which on a busy
+machine cost more than the call. Here one worker thread at a time, the receiver, waits on the
+inbox. It queues the messages for actors (calls, spawns, stops) in their mailboxes itself; the
+first sync work this asks for (an idle actor's call) it runs itself, answering on its own, and
+then receives again; further work goes to other worker threads as before. Every other message
+it hands to the event loop in arrival order (`EventLoop.hand`), and while the loop has not
+finished those, messages for actors go the same way, so nothing overtakes what came before it.
+
+A receiver busy with a call still holds the inbox. The watch thread hands the inbox to another
+worker thread when a call has run for `HAND_OVER_S`, so a long or blocking sync endpoint (a
+`get()` on an actor of this proc, `breakpoint()`, a collective) never stops the proc from
+receiving. The watch sleeps while no call runs on the receiver.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from mesh._engine.workers import Workers, run_task
+from transport import Envelope, Inbox, get_logger
+
+#: How long a call may run on the receiver before another thread takes over the inbox.
+HAND_OVER_S = 0.005
+#: The most messages taken in one pass before the receiver runs what the pass asked for.
+_PASS_MESSAGES = 256
+
+Task = tuple[Callable[..., object], tuple[Any, ...]]
+
+
+class LoopHand(Protocol):
+    """What the receiver needs of the event loop: handing it messages, in order."""
+
+    def hand(self, envelopes: list[Envelope]) -> None: ...
+    def handing(self) -> bool: ...
+
+
+class Receiver:
+    """Reads a proc's inbox on worker threads (see the module's docstring)."""
+
+    def __init__(
+        self,
+        inbox: Inbox,
+        workers: Workers,
+        loop: LoopHand,
+        direct: frozenset[type],
+        dispatch: Callable[[Envelope], None],
+        flush: Callable[[], None],
+    ) -> None:
+        self._inbox = inbox
+        self._workers = workers
+        self._loop = loop
+        self._direct = direct  # message types dispatched on the receiver (actors' messages)
+        self._dispatch = dispatch
+        self._flush = flush  # sends the messages waiting in batches, before waiting
+        self._role = threading.Condition(threading.Lock())  # guards everything below
+        self._holder: int | None = None  # the thread that may read the inbox
+        self._in_pass = False  # the holder is reading the inbox now
+        self._task_since: float | None = None  # when the holder's current task started
+        self._passes = 0
+        self._stopping = False
+        self._watch_parked = True
+        self._watch_wake = threading.Event()
+        self._wake_read, self._wake_write = os.pipe()  # wakes a waiting receiver to stop
+        self._log = get_logger("mesh.receiver")
+
+    def start(self) -> None:
+        threading.Thread(target=self._watch, name="meshvisor-receiver-watch", daemon=True).start()
+        self._workers.submit(self._serve)
+
+    def stop(self) -> None:
+        """No thread reads the inbox once this returns (the inbox may then be closed)."""
+        with self._role:
+            self._stopping = True
+            os.write(self._wake_write, b"x")
+            if self._role.wait_for(lambda: not self._in_pass, timeout=10):
+                os.close(self._wake_read)
+                os.close(self._wake_write)
+        self._watch_wake.set()
+
+    def step_aside(self) -> None:
+        """The calling thread is about to block: if it holds the inbox (it runs a call it
+        received), another worker thread takes the inbox now, not when the watch would."""
+        me = threading.get_ident()
+        if self._holder != me:
+            return
+        with self._role:
+            if self._holder != me or self._in_pass or self._stopping:
+                return
+            self._holder, self._task_since = None, None
+        self._workers.submit(self._serve)
+
+    # -- the receiving thread --------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        """Worker thread: receive, and run what a pass asked for, while this thread holds the
+        inbox (until the watch gives it to another thread, or the proc stops)."""
+        me = threading.get_ident()
+        with self._role:
+            if self._holder is not None or self._stopping:
+                return
+            self._holder = me
+        while self._begin_pass(me):
+            task = None
+            try:
+                task = self._receive_pass()
+            finally:
+                wake_watch = self._end_pass(task is not None)
+            if task is not None:
+                if wake_watch:
+                    self._watch_wake.set()
+                run_task(*task)
+                with self._role:
+                    if self._holder == me:
+                        self._task_since = None
+
+    def _begin_pass(self, me: int) -> bool:
+        with self._role:
+            if self._holder != me or self._stopping:
+                if self._holder == me:
+                    self._holder = None
+                return False
+            self._in_pass = True
+            return True
+
+    def _end_pass(self, has_task: bool) -> bool:
+        """Note that the pass ended (and its task starts); whether the watch must wake."""
+        with self._role:
+            self._in_pass = False
+            self._passes += 1
+            self._task_since = time.monotonic() if has_task else None
+            if self._stopping:
+                self._role.notify_all()
+            return has_task and self._watch_parked
+
+    def _receive_pass(self) -> Task | None:
+        """Wait for messages, dispatch up to a pass of them; the sync work they asked for
+        first, for this thread to run (None if none)."""
+        try:
+            self._flush()
+            ready = self._inbox.poll(None, self._wake_read)
+        except Exception:  # a bug, or a closed socket: keep going, but not in a tight loop
+            self._log.exception("receive_failed")
+            time.sleep(0.1)
+            return None
+        if not ready or self._stopping:
+            return None
+        loop, inbox, direct = self._loop, self._inbox, self._direct
+        to_loop: list[Envelope] = []
+        self._workers.hold_first()
+        try:
+            for _ in range(_PASS_MESSAGES):
+                envelope = inbox.receive_nowait()
+                if envelope is None:
+                    break
+                if to_loop or type(envelope.header) not in direct or loop.handing():
+                    to_loop.append(envelope)
+                else:
+                    self._dispatch(envelope)
+        except Exception:  # what was received and what it asked for still go on
+            self._log.exception("receive_failed")
+        finally:
+            task = self._workers.take_held()
+            if to_loop:
+                loop.hand(to_loop)
+        return task
+
+    # -- the watch ---------------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """Give the inbox to another thread when the receiver's task runs too long."""
+        seen = -1
+        while True:
+            self._watch_wake.wait()
+            time.sleep(HAND_OVER_S)
+            with self._role:
+                if self._stopping:
+                    return
+                since, passes = self._task_since, self._passes
+                overdue = (
+                    since is not None
+                    and passes == seen
+                    and not self._in_pass
+                    and time.monotonic() - since >= HAND_OVER_S
+                )
+                if since is None:
+                    self._watch_parked = True
+                    self._watch_wake.clear()
+                else:
+                    self._watch_parked = False
+                if overdue:
+                    self._holder, self._task_since = None, None
+                seen = passes
+            if overdue:
+                self._workers.submit(self._serve)
