@@ -6,6 +6,7 @@ takes its place (`spares=K`). A training loop of your own gets the same from `Ma
 it and `LoopGroup` to launch it. Built only on the public `mesh` API.
 """
 
+from ._arithmetic import digest as parameter_digest
 from ._exchange import ExchangeAborted as ExchangeAborted
 from ._exchange import average as fixed_order_average
 from ._exchange import bucket_bounds as bucket_bounds
@@ -20,7 +21,6 @@ from ._outcomes import Recovery as Recovery
 from ._outcomes import ReplicaGroupError as ReplicaGroupError
 from ._outcomes import StepOutcome as StepOutcome
 from ._replica import Replica as Replica
-from ._replica import digest as parameter_digest
 from ._replica import replay_training as replay_training
 
 __all__ = (

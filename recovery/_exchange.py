@@ -1,7 +1,8 @@
 """The gradient exchange of a replica group: a reduce-scatter then an all-gather, in fixed order.
 
-The flat gradient is cut into one bucket per group rank (padded to equal sizes). An all-to-all
-sends bucket b of every rank to its owner, rank b, which sums the parts in rank order and
+The flat gradient is cut into one bucket per group rank. An all-to-all (of uneven parts where
+the size does not divide: the gradient itself is sent, not a padded copy) sends bucket b of
+every rank to its owner, rank b, which sums the parts in rank order and
 divides; an all-gather then hands every rank every averaged bucket. Each rank sends and
 receives about twice the gradient's size whatever the number of replicas (an all-gather of
 whole gradients moves N times that; it is still used for small gradients, where latency
@@ -81,15 +82,19 @@ def exchange_average(
         everyone = torch.empty(world * numel, dtype=local.dtype, device=local.device)
         _wait_for(group, group._allgather_base(everyone, local.contiguous()), aborted)
         return average(everyone.view(world, numel).unbind(0))
-    size = -(-numel // world)
-    padded = torch.zeros(size * world, dtype=local.dtype, device=local.device)
-    padded[:numel] = local
-    received = torch.empty_like(padded)  # row r: bucket `rank` of rank r
+    bounds = bucket_bounds(numel, world)
+    start, stop = bounds[group.rank()]
+    mine = stop - start
+    received = torch.empty(world * mine, dtype=local.dtype, device=local.device)
+    sizes = [b - a for a, b in bounds]  # bucket b of the gradient goes to rank b, as a view
     options = dist.AllToAllOptions()  # type: ignore[attr-defined]
-    _wait_for(group, group.alltoall_base(received, padded, [], [], options), aborted)
-    mine = average(received.view(world, size).unbind(0))
-    gathered = torch.empty_like(padded)
-    _wait_for(group, group._allgather_base(gathered, mine), aborted)
+    work = group.alltoall_base(received, local.contiguous(), [mine] * world, sizes, options)
+    _wait_for(group, work, aborted)
+    size = bounds[0][1]  # all-gather needs equal parts: each padded to the first's size
+    averaged = torch.zeros(size, dtype=local.dtype, device=local.device)
+    averaged[:mine] = average(received.view(world, mine).unbind(0))
+    gathered = torch.empty(size * world, dtype=local.dtype, device=local.device)
+    _wait_for(group, group._allgather_base(gathered, averaged), aborted)
     return gathered[:numel]
 
 

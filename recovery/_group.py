@@ -160,17 +160,17 @@ class ReplicaGroup:
             self._abort(members, step, failed)
             reasons = "; ".join(f"replica {i}: {short(e)}" for i, e in sorted(failed.items()))
             return self._outcome(step, False, members, started, reasons)
-        digests = {d for values in prepared.values() for d in values}
-        if len(digests) != 1:
-            self._abort(members, step, {})
-            raise ReplicaGroupError(f"replicas {members} diverged at step {step}: {digests}")
-        committed = self._call_all(members, "commit", step)
+        with_digest = self._standbys.meshes != [] or step % self.replica_class.check_every == 0
+        committed = self._call_all(members, "commit", step, with_digest)
         for index, result in committed.items():  # the step is decided: a late death is a
             if isinstance(result, BaseException):  # failure of that replica, not of the step
                 self._failed(index, f"died while committing: {short(result)}", host_lost(result))
         self.history.append((step, members))
+        digests = {d for v in committed.values() if isinstance(v, list) for d in v}
+        if len(digests) > 1:
+            raise ReplicaGroupError(f"replicas {members} diverged at step {step}: {digests}")
         donors = [self._members[i].actors for i in members if self._members[i].state == "live"]
-        self._standbys.committed(step, digests.pop(), donors)  # spares follow, not waited for
+        self._standbys.committed(step, digests.pop() if digests else None, donors)
         now = time.monotonic()
         for index in members:
             member = self._members[index]

@@ -134,7 +134,7 @@ def test_survivors_do_not_wait_on_a_replica_failing_at_any_point(
         assert len(group.outcomes) < 40, group.outcomes[-5:]
     discarded = {o.step: round(o.seconds, 3) for o in group.outcomes if not o.committed}
     print(f"\nseconds of each discarded step (group timeout {GROUP_TIMEOUT_S:g} s): {discarded}")
-    assert set(discarded) == {1, 4, 7, 10, 13}, group.outcomes
+    assert set(discarded) == {1, 4, 7, 13}, group.outcomes  # step 10 was decided: it commits
     assert max(discarded.values()) < STALL_BOUND_S, discarded
     replayed = replay_training(ra.Trainer, group.history)
     live = {d for entries in group.status().values() for _, d in entries}
