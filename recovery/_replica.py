@@ -21,6 +21,7 @@ A spare follows the group by applying the averaged gradients of committed steps 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -43,9 +44,9 @@ from ._follow import (
     rank_match,
     warm_up_gloo,
 )
-from ._heal import DonorCache, HealReport, endpoints_of, heal
+from ._heal import DonorCache, HealReport, StepStart, endpoints_of, heal
 from ._heal_state import Chunk, Piece, StateLayout
-from ._position import Position, capture_position, restore_position
+from ._position import capture_position, restore_position
 
 if TYPE_CHECKING:
     import torch
@@ -88,8 +89,10 @@ class Replica(Actor):
         self._aborts: AbortWatch | None = None
         self._group: Any = None
         self._quorum = -1
-        self._buffers: list[torch.Tensor] | None = None  # before the step in progress
-        self._position: Position | None = None  # before the step in progress, for abort
+        self._started: StepStart | None = None  # what the step under way changes, for abort
+        self._rank = 0  # of this replica's ranks
+        self._stepping = threading.Lock()  # prepare, commit and abort: one at a time
+        self._changing = threading.Lock()  # a change of the state, against serving a heal
         self._gradient: torch.Tensor | None = None  # reused each step
         self._donor = DonorCache()
         self._update: torch.Tensor | None = None  # the averaged gradient of a prepared step
@@ -144,7 +147,8 @@ class Replica(Actor):
         replica's ranks take the group ranks from `base` on. Gives up as soon as the group's
         controller says that a member failed (`ExchangeAborted`)."""
         self.on_phase("join", step)
-        rank = base + context().rank.rank
+        self._rank = context().rank.rank
+        rank = base + self._rank
         self._group = None  # the old group: its peers may be gone
         self._quorum = -1
         if self._aborts is None:
@@ -155,69 +159,72 @@ class Replica(Actor):
 
     # -- one step -----------------------------------------------------------------------------
 
-    @endpoint
+    @concurrent_endpoint
     def prepare(self, step: int, quorum: int, world: int) -> None:
         """Phase one of `step`: gradient and exchange. The averaged gradient is kept, not yet
         applied: it is the same bits on every participant, so `commit` applies it and `abort`
-        only drops it (no copy of the state is needed to undo the step)."""
-        if quorum != self._quorum or self._group is None:
-            raise RuntimeError(f"replica {self.replica_id} is not in quorum {quorum}")
-        if step != self.committed_step + 1:
-            raise RuntimeError(
-                f"replica {self.replica_id} asked to prepare step {step} after committing "
-                f"{self.committed_step}"
-            )
-        shard = self.replica_id * self.ranks_per_replica + context().rank.rank
-        self._update = None
-        self._position = capture_position(self)  # the data and RNG a retry must see again
-        self._buffers = save_buffers(self.model)  # a forward pass may change them
-        self.on_phase("forward", step)
-        loss = self.loss(self.model, step, shard)
-        self._gradient = local_gradient(self.model, loss, self._gradient)
-        self.on_phase("allreduce", step)
-        assert self._aborts is not None  # set by join
-        self._update = exchange_average(self._group, self._gradient, self._aborts)
+        only drops it (no copy of the state is needed to undo the step). Concurrent, so that
+        this replica serves heals (of the committed state) while it computes."""
+        with self._stepping:
+            if quorum != self._quorum or self._group is None:
+                raise RuntimeError(f"replica {self.replica_id} is not in quorum {quorum}")
+            if step != self.committed_step + 1:
+                raise RuntimeError(
+                    f"replica {self.replica_id} asked to prepare step {step} after committing "
+                    f"{self.committed_step}"
+                )
+            with self._changing:  # the data and RNG a retry must see again, and the buffers
+                self._update = None
+                if next(self.model.buffers(), None) is not None:
+                    self._donor.clear()  # the forward pass may change buffers lent to a heal
+                self._started = StepStart(save_buffers(self.model), capture_position(self))
+            shard = self.replica_id * self.ranks_per_replica + self._rank
+            self.on_phase("forward", step)
+            loss = self.loss(self.model, step, shard)
+            self._gradient = local_gradient(self.model, loss, self._gradient)
+            self.on_phase("allreduce", step)
+            assert self._aborts is not None  # set by join
+            self._update = exchange_average(self._group, self._gradient, self._aborts)
 
     @endpoint
-    def commit(self, step: int, with_digest: bool = False) -> str | None:
+    def commit(self, step: int, with_digest: bool = False, keep_updates: int = 0) -> str | None:
         """Phase two of `step`: apply the averaged gradient. Returns the digest of the new
-        parameters if `with_digest` (the group checks them every few steps, and for spares)."""
-        if self._update is None or step != self.committed_step + 1:
-            raise RuntimeError(f"replica {self.replica_id} has no prepared step {step}")
-        self.on_phase("commit", step)
-        self._donor.clear()  # the state changes now: chunks lent to a heal keep their bytes
-        self.on_phase("apply", step)
-        apply_average(self.model, self.optimizer, self._update)
-        self._buffers = self._position = None
-        self.committed_step = step
-        self._updates.record(step, self._update)
-        self._update = None
-        return digest(self.model) if with_digest else None
+        parameters if `with_digest` (the group checks them every few steps, and for spares).
+        Keeps the updates of the last `keep_updates` steps (for spares and replacements)."""
+        with self._stepping, self._changing:
+            if self._update is None or step != self.committed_step + 1:
+                raise RuntimeError(f"replica {self.replica_id} has no prepared step {step}")
+            self.on_phase("commit", step)
+            self._donor.clear()  # the state changes now: chunks lent to a heal keep their bytes
+            self.on_phase("apply", step)
+            apply_average(self.model, self.optimizer, self._update)
+            self._started = None
+            self.committed_step = step
+            if keep_updates != self._updates.keep:
+                self._updates.resize(keep_updates)
+            self._updates.record(step, self._update)
+            self._update = None
+            return digest(self.model) if with_digest else None
 
     @endpoint
     def abort(self, step: int) -> int:
         """Drop a prepared step (if any): the parameters are still those of the last commit;
         buffers a forward pass changed, the data position and RNG states go back."""
-        self._update = None
-        if self._buffers is not None:
-            restore_buffers(self.model, self._buffers)
-            self._buffers = None
-        if self._position is not None:
-            restore_position(self, self._position)
-            self._position = None
-        return self.committed_step
-
-    @property
-    def _prepared(self) -> bool:
-        """A step is under way: a forward pass may have changed the buffers."""
-        return self._buffers is not None
+        with self._stepping, self._changing:
+            self._update = None
+            if self._started is not None:
+                self._donor.clear()
+                restore_buffers(self.model, self._started.buffers)
+                restore_position(self, self._started.position)
+                self._started = None
+            return self.committed_step
 
     # -- state ----------------------------------------------------------------------------------
 
     @endpoint
     def state(self) -> dict[str, Any]:
         """The committed state, for a replacement to heal from (tensors go out of band)."""
-        if self._prepared:
+        if self._started is not None:
             raise RuntimeError("a step is prepared but not committed: its state is not final")
         return {
             "step": self.committed_step,
@@ -234,23 +241,27 @@ class Replica(Actor):
     def _heal(self, peers: ActorMesh[Replica] | Sequence[ActorMesh[Replica]]) -> HealReport:
         meshes = [peers] if not isinstance(peers, Sequence) else list(peers)
         donors = [endpoints_of(rank_match(mesh, context().rank.rank)) for mesh in meshes]
-        self._buffers = self._position = self._update = None
-        self._donor.clear()
+        with self._changing:
+            self._started = self._update = None
+            self._donor.clear()
         self.last_heal = heal(
             self, donors, self.heal_chunk_bytes, self.heal_window, self.heal_timeout_s
         )
         return self.last_heal
 
-    @endpoint
+    @concurrent_endpoint
     def heal_layout(self) -> StateLayout:
-        """The layout of the committed state, for a replacement healing from this replica."""
-        return self._donor.layout(self, prepared=self._prepared)
+        """The layout of the committed state, for a replacement healing from this replica
+        (while it steps, too: a step changes the state only when it is committed)."""
+        with self._changing:
+            return self._donor.layout(self, False, self._started)
 
-    @endpoint
+    @concurrent_endpoint
     def heal_chunks(self, step: int, pieces: Sequence[Piece]) -> list[Chunk]:
         """Bytes of the committed state of `step` (tensor, start, stop), sent from memory."""
         self.on_phase("heal", step)
-        return self._donor.chunks(self, step, pieces, prepared=self._prepared)
+        with self._changing:
+            return self._donor.chunks(self, step, pieces, False, self._started)
 
     # -- spares -------------------------------------------------------------------------------
 
@@ -292,6 +303,8 @@ class Replica(Actor):
         first = self.committed_step + 1
         if step < first:
             return 0
+        with self._changing:
+            self._donor.clear()
         numel = sum(p.numel() for p in self.model.parameters())
         updates = fetch_updates(ranks, first, step, numel, self.heal_timeout_s)
         for offset, update in enumerate(updates or ()):
