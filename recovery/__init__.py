@@ -11,6 +11,7 @@ from ._exchange import ExchangeAborted as ExchangeAborted
 from ._exchange import average as fixed_order_average
 from ._exchange import bucket_bounds as bucket_bounds
 from ._exchange import exchange_average as exchange_average
+from ._exchange import segment_bounds as segment_bounds
 from ._follow import Takeover as Takeover
 from ._follow import UpdateLog as UpdateLog
 from ._group import ReplicaGroup as ReplicaGroup
@@ -40,4 +41,5 @@ __all__ = (
     "fixed_order_average",
     "parameter_digest",
     "replay_training",
+    "segment_bounds",
 )
