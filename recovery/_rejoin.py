@@ -80,8 +80,8 @@ class Rejoins:
         with member.lock:
             if member.respawn is not None or member.state != "failed":
                 return
-            lost, member.host_lost = member.host_lost, False
-            host = self._spawner.spare_hosts.take() if lost else None
+            host = self._spawner.spare_hosts.take() if member.host_lost else None
+            member.host_lost = False
             member.respawn = member.procs.respawn(on=host)
             # calls to a re-spawning rank wait for it: this one tells when it is up
             member.up = member.actors.configure.call(*self._configure_args(member))
