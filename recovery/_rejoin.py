@@ -1,13 +1,13 @@
 """How a failed member of a `ReplicaGroup` comes back without the others waiting for it.
 
 A ready spare takes its place at once (`_standby`). Otherwise the member is re-spawned in the
-background; once it runs, it heals from the live replicas *while they step* (a replica serves
-the committed state during its own step: the step changes it only when it is committed). A heal
-that a commit overtook fails (its donors refuse chunks of an old step) and starts again. A heal
-that ended at step h, when the group has committed c > h since, is finished by applying the
-averaged gradients of steps h+1..c, which the members keep while a replacement is on its way
-(`KEEP_WHILE_HEALING`); only that catch-up, an optimizer step or two, happens between two
-steps. The member then takes part from the next step on.
+background; as soon as it runs (`Replica.rejoin`), it heals from the live replicas *while they
+step* (a replica serves the committed state during its own step: the step changes it only
+when it is committed). A heal that a commit overtook fails (its donors refuse chunks of an old
+step) and starts again. A heal that ended at step h, when the group has committed c > h since,
+is finished by applying the averaged gradients of steps h+1..c, which the members keep while a
+replacement is on its way (`KEEP_WHILE_HEALING`); only that catch-up, an optimizer step or
+two, happens between two steps. The member then takes part from the next step on.
 """
 
 from __future__ import annotations
@@ -83,8 +83,12 @@ class Rejoins:
             host = self._spawner.spare_hosts.take() if member.host_lost else None
             member.host_lost = False
             member.respawn = member.procs.respawn(on=host)
-            # calls to a re-spawning rank wait for it: this one tells when it is up
-            member.up = member.actors.configure.call(*self._configure_args(member))
+            # calls to a re-spawning rank wait for it: this one starts as soon as it is up
+            donors, args = self._donors(), self._configure_args(member)
+            if donors:  # it heals as soon as it runs, not at the next step boundary
+                member.healing = member.actors.rejoin.call(*args, donors)
+            else:
+                member.up = member.actors.configure.call(*args)
 
     def _take_spare(self, member: Member, committed: int) -> bool:
         donors = self._donors()
@@ -120,7 +124,11 @@ class Rejoins:
             self._log.info("replica_heal_again", replica=member.index, reason=short(error))
             self._heal(member, committed)
             return
-        step = min(report.step for report in healing.get().values())
+        reports = list(healing.get().values())
+        assert member.recovery is not None
+        if member.recovery.respawned_at is None:  # it healed as soon as it ran (`rejoin`)
+            member.recovery.respawned_at = time.monotonic() - max(r.seconds for r in reports)
+        step = min(report.step for report in reports)
         if step == committed or self._catch_up(member, committed):
             self._live(member)
         else:

@@ -127,6 +127,22 @@ class Replica(Actor):
     def configure(self, replica_id: int, ranks_per_replica: int, keep_updates: int = 0) -> None:
         """Take the place of replica `replica_id` (-1: a spare); keep the updates of the last
         `keep_updates` committed steps for spares (0: the group has none)."""
+        self._configure(replica_id, ranks_per_replica, keep_updates)
+
+    @endpoint
+    def rejoin(
+        self,
+        replica_id: int,
+        ranks_per_replica: int,
+        keep_updates: int,
+        peers: Sequence[ActorMesh[Replica]],
+    ) -> HealReport:
+        """A replacement: take the place of replica `replica_id` and heal from `peers` at once,
+        as soon as it runs (they go on stepping meanwhile)."""
+        self._configure(replica_id, ranks_per_replica, keep_updates)
+        return self._heal(list(peers))
+
+    def _configure(self, replica_id: int, ranks_per_replica: int, keep_updates: int) -> None:
         self.replica_id = replica_id
         self.ranks_per_replica = ranks_per_replica
         self._updates.resize(keep_updates)

@@ -88,13 +88,15 @@ class GatedReplacement(Trainer):
 
 class HeldHeals(Trainer):
     """As a donor, sends no chunk of a heal while the file `hold` exists (at most 30 s), so a
-    test decides how long a replacement's heal lasts."""
+    test decides how long a replacement's heal lasts; `hold` + ".asked" says one was asked."""
 
     def __init__(self, hold: str) -> None:
         self.hold = Path(hold)
         super().__init__()
 
     def on_phase(self, phase: str, step: int) -> None:
+        if phase == "heal" and self.hold.exists():
+            self.hold.with_suffix(".asked").touch()  # a replacement runs and asks for its state
         deadline = time.monotonic() + 30.0
         while phase == "heal" and self.hold.exists() and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -33,11 +33,11 @@ def test_survivors_step_while_a_replacement_heals_and_it_joins_later(
             group.step()
         hold.touch()
         os.kill(pid_of(group, 1), signal.SIGKILL)
-        meanwhile = 0  # steps committed while replica 1 was up but not yet healed
+        asked = hold.with_suffix(".asked")  # the replacement runs and asked for its state
+        meanwhile = 0  # steps committed since, while it was not yet healed
         for _ in range(200):
+            up = asked.exists()
             outcome = group.step()
-            recovery = group.recoveries[-1] if group.recoveries else None
-            up = recovery is not None and recovery.respawned_at is not None
             if up and outcome.committed and 1 not in group.live():
                 meanwhile += 1
             if meanwhile >= 3:
