@@ -148,7 +148,7 @@ class Rejoins:
         assert member.recovery is not None
         member.recovery.healed_at = time.monotonic()
         with member.lock:
-            member.state = "live"
+            member.state, member.respawn = "live", None
         self._log.info("replica_healed", replica=member.index)
 
     def _donors(self) -> list[Any]:
