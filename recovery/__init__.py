@@ -6,10 +6,12 @@ takes its place (`spares=K`). A training loop of your own gets the same from `Ma
 it and `LoopGroup` to launch it. Built only on the public `mesh` API.
 """
 
+from ._arithmetic import digest as parameter_digest
 from ._exchange import ExchangeAborted as ExchangeAborted
 from ._exchange import average as fixed_order_average
 from ._exchange import bucket_bounds as bucket_bounds
 from ._exchange import exchange_average as exchange_average
+from ._exchange import segment_bounds as segment_bounds
 from ._follow import Takeover as Takeover
 from ._follow import UpdateLog as UpdateLog
 from ._group import ReplicaGroup as ReplicaGroup
@@ -20,7 +22,6 @@ from ._outcomes import Recovery as Recovery
 from ._outcomes import ReplicaGroupError as ReplicaGroupError
 from ._outcomes import StepOutcome as StepOutcome
 from ._replica import Replica as Replica
-from ._replica import digest as parameter_digest
 from ._replica import replay_training as replay_training
 
 __all__ = (
@@ -40,4 +41,5 @@ __all__ = (
     "fixed_order_average",
     "parameter_digest",
     "replay_training",
+    "segment_bounds",
 )

@@ -1,7 +1,8 @@
 """The gradient exchange of a replica group: a reduce-scatter then an all-gather, in fixed order.
 
-The flat gradient is cut into one bucket per group rank (padded to equal sizes). An all-to-all
-sends bucket b of every rank to its owner, rank b, which sums the parts in rank order and
+The flat gradient is cut into one bucket per group rank. An all-to-all (of uneven parts where
+the size does not divide: the gradient itself is sent, not a padded copy) sends bucket b of
+every rank to its owner, rank b, which sums the parts in rank order and
 divides; an all-gather then hands every rank every averaged bucket. Each rank sends and
 receives about twice the gradient's size whatever the number of replicas (an all-gather of
 whole gradients moves N times that; it is still used for small gradients, where latency
@@ -35,6 +36,11 @@ ABORT_POLL_S = 0.02
 #: Below this many bytes sent per rank, one all-gather of whole gradients costs less than two
 #: collectives (latency, not bandwidth, bounds a step): the bits are the same either way.
 ALLGATHER_BELOW_BYTES = 256 * 1024
+
+#: A large gradient is exchanged in segments of this size, pipelined: gloo moves several
+#: smaller collectives faster than one large one, and the averaging of a segment overlaps the
+#: transfer of the next. Float addition is elementwise, so segments change no bits.
+SEGMENT_BYTES = 4 << 20
 
 #: Process groups with collectives given up, and those collectives: kept until they end, since
 #: dropping a process group waits for its pending work (up to the backend's timeout).
@@ -71,7 +77,6 @@ def exchange_average(
     """The average of every group rank's `local` gradient (bitwise `average` of them in rank
     order), through `group`; raises `ExchangeAborted` once `aborted()` names a reason."""
     import torch
-    import torch.distributed as dist
 
     _ABANDONED[:] = [(g, work) for g, work in _ABANDONED if not work.is_completed()]
     world, numel = group.size(), local.numel()
@@ -81,16 +86,64 @@ def exchange_average(
         everyone = torch.empty(world * numel, dtype=local.dtype, device=local.device)
         _wait_for(group, group._allgather_base(everyone, local.contiguous()), aborted)
         return average(everyone.view(world, numel).unbind(0))
-    size = -(-numel // world)
-    padded = torch.zeros(size * world, dtype=local.dtype, device=local.device)
-    padded[:numel] = local
-    received = torch.empty_like(padded)  # row r: bucket `rank` of rank r
+    return _reduce_scatter_all_gather(group, local.contiguous(), aborted)
+
+
+def segment_bounds(numel: int, world: int, element_size: int) -> list[tuple[int, int]]:
+    """The segments a gradient of `numel` elements is exchanged in: `SEGMENT_BYTES` each (a
+    multiple of `world` elements, so that their buckets need no padding), the last shorter."""
+    per = max(world, SEGMENT_BYTES // element_size // world * world)
+    return [(start, min(start + per, numel)) for start in range(0, numel, per)]
+
+
+def _reduce_scatter_all_gather(
+    group: Any, local: torch.Tensor, aborted: Callable[[], str | None]
+) -> torch.Tensor:
+    """Segment by segment, pipelined: every segment's all-to-all is started at once; as each
+    one arrives its buckets are averaged and its all-gather started, straight into the result."""
+    import torch
+
+    world, rank = group.size(), group.rank()
+    result = torch.empty_like(local)
+    segments = segment_bounds(local.numel(), world, local.element_size())
+    works: list[Any] = []
+    try:
+        sent = [_scatter(group, local[a:b], world, rank, works) for a, b in segments]
+        gathers = []
+        for (a, b), (work, received, bounds) in zip(segments, sent):
+            wait_unless_aborted(work, aborted)
+            size, (start, stop) = bounds[0][1], bounds[rank]
+            averaged = torch.zeros(size, dtype=local.dtype, device=local.device)
+            averaged[: stop - start] = average(received.view(world, stop - start).unbind(0))
+            exact = size * world == b - a  # else padded: gathered aside, then copied
+            out = result[a:b] if exact else torch.empty(size * world, dtype=local.dtype)
+            works.append(group._allgather_base(out, averaged))
+            gathers.append((works[-1], out, a, b, exact))
+        for work, out, a, b, exact in gathers:
+            wait_unless_aborted(work, aborted)
+            if not exact:
+                result[a:b] = out[: b - a]
+    except BaseException:
+        _ABANDONED.extend((group, work) for work in works if not work.is_completed())
+        raise
+    return result
+
+
+def _scatter(
+    group: Any, segment: torch.Tensor, world: int, rank: int, works: list[Any]
+) -> tuple[Any, torch.Tensor, list[tuple[int, int]]]:
+    """Start the all-to-all of one segment: bucket b of it to rank b (uneven where the size
+    does not divide: the segment itself is sent, not a padded copy)."""
+    import torch
+    import torch.distributed as dist
+
+    bounds = bucket_bounds(segment.numel(), world)
+    mine = bounds[rank][1] - bounds[rank][0]
+    received = torch.empty(world * mine, dtype=segment.dtype, device=segment.device)
+    sizes = [b - a for a, b in bounds]
     options = dist.AllToAllOptions()  # type: ignore[attr-defined]
-    _wait_for(group, group.alltoall_base(received, padded, [], [], options), aborted)
-    mine = average(received.view(world, size).unbind(0))
-    gathered = torch.empty_like(padded)
-    _wait_for(group, group._allgather_base(gathered, mine), aborted)
-    return gathered[:numel]
+    works.append(group.alltoall_base(received, segment, [mine] * world, sizes, options))
+    return works[-1], received, bounds
 
 
 def wait_unless_aborted(work: Any, aborted: Callable[[], str | None]) -> None:

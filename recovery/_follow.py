@@ -52,7 +52,7 @@ class UpdateLog:
             raise ValueError(f"a replica keeps a whole number of updates >= 0, not {keep!r}")
         with self._lock:
             self.keep = keep
-            self._updates = deque(self._updates, maxlen=max(keep, 1))
+            self._updates = deque(self._updates if keep else (), maxlen=max(keep, 1))
 
     def record(self, step: int, update: torch.Tensor) -> None:
         """Keep the update of committed `step` (the step after the last one kept)."""

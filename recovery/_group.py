@@ -6,8 +6,8 @@ changed, they form a fresh gloo process group; each computes its gradient, they 
 and stage the update (`prepare`); only if every participant succeeded is the step committed
 everywhere, else it is aborted everywhere and retried. A replica that fails (a
 `SupervisionEvent` reaches the group's handler, or its calls raise `SupervisionError`) is
-re-spawned on the same allocation in the background; between two steps it heals from a live
-peer (the peer's tensors go straight to it) and takes part from the next step on. Below
+re-spawned on the same allocation in the background and heals from the live replicas while
+they go on stepping (`_rejoin`); it takes part from the step after its heal. Below
 `min_replicas` the group waits for replacements, within a bound, rather than train alone.
 A replica whose host is lost ("unreachable": its node died) comes back on a `spare_hosts` host.
 With `spares=K`, K standby replicas follow the committed steps and a failed replica's place is
@@ -28,6 +28,7 @@ from transport import get_logger
 from ._aborts import AbortNotices
 from ._members import PRELOAD, Member, ReplicaSpawner, gather
 from ._outcomes import Recovery, ReplicaGroupError, StepOutcome, alive, short
+from ._rejoin import KEEP_WHILE_HEALING, Rejoins
 from ._replica import Replica
 from ._spares import SparePool, host_lost
 from ._standby import Standbys, check_spares
@@ -105,6 +106,9 @@ class ReplicaGroup:
         self._keep_updates = replica_class.standby_updates if spares else 0
         configure = (self.ranks_per_replica, self._keep_updates)
         self._standbys = Standbys(self._spawner, spares, replicas, configure, step_timeout_s, name)
+        self._rejoins = Rejoins(
+            self._members, self._spawner, self._standbys, self._configure_args, step_timeout_s, name
+        )
         self._start()
 
     # -- the public face ------------------------------------------------------------------------
@@ -160,17 +164,18 @@ class ReplicaGroup:
             self._abort(members, step, failed)
             reasons = "; ".join(f"replica {i}: {short(e)}" for i, e in sorted(failed.items()))
             return self._outcome(step, False, members, started, reasons)
-        digests = {d for values in prepared.values() for d in values}
-        if len(digests) != 1:
-            self._abort(members, step, {})
-            raise ReplicaGroupError(f"replicas {members} diverged at step {step}: {digests}")
-        committed = self._call_all(members, "commit", step)
+        with_digest = self._standbys.meshes != [] or step % self.replica_class.check_every == 0
+        keep = max(self._keep_updates, KEEP_WHILE_HEALING if self._rejoins.under_way() else 0)
+        committed = self._call_all(members, "commit", step, with_digest, keep)
         for index, result in committed.items():  # the step is decided: a late death is a
             if isinstance(result, BaseException):  # failure of that replica, not of the step
                 self._failed(index, f"died while committing: {short(result)}", host_lost(result))
         self.history.append((step, members))
+        digests = {d for v in committed.values() if isinstance(v, list) for d in v}
+        if len(digests) > 1:
+            raise ReplicaGroupError(f"replicas {members} diverged at step {step}: {digests}")
         donors = [self._members[i].actors for i in members if self._members[i].state == "live"]
-        self._standbys.committed(step, digests.pop(), donors)  # spares follow, not waited for
+        self._standbys.committed(step, digests.pop() if digests else None, donors)
         now = time.monotonic()
         for index in members:
             member = self._members[index]
@@ -282,55 +287,12 @@ class ReplicaGroup:
             time.sleep(0.01)
 
     def _recover(self) -> None:
-        """Put a ready spare in each failed replica's place, else re-spawn it in the
-        background; heal those that are up; tend the spares (here, between two steps, so that
-        they take the state of the last committed step)."""
-        for member in self._members:
-            if member.state != "failed" or (member.respawn is None and self._take_spare(member)):
-                continue
-            if member.respawn is None:
-                lost, member.host_lost = member.host_lost, False
-                host = self._spawner.spare_hosts.take() if lost else None  # its host is lost
-                member.respawn = member.procs.respawn(on=host)
-                # calls to a re-spawning rank wait for it: this one tells when it is up
-                member.up = member.actors.configure.call(*self._configure_args(member))
-            elif member.up is not None and member.up.done():
-                self._heal(member)
+        """One move for each failed replica (`_rejoin`: a spare takes its place, or it is
+        re-spawned and healed while the others step); tend the spares (here, between two
+        steps, so that they take the state of the last committed step)."""
+        if self._rejoins.tend(self.committed_steps):
+            self._quorum_members = None  # the same replica ids on other procs: a fresh group
         self._standbys.tend([m.actors for m in self._members if m.state == "live"])
-
-    def _take_spare(self, member: Member) -> bool:
-        """Whether a ready spare took the place of failed `member`."""
-        donors = [m.actors for m in self._members if m.state == "live"]
-        if not (donors and self._standbys.replace(member, self.committed_steps, donors)):
-            return False
-        self._quorum_members = None  # the same replica ids on other procs: a fresh group
-        return True
-
-    def _heal(self, member: Member) -> None:
-        up, member.up, member.respawn = member.up, None, None
-        assert up is not None and member.recovery is not None
-        error = up.exception()
-        if error is not None:  # failed again: the next _recover() re-spawns it
-            self._log.warning("replica_respawn_failed", replica=member.index, reason=short(error))
-            return
-        member.recovery.respawned_at = time.monotonic()
-        donors = [m for m in self._members if m.state == "live"]
-        if not donors and not self.history:  # nothing committed yet: as built, it is current
-            with member.lock:
-                member.state = "live"
-            return
-        if not donors:
-            return
-        try:
-            peers = [donor.actors for donor in donors]  # each sends a share of the chunks
-            member.actors.heal_from.call(peers).get(timeout=self.step_timeout_s)
-        except (SupervisionError, ActorError, TimeoutError) as exc:
-            self._log.warning("replica_heal_failed", replica=member.index, reason=short(exc))
-            return
-        member.recovery.healed_at = time.monotonic()
-        with member.lock:
-            member.state = "live"
-        self._log.info("replica_healed", replica=member.index, donors=[d.index for d in donors])
 
     def _form_group(self, members: tuple[int, ...], step: int) -> bool:
         if members == self._quorum_members:

@@ -31,7 +31,7 @@ from ._heal_state import (
     serve,
     state_tensors,
 )
-from ._position import DataPositioned, capture_position, restore_position
+from ._position import DataPositioned, Position, capture_position, restore_position
 
 if TYPE_CHECKING:
     import torch
@@ -99,17 +99,25 @@ class DonorCache:
             tensor.data = tensor.data.clone()
         self._step, self._tensors, self._skeleton, self._lent = -1, [], None, []
 
-    def layout(self, replica: HealingReplica, prepared: bool) -> StateLayout:
-        """The layout of `replica`'s committed state."""
-        self._refresh(replica, replica.committed_step, prepared)
-        position = capture_position(replica)
+    def layout(
+        self, replica: HealingReplica, prepared: bool, before: StepStart | None = None
+    ) -> StateLayout:
+        """The layout of `replica`'s committed state (`before`: a step is under way, which
+        began with these buffers and this position)."""
+        self._refresh(replica, replica.committed_step, prepared, before)
+        position = capture_position(replica) if before is None else before.position
         return describe(replica.committed_step, self._tensors, self._skeleton, position)
 
     def chunks(
-        self, replica: HealingReplica, step: int, pieces: Sequence[Piece], prepared: bool
+        self,
+        replica: HealingReplica,
+        step: int,
+        pieces: Sequence[Piece],
+        prepared: bool,
+        before: StepStart | None = None,
     ) -> list[Chunk]:
         """The bytes of `pieces` of `replica`'s committed state at `step`."""
-        self._refresh(replica, step, prepared)
+        self._refresh(replica, step, prepared, before)
         chunks = serve(self._tensors, pieces)
         self._lent = [entry for entry in self._lent if not entry[0].released]
         for (index, _, _), chunk in zip(pieces, chunks):
@@ -117,7 +125,9 @@ class DonorCache:
                 self._lent.append((chunk.lent, self._tensors[index][1]))
         return chunks
 
-    def _refresh(self, replica: HealingReplica, step: int, prepared: bool) -> None:
+    def _refresh(
+        self, replica: HealingReplica, step: int, prepared: bool, before: StepStart | None
+    ) -> None:
         if prepared:
             raise RuntimeError("a step is prepared but not committed: its state is not final")
         if step != replica.committed_step:
@@ -128,6 +138,18 @@ class DonorCache:
         if self._step != step:
             self._tensors, self._skeleton = state_tensors(replica.model, replica.optimizer)
             self._step = step
+            if before is not None:  # the committed buffers, not those the forward pass changes
+                saved = dict(zip(map(id, replica.model.buffers()), before.buffers))
+                self._tensors = [(key, saved.get(id(t), t)) for key, t in self._tensors]
+
+
+@dataclass(frozen=True)
+class StepStart:
+    """What a replica's step began with and may change before it is committed or dropped:
+    copies of the model's buffers, and the data position and RNG states."""
+
+    buffers: list[torch.Tensor]
+    position: Position
 
 
 # -- the receiver's side ---------------------------------------------------------------------

@@ -35,6 +35,7 @@ class Member:
     state: str = "live"  # live | failed
     respawn: Future[None] | None = None
     up: Future[Any] | None = None  # done once the replacement runs (configured)
+    healing: Future[Any] | None = None  # the replacement's heal, while the others step
     recovery: Recovery | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     host_lost: bool = False  # its last failure was the loss of its host

@@ -1,16 +1,18 @@
 """`Replica`: the actor side of TorchFT-style replica training (needs torch).
 
 A replica holds a full copy of the model and its optimizer. Each step is two-phase: `prepare`
-computes the local gradient, averages it with every participant's over a gloo process group
-(a reduce-scatter and an all-gather, summed in a fixed order: `_exchange`) and applies the
-optimizer, keeping a backup; `commit` drops the
-backup, `abort` restores it. So a step is applied everywhere or nowhere, and every participant
-ends it with bitwise-identical parameters. A replacement replica heals by pulling the state of
-a live peer straight from that peer's actor (tensors travel out of band, zero-copy).
+computes the local gradient and averages it with every participant's over a gloo process group
+(a reduce-scatter and an all-gather, summed in a fixed order: `_exchange`); `commit` applies
+the average with the optimizer, `abort` drops it. The average has the same bits on every
+participant, so a step is applied everywhere or nowhere without a copy of the state to roll
+back to, and every participant ends it with bitwise-identical parameters. A replacement
+replica heals by pulling the state of a live peer straight from that peer's actor (tensors
+travel out of band, zero-copy).
 
-The step arithmetic lives in plain functions shared with `replay_training`, which recomputes a
-run in one process from its history: the result must equal the replicas' parameters bit for
-bit, which is how the tests prove that no step was lost, applied twice or half-applied.
+The step arithmetic lives in plain functions (`_arithmetic`) shared with `replay_training`,
+which recomputes a run in one process from its history: the result must equal the replicas'
+parameters bit for bit, which is how the tests prove that no step was lost, applied twice or
+half-applied.
 
 Healing streams the state in chunks from every live peer at once (`_heal`), data position and
 RNG states included (`_position`); a discarded step puts the data position and RNG states back.
@@ -19,14 +21,20 @@ A spare follows the group by applying the averaged gradients of committed steps 
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from mesh import Actor, concurrent_endpoint, context, endpoint
 
 from ._aborts import AbortWatch
+from ._arithmetic import (
+    apply_average,
+    digest,
+    local_gradient,
+    restore_buffers,
+    save_buffers,
+)
 from ._exchange import average, exchange_average, open_group
 from ._follow import (
     Takeover,
@@ -36,9 +44,9 @@ from ._follow import (
     rank_match,
     warm_up_gloo,
 )
-from ._heal import DonorCache, HealReport, endpoints_of, heal
+from ._heal import DonorCache, HealReport, StepStart, endpoints_of, heal
 from ._heal_state import Chunk, Piece, StateLayout
-from ._position import Position, capture_position, restore_position
+from ._position import capture_position, restore_position
 
 if TYPE_CHECKING:
     import torch
@@ -65,6 +73,10 @@ class Replica(Actor):
     #: and spares catch up every `standby_follow_every` steps (fewer wake-ups per step).
     standby_updates: int = 4
     standby_follow_every: int = 2
+    #: The group compares the replicas' parameter digests (a hash of every parameter's bytes,
+    #: which costs about a pass over them) every this many steps; every step with spares,
+    #: whose checks need the digest of each committed step.
+    check_every: int = 16
 
     def __init__(self) -> None:
         import torch
@@ -77,8 +89,11 @@ class Replica(Actor):
         self._aborts: AbortWatch | None = None
         self._group: Any = None
         self._quorum = -1
-        self._backup: dict[str, Any] | None = None
-        self._position: Position | None = None  # before the step in progress, for abort
+        self._started: StepStart | None = None  # what the step under way changes, for abort
+        self._rank = 0  # of this replica's ranks
+        self._stepping = threading.Lock()  # prepare, commit and abort: one at a time
+        self._changing = threading.Lock()  # a change of the state, against serving a heal
+        self._gradient: torch.Tensor | None = None  # reused each step
         self._donor = DonorCache()
         self._update: torch.Tensor | None = None  # the averaged gradient of a prepared step
         self._updates = UpdateLog()
@@ -92,9 +107,9 @@ class Replica(Actor):
 
     def on_phase(self, phase: str, step: int) -> None:
         """Called as each phase of a step begins ("join" when the group is formed for it,
-        "forward", "allreduce", "apply", "commit"); override to instrument a replica (or, in
-        tests, to make it fail at a chosen point). A donor also calls it as it sends each
-        chunk of a heal: ("heal", committed step)."""
+        "forward", "allreduce"; then "commit" and "apply" once the step is decided);
+        override to instrument a replica (or, in tests, to make it fail at a chosen point).
+        A donor also calls it as it sends each chunk of a heal: ("heal", committed step)."""
 
     def data_state(self) -> Any:
         """The position of this replica's data loader after the committed steps: small,
@@ -112,6 +127,22 @@ class Replica(Actor):
     def configure(self, replica_id: int, ranks_per_replica: int, keep_updates: int = 0) -> None:
         """Take the place of replica `replica_id` (-1: a spare); keep the updates of the last
         `keep_updates` committed steps for spares (0: the group has none)."""
+        self._configure(replica_id, ranks_per_replica, keep_updates)
+
+    @endpoint
+    def rejoin(
+        self,
+        replica_id: int,
+        ranks_per_replica: int,
+        keep_updates: int,
+        peers: Sequence[ActorMesh[Replica]],
+    ) -> HealReport:
+        """A replacement: take the place of replica `replica_id` and heal from `peers` at once,
+        as soon as it runs (they go on stepping meanwhile)."""
+        self._configure(replica_id, ranks_per_replica, keep_updates)
+        return self._heal(list(peers))
+
+    def _configure(self, replica_id: int, ranks_per_replica: int, keep_updates: int) -> None:
         self.replica_id = replica_id
         self.ranks_per_replica = ranks_per_replica
         self._updates.resize(keep_updates)
@@ -132,7 +163,8 @@ class Replica(Actor):
         replica's ranks take the group ranks from `base` on. Gives up as soon as the group's
         controller says that a member failed (`ExchangeAborted`)."""
         self.on_phase("join", step)
-        rank = base + context().rank.rank
+        self._rank = context().rank.rank
+        rank = base + self._rank
         self._group = None  # the old group: its peers may be gone
         self._quorum = -1
         if self._aborts is None:
@@ -143,61 +175,72 @@ class Replica(Actor):
 
     # -- one step -----------------------------------------------------------------------------
 
-    @endpoint
-    def prepare(self, step: int, quorum: int, world: int) -> str:
-        """Phase one of `step`: gradient, exchange (the average), apply (with a backup).
-        Returns the digest of the resulting parameters."""
-        if quorum != self._quorum or self._group is None:
-            raise RuntimeError(f"replica {self.replica_id} is not in quorum {quorum}")
-        if step != self.committed_step + 1:
-            raise RuntimeError(
-                f"replica {self.replica_id} asked to prepare step {step} after committing "
-                f"{self.committed_step}"
-            )
-        shard = self.replica_id * self.ranks_per_replica + context().rank.rank
-        self._position = capture_position(self)  # the data and RNG a retry must see again
-        self._donor.clear()
-        self.on_phase("forward", step)
-        local = local_gradient(self.model, self.loss(self.model, step, shard))
-        self.on_phase("allreduce", step)
-        assert self._aborts is not None  # set by join
-        averaged = exchange_average(self._group, local, self._aborts)
-        self.on_phase("apply", step)
-        self._update = averaged
-        self._backup = _snapshot(self.model, self.optimizer)
-        apply_average(self.model, self.optimizer, averaged)
-        return digest(self.model)
+    @concurrent_endpoint
+    def prepare(self, step: int, quorum: int, world: int) -> None:
+        """Phase one of `step`: gradient and exchange. The averaged gradient is kept, not yet
+        applied: it is the same bits on every participant, so `commit` applies it and `abort`
+        only drops it (no copy of the state is needed to undo the step). Concurrent, so that
+        this replica serves heals (of the committed state) while it computes."""
+        with self._stepping:
+            if quorum != self._quorum or self._group is None:
+                raise RuntimeError(f"replica {self.replica_id} is not in quorum {quorum}")
+            if step != self.committed_step + 1:
+                raise RuntimeError(
+                    f"replica {self.replica_id} asked to prepare step {step} after committing "
+                    f"{self.committed_step}"
+                )
+            with self._changing:  # the data and RNG a retry must see again, and the buffers
+                self._update = None
+                if next(self.model.buffers(), None) is not None:
+                    self._donor.clear()  # the forward pass may change buffers lent to a heal
+                self._started = StepStart(save_buffers(self.model), capture_position(self))
+            shard = self.replica_id * self.ranks_per_replica + self._rank
+            self.on_phase("forward", step)
+            loss = self.loss(self.model, step, shard)
+            self._gradient = local_gradient(self.model, loss, self._gradient)
+            self.on_phase("allreduce", step)
+            assert self._aborts is not None  # set by join
+            self._update = exchange_average(self._group, self._gradient, self._aborts)
 
     @endpoint
-    def commit(self, step: int) -> int:
-        if self._backup is None or step != self.committed_step + 1:
-            raise RuntimeError(f"replica {self.replica_id} has no prepared step {step}")
-        self.on_phase("commit", step)
-        self._backup = self._position = None
-        self.committed_step = step
-        if self._update is not None:
+    def commit(self, step: int, with_digest: bool = False, keep_updates: int = 0) -> str | None:
+        """Phase two of `step`: apply the averaged gradient. Returns the digest of the new
+        parameters if `with_digest` (the group checks them every few steps, and for spares).
+        Keeps the updates of the last `keep_updates` steps (for spares and replacements)."""
+        with self._stepping, self._changing:
+            if self._update is None or step != self.committed_step + 1:
+                raise RuntimeError(f"replica {self.replica_id} has no prepared step {step}")
+            self.on_phase("commit", step)
+            self._donor.clear()  # the state changes now: chunks lent to a heal keep their bytes
+            self.on_phase("apply", step)
+            apply_average(self.model, self.optimizer, self._update)
+            self._started = None
+            self.committed_step = step
+            if keep_updates != self._updates.keep:
+                self._updates.resize(keep_updates)
             self._updates.record(step, self._update)
-        self._update = None
-        return self.committed_step
+            self._update = None
+            return digest(self.model) if with_digest else None
 
     @endpoint
     def abort(self, step: int) -> int:
-        """Undo a prepared step (if any): the parameters are those of the last commit."""
-        self._update = None
-        if self._backup is not None:
-            _restore(self.model, self.optimizer, self._backup)
-            self._backup = None
-        if self._position is not None:
-            restore_position(self, self._position)
-            self._position = None
-        return self.committed_step
+        """Drop a prepared step (if any): the parameters are still those of the last commit;
+        buffers a forward pass changed, the data position and RNG states go back."""
+        with self._stepping, self._changing:
+            self._update = None
+            if self._started is not None:
+                self._donor.clear()
+                restore_buffers(self.model, self._started.buffers)
+                restore_position(self, self._started.position)
+                self._started = None
+            return self.committed_step
 
     # -- state ----------------------------------------------------------------------------------
 
     @endpoint
     def state(self) -> dict[str, Any]:
         """The committed state, for a replacement to heal from (tensors go out of band)."""
-        if self._backup is not None:
+        if self._started is not None:
             raise RuntimeError("a step is prepared but not committed: its state is not final")
         return {
             "step": self.committed_step,
@@ -214,23 +257,27 @@ class Replica(Actor):
     def _heal(self, peers: ActorMesh[Replica] | Sequence[ActorMesh[Replica]]) -> HealReport:
         meshes = [peers] if not isinstance(peers, Sequence) else list(peers)
         donors = [endpoints_of(rank_match(mesh, context().rank.rank)) for mesh in meshes]
-        self._backup = self._position = None
-        self._donor.clear()
+        with self._changing:
+            self._started = self._update = None
+            self._donor.clear()
         self.last_heal = heal(
             self, donors, self.heal_chunk_bytes, self.heal_window, self.heal_timeout_s
         )
         return self.last_heal
 
-    @endpoint
+    @concurrent_endpoint
     def heal_layout(self) -> StateLayout:
-        """The layout of the committed state, for a replacement healing from this replica."""
-        return self._donor.layout(self, prepared=self._backup is not None)
+        """The layout of the committed state, for a replacement healing from this replica
+        (while it steps, too: a step changes the state only when it is committed)."""
+        with self._changing:
+            return self._donor.layout(self, False, self._started)
 
-    @endpoint
+    @concurrent_endpoint
     def heal_chunks(self, step: int, pieces: Sequence[Piece]) -> list[Chunk]:
         """Bytes of the committed state of `step` (tensor, start, stop), sent from memory."""
         self.on_phase("heal", step)
-        return self._donor.chunks(self, step, pieces, prepared=self._backup is not None)
+        with self._changing:
+            return self._donor.chunks(self, step, pieces, False, self._started)
 
     # -- spares -------------------------------------------------------------------------------
 
@@ -272,6 +319,8 @@ class Replica(Actor):
         first = self.committed_step + 1
         if step < first:
             return 0
+        with self._changing:
+            self._donor.clear()
         numel = sum(p.numel() for p in self.model.parameters())
         updates = fetch_updates(ranks, first, step, numel, self.heal_timeout_s)
         for offset, update in enumerate(updates or ()):
@@ -290,52 +339,7 @@ class Replica(Actor):
         return dict(self.model.state_dict())
 
 
-# -- the step arithmetic, shared with the replay ---------------------------------------------
-
-
-def local_gradient(model: torch.nn.Module, loss: torch.Tensor) -> torch.Tensor:
-    """The gradient of `loss` over the model's parameters, flattened into one tensor."""
-    import torch
-
-    model.zero_grad(set_to_none=True)
-    loss.backward()  # type: ignore[no-untyped-call]
-    grads = [
-        p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
-        for p in model.parameters()
-    ]
-    return torch.cat(grads).detach()
-
-
-def apply_gradient(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, gathered: Sequence[torch.Tensor]
-) -> None:
-    """Average `gathered` (one flat gradient per participant, in participant order: the same
-    order everywhere, so the same bits everywhere) and take an optimizer step with it."""
-    apply_average(model, optimizer, average(gathered))
-
-
-def apply_average(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, averaged: torch.Tensor
-) -> None:
-    """Take an optimizer step with the flat averaged gradient `averaged`."""
-    offset = 0
-    for param in model.parameters():
-        count = param.numel()
-        param.grad = averaged[offset : offset + count].view_as(param).clone()
-        offset += count
-    optimizer.step()
-
-
-def digest(model: torch.nn.Module) -> str:
-    """A hash of the parameters' bits: equal digests, identical parameters. Torch alone is
-    enough (no numpy): each tensor's memory is hashed in place, through a ctypes view."""
-    hasher = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        hasher.update(name.encode())
-        dense = tensor.detach().resolve_conj().resolve_neg().contiguous().cpu()
-        if dense.nbytes:  # `dense` outlives the view: it owns the memory hashed
-            hasher.update((ctypes.c_ubyte * dense.nbytes).from_address(dense.data_ptr()))
-    return hasher.hexdigest()
+# -- the replay ------------------------------------------------------------------------------
 
 
 def replay_training(
@@ -360,23 +364,7 @@ def replay_training(
                 local_gradient(replica.model, replica.loss(replica.model, step, shard))
                 for shard in shards
             ]
-            apply_gradient(replica.model, replica.optimizer, grads)
+            apply_average(replica.model, replica.optimizer, average(grads))
         return replica.model
     finally:
         torch.set_num_threads(threads)
-
-
-def _snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    import copy
-
-    return {
-        "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
-        "optimizer": copy.deepcopy(optimizer.state_dict()),
-    }
-
-
-def _restore(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, backup: dict[str, Any]
-) -> None:
-    model.load_state_dict(backup["model"])
-    optimizer.load_state_dict(backup["optimizer"])

@@ -33,7 +33,13 @@ DIGESTS_KEPT = 64
 
 
 def check_spares(replica_class: type[Replica], spares: int) -> None:
-    """Refuse a spare count, or spare settings of `replica_class`, that cannot work."""
+    """Refuse a spare count, or settings of `replica_class`, that cannot work."""
+    check = replica_class.check_every
+    if type(check) is not int or check < 1:
+        raise ValueError(
+            f"{replica_class.__name__}.check_every must be a whole number of steps >= 1, "
+            f"not {check!r}"
+        )
     if type(spares) is not int or spares < 0:
         raise ValueError(f"spares must be a whole number >= 0, not {spares!r}")
     every, keep = replica_class.standby_follow_every, replica_class.standby_updates
@@ -166,10 +172,13 @@ class Standbys:
 
     # -- after each commit -----------------------------------------------------------------
 
-    def committed(self, step: int, digest: str, donors: Sequence[ActorMesh[Replica]]) -> None:
+    def committed(
+        self, step: int, digest: str | None, donors: Sequence[ActorMesh[Replica]]
+    ) -> None:
         """Step `step` was committed with parameters `digest` by `donors`: every ready spare
         `follow_every` steps behind, not busy with an earlier call, catches up (not waited for)."""
-        self._digests[step] = digest
+        if digest is not None:  # always, with spares
+            self._digests[step] = digest
         self._digests.pop(step - DIGESTS_KEPT, None)
         self._retired = [future for future in self._retired if not future.done()]
         while self._owed:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from mesh import endpoint
 from recovery import Replica
 
 
@@ -83,6 +84,27 @@ class GatedReplacement(Trainer):
         while index >= self.initial and not self.gate.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         return super().build()
+
+
+class HeldHeals(Trainer):
+    """As a donor, sends no chunk of a heal while the file `hold` exists (at most 30 s), so a
+    test decides how long a replacement's heal lasts; `hold` + ".asked" says one was asked."""
+
+    def __init__(self, hold: str) -> None:
+        self.hold = Path(hold)
+        super().__init__()
+
+    def on_phase(self, phase: str, step: int) -> None:
+        if phase == "heal" and self.hold.exists():
+            self.hold.with_suffix(".asked").touch()  # a replacement runs and asks for its state
+        deadline = time.monotonic() + 30.0
+        while phase == "heal" and self.hold.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    @endpoint
+    def healed_to(self) -> int | None:
+        """The step this replica's last heal brought it to (None: it never healed)."""
+        return None if self.last_heal is None else self.last_heal.step
 
 
 class BrokenTrainer(Replica):

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mesh import this_host
-from recovery import ReplicaGroup, bucket_bounds, replay_training
+from recovery import ReplicaGroup, bucket_bounds, replay_training, segment_bounds
 from recovery import fixed_order_average as average
 from recovery import parameter_digest as digest
 
@@ -75,6 +75,24 @@ def test_bucketed_average_has_the_bits_of_the_whole_average(
     assert torch.equal(bits(simulated_exchange(grads)), bits(average(grads)))
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    numel=st.integers(0, 5 * 2**22),
+    world=st.integers(1, 9),
+    element_size=st.sampled_from([1, 2, 4, 8]),
+)
+def test_segments_cover_the_gradient_in_order_without_padding_but_the_last(
+    numel: int, world: int, element_size: int
+) -> None:
+    segments = segment_bounds(numel, world, element_size)
+    assert bool(segments) == bool(numel)
+    starts, stops = [a for a, _ in segments], [b for _, b in segments]
+    assert starts == [0, *stops[:-1]][: len(starts)] and stops[-1:] == [numel][: len(stops)]
+    sizes = {b - a for a, b in segments[:-1]}  # all but the last: one size, no padding
+    assert len(sizes) <= 1 and all(size % world == 0 for size in sizes)
+    assert all(0 < b - a <= max(sizes | {b - a}) for a, b in segments)
+
+
 def test_summing_order_matters_for_these_gradients() -> None:
     """The check above can fail: with these magnitudes, another order gives other bits."""
     grads = [xa.gradient(3, rank, 4096) for rank in range(4)]
@@ -87,7 +105,8 @@ def test_gloo_exchange_of_real_procs_has_the_bits_of_the_whole_average() -> None
     procs = this_host().spawn_procs(per_host={"ranks": 4}, name="exchangers")
     try:
         actors = procs.spawn("exchanger", xa.Exchanger).flatten("rank")
-        for world, numel in [(2, 1), (3, 1000), (4, 3), (2, 70_001), (4, 100_003)]:
+        cases = [(2, 1), (3, 1000), (4, 3), (2, 70_001), (4, 100_003), (3, 2_500_001)]
+        for world, numel in cases:  # the last: several segments, the last one padded
             ranks = actors.slice(rank=slice(0, world))
             tag = f"w{world}-n{numel}"
             found = ranks.average.call(("127.0.0.1", store.port), tag, world, 7, numel).get(60)
@@ -134,7 +153,7 @@ def test_survivors_do_not_wait_on_a_replica_failing_at_any_point(
         assert len(group.outcomes) < 40, group.outcomes[-5:]
     discarded = {o.step: round(o.seconds, 3) for o in group.outcomes if not o.committed}
     print(f"\nseconds of each discarded step (group timeout {GROUP_TIMEOUT_S:g} s): {discarded}")
-    assert set(discarded) == {1, 4, 7, 10, 13}, group.outcomes
+    assert set(discarded) == {1, 4, 7, 13}, group.outcomes  # step 10 was decided: it commits
     assert max(discarded.values()) < STALL_BOUND_S, discarded
     replayed = replay_training(ra.Trainer, group.history)
     live = {d for entries in group.status().values() for _, d in entries}

@@ -1,0 +1,105 @@
+"""The step arithmetic of a replica, shared with `replay_training`: the local gradient, the
+update with an averaged gradient, the parameter digest, and the buffers a forward pass changes.
+
+The gradient is written straight into one flat tensor (each parameter's ``.grad`` is a view of
+it while the backward pass accumulates), and the averaged gradient reaches the optimizer as
+views of the exchange's result: the step copies no gradient of its own.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+def local_gradient(
+    model: torch.nn.Module, loss: torch.Tensor, flat: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The gradient of `loss` over the model's parameters, as one flat tensor: `flat` (reused
+    from the last call, so the same memory every step) when it fits, else a new one."""
+    params = list(model.parameters())
+    if flat is None or not _fits(flat, params):
+        flat = _flat_like(params)
+    flat.zero_()
+    slices = _attach(params, flat)
+    loss.backward()  # type: ignore[no-untyped-call]
+    for param, part in zip(params, slices):  # a grad autograd made anew, not accumulated
+        grad = param.grad
+        if grad is not None and grad.data_ptr() != part.data_ptr():
+            part.copy_(grad.reshape(part.shape))
+    return flat
+
+
+def _fits(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> bool:
+    return flat.numel() == sum(p.numel() for p in params) and all(
+        p.dtype == flat.dtype and p.device == flat.device for p in params
+    )
+
+
+def _flat_like(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A flat gradient for `params`, of the type `torch.cat` of their gradients would have."""
+    import torch
+
+    if not params:
+        return torch.zeros(0)
+    dtype = params[0].dtype
+    for param in params[1:]:
+        dtype = torch.promote_types(dtype, param.dtype)
+    numel = sum(p.numel() for p in params)
+    return torch.zeros(numel, dtype=dtype, device=params[0].device)
+
+
+def _attach(params: Sequence[torch.Tensor], flat: torch.Tensor) -> list[torch.Tensor]:
+    """Each parameter's slice of `flat`. A trainable parameter of the same type gets it as its
+    grad, which the backward pass adds into in place; others start without a grad."""
+    slices = []
+    offset = 0
+    for param in params:
+        part = flat[offset : offset + param.numel()].view_as(param)
+        offset += param.numel()
+        same = param.dtype == flat.dtype and param.device == flat.device
+        param.grad = part if param.requires_grad and same else None
+        slices.append(part)
+    return slices
+
+
+def apply_average(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, averaged: torch.Tensor
+) -> None:
+    """Take an optimizer step with the flat averaged gradient `averaged` (each parameter's
+    grad a view of its slice: the optimizer only reads it)."""
+    offset = 0
+    for param in model.parameters():
+        count = param.numel()
+        param.grad = averaged[offset : offset + count].view_as(param).to(param.dtype)
+        offset += count
+    optimizer.step()
+
+
+def digest(model: torch.nn.Module) -> str:
+    """A hash of the parameters' bits: equal digests, identical parameters. Torch alone is
+    enough (no numpy): each tensor's memory is hashed in place, through a ctypes view."""
+    hasher = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        hasher.update(name.encode())
+        dense = tensor.detach().resolve_conj().resolve_neg().contiguous().cpu()
+        if dense.nbytes:  # `dense` outlives the view: it owns the memory hashed
+            hasher.update((ctypes.c_ubyte * dense.nbytes).from_address(dense.data_ptr()))
+    return hasher.hexdigest()
+
+
+def save_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Copies of the model's buffers (running statistics a forward pass may update), to put
+    back if the step is discarded. Small next to the parameters, often empty."""
+    return [buffer.detach().clone() for buffer in model.buffers()]
+
+
+def restore_buffers(model: torch.nn.Module, saved: list[torch.Tensor]) -> None:
+    """Put back the buffers `save_buffers` copied."""
+    for buffer, value in zip(model.buffers(), saved):
+        buffer.data.copy_(value)

@@ -1,0 +1,155 @@
+"""How a failed member of a `ReplicaGroup` comes back without the others waiting for it.
+
+A ready spare takes its place at once (`_standby`). Otherwise the member is re-spawned in the
+background; as soon as it runs (`Replica.rejoin`), it heals from the live replicas *while they
+step* (a replica serves the committed state during its own step: the step changes it only
+when it is committed). A heal that a commit overtook fails (its donors refuse chunks of an old
+step) and starts again. A heal that ended at step h, when the group has committed c > h since,
+is finished by applying the averaged gradients of steps h+1..c, which the members keep while a
+replacement is on its way (`KEEP_WHILE_HEALING`); only that catch-up, an optimizer step or
+two, happens between two steps. The member then takes part from the next step on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from supervision import ActorError, SupervisionError
+from transport import get_logger
+
+from ._members import Member, ReplicaSpawner
+from ._outcomes import short
+from ._standby import Standbys
+
+#: While a replacement heals, members keep the averaged gradients of this many committed steps
+#: (a gradient's memory each), so a heal that a commit overtook at its end is caught up.
+KEEP_WHILE_HEALING = 2
+
+_LOST = (SupervisionError, ActorError, TimeoutError)
+
+
+class Rejoins:
+    """Brings the group's failed members back; `tend` between two steps does the next move of
+    each, never waiting for a spawn or a heal."""
+
+    def __init__(
+        self,
+        members: list[Member],
+        spawner: ReplicaSpawner,
+        standbys: Standbys,
+        configure_args: Callable[[Member], tuple[int, int, int]],
+        timeout_s: float,
+        name: str,
+    ) -> None:
+        self._members = members
+        self._spawner = spawner
+        self._standbys = standbys
+        self._configure_args = configure_args
+        self._timeout_s = timeout_s
+        self._log = get_logger("recovery.group", group=name)
+
+    def under_way(self) -> bool:
+        """Whether a member is on its way back (the members keep updates for it)."""
+        return any(m.state != "live" for m in self._members)
+
+    def tend(self, committed: int) -> bool:
+        """One move for each failed member, the group having committed `committed` steps.
+        True if a spare took a member's place (same ids, other procs: a fresh group)."""
+        replaced = False
+        for member in self._members:
+            if member.state != "failed":
+                continue
+            if member.respawn is None:
+                if self._take_spare(member, committed):
+                    replaced = True
+                else:
+                    self.respawn(member)
+            elif member.up is not None:
+                if member.up.done():
+                    self._up(member, committed)
+            elif member.healing is None:  # up, but there was no one to heal from: try again
+                self._heal(member, committed)
+            elif member.healing.done():
+                self._healed(member, committed)
+        return replaced
+
+    def respawn(self, member: Member) -> None:
+        """Re-spawn failed `member` in the background (on a spare host if its host is lost)."""
+        with member.lock:
+            if member.respawn is not None or member.state != "failed":
+                return
+            host = self._spawner.spare_hosts.take() if member.host_lost else None
+            member.host_lost = False
+            member.respawn = member.procs.respawn(on=host)
+            # calls to a re-spawning rank wait for it: this one starts as soon as it is up
+            donors, args = self._donors(), self._configure_args(member)
+            if donors:  # it heals as soon as it runs, not at the next step boundary
+                member.healing = member.actors.rejoin.call(*args, donors)
+            else:
+                member.up = member.actors.configure.call(*args)
+
+    def _take_spare(self, member: Member, committed: int) -> bool:
+        donors = self._donors()
+        return bool(donors) and self._standbys.replace(member, committed, donors)
+
+    def _up(self, member: Member, committed: int) -> None:
+        up, member.up = member.up, None
+        assert up is not None and member.recovery is not None
+        error = up.exception()
+        if error is not None:  # failed again: the next tend re-spawns it
+            self._log.warning("replica_respawn_failed", replica=member.index, reason=short(error))
+            member.respawn = None
+            return
+        member.recovery.respawned_at = time.monotonic()
+        self._heal(member, committed)
+
+    def _heal(self, member: Member, committed: int) -> None:
+        """Start a heal of `member` from every live replica (not waited for)."""
+        donors = self._donors()
+        if not donors and not committed:  # nothing committed yet: as built, it is current
+            self._live(member)
+        elif donors:
+            member.healing = member.actors.heal_from.call(donors)
+
+    def _healed(self, member: Member, committed: int) -> None:
+        healing, member.healing = member.healing, None
+        assert healing is not None
+        error = healing.exception()
+        if isinstance(error, SupervisionError):  # the replacement itself failed: re-spawn
+            member.respawn = None
+            return
+        if error is not None:  # a commit overtook it, or a donor failed: heal again
+            self._log.info("replica_heal_again", replica=member.index, reason=short(error))
+            self._heal(member, committed)
+            return
+        reports = list(healing.get().values())
+        assert member.recovery is not None
+        if member.recovery.respawned_at is None:  # it healed as soon as it ran (`rejoin`)
+            member.recovery.respawned_at = time.monotonic() - max(r.seconds for r in reports)
+        step = min(report.step for report in reports)
+        if step == committed or self._catch_up(member, committed):
+            self._live(member)
+        else:
+            self._heal(member, committed)
+
+    def _catch_up(self, member: Member, committed: int) -> bool:
+        """Apply the committed updates `member` lacks, from a live peer (between two steps)."""
+        take = member.actors.take_place.call(member.index, committed, None, self._donors())
+        try:
+            done = take.get(timeout=self._timeout_s)
+        except _LOST as exc:
+            self._log.warning("replica_catch_up_failed", replica=member.index, reason=short(exc))
+            return False
+        return all(takeover.step == committed for takeover in done.values())
+
+    def _live(self, member: Member) -> None:
+        assert member.recovery is not None
+        member.recovery.healed_at = time.monotonic()
+        with member.lock:
+            member.state, member.respawn = "live", None
+        self._log.info("replica_healed", replica=member.index)
+
+    def _donors(self) -> list[Any]:
+        return [m.actors for m in self._members if m.state == "live"]
