@@ -886,6 +886,31 @@ def _check_a_restarted_agent_reports_its_old_procs_unreachable(daemon: DaemonAge
         procs.stop().get(timeout=T)
 
 
+def test_an_agent_started_where_one_was_shut_down_is_watched_like_any_other(
+    daemon: DaemonAgent,
+) -> None:
+    """A client that shut an agent down (its exit is no failure) and then uses a new agent at
+    the same address (a SLURM job after another, a port reused) still hears of its loss."""
+    with mesh.testing.settings(agent_timeout_s=1.0):
+        hosts = attach([daemon.start()])
+        hosts.shutdown()
+        daemon.started[-1].wait(T)
+        hosts = attach([daemon.start()])
+        procs = hosts.spawn_procs(per_host={"gpus": 1}, name="reused")
+        try:
+            recorder = Recorder()
+            procs.on_failure(recorder)
+            pid = procs.spawn("reused-actors", fa.Fragile).pid.call_one().get(timeout=T)
+            wait_until(lambda: incarnation_known(daemon.address), T, "the agent's AgentAlive")
+            daemon.kill()
+            wait_gone([pid])
+            (event,) = recorder.wait(1, timeout=T)
+            assert event.kind == "unreachable" and event.pid == pid, event
+            assert "gave no answer" in event.message, event  # not "was shut down"
+        finally:
+            procs.stop().get(timeout=T)
+
+
 INCARNATION_CLIENT = textwrap.dedent("""
     import os, signal, sys, time
     import mesh

@@ -174,7 +174,10 @@ class AgentWatch:
         known = self.incarnations.setdefault(header.agent, header.incarnation)
         if known != header.incarnation:
             self.incarnations[header.agent] = header.incarnation
-            self._agent_lost(header.agent, "was restarted, and its procs died with the old one")
+            if header.agent in self._stopping:  # a new agent took the address of one we
+                self._stopping.discard(header.agent)  # stopped: watch it like any other
+            else:
+                self._agent_lost(header.agent, "was restarted, and its procs died with the old one")
 
     def _agent_lost(self, agent: str, why: str) -> None:
         """Every live proc of `agent` failed with kind "unreachable"."""
