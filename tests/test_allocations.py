@@ -140,12 +140,23 @@ def test_allocation_outlives_a_sigkilled_client(
         client.kill()
         client.wait(T)
         client.stdout.close()  # type: ignore[union-attr]
-    # A new client (this test process) attaches to the same allocation and spawns again.
-    procs = attach(str(alloc)).spawn_procs(per_host={"gpus": 1})
+    stale = [d for d in Path(RUN_BASE).glob("meshvisor-*") if _owner(d) == client.pid]
+    assert len(stale) == 1, "a SIGKILLed client cannot remove its run directory"
+    # A new client attaches to the same allocation and spawns again; starting, it removes the
+    # run directory the killed client left.
+    again = tmp_path / "again.py"
+    again.write_text(CLIENT.format(alloc=str(alloc)).replace("time.sleep(60)", ""))
+    done = subprocess.run([sys.executable, str(again)], capture_output=True, text=True, timeout=T)
+    assert done.returncode == 0 and len(done.stdout.split()) == 3, (done.stdout, done.stderr)
+    assert not stale[0].exists()
+
+
+def _owner(rundir: Path) -> int | None:
+    """The pid named in a client's run directory (None if there is none)."""
     try:
-        assert len(procs.spawn("again", Where).where.call().get(timeout=T)) == 2
-    finally:
-        procs.stop().get(timeout=T)
+        return int((rundir / "owner.pid").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def test_a_lost_agent_makes_its_procs_unreachable(allocation: tuple[Path, list[int]]) -> None:
