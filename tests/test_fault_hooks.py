@@ -895,6 +895,7 @@ def test_an_agent_started_where_one_was_shut_down_is_watched_like_any_other(
         hosts = attach([daemon.start()])
         hosts.shutdown()
         daemon.started[-1].wait(T)
+        time.sleep(2.5)  # past the timeout: the client forgets the agent it stopped
         hosts = attach([daemon.start()])
         procs = hosts.spawn_procs(per_host={"gpus": 1}, name="reused")
         try:

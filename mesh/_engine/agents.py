@@ -56,6 +56,7 @@ class AgentWatch:
         self._silent: set[str] = set()  # lost to silence, not heard from since
         self._lost: dict[str, str] = {}  # local agent -> why its process is gone
         self._stopping: set[str] = set()
+        self._greeting = False  # whether the periodic OwnerAlive runs
         self._log = get_logger("mesh.runtime", proc=proc_id)
 
     # -- local agents --------------------------------------------------------------------------
@@ -117,7 +118,8 @@ class AgentWatch:
         new = set(agents) - self._attached
         self._attached |= new
         runtime, loop = self._runtime, self._loop
-        if new and len(self._attached) == len(new):
+        if new and not self._greeting:
+            self._greeting = True
             loop.call_soon_threadsafe(self._send_owner_alive)
         else:  # the loop runs already: greet the new ones now, so that their incarnation is
             for agent in sorted(new):  # known before a restart could hide it
@@ -143,10 +145,14 @@ class AgentWatch:
         if runtime.closed.is_set():
             return
         now = time.monotonic()
+        timeout_s = self._runtime.settings.agent_timeout_s
         for agent in list(self._attached):
-            runtime.send_message(agent, OwnerAlive(runtime.address))
             heard = self._heard.setdefault(agent, now)
-            timeout_s = self._runtime.settings.agent_timeout_s
+            if agent in self._stopping and now - heard > timeout_s:
+                self._attached.discard(agent)  # gone, as asked: greet it no more
+                del self._heard[agent]
+                continue
+            runtime.send_message(agent, OwnerAlive(runtime.address))
             silent = now - heard > timeout_s and agent not in self._stopping
             if silent and agent not in self._silent:  # each silence once
                 self._silent.add(agent)
