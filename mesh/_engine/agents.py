@@ -117,13 +117,14 @@ class AgentWatch:
         it stops: a network owner has no pid they could watch)."""
         new = set(agents) - self._attached
         self._attached |= new
-        runtime, loop = self._runtime, self._loop
+        # Greeted now, from this thread: before any request this thread then sends them (a
+        # greeting left to a busy loop thread could come after a spawn), so that their
+        # incarnation is known before a restart could hide it.
+        for agent in sorted(new):
+            self._runtime.send_message(agent, OwnerAlive(self._runtime.address))
         if new and not self._greeting:
             self._greeting = True
-            loop.call_soon_threadsafe(self._send_owner_alive)
-        else:  # the loop runs already: greet the new ones now, so that their incarnation is
-            for agent in sorted(new):  # known before a restart could hide it
-                loop.call_soon_threadsafe(runtime.send_message, agent, OwnerAlive(runtime.address))
+            self._loop.call_soon_threadsafe(self._send_owner_alive)
 
     def is_lost(self, agent: str) -> bool:
         """Whether `agent` is lost: its process died (a local agent), or it is silent (a
