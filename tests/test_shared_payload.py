@@ -40,7 +40,7 @@ def _segments_held(pid: int) -> int:
 
 @pytest.mark.timeout(150)
 def test_a_shared_payload_reaches_every_rank_and_outlives_no_receiver(
-    make_procs: Any, stack: Any, tmp_path: Path
+    make_procs: Any, stack: Any, tmp_path: Path, root_events: list[Any]
 ) -> None:
     """Every rank gets the argument intact, a write by one stays its own; a receiver
     SIGKILLed while the payload is shared leaves no memory file open and nothing in /dev/shm."""
@@ -79,6 +79,8 @@ def test_a_shared_payload_reaches_every_rank_and_outlives_no_receiver(
         except SupervisionError as exc:
             outcomes.append(type(exc))
     assert sorted(outcomes, key=str) == [sp.SHARED_PAYLOAD_MIN_BYTES] * 2 + [SupervisionError]
+    # the kill also reaches the root, which records it (it raises in no unrelated line then)
+    wait_until(lambda: root_events, timeout=T, what="the kill reaching the root")
     wait_until(lambda: _segments_held(agent) == 0, timeout=T, what="the segment closed")
     assert set(os.listdir("/dev/shm")) <= shm_before
 
