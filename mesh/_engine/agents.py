@@ -22,6 +22,10 @@ from transport import Envelope, Outbox, Payload, get_logger, transport_settings
 #: Fails every live proc of an agent (its address, why in words) as "unreachable".
 FailProcsOf = Callable[[str, str], None]
 
+#: The longest pause between greetings of a silent agent: greeted less often the longer it is
+#: silent (its return stays visible, without a send a tick to a host that is gone for good).
+SILENT_GREETING_MAX_S = 10.0
+
 
 class AgentHost(Protocol):
     """What watching agents needs of the runtime: its address and sending."""
@@ -56,6 +60,7 @@ class AgentWatch:
         self._silent: set[str] = set()  # lost to silence, not heard from since
         self._lost: dict[str, str] = {}  # local agent -> why its process is gone
         self._stopping: set[str] = set()
+        self._next_greeting: dict[str, float] = {}  # silent agent -> when to greet it again
         self._greeting = False  # whether the periodic OwnerAlive runs
         self._log = get_logger("mesh.runtime", proc=proc_id)
 
@@ -83,6 +88,9 @@ class AgentWatch:
         """Procs were just requested from `agent`: if its process is known to be gone, fail
         them now; if it is silent or being shut down, fail them unless it answers within
         settings.agent_timeout_s (a partition may heal). Either way the request ends."""
+        if agent in self._silent:  # greeted now, not after a pause: it may be back
+            self._next_greeting.pop(agent, None)
+            self._runtime.send_message(agent, OwnerAlive(self._runtime.address))
         doubtful = agent in self._silent or agent in self._stopping
         if doubtful or agent in self._lost:
             self._loop.call_soon_threadsafe(self._check_gone_agent, agent, time.monotonic())
@@ -153,13 +161,24 @@ class AgentWatch:
                 self._attached.discard(agent)  # gone, as asked: greet it no more
                 del self._heard[agent]
                 continue
-            runtime.send_message(agent, OwnerAlive(runtime.address))
+            if self._greets(agent, now, heard):
+                runtime.send_message(agent, OwnerAlive(runtime.address))
             silent = now - heard > timeout_s and agent not in self._stopping
             if silent and agent not in self._silent:  # each silence once
                 self._silent.add(agent)
                 why = self._refused_by(agent) or f"gave no answer for {now - heard:.1f} s"
                 self._agent_lost(agent, f"at {agent} {why}")
         self._loop.call_later(self._runtime.settings.owner_alive_interval_s, self._send_owner_alive)
+
+    def _greets(self, agent: str, now: float, heard: float) -> bool:
+        """Whether to greet `agent` this tick: always while it answers; a silent one ever
+        less often, the pause growing with its silence up to `SILENT_GREETING_MAX_S`."""
+        if agent not in self._silent:
+            return True
+        if now < self._next_greeting.get(agent, now):
+            return False
+        self._next_greeting[agent] = now + min(SILENT_GREETING_MAX_S, (now - heard) / 2)
+        return True
 
     def _refused_by(self, agent: str) -> str | None:
         """Why `agent` refuses this process (its CURVE keys), in words, or None."""
@@ -178,6 +197,7 @@ class AgentWatch:
             return  # not an agent this process keeps alive: nothing to learn
         self._heard[header.agent] = time.monotonic()
         self._silent.discard(header.agent)
+        self._next_greeting.pop(header.agent, None)
         known = self.incarnations.setdefault(header.agent, header.incarnation)
         if known != header.incarnation:
             self.incarnations[header.agent] = header.incarnation
