@@ -133,15 +133,27 @@ def _script(tmp_path: Path, name: str, text: str, alloc: Path) -> Path:
     return path
 
 
-def _start(script: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+def _start(script: Path, stdin: int | None = None) -> subprocess.Popen[str]:
+    """Run a client script; its stderr goes to a file beside it (a pipe nobody reads while
+    the test waits on stdout could fill and block the client)."""
+    with open(_stderr_of(script), "a") as stderr:
+        return subprocess.Popen(
+            [sys.executable, str(script)],
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+
+
+def _stderr_of(script: Path) -> Path:
+    return script.with_suffix(".stderr")
 
 
 def _line(client: subprocess.Popen[str], prefix: str) -> list[str]:
     line = client.stdout.readline()  # type: ignore[union-attr]
-    assert line.startswith(prefix), (line, client.stderr.read() if client.poll() else "")  # type: ignore[union-attr]
+    script = Path(str(client.args[1]))  # type: ignore[index]
+    assert line.startswith(prefix), (line, _stderr_of(script).read_text())
     return line.split()[1:]
 
 
@@ -245,22 +257,14 @@ def test_two_clients_racing_to_adopt_one_wins_the_other_is_told_who(
     allocation: tuple[Path, list[int]], tmp_path: Path
 ) -> None:
     alloc, _ = allocation
-    first = _start(_script(tmp_path, "detach.py", DETACH_AND_EXIT, alloc))
-    out, err = first.communicate(timeout=T)
-    assert first.returncode == 0, err  # a clean exit keeps a detached mesh too
+    script = _script(tmp_path, "detach.py", DETACH_AND_EXIT, alloc)
+    first = _start(script)
+    out, _ = first.communicate(timeout=T)
+    assert first.returncode == 0, _stderr_of(script).read_text()  # a clean exit keeps it too
     pids = [int(pid) for pid in out.split()[1:]]
     assert all(pid_alive(pid) for pid in pids)
     racer = _script(tmp_path, "racer.py", RACER, alloc)
-    racers = [
-        subprocess.Popen(
-            [sys.executable, str(racer)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
-    ]
+    racers = [_start(racer, stdin=subprocess.PIPE) for _ in range(2)]
     try:
         lines = sorted(r.stdout.readline() for r in racers)  # type: ignore[union-attr]
         assert lines[0].startswith("ADOPTED"), lines
@@ -345,9 +349,10 @@ def test_a_mesh_without_an_owner_for_its_ttl_is_stopped(
     allocation: tuple[Path, list[int]], tmp_path: Path
 ) -> None:
     alloc, _ = allocation
-    client = _start(_script(tmp_path, "ttl.py", TTL_CLIENT, alloc))
-    out, err = client.communicate(timeout=T)
-    assert client.returncode == 0, err
+    script = _script(tmp_path, "ttl.py", TTL_CLIENT, alloc)
+    client = _start(script)
+    out, _ = client.communicate(timeout=T)
+    assert client.returncode == 0, _stderr_of(script).read_text()
     pids = [int(pid) for pid in out.split()[1:]]
     wait_gone(pids, T)
     wait_until(lambda: attach(str(alloc)).detached_meshes() == [], T, "the mesh to be forgotten")
