@@ -373,7 +373,13 @@ def test_an_actor_failure_in_the_gap_reaches_the_adopters_root_like_any_failure(
     """Without a handler, a failure kept in the gap goes where any unhandled failure goes
     (fail-fast, here the test's recording hook)."""
     alloc, _ = allocation
-    later = "counters.slice(hosts=0, gpus=1).fail_in.broadcast(2.0)"
+    # The call to another actor of that proc, after the broadcast (one sender, one proc: in
+    # order), confirms the broadcast left the client before the client is SIGKILLed.
+    later = (
+        "probe = job.spawn('probe', Counter, 0).slice(hosts=0, gpus=1)\n"
+        "counters.slice(hosts=0, gpus=1).fail_in.broadcast(2.0)\n"
+        "probe.add.call_one(0).get(timeout=30)"
+    )
     pids, _ = _kill_client(tmp_path, alloc, later)  # killed before the actor fails
     hosts = attach(str(alloc))
     wait_until(lambda: hosts.detached_meshes()[0].kept_failures == 1, T, "the kept failure")
