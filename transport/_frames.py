@@ -145,12 +145,17 @@ def _message(values: Any, start: int) -> Any:
     return build(values, start + 1)
 
 
+def _built_by_slots(cls: type, names: tuple[str, ...]) -> bool:
+    """Whether a `cls` can be built by setting its slots (its ``__init__`` does nothing else)."""
+    slotted = all(type(vars(cls).get(name)) is _MEMBER_DESCRIPTOR for name in names)
+    return slotted and not hasattr(cls, "__post_init__")
+
+
 def _slot_builder(cls: type, names: tuple[str, ...]) -> Callable[[tuple[Any, ...], int], Any]:
     """``build(values, start)``: a `cls` whose fields are ``values[start:]``, set through its
     slots, which takes half the time of a frozen dataclass's ``__init__`` (one per message
     received). A class with a ``__post_init__`` or without slots is built by its ``__init__``."""
-    slotted = all(type(vars(cls).get(name)) is _MEMBER_DESCRIPTOR for name in names)
-    if hasattr(cls, "__post_init__") or not slotted:
+    if not _built_by_slots(cls, names):
         return lambda values, start: cls(*values[start:])
     set_field = tuple(_slot_setter(cls, name) for name in names)
     count = len(names)

@@ -179,6 +179,10 @@ class Inbox:
                 return envelope
         return None
 
+    def receive_received(self) -> Envelope | None:
+        """The next message of a batch already received (None if none): no socket call."""
+        return self._split.popleft() if self._split else None
+
     def _decode(self, frames: list[Any]) -> Envelope | None:
         """The message `frames` hold, or None (logged) when it is malformed or too large."""
         try:
