@@ -362,6 +362,16 @@ def test_unknown_header_type_is_named() -> None:
         decode(not_registered(1))
 
 
+def test_a_header_with_missing_or_extra_fields_is_rejected_by_name() -> None:
+    """Received headers are built field by field: every declared field must be there, no more."""
+    for fields in ((1,), (1, "test", "extra")):
+        head = marshal.dumps((f"{__name__}.Header", *fields))
+        frame = MAGIC + struct.pack("<I", len(head)) + b"m" + head
+        with pytest.raises(MalformedMessage, match=f"Header header holds {len(fields)} fields"):
+            decode([frame])
+    assert decode(encode(Header(3, "x"))).header == Header(3, "x")
+
+
 def test_payload_is_decoded_lazily() -> None:
     """A body that cannot be unpickled does not fail decode(), only load()."""
     envelope = decode([*encode(Header(6)), b"not a pickle"])

@@ -16,6 +16,7 @@ from ._faults import NetworkFaults as NetworkFaults
 from ._faults import network_faults as network_faults
 from ._fds import check_fd_headroom as check_fd_headroom
 from ._fds import raise_open_file_limit as raise_open_file_limit
+from ._flusher import Flusher as Flusher
 from ._frames import DEFAULT_MAX_MESSAGE_BYTES as DEFAULT_MAX_MESSAGE_BYTES
 from ._frames import MAGIC as MAGIC
 from ._frames import MAX_HEADER_BYTES as MAX_HEADER_BYTES
@@ -61,6 +62,7 @@ __all__ = (
     "CurveKeys",
     "Envelope",
     "FaultRule",
+    "Flusher",
     "Inbox",
     "Lent",
     "MalformedMessage",

@@ -47,6 +47,8 @@ RECONNECT_INTERVAL_MS = 5
 RECEIVE_QUEUE = 1000
 #: Longest base directory for ipc sockets, leaving room for the names meshvisor adds.
 _MAX_BASE_DIR_LEN = 40
+# Plain ints: pyzmq's enum flags cost an enum construction per `&` on the receive path.
+_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
 
 def new_context() -> zmq.Context[Any]:
@@ -156,11 +158,11 @@ class Inbox:
         if self._split:
             return self._split.popleft()
         socket = self._socket
-        while socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # cheaper than raising zmq.Again
+        while socket.getsockopt(_EVENTS) & _POLLIN:  # cheaper than raising zmq.Again
             try:
-                frames = [socket.recv(zmq.NOBLOCK, copy=False)]
+                frames = [socket.recv(_NOBLOCK, copy=False)]
                 while frames[-1].more:  # the parts of one message arrive together
-                    frames.append(socket.recv(zmq.NOBLOCK, copy=False))
+                    frames.append(socket.recv(_NOBLOCK, copy=False))
             except zmq.Again:
                 return None
             except zmq.ZMQError as exc:
@@ -176,6 +178,10 @@ class Inbox:
             if envelope is not None:
                 return envelope
         return None
+
+    def receive_received(self) -> Envelope | None:
+        """The next message of a batch already received (None if none): no socket call."""
+        return self._split.popleft() if self._split else None
 
     def _decode(self, frames: list[Any]) -> Envelope | None:
         """The message `frames` hold, or None (logged) when it is malformed or too large."""
@@ -347,7 +353,7 @@ def _send_frames(socket: zmq.Socket[Any], address: str, frames: Sequence[Any]) -
     """Queue one message on `socket` (connected to `address`) without blocking."""
     try:
         if len(frames) == 1:
-            socket.send(frames[0], zmq.NOBLOCK)  # copying a small frame is cheapest
+            socket.send(frames[0], _NOBLOCK)  # copying a small frame is cheapest
         else:  # buffers are copied once here, so later changes by the caller (an
             # optimizer step on a tensor just sent) cannot alter what was sent; zmq frames
             # (`Lent` buffers) go without a copy, their owner waits until they are released

@@ -121,8 +121,9 @@ class ReplyInbox:
             if not self.inbox.poll(None if left is None else max(1, int(left * 1000))):
                 continue
             envelope = self.inbox.receive_nowait()
-            if envelope is not None:
-                self._handle(envelope)
+            while envelope is not None:  # the rest of a batch of replies settles now too, so
+                self._handle(envelope)  # that the get() of each of their futures returns at once
+                envelope = self.inbox.receive_received()
 
     def _handle(self, envelope: Any) -> None:
         kind = type(envelope.header)

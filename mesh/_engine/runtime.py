@@ -56,6 +56,7 @@ from mesh._settings import Settings, current_settings
 from supervision import SupervisionEvent
 from transport import (
     Envelope,
+    Flusher,
     Inbox,
     Outbox,
     Payload,
@@ -91,6 +92,7 @@ class Runtime:
         self.zmq_context = new_context()
         self.inbox = Inbox(self.zmq_context, address)
         self.outbox = Outbox(self.zmq_context)
+        self._flusher = Flusher(self.outbox.flush, BATCH_DELAY_S, "meshvisor-flusher")
         self.address = self.inbox.address
         self.inbox_dir = os.path.dirname(address[6:]) if address.startswith("ipc://") else None
         self.tcp_host = _tcp_host(self.address)
@@ -207,6 +209,7 @@ class Runtime:
         self.output.close()  # lines still aggregated are printed first
         self.closed.set()
         self.replies.close()
+        self._flusher.stop()
         self.outbox.close(linger_ms=500)
         self.inbox.close()
         close_context(self.zmq_context)
@@ -242,12 +245,12 @@ class Runtime:
     def _flush_soon(self) -> None:
         """Send the waiting batches after the event loop's current turn when sent from it
         (async code batches what its tasks send in one turn), else within BATCH_DELAY_S
-        (at once without an event loop)."""
+        (the flusher thread's next tick: no wake-up of the event loop)."""
         loop = self.loop
         if loop.on_loop_thread():
             loop.call_soon(self.outbox.flush)
-        elif not loop.call_soon_threadsafe(loop.call_later, BATCH_DELAY_S, self.outbox.flush):
-            self.outbox.flush()
+        else:
+            self._flusher.soon()
 
     def _on_inbox_closed(self, envelope: Envelope) -> None:
         """A caller's reply inbox is gone: drop the connection made to answer it."""
