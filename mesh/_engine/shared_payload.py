@@ -80,7 +80,7 @@ def _write_all(fd: int, parts: list[Any], total: int) -> None:
     """Write `parts` (`total` bytes) at the start of `fd`, in as few system calls as the
     kernel allows: cheaper than faulting in a mapping of a new memory file page by page."""
     written = 0
-    views = [v for v in map(memoryview, parts) if v.nbytes]
+    views = [memoryview(p).cast("B") for p in parts if memoryview(p).nbytes]
     while written < total:
         done = os.writev(fd, views[:_IOV_MAX])
         if done <= 0:
