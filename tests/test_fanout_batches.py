@@ -17,10 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_agent_hardening import client_home
 
-from mesh._agent.procs import ProcRecord, ProcTable
-from mesh._agent.relay import FanOutRelay
+from mesh.testing import FanOutRelay, ProcRecord, ProcTable, wire
 from mesh.testing import fanout_wire as fw
-from mesh.testing import wire
 from transport import (
     BATCH_MAGIC,
     MAX_BATCH_MESSAGES,
