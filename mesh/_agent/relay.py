@@ -3,7 +3,9 @@
 A caller sends one `FanOut` for several procs of this host; the agent delivers the call to
 each of them (the payload's bytes as they came: the agent never unpickles them), asking for
 the answers itself. Answers that arrive together go back to the caller in one
-`RelayedReplies` per call. A proc that exits is dropped from the calls it was in: its caller
+`RelayedReplies` per call. What one pass over the agent's inbox sends leaves at its end, one
+frame per proc and per caller (`flush`): procs wake once per batch of calls, not per call.
+A proc that exits is dropped from the calls it was in: its caller
 fails that rank from the proc's exit report, as for a call sent to it directly.
 """
 
