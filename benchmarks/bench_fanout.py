@@ -276,16 +276,16 @@ def main() -> int:
     os.environ.setdefault("MESHVISOR_LOG_LEVEL", "warning")
     mesh.configure(agent_timeout_s=30.0)  # agents busy forking 64 procs on 2 cores are alive
     rows = [measure(this_host(), n, args.rounds) for n in args.sizes]
-    if any(n >= HOSTS for n in args.sizes):
-        with four_agents() as alloc:
-            hosts = attach(str(alloc))
-            rows += [measure(hosts, n, args.rounds) for n in args.sizes if n >= HOSTS]
-    payloads = [
+    payloads = [  # before attaching: local procs spawned after it cannot reach this client
         measure_payload(n, mb, kind, args.rounds)
         for n in args.payload_procs
         for mb in args.payload_mb
         for kind in ("bytes", "tensor")
     ]
+    if any(n >= HOSTS for n in args.sizes):
+        with four_agents() as alloc:
+            hosts = attach(str(alloc))
+            rows += [measure(hosts, n, args.rounds) for n in args.sizes if n >= HOSTS]
     mesh.testing.shutdown()
     report(rows, args.json)
     report_payloads(payloads, args.json)

@@ -13,7 +13,8 @@ aggregate proc lines without procs (`RankLog`, `LogFileConfig`, `line_level`, `A
 (and `detached_wire`, those of detached meshes; `debug_wire`, those of the distributed
 debugger; `workspace_wire`, those of workspace sync, whose paths an agent checks with
 `workspace_path_problem`; `fanout_wire`, those of fanned-out calls; `shared_payload_wire`,
-the memory files of shared payloads). `fan_out_from` sets when calls go through host agents,
+the memory files of shared payloads; `FanOutRelay`, an agent's half of fanned-out calls, over
+a `ProcTable` of `ProcRecord`s). `fan_out_from` sets when calls go through host agents,
 and `fanned_out` tells which path an actor mesh's last messages took. Each reads the engine
 in one place, here.
 """
@@ -29,6 +30,9 @@ from typing import Any
 from mesh._agent.log_files import LogFileConfig as LogFileConfig
 from mesh._agent.log_files import RankLog as RankLog
 from mesh._agent.log_records import line_level as line_level
+from mesh._agent.procs import ProcRecord as ProcRecord
+from mesh._agent.procs import ProcTable as ProcTable
+from mesh._agent.relay import FanOutRelay as FanOutRelay
 from mesh._api.actor_mesh import ActorMesh as _ActorMesh
 from mesh._api.configure import configured as settings
 from mesh._api.controllers import stop_controllers as stop_controllers
@@ -54,9 +58,12 @@ from mesh._shape import Region as Region
 __all__ = (
     "Aggregator",
     "Bookkeeping",
+    "FanOutRelay",
     "LocalAgent",
     "LogFileConfig",
     "Party",
+    "ProcRecord",
+    "ProcTable",
     "RankLog",
     "RankedLine",
     "Region",

@@ -3,7 +3,9 @@
 A caller sends one `FanOut` for several procs of this host; the agent delivers the call to
 each of them (the payload's bytes as they came: the agent never unpickles them), asking for
 the answers itself. Answers that arrive together go back to the caller in one
-`RelayedReplies` per call. A proc that exits is dropped from the calls it was in: its caller
+`RelayedReplies` per call. What one pass over the agent's inbox sends leaves at its end, one
+frame per proc and per caller (`flush`): procs wake once per batch of calls, not per call.
+A proc that exits is dropped from the calls it was in: its caller
 fails that rank from the proc's exit report, as for a call sent to it directly.
 """
 
@@ -110,8 +112,8 @@ class FanOutRelay:
             del self._calls[relay_id]
 
     def _deliver(self, proc: ProcRecord, frames: list[Any]) -> None:
-        if proc.connected or "*" not in proc.address:
-            self._send(proc.address, frames)
+        if proc.connected or "*" not in proc.address:  # in a batch, until this pass's `flush`
+            self._send(proc.address, frames, soon=True)
         else:  # a tcp proc that has not said which port it took: wait for it
             self._early.setdefault(proc.proc_id, []).append(frames)
 
@@ -140,23 +142,25 @@ class FanOutRelay:
         """Send the answers that arrived (one message per call), and the calls that waited
         for their tcp procs to be ready. Called each time the agent's inbox is drained."""
         for relayed in self._answered.values():
-            self._send_answers(relayed)
+            self._send_answers(relayed, soon=True)
         self._answered.clear()
         for proc_id in [p for p in self._early if self._ready(p)]:
             proc = self._procs.get(proc_id)
             for frames in self._early.pop(proc_id):
                 if proc is not None:
                     self._send(proc.address, frames)
+        self._outbox.flush()  # each proc gets this pass's calls, each caller its answers, at once
 
     def _ready(self, proc_id: str) -> bool:
         proc = self._procs.get(proc_id)
         return proc is None or proc.connected
 
-    def _send_answers(self, relayed: _Relayed) -> None:
+    def _send_answers(self, relayed: _Relayed, soon: bool = False) -> None:
         if relayed.answers:
             header, payload = pack_answers(relayed.call_id, relayed.answers)
             relayed.answers, relayed.nbytes = [], 0
-            self._send(relayed.reply_to, encode(header, payload, max_bytes=sys.maxsize))
+            frames = encode(header, payload, max_bytes=sys.maxsize)
+            self._send(relayed.reply_to, frames, soon=soon)
 
     def proc_exited(self, proc_id: str) -> None:
         """`proc_id` exited: the calls it was in no longer wait for it."""
@@ -178,9 +182,13 @@ class FanOutRelay:
                 del self._answered[relay_id]
         self._outbox.forget(address)
 
-    def _send(self, address: str, frames: list[Any]) -> None:
+    def _send(self, address: str, frames: list[Any], soon: bool = False) -> None:
+        """Send `frames`; `soon`: small ones may wait in a batch until the next `flush`."""
         try:
-            self._outbox.send(address, frames)
+            if soon:
+                self._outbox.send_soon(address, frames)
+            else:
+                self._outbox.send(address, frames)
         except TransportError as exc:
             self._log.warning("send_failed", to=address, reason=str(exc))
 

@@ -94,6 +94,8 @@ class Watchdog:
         paused = late_s > _PAUSE_S
         if paused:
             self._log.info("agent_was_paused", seconds=round(late_s, 3))
+        if not late_s:  # woken early or on time (a message): nothing moves; the hot path
+            return
         for proc in self._procs:
             proc.heartbeat_due += late_s
             proc.silent_since += late_s

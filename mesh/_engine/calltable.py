@@ -78,8 +78,12 @@ class CallTable:
             if pending is not None:
                 pending.sequence = routed.sequence
             batched = self._send_direct(routed.direct, payload, busy)
-            for agent, group in routed.relayed.items():
-                self._outbox.send(agent, fan_out_frames(group, payload))
+            for agent, group in routed.relayed.items():  # to busy procs: may wait, as above
+                frames = fan_out_frames(group, payload)
+                if any(peer.proc_id in busy for peer, _ in group):
+                    batched |= self._outbox.send_soon(agent, frames)
+                else:
+                    self._outbox.send(agent, frames)
         if batched:
             self._flush_soon()
         for index, error in failed:

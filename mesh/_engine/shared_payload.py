@@ -33,6 +33,7 @@ from transport import Envelope, Payload, get_logger, message_type, safe_str
 SHARED_PAYLOAD_MIN_BYTES = 1 << 20
 
 _TOKEN_BYTES = 16
+_IOV_MAX = 1024  # the most parts one writev takes (Linux's UIO_MAXIOV)
 _SEALS = getattr(fcntl, "F_SEAL_WRITE", 8) | getattr(fcntl, "F_SEAL_GROW", 4)
 _SEALS |= getattr(fcntl, "F_SEAL_SHRINK", 2) | getattr(fcntl, "F_SEAL_SEAL", 1)
 
@@ -66,19 +67,29 @@ def share_payload(message: CallActor, payload: Payload) -> tuple[int, SharedCall
     token = secrets.token_bytes(_TOKEN_BYTES)
     fd = os.memfd_create("meshvisor-payload", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
-        os.ftruncate(fd, total)
-        with mmap.mmap(fd, total) as view:
-            view[:_TOKEN_BYTES] = token
-            start = _TOKEN_BYTES
-            for part in (body, *buffers):
-                view[start : start + part.nbytes] = part
-                start += part.nbytes
+        _write_all(fd, [token, body, *buffers], total)
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
     except BaseException:
         os.close(fd)
         raise
     sizes = tuple(b.nbytes for b in buffers)
     return fd, SharedCall(message, os.getpid(), fd, token, body.nbytes, sizes)
+
+
+def _write_all(fd: int, parts: list[Any], total: int) -> None:
+    """Write `parts` (`total` bytes) at the start of `fd`, in as few system calls as the
+    kernel allows: cheaper than faulting in a mapping of a new memory file page by page."""
+    written = 0
+    views = [memoryview(p).cast("B") for p in parts if memoryview(p).nbytes]
+    while written < total:
+        done = os.writev(fd, views[:_IOV_MAX])
+        if done <= 0:
+            raise OSError(f"writing the shared payload stopped after {written} of {total} bytes")
+        written += done
+        while views and done >= views[0].nbytes:
+            done -= views.pop(0).nbytes
+        if done:
+            views[0] = views[0][done:]
 
 
 def mapped_payload(shared: SharedCall) -> Payload:
