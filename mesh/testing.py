@@ -77,6 +77,7 @@ __all__ = (
     "fan_out_from",
     "fanned_out",
     "fanout_wire",
+    "greetings_sent",
     "heal_links",
     "inbox_address",
     "known_agents",
@@ -164,6 +165,11 @@ def inbox_address(*, local: bool = False) -> str:
     ``local=True`` gives its ipc address on this host, which does not."""
     runtime = _session.current_session().runtime
     return runtime.inbox.address if local else runtime.address
+
+
+def greetings_sent(address: str) -> int:
+    """How many `OwnerAlive` greetings this client has sent the host agent at `address`."""
+    return _session.current_session().runtime.agents.greetings[address]
 
 
 def known_agents() -> frozenset[str]:

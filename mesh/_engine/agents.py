@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -61,6 +62,7 @@ class AgentWatch:
         self._lost: dict[str, str] = {}  # local agent -> why its process is gone
         self._stopping: set[str] = set()
         self._next_greeting: dict[str, float] = {}  # silent agent -> when to greet it again
+        self.greetings: Counter[str] = Counter()  # OwnerAlive messages sent, per agent
         self._greeting = False  # whether the periodic OwnerAlive runs
         self._log = get_logger("mesh.runtime", proc=proc_id)
 
@@ -90,7 +92,7 @@ class AgentWatch:
         settings.agent_timeout_s (a partition may heal). Either way the request ends."""
         if agent in self._silent:  # greeted now, not after a pause: it may be back
             self._next_greeting.pop(agent, None)
-            self._runtime.send_message(agent, OwnerAlive(self._runtime.address))
+            self._greet(agent)
         doubtful = agent in self._silent or agent in self._stopping
         if doubtful or agent in self._lost:
             self._loop.call_soon_threadsafe(self._check_gone_agent, agent, time.monotonic())
@@ -129,7 +131,7 @@ class AgentWatch:
         # greeting left to a busy loop thread could come after a spawn), so that their
         # incarnation is known before a restart could hide it.
         for agent in sorted(new):
-            self._runtime.send_message(agent, OwnerAlive(self._runtime.address))
+            self._greet(agent)
         if new and not self._greeting:
             self._greeting = True
             self._loop.call_soon_threadsafe(self._send_owner_alive)
@@ -162,13 +164,17 @@ class AgentWatch:
                 del self._heard[agent]
                 continue
             if self._greets(agent, now, heard):
-                runtime.send_message(agent, OwnerAlive(runtime.address))
+                self._greet(agent)
             silent = now - heard > timeout_s and agent not in self._stopping
             if silent and agent not in self._silent:  # each silence once
                 self._silent.add(agent)
                 why = self._refused_by(agent) or f"gave no answer for {now - heard:.1f} s"
                 self._agent_lost(agent, f"at {agent} {why}")
         self._loop.call_later(self._runtime.settings.owner_alive_interval_s, self._send_owner_alive)
+
+    def _greet(self, agent: str) -> None:
+        self.greetings[agent] += 1
+        self._runtime.send_message(agent, OwnerAlive(self._runtime.address))
 
     def _greets(self, agent: str, now: float, heard: float) -> bool:
         """Whether to greet `agent` this tick: always while it answers; a silent one ever
