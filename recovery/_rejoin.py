@@ -59,36 +59,47 @@ class Rejoins:
         True if a spare took a member's place (same ids, other procs: a fresh group)."""
         replaced = False
         for member in self._members:
-            if member.state != "failed":
+            with member.lock:  # `respawn` may be under way on the event loop thread
+                state, respawn, up, healing = (
+                    member.state,
+                    member.respawn,
+                    member.up,
+                    member.healing,
+                )
+            if state != "failed":
                 continue
-            if member.respawn is None:
+            if respawn is None:
                 if self._take_spare(member, committed):
                     replaced = True
                 else:
                     self.respawn(member)
-            elif member.up is not None:
-                if member.up.done():
+            elif up is not None:
+                if up.done():
                     self._up(member, committed)
-            elif member.healing is None:  # up, but there was no one to heal from: try again
+            elif healing is None:  # up, but there was no one to heal from: try again
                 self._heal(member, committed)
-            elif member.healing.done():
+            elif healing.done():
                 self._healed(member, committed)
         return replaced
 
     def respawn(self, member: Member) -> None:
-        """Re-spawn failed `member` in the background (on a spare host if its host is lost)."""
+        """Re-spawn failed `member` in the background (on a spare host if its host is lost).
+        Any thread: the group calls it as soon as it hears of the failure, from the event
+        loop thread too (never waits: it only sends). Its fields change together, under the
+        member's lock, so that `tend` never sees a re-spawn without its first call."""
         with member.lock:
             if member.respawn is not None or member.state != "failed":
                 return
             host = self._spawner.spare_hosts.take() if member.host_lost else None
             member.host_lost = False
-            member.respawn = member.procs.respawn(on=host)
+            respawn = member.procs.respawn(on=host)
             # calls to a re-spawning rank wait for it: this one starts as soon as it is up
             donors, args = self._donors(), self._configure_args(member)
             if donors:  # it heals as soon as it runs, not at the next step boundary
                 member.healing = member.actors.rejoin.call(*args, donors)
             else:
                 member.up = member.actors.configure.call(*args)
+            member.respawn = respawn
 
     def _take_spare(self, member: Member, committed: int) -> bool:
         donors = self._donors()

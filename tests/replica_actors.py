@@ -109,3 +109,12 @@ class HeldHeals(Trainer):
 
 class BrokenTrainer(Replica):
     """A replica whose subclass forgot to implement build()."""
+
+
+class Announced(Trainer):
+    """Writes `built-<pid>` into `marks` as it is built, so a test sees a replacement run
+    without stepping the group."""
+
+    def __init__(self, marks: str) -> None:
+        (Path(marks) / f"built-{os.getpid()}").touch()
+        super().__init__()
