@@ -1,4 +1,5 @@
-"""How a replacement replica builds its model: with the random initialisations skipped.
+"""How a replacement replica builds its model (random initialisations skipped) and pays a new
+process's first-step costs before its first step.
 
 A replacement heals every tensor of its state from a live peer, so the values `build()` draws
 for it are never read; drawing them costs seconds at model scale (about 2 s for 84 M
@@ -9,9 +10,16 @@ parameters on one thread). Inside `random_init_skipped`, torch's random fills
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ._arithmetic import flat_gradient
+from ._follow import warm_up_gloo
+
+if TYPE_CHECKING:
+    import torch
 
 #: The random fills skipped: the initialisers of ``torch.nn.init`` a module's
 #: ``reset_parameters`` calls, and the tensor methods they are built on.
@@ -52,3 +60,19 @@ def random_init_skipped() -> Iterator[None]:
 
     with _SkipRandomInit():
         yield
+
+
+def warm_up_in_background(
+    model: torch.nn.Module, stepping: threading.Lock, keep: Callable[[torch.Tensor], None]
+) -> None:
+    """On a thread, holding `stepping` (a step waits for it): gloo's one-time set-up and the
+    flat gradient's memory (`keep` gets it), which a new process would otherwise pay in its
+    first step, where the whole group waits for it. A replacement does this once healed,
+    while the group finishes the step under way."""
+
+    def run() -> None:
+        with stepping:
+            warm_up_gloo()
+            keep(flat_gradient(model))
+
+    threading.Thread(target=run, name="replica-warm-up", daemon=True).start()

@@ -36,7 +36,7 @@ from ._arithmetic import (
     restore_buffers,
     save_buffers,
 )
-from ._build import random_init_skipped
+from ._build import random_init_skipped, warm_up_in_background
 from ._exchange import average, exchange_average, open_group
 from ._follow import (
     Takeover,
@@ -150,7 +150,9 @@ class Replica(Actor):
         """A replacement: take the place of replica `replica_id` and heal from `peers` at once,
         as soon as it runs (they go on stepping meanwhile)."""
         self._configure(replica_id, ranks_per_replica, keep_updates)
-        return self._heal(list(peers))
+        report = self._heal(list(peers))
+        warm_up_in_background(self.model, self._stepping, lambda g: setattr(self, "_gradient", g))
+        return report
 
     def _built(self) -> None:
         """Build the model again, initialised, if this replacement skipped its initialisation

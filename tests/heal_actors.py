@@ -40,8 +40,15 @@ class BigTrainer(Trainer):
 
     @endpoint
     def memory(self) -> dict[str, Any]:
-        """Resident bytes when built, peak since the last reset, and the last heal's report."""
-        return {"built": self.rss_built, "peak": rss_kb("VmHWM"), "heal": self.last_heal}
+        """Resident bytes when built, peak since the last reset, the last heal's report, and
+        the bytes of the parameters."""
+        params = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return {
+            "built": self.rss_built,
+            "peak": rss_kb("VmHWM"),
+            "heal": self.last_heal,
+            "params": params,
+        }
 
 
 def rss_kb(field: str) -> int:
