@@ -211,6 +211,9 @@ class ReplicaGroup:
 
     def close(self) -> None:
         """Stop every replica and spare."""
+        for member in self._members:
+            with member.lock:  # neither a failure nor a re-spawn from now on
+                member.state = "closed"
         stopping = [member.procs.stop(grace_s=1.0) for member in self._members]
         self._standbys.close()
         for future in stopping:
