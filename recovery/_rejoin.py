@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mesh import Future
 from supervision import ActorError, SupervisionError
 from transport import get_logger
 
@@ -96,7 +97,7 @@ class Rejoins:
             # calls to a re-spawning rank wait for it: this one starts as soon as it is up
             donors, args = self._donors(), self._configure_args(member)
             if donors:  # it heals as soon as it runs, not at the next step boundary
-                member.healing = member.actors.rejoin.call(*args, donors)
+                member.healing = _timed(member.actors.rejoin.call(*args, donors), member)
             else:
                 member.up = member.actors.configure.call(*args)
             member.respawn = respawn
@@ -122,7 +123,7 @@ class Rejoins:
         if not donors and not committed:  # nothing committed yet: as built, it is current
             self._live(member)
         elif donors:
-            member.healing = member.actors.heal_from.call(donors)
+            member.healing = _timed(member.actors.heal_from.call(donors), member)
 
     def _healed(self, member: Member, committed: int) -> None:
         healing, member.healing = member.healing, None
@@ -136,9 +137,6 @@ class Rejoins:
             self._heal(member, committed)
             return
         reports = list(healing.get().values())
-        assert member.recovery is not None
-        if member.recovery.respawned_at is None:  # it healed as soon as it ran (`rejoin`)
-            member.recovery.respawned_at = time.monotonic() - max(r.seconds for r in reports)
         step = min(report.step for report in reports)
         if step == committed or self._catch_up(member, committed):
             self._live(member)
@@ -164,3 +162,18 @@ class Rejoins:
 
     def _donors(self) -> list[Any]:
         return [m.actors for m in self._members if m.state == "live"]
+
+
+def _timed(healing: Future[Any], member: Member) -> Future[Any]:
+    """`healing` (a heal of `member`'s replacement), which notes when it began once it ends
+    well: the replacement was up (spawned, built) then. Noted as it ends, on whichever thread
+    settles it, not at the step boundary where the group sees it."""
+    recovery = member.recovery
+
+    def note(done: Future[Any]) -> None:
+        if recovery is not None and recovery.respawned_at is None and done.exception() is None:
+            seconds = max(report.seconds for report in done.get(timeout=0).values())
+            recovery.respawned_at = time.monotonic() - seconds
+
+    healing.add_done_callback(note)
+    return healing
