@@ -20,13 +20,14 @@ from mesh import Future
 from supervision import ActorError, SupervisionError
 from transport import get_logger
 
+from ._heal import OLD_STEP_COMMITS
 from ._members import Member, ReplicaSpawner
 from ._outcomes import short
 from ._standby import Standbys
 
 #: While a replacement heals, members keep the averaged gradients of this many committed steps
 #: (a gradient's memory each), so a heal that a commit overtook at its end is caught up.
-KEEP_WHILE_HEALING = 2
+KEEP_WHILE_HEALING = OLD_STEP_COMMITS
 
 _LOST = (SupervisionError, ActorError, TimeoutError)
 

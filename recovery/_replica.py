@@ -232,7 +232,7 @@ class Replica(Actor):
             if self._update is None or step != self.committed_step + 1:
                 raise RuntimeError(f"replica {self.replica_id} has no prepared step {step}")
             self.on_phase("commit", step)
-            self._donor.clear()  # the state changes now: chunks lent to a heal keep their bytes
+            self._donor.clear(keep_old=True)  # the state changes now: a heal keeps its bytes
             self.on_phase("apply", step)
             apply_average(self.model, self.optimizer, self._update)
             self._started = None
