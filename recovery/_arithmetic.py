@@ -35,6 +35,12 @@ def local_gradient(
     return flat
 
 
+def flat_gradient(model: torch.nn.Module) -> torch.Tensor:
+    """A zeroed flat gradient of `model`'s parameters, its memory written once (no page
+    faults left for the first `local_gradient` that reuses it)."""
+    return _flat_like(list(model.parameters()))
+
+
 def _fits(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> bool:
     return flat.numel() == sum(p.numel() for p in params) and all(
         p.dtype == flat.dtype and p.device == flat.device for p in params

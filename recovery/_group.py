@@ -27,7 +27,7 @@ from transport import get_logger
 
 from ._aborts import AbortNotices
 from ._members import PRELOAD, Member, ReplicaSpawner, gather
-from ._outcomes import Recovery, ReplicaGroupError, StepOutcome, alive, short
+from ._outcomes import Recovery, ReplicaGroupError, ReplicaLost, StepOutcome, alive, short
 from ._rejoin import KEEP_WHILE_HEALING, Rejoins
 from ._replica import Replica
 from ._spares import SparePool, host_lost
@@ -89,6 +89,7 @@ class ReplicaGroup:
         self._current: tuple[int, tuple[int, ...]] = (0, ())  # (quorum, its members)
         self._log = get_logger("recovery.group", group=name)
         self._members: list[Member] = []  # filled as spawned: a failure may come meanwhile
+        self._started = False  # failed replicas are re-spawned at once from then on
         self._spawner = ReplicaSpawner(
             hosts,
             replica_class,
@@ -210,6 +211,9 @@ class ReplicaGroup:
 
     def close(self) -> None:
         """Stop every replica and spare."""
+        for member in self._members:
+            with member.lock:  # neither a failure nor a re-spawn from now on
+                member.state = "closed"
         stopping = [member.procs.stop(grace_s=1.0) for member in self._members]
         self._standbys.close()
         for future in stopping:
@@ -231,6 +235,7 @@ class ReplicaGroup:
             healed = member.actors.heal_from.call(live[0].actors)
             self._while_starting(member, healed, self.step_timeout_s)
         self._standbys.tend([m.actors for m in live[:1]])  # spares heal once their procs run
+        self._started = True
 
     def _configure_args(self, member: Member) -> tuple[int, int, int]:
         return member.index, self.ranks_per_replica, self._keep_updates
@@ -270,6 +275,8 @@ class ReplicaGroup:
         if index in participants:  # survivors waiting on it in a collective give up now
             self._aborts.abort(quorum, f"replica {index} {why}")
         self._log.warning("replica_failed", replica=index, reason=why)
+        if self._started and not self._standbys.ready():  # else a spare takes its place
+            self._rejoins.respawn(member)  # now, not at the next step: the spawn is long
 
     def _await_quorum(self) -> tuple[int, ...]:
         """The live replicas, once there are at least `min_replicas` (bounded wait)."""
@@ -327,14 +334,18 @@ class ReplicaGroup:
     def _call_all(self, members: tuple[int, ...], endpoint: str, *args: Any) -> dict[int, Any]:
         """Call `endpoint` on every rank of each member at once; per member, the list of
         values (rank order) or the error."""
-        futures = {}
+        futures, gone = {}, {}
         for position, index in enumerate(members):
             call_args = list(args)
             if endpoint == "join":
                 call_args[1] = position * self.ranks_per_replica
-            mesh = self._members[index].actors
-            futures[index] = getattr(mesh, endpoint).call(*call_args)
-        return gather(futures, self.step_timeout_s)
+            member = self._members[index]
+            with member.lock:  # a failed member's replacement may be on its way: not to it
+                if member.state != "live":
+                    gone[index] = ReplicaLost(f"replica {index} failed during this step")
+                    continue
+                futures[index] = getattr(member.actors, endpoint).call(*call_args)
+        return gather(futures, self.step_timeout_s) | gone
 
     def _abort(self, members: tuple[int, ...], step: int, failed: dict[int, Any]) -> None:
         """Undo `step` everywhere it was prepared; replicas that died are re-spawned."""

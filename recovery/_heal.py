@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from mesh import ActorMesh, Future
 
 _log = get_logger("recovery.heal")
+#: A donor keeps the old step of a heal that a commit overtook for this many commits: the
+#: members keep as many updates for the replacement to catch up with (`KEEP_WHILE_HEALING`).
+OLD_STEP_COMMITS = 2
 #: How long a donor waits for the transport to report its sent chunks released.
 _RELEASE_GRACE_S = 0.1
 
@@ -80,13 +83,19 @@ class DonorCache:
         self._tensors: list[tuple[str, torch.Tensor]] = []
         self._skeleton: Any = None
         self._lent: list[tuple[Lent, torch.Tensor]] = []
+        self._asked = -1  # the highest tensor index a heal asked for at `_step`
+        self._old = _OldStep()
 
-    def clear(self) -> None:
+    def clear(self, keep_old: bool = False) -> None:
         """Forget the tensors: the caller changes them next. A tensor with chunks the
         transport has not sent yet (to a receiver that stopped reading, or died) first moves
         to a copy of its memory, so that the bytes in flight stay those of the committed step;
         the old memory is freed once the transport drops them. Waits a moment at most: zmq
-        reports a sent chunk released through a thread of pyzmq's, shortly after."""
+        reports a sent chunk released through a thread of pyzmq's, shortly after. With
+        `keep_old` (a commit), a heal under way goes on across it (`_OldStep`)."""
+        if keep_old:
+            self._old.commit(self._step, self._tensors, self._asked)
+        self._asked = -1
         deadline = time.monotonic() + _RELEASE_GRACE_S
         unsent = {
             id(tensor): tensor
@@ -116,9 +125,13 @@ class DonorCache:
         prepared: bool,
         before: StepStart | None = None,
     ) -> list[Chunk]:
-        """The bytes of `pieces` of `replica`'s committed state at `step`."""
+        """The bytes of `pieces` of `replica`'s committed state at `step` (or of the step
+        before, for a heal that a commit overtook, from what was kept of it)."""
+        if step != replica.committed_step and step == self._old.step and not prepared:
+            return self._old.serve(pieces, _refusal(step, replica.committed_step))
         self._refresh(replica, step, prepared, before)
         chunks = serve(self._tensors, pieces)
+        self._asked = max([self._asked] + [p[0] for p in pieces])
         self._lent = [entry for entry in self._lent if not entry[0].released]
         for (index, _, _), chunk in zip(pieces, chunks):
             if chunk.lent is not None:
@@ -131,16 +144,58 @@ class DonorCache:
         if prepared:
             raise RuntimeError("a step is prepared but not committed: its state is not final")
         if step != replica.committed_step:
-            raise RuntimeError(
-                f"asked for the state of step {step} but this replica has committed "
-                f"{replica.committed_step}: heal again from the current step"
-            )
+            raise RuntimeError(_refusal(step, replica.committed_step))
         if self._step != step:
             self._tensors, self._skeleton = state_tensors(replica.model, replica.optimizer)
             self._step = step
             if before is not None:  # the committed buffers, not those the forward pass changes
                 saved = dict(zip(map(id, replica.model.buffers()), before.buffers))
                 self._tensors = [(key, saved.get(id(t), t)) for key, t in self._tensors]
+
+
+class _OldStep:
+    """A donor's copy of the part of its state that a heal under way has not asked for yet,
+    taken as a commit overtakes the heal: the heal goes on at its step instead of starting
+    again, and the group catches the replacement up on the steps committed since (from the
+    updates the members keep while it heals). Its memory is the part not asked for yet, at
+    most the state; it is dropped after `OLD_STEP_COMMITS` commits, past which that catch-up
+    is no longer possible, or replaced when a heal asks for a later step."""
+
+    def __init__(self) -> None:
+        self.step = -1
+        self._tensors: list[tuple[str, torch.Tensor]] = []
+        self._kept: set[int] = set()
+        self._age = 0  # commits since it was taken
+
+    def commit(self, step: int, tensors: list[tuple[str, torch.Tensor]], asked: int) -> None:
+        """The donor commits the step after `step`, whose `tensors` a heal asked for up to
+        index `asked` (-1: no heal asked since the last commit)."""
+        self._age += 1
+        if asked >= 0 and step >= 0:
+            import torch
+
+            empty = torch.empty(0)
+            self.step, self._age = step, 0
+            self._kept = set(range(asked, len(tensors)))
+            self._tensors = [
+                (key, tensor.detach().clone() if index in self._kept else empty)
+                for index, (key, tensor) in enumerate(tensors)
+            ]
+        elif self._age >= OLD_STEP_COMMITS:
+            self.step, self._tensors, self._kept = -1, [], set()
+
+    def serve(self, pieces: Sequence[Piece], refusal: str) -> list[Chunk]:
+        """The bytes of `pieces` at the old step; `refusal` if any was not kept."""
+        if not all(isinstance(p, tuple) and p and p[0] in self._kept for p in pieces):
+            raise RuntimeError(refusal)
+        return serve(self._tensors, pieces)
+
+
+def _refusal(step: int, committed: int) -> str:
+    return (
+        f"asked for the state of step {step} but this replica has committed {committed}: "
+        "heal again from the current step"
+    )
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ class Member:
     index: int
     procs: ProcMesh
     actors: ActorMesh[Replica]
-    state: str = "live"  # live | failed
+    state: str = "live"  # live | failed | closed
     respawn: Future[None] | None = None
     up: Future[Any] | None = None  # done once the replacement runs (configured)
     healing: Future[Any] | None = None  # the replacement's heal, while the others step

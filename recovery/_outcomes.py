@@ -11,6 +11,11 @@ class ReplicaGroupError(RuntimeError):
     """The group cannot go on: too few replicas for too long, or replicas diverged."""
 
 
+class ReplicaLost(RuntimeError):
+    """A call of a step not made: its replica failed earlier in the step (and is being
+    replaced: the call would wait for the replacement)."""
+
+
 @dataclass(frozen=True)
 class StepOutcome:
     """What became of one attempt at a step."""

@@ -16,16 +16,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mesh import Future
 from supervision import ActorError, SupervisionError
 from transport import get_logger
 
+from ._heal import OLD_STEP_COMMITS
 from ._members import Member, ReplicaSpawner
 from ._outcomes import short
 from ._standby import Standbys
 
 #: While a replacement heals, members keep the averaged gradients of this many committed steps
 #: (a gradient's memory each), so a heal that a commit overtook at its end is caught up.
-KEEP_WHILE_HEALING = 2
+KEEP_WHILE_HEALING = OLD_STEP_COMMITS
 
 _LOST = (SupervisionError, ActorError, TimeoutError)
 
@@ -59,36 +61,47 @@ class Rejoins:
         True if a spare took a member's place (same ids, other procs: a fresh group)."""
         replaced = False
         for member in self._members:
-            if member.state != "failed":
+            with member.lock:  # `respawn` may be under way on the event loop thread
+                state, respawn, up, healing = (
+                    member.state,
+                    member.respawn,
+                    member.up,
+                    member.healing,
+                )
+            if state != "failed":
                 continue
-            if member.respawn is None:
+            if respawn is None:
                 if self._take_spare(member, committed):
                     replaced = True
                 else:
                     self.respawn(member)
-            elif member.up is not None:
-                if member.up.done():
+            elif up is not None:
+                if up.done():
                     self._up(member, committed)
-            elif member.healing is None:  # up, but there was no one to heal from: try again
+            elif healing is None:  # up, but there was no one to heal from: try again
                 self._heal(member, committed)
-            elif member.healing.done():
+            elif healing.done():
                 self._healed(member, committed)
         return replaced
 
     def respawn(self, member: Member) -> None:
-        """Re-spawn failed `member` in the background (on a spare host if its host is lost)."""
+        """Re-spawn failed `member` in the background (on a spare host if its host is lost).
+        Any thread: the group calls it as soon as it hears of the failure, from the event
+        loop thread too (never waits: it only sends). Its fields change together, under the
+        member's lock, so that `tend` never sees a re-spawn without its first call."""
         with member.lock:
             if member.respawn is not None or member.state != "failed":
                 return
             host = self._spawner.spare_hosts.take() if member.host_lost else None
             member.host_lost = False
-            member.respawn = member.procs.respawn(on=host)
+            respawn = member.procs.respawn(on=host)
             # calls to a re-spawning rank wait for it: this one starts as soon as it is up
             donors, args = self._donors(), self._configure_args(member)
             if donors:  # it heals as soon as it runs, not at the next step boundary
-                member.healing = member.actors.rejoin.call(*args, donors)
+                member.healing = _timed(member.actors.rejoin.call(*args, donors), member)
             else:
                 member.up = member.actors.configure.call(*args)
+            member.respawn = respawn
 
     def _take_spare(self, member: Member, committed: int) -> bool:
         donors = self._donors()
@@ -111,7 +124,7 @@ class Rejoins:
         if not donors and not committed:  # nothing committed yet: as built, it is current
             self._live(member)
         elif donors:
-            member.healing = member.actors.heal_from.call(donors)
+            member.healing = _timed(member.actors.heal_from.call(donors), member)
 
     def _healed(self, member: Member, committed: int) -> None:
         healing, member.healing = member.healing, None
@@ -125,9 +138,6 @@ class Rejoins:
             self._heal(member, committed)
             return
         reports = list(healing.get().values())
-        assert member.recovery is not None
-        if member.recovery.respawned_at is None:  # it healed as soon as it ran (`rejoin`)
-            member.recovery.respawned_at = time.monotonic() - max(r.seconds for r in reports)
         step = min(report.step for report in reports)
         if step == committed or self._catch_up(member, committed):
             self._live(member)
@@ -153,3 +163,18 @@ class Rejoins:
 
     def _donors(self) -> list[Any]:
         return [m.actors for m in self._members if m.state == "live"]
+
+
+def _timed(healing: Future[Any], member: Member) -> Future[Any]:
+    """`healing` (a heal of `member`'s replacement), which notes when it began once it ends
+    well: the replacement was up (spawned, built) then. Noted as it ends, on whichever thread
+    settles it, not at the step boundary where the group sees it."""
+    recovery = member.recovery
+
+    def note(done: Future[Any]) -> None:
+        if recovery is not None and recovery.respawned_at is None and done.exception() is None:
+            seconds = max(report.seconds for report in done.get(timeout=0).values())
+            recovery.respawned_at = time.monotonic() - seconds
+
+    healing.add_done_callback(note)
+    return healing

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from mesh import Actor, concurrent_endpoint, context, endpoint
@@ -35,6 +36,7 @@ from ._arithmetic import (
     restore_buffers,
     save_buffers,
 )
+from ._build import random_init_skipped, warm_up_in_background
 from ._exchange import average, exchange_average, open_group
 from ._follow import (
     Takeover,
@@ -77,12 +79,19 @@ class Replica(Actor):
     #: which costs about a pass over them) every this many steps; every step with spares,
     #: whose checks need the digest of each committed step.
     check_every: int = 16
+    #: A replacement (an actor rebuilt after a failure) builds its model with random
+    #: initialisations skipped, since it heals every tensor of its state (`_build`); set
+    #: False if `build` draws random tensors that are not in the state dict.
+    skip_init_when_replacing: bool = True
 
     def __init__(self) -> None:
         import torch
 
         torch.set_num_threads(1)  # reductions in the same order everywhere: bitwise replays
-        self.model, self.optimizer = self.build()
+        # a replacement's initial values are never read: it heals (or builds again, `_built`)
+        self._uninitialised = self.skip_init_when_replacing and context().restart_count > 0
+        with random_init_skipped() if self._uninitialised else nullcontext():
+            self.model, self.optimizer = self.build()
         self.committed_step = 0  # the number of steps committed so far
         self.replica_id = -1
         self.ranks_per_replica = 1
@@ -128,6 +137,7 @@ class Replica(Actor):
         """Take the place of replica `replica_id` (-1: a spare); keep the updates of the last
         `keep_updates` committed steps for spares (0: the group has none)."""
         self._configure(replica_id, ranks_per_replica, keep_updates)
+        self._built()
 
     @endpoint
     def rejoin(
@@ -140,7 +150,17 @@ class Replica(Actor):
         """A replacement: take the place of replica `replica_id` and heal from `peers` at once,
         as soon as it runs (they go on stepping meanwhile)."""
         self._configure(replica_id, ranks_per_replica, keep_updates)
-        return self._heal(list(peers))
+        report = self._heal(list(peers))
+        warm_up_in_background(self.model, self._stepping, lambda g: setattr(self, "_gradient", g))
+        return report
+
+    def _built(self) -> None:
+        """Build the model again, initialised, if this replacement skipped its initialisation
+        and has not healed: the group had nothing to heal it from (nothing committed yet)."""
+        with self._changing:
+            if self._uninitialised:
+                self.model, self.optimizer = self.build()
+                self._uninitialised = False
 
     def _configure(self, replica_id: int, ranks_per_replica: int, keep_updates: int) -> None:
         self.replica_id = replica_id
@@ -163,6 +183,7 @@ class Replica(Actor):
         replica's ranks take the group ranks from `base` on. Gives up as soon as the group's
         controller says that a member failed (`ExchangeAborted`)."""
         self.on_phase("join", step)
+        self._built()
         self._rank = context().rank.rank
         rank = base + self._rank
         self._group = None  # the old group: its peers may be gone
@@ -211,7 +232,7 @@ class Replica(Actor):
             if self._update is None or step != self.committed_step + 1:
                 raise RuntimeError(f"replica {self.replica_id} has no prepared step {step}")
             self.on_phase("commit", step)
-            self._donor.clear()  # the state changes now: chunks lent to a heal keep their bytes
+            self._donor.clear(keep_old=True)  # the state changes now: a heal keeps its bytes
             self.on_phase("apply", step)
             apply_average(self.model, self.optimizer, self._update)
             self._started = None
@@ -263,12 +284,14 @@ class Replica(Actor):
         self.last_heal = heal(
             self, donors, self.heal_chunk_bytes, self.heal_window, self.heal_timeout_s
         )
+        self._uninitialised = False
         return self.last_heal
 
     @concurrent_endpoint
     def heal_layout(self) -> StateLayout:
         """The layout of the committed state, for a replacement healing from this replica
         (while it steps, too: a step changes the state only when it is committed)."""
+        self._built()
         with self._changing:
             return self._donor.layout(self, False, self._started)
 

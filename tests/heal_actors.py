@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,15 @@ class BigTrainer(Trainer):
 
     @endpoint
     def memory(self) -> dict[str, Any]:
-        """Resident bytes when built, peak since the last reset, and the last heal's report."""
-        return {"built": self.rss_built, "peak": rss_kb("VmHWM"), "heal": self.last_heal}
+        """Resident bytes when built, peak since the last reset, the last heal's report, and
+        the bytes of the parameters."""
+        params = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return {
+            "built": self.rss_built,
+            "peak": rss_kb("VmHWM"),
+            "heal": self.last_heal,
+            "params": params,
+        }
 
 
 def rss_kb(field: str) -> int:
@@ -149,3 +157,32 @@ class WiderTrainer(Trainer):
     def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         model = torch.nn.Sequential(torch.nn.Linear(8, 17), torch.nn.Tanh(), torch.nn.Linear(17, 1))
         return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+
+class HeldAfterFirstChunk(Trainer):
+    """Heals in 64-byte chunks, one in flight per peer. As a donor, once the file `hold`
+    exists, each proc serves one chunk, then none while `hold` exists (at most 30 s; `hold` +
+    ".asked" says a request waits), so that a test commits a step in the middle of a heal."""
+
+    heal_chunk_bytes = 64
+    heal_window = 1
+
+    def __init__(self, hold: str) -> None:
+        self.hold = Path(hold)
+        self.served = 0
+        super().__init__()
+
+    def on_phase(self, phase: str, step: int) -> None:
+        if phase != "heal" or not self.hold.exists():
+            return
+        self.served += 1
+        if self.served > 1:
+            self.hold.with_suffix(".asked").touch()
+            deadline = time.monotonic() + 30.0
+            while self.hold.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+    @endpoint
+    def healed_to(self) -> int | None:
+        """The step this replica's last heal brought it to (None: it never healed)."""
+        return None if self.last_heal is None else self.last_heal.step

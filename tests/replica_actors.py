@@ -109,3 +109,21 @@ class HeldHeals(Trainer):
 
 class BrokenTrainer(Replica):
     """A replica whose subclass forgot to implement build()."""
+
+
+class Announced(Trainer):
+    """Writes `built-<pid>` into `marks` as it is built, so a test sees a replacement run
+    without stepping the group."""
+
+    def __init__(self, marks: str) -> None:
+        (Path(marks) / f"built-{os.getpid()}").touch()
+        super().__init__()
+
+    def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        self.init_skipped = bool(torch.nn.init.uniform_(torch.zeros(4)).eq(0).all())
+        return super().build()
+
+    @endpoint
+    def skipped_init(self) -> bool:
+        """Whether this replica's build skipped random initialisations (a replacement's)."""
+        return self.init_skipped

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
 import replica_actors as ra
-from test_replicas import HB, assert_invariants, pid_of
+from test_replicas import HB, assert_invariants, pid_of, train, train_until_recovered
 
 from mesh import this_host
 from recovery import ReplicaGroup
@@ -58,4 +59,41 @@ def test_survivors_step_while_a_replacement_heals_and_it_joins_later(
     print(
         f"\nreplacement healed to step {list(healed_to.values())}, joined after {meanwhile} steps"
     )
+    assert_invariants(group)
+
+
+def _new_build(marks: Path, known: set[int], timeout_s: float = 60.0) -> int:
+    """The pid of a replica built since `known` (waited for, without stepping the group)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        built = {int(path.name.split("-")[1]) for path in marks.glob("built-*")}
+        if built - known:
+            return min(built - known)
+        time.sleep(0.01)
+    raise AssertionError(f"no replacement was built within {timeout_s:g} s: {sorted(known)}")
+
+
+def test_a_replacement_is_spawned_as_soon_as_the_failure_is_heard(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    """The supervision handler re-spawns a failed replica at once: its replacement runs while
+    the controller is not stepping. A kill of that replacement while it starts and heals is
+    a failure like any other: the next one takes its place, and the invariants hold. A
+    replacement skips random initialisations (it heals every tensor), the others do not."""
+    group = ReplicaGroup(
+        this_host(), ra.Announced, str(tmp_path), replicas=3, heartbeat_timeout_s=HB
+    )
+    groups.append(group)
+    train(group, 2)
+    known = {pid_of(group, index) for index in range(3)}
+    os.kill(pid_of(group, 1), signal.SIGKILL)
+    replacement = _new_build(tmp_path, known)  # no step() since the kill
+    assert [r.replica for r in group.recoveries] == [1]
+    os.kill(replacement, signal.SIGKILL)  # while it builds or heals
+    train(group, 4)
+    train_until_recovered(group)
+    assert group.live() == (0, 1, 2)
+    assert pid_of(group, 1) not in known | {replacement}
+    skipped = [group.replicas[i].skipped_init.call_one().get(timeout=30) for i in range(3)]
+    assert skipped == [False, True, False], "a replacement builds without random init"
     assert_invariants(group)
