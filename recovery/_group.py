@@ -32,6 +32,7 @@ from ._rejoin import KEEP_WHILE_HEALING, Rejoins
 from ._replica import Replica
 from ._spares import SparePool, host_lost
 from ._standby import Standbys, check_spares
+from ._standing import StandingGroups
 
 
 class ReplicaGroup:
@@ -89,6 +90,10 @@ class ReplicaGroup:
         self._current: tuple[int, tuple[int, ...]] = (0, ())  # (quorum, its members)
         self._log = get_logger("recovery.group", group=name)
         self._members: list[Member] = []  # filled as spawned: a failure may come meanwhile
+        self._standing = StandingGroups(
+            self._store_address, self._aborts, self.ranks_per_replica, group_timeout_s,
+            self._next_quorum, name,
+        )  # fmt: skip
         self._spawner = ReplicaSpawner(
             hosts,
             replica_class,
@@ -158,7 +163,7 @@ class ReplicaGroup:
         if not self._form_group(members, step):
             return self._outcome(step, False, members, started, "the process group did not form")
         world = len(members) * self.ranks_per_replica
-        prepared = self._call_all(members, "prepare", step, self._quorum, world)
+        prepared = self._call_all(members, "prepare", step, self._current[0], world)
         failed = {i: e for i, e in prepared.items() if isinstance(e, BaseException)}
         if failed:
             self._abort(members, step, failed)
@@ -250,6 +255,7 @@ class ReplicaGroup:
             self.preempted = self.preempted or event
             return True
         self.events.append(event)
+        self._standing.drop(procs)
         member = next((m for m in self._members if m.procs is procs), None)
         if member is not None:
             self._failed(member.index, str(event), host_lost(event))
@@ -264,6 +270,7 @@ class ReplicaGroup:
             if member.state != "live":
                 return
             member.state = "failed"
+            self._standing.drop(member.procs)
             member.recovery = Recovery(index, time.monotonic(), why)
             self.recoveries.append(member.recovery)
         quorum, participants = self._current
@@ -293,19 +300,29 @@ class ReplicaGroup:
         if self._rejoins.tend(self.committed_steps):
             self._quorum_members = None  # the same replica ids on other procs: a fresh group
         self._standbys.tend([m.actors for m in self._members if m.state == "live"])
+        if all(m.state == "live" for m in self._members):  # a take-over's group, in advance
+            members = [(m.procs, m.actors) for m in self._members]
+            self._standing.ensure(members, self._standbys.ready_meshes())
+
+    def _next_quorum(self) -> int:
+        self._quorum += 1
+        return self._quorum
 
     def _form_group(self, members: tuple[int, ...], step: int) -> bool:
         if members == self._quorum_members:
             return True
-        self._quorum += 1
-        self._current = (self._quorum, members)
+        standing = self._standing.take([self._members[i].procs for i in members])
+        self._current = (standing or self._next_quorum(), members)
         if any(self._members[i].state != "live" for i in members):
             return False  # one failed since it was counted (its abort notice may be missed)
+        if standing is not None:  # formed in advance: no rendezvous
+            self._quorum_members = members
+            return True
         world = len(members) * self.ranks_per_replica
         joined = self._call_all(
             members,
             "join",
-            self._quorum,
+            self._current[0],
             None,  # filled per member below
             world,
             self._store_address,

@@ -35,7 +35,7 @@ from ._arithmetic import (
     restore_buffers,
     save_buffers,
 )
-from ._exchange import average, exchange_average, open_group
+from ._exchange import GroupPlace, average, exchange_average, form_groups, open_group
 from ._follow import (
     Takeover,
     UpdateLog,
@@ -97,6 +97,7 @@ class Replica(Actor):
         self._donor = DonorCache()
         self._update: torch.Tensor | None = None  # the averaged gradient of a prepared step
         self._updates = UpdateLog()
+        self._standing: dict[int, Any] = {}  # process groups formed for take-overs, by quorum
         self.last_heal: HealReport | None = None
 
     def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -173,6 +174,16 @@ class Replica(Actor):
         self._group = open_group(store, quorum, rank, world, timeout_s, self._aborts)
         self._quorum = quorum
 
+    @endpoint
+    def stand_by(
+        self, groups: Sequence[GroupPlace], store: tuple[str, int], timeout_s: float
+    ) -> None:
+        """Form the process groups of the take-overs this replica would be in, in advance
+        (see `_standing`); `prepare` of one of their quorums enters it without a rendezvous."""
+        self._aborts = self._aborts or AbortWatch(store, timeout_s)
+        rank = context().rank.rank
+        self._standing = form_groups(self._standing, groups, rank, store, timeout_s)
+
     # -- one step -----------------------------------------------------------------------------
 
     @concurrent_endpoint
@@ -182,6 +193,11 @@ class Replica(Actor):
         only drops it (no copy of the state is needed to undo the step). Concurrent, so that
         this replica serves heals (of the committed state) while it computes."""
         with self._stepping:
+            if quorum in self._standing:  # a take-over's group, formed in advance
+                self._group, self._quorum = self._standing.pop(quorum), quorum
+                self._rank = context().rank.rank
+                assert self._aborts is not None  # set by stand_by
+                self._aborts.quorum = quorum
             if quorum != self._quorum or self._group is None:
                 raise RuntimeError(f"replica {self.replica_id} is not in quorum {quorum}")
             if step != self.committed_step + 1:

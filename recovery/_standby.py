@@ -99,6 +99,11 @@ class Standbys:
         with self._lock:
             return [spare.actors for spare in self._spares]
 
+    def ready_meshes(self) -> list[tuple[ProcMesh, ActorMesh[Replica]]]:
+        """The meshes of the spares that could take a place now."""
+        with self._lock:
+            return [(s.procs, s.actors) for s in self._spares if s.state == "ready"]
+
     def ready(self) -> int:
         """How many spares could take a place now."""
         with self._lock:
