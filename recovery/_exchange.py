@@ -241,7 +241,9 @@ def form_groups(
             continue
         watch.quorum = quorum
         try:
-            kept[quorum] = open_group(store, quorum, base + rank, world, timeout_s, watch)
+            group = open_group(store, quorum, base + rank, world, timeout_s, watch)
+            wait_unless_aborted(group.barrier(), watch)  # its first collective costs more
+            kept[quorum] = group
         except ExchangeAborted:
             continue  # a participant failed: the controller drops this group too
     return kept

@@ -42,6 +42,7 @@ from ._follow import (
     fetch_updates,
     peer_position,
     rank_match,
+    warm_up_autograd,
     warm_up_gloo,
 )
 from ._heal import DonorCache, HealReport, StepStart, endpoints_of, heal
@@ -149,6 +150,7 @@ class Replica(Actor):
         self._updates.resize(keep_updates)
         if replica_id < 0:
             warm_up_gloo()  # a spare joins a step's group in a hurry
+            warm_up_autograd(self.model)
 
     @endpoint
     def join(
