@@ -99,6 +99,7 @@ class Replica(Actor):
         self._update: torch.Tensor | None = None  # the averaged gradient of a prepared step
         self._updates = UpdateLog()
         self._standing: dict[int, Any] = {}  # process groups formed for take-overs, by quorum
+        self._retired: list[Any] = []  # groups left for a standing one, dropped off the step
         self.last_heal: HealReport | None = None
 
     def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -182,7 +183,7 @@ class Replica(Actor):
     ) -> None:
         """Form the process groups of the take-overs this replica would be in, in advance
         (see `_standing`); `prepare` of one of their quorums enters it without a rendezvous."""
-        self._aborts = self._aborts or AbortWatch(store, timeout_s)
+        self._aborts, self._retired = self._aborts or AbortWatch(store, timeout_s), []
         rank = context().rank.rank
         self._standing = form_groups(self._standing, groups, rank, store, timeout_s)
 
@@ -196,6 +197,7 @@ class Replica(Actor):
         this replica serves heals (of the committed state) while it computes."""
         with self._stepping:
             if quorum in self._standing:  # a take-over's group, formed in advance
+                self._retired.append(self._group)  # dropping a group takes ~10 ms: later
                 self._group, self._quorum = self._standing.pop(quorum), quorum
                 self._rank = context().rank.rank
                 assert self._aborts is not None  # set by stand_by
