@@ -74,6 +74,7 @@ class StandingGroups:
             self._formed = [s for s in self._formed if procs not in s.procs]
             broken = [s for s in self._forming if procs in s.procs]
             self._forming = [s for s in self._forming if procs not in s.procs]
+            self._tried = {key for key in self._tried if procs not in key}  # re-spawned: anew
         for standing in broken:
             self._notices.abort(standing.quorum, "a participant failed while it was formed")
 
