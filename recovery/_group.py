@@ -312,7 +312,7 @@ class ReplicaGroup:
         if members == self._quorum_members:
             return True
         standing = self._standing.take([self._members[i].procs for i in members])
-        self._current = (standing or self._next_quorum(), members)
+        self._current = (self._next_quorum() if standing is None else standing, members)
         if any(self._members[i].state != "live" for i in members):
             return False  # one failed since it was counted (its abort notice may be missed)
         if standing is not None:  # formed in advance: no rendezvous

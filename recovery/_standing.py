@@ -86,14 +86,15 @@ class StandingGroups:
         """Form the groups of every take-over `spares` could make among `members` (every
         member live, in replica order) that were not formed yet (waits for them)."""
         wanted, keys = [], set()
-        for spare in spares:
-            for place in range(len(members)):
-                taking = [*members[:place], spare, *members[place + 1 :]]
-                key = tuple(procs for procs, _ in taking)
-                keys.add(key)
-                if key not in self._tried:
-                    wanted.append((Standing(self._next_quorum(), key), taking))
-        self._tried = keys  # formed or tried (not again), for the members and spares now
+        with self._lock:
+            for spare in spares:
+                for place in range(len(members)):
+                    taking = [*members[:place], spare, *members[place + 1 :]]
+                    key = tuple(procs for procs, _ in taking)
+                    keys.add(key)
+                    if key not in self._tried:
+                        wanted.append((Standing(self._next_quorum(), key), taking))
+            self._tried = keys  # formed or tried (not again), for the members and spares now
         if wanted:
             self._form(wanted)
 
