@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from mesh import this_host
 from recovery import LoopGroup, Manager
-from recovery._arithmetic import flatten_gradients, use_average
+from recovery.testing import flatten_gradients, use_average
 
 pytestmark = pytest.mark.timeout(300)
 
