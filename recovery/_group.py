@@ -255,12 +255,11 @@ class ReplicaGroup:
             self.preempted = self.preempted or event
             return True
         self.events.append(event)
-        self._standing.drop(procs)
         member = next((m for m in self._members if m.procs is procs), None)
         if member is not None:
             self._failed(member.index, str(event), host_lost(event))
-        else:
-            self._standbys.on_failure(procs, str(event), host_lost(event))
+        elif self._standbys.on_failure(procs, str(event), host_lost(event)):
+            self._standing.drop(procs)  # the groups of its take-overs are broken
         return True
 
     def _failed(self, index: int, why: str, host_lost: bool = False) -> None:
