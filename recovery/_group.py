@@ -169,14 +169,15 @@ class ReplicaGroup:
             self._abort(members, step, failed)
             reasons = "; ".join(f"replica {i}: {short(e)}" for i, e in sorted(failed.items()))
             return self._outcome(step, False, members, started, reasons)
-        with_digest = self._standbys.meshes != [] or step % self.replica_class.check_every == 0
+        # every participant's digest every check_every steps; with spares, one's in between
+        with_digest = step % self.replica_class.check_every == 0 or self._standbys.meshes != []
         keep = max(self._keep_updates, KEEP_WHILE_HEALING if self._rejoins.under_way() else 0)
         committed = self._call_all(members, "commit", step, with_digest, keep)
         for index, result in committed.items():  # the step is decided: a late death is a
             if isinstance(result, BaseException):  # failure of that replica, not of the step
                 self._failed(index, f"died while committing: {short(result)}", host_lost(result))
         self.history.append((step, members))
-        digests = {d for v in committed.values() if isinstance(v, list) for d in v}
+        digests = {d for v in committed.values() if isinstance(v, list) for d in v if d}
         if len(digests) > 1:
             raise ReplicaGroupError(f"replicas {members} diverged at step {step}: {digests}")
         donors = [self._members[i].actors for i in members if self._members[i].state == "live"]
@@ -348,6 +349,8 @@ class ReplicaGroup:
             call_args = list(args)
             if endpoint == "join":
                 call_args[1] = position * self.ranks_per_replica
+            elif endpoint == "commit" and position and args[0] % self.replica_class.check_every:
+                call_args[1] = False  # a spare's check needs one digest, not every one
             mesh = self._members[index].actors
             futures[index] = getattr(mesh, endpoint).call(*call_args)
         return gather(futures, self.step_timeout_s)
