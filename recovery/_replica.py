@@ -75,8 +75,8 @@ class Replica(Actor):
     standby_updates: int = 4
     standby_follow_every: int = 2
     #: The group compares the replicas' parameter digests (a hash of every parameter's bytes,
-    #: which costs about a pass over them) every this many steps; every step with spares,
-    #: whose checks need the digest of each committed step.
+    #: which costs about a pass over them) every this many steps; with spares, the first
+    #: participant hashes every step (the spares' checks need each committed step's digest).
     check_every: int = 16
 
     def __init__(self) -> None:
