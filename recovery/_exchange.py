@@ -23,6 +23,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._aborts import AbortWatch
+
 if TYPE_CHECKING:
     import torch
 
@@ -233,8 +235,6 @@ def form_groups(
     participant forms them in the same order: no rendezvous waits on another). Groups of
     `held` not listed are dropped."""
     kept = {quorum: held[quorum] for quorum, base, _ in groups if base < 0 and quorum in held}
-    from ._aborts import AbortWatch
-
     watch = AbortWatch(store, timeout_s)
     for quorum, base, world in sorted(groups):
         if base < 0:
