@@ -249,7 +249,8 @@ def test_a_take_over_needs_no_rendezvous_and_a_kill_right_after_it_is_recovered(
         (0, True),
     ], [(r.replica, r.by_spare, r.event[-60:]) for r in group.recoveries]
     assert group.history[8] == (9, (0, 1, 2)), group.history
-    assert [o.step for o in group.outcomes if not o.committed] == [3, 9], group.outcomes
+    discarded = [o.step for o in group.outcomes if not o.committed]
+    assert discarded.count(3) == discarded.count(9) == 1, group.outcomes  # each retried once
     first_commits = [r.first_commit_at is not None for r in group.recoveries]
     assert first_commits == [False, True, True], "the first spare died before its first commit"
     assert_invariants(group)
