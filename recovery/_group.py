@@ -142,12 +142,18 @@ class ReplicaGroup:
 
     def wait_for_all(self, timeout: float = 60.0) -> None:
         """Wait until every replica is up and healed (replacements included), and every
-        spare ready."""
+        spare ready, with the process groups of its take-overs formed."""
         deadline = time.monotonic() + timeout
         spares = len(self._standbys.meshes)
-        while len(self.live()) < len(self._members) or self._standbys.ready() < spares:
+        while (
+            len(self.live()) < len(self._members)
+            or self._standbys.ready() < spares
+            or self._standing.pending()
+        ):
             if time.monotonic() > deadline:
                 ready = f" and {self._standbys.ready()} of {spares} spares" if spares else ""
+                if self._standing.pending():
+                    ready += " (the process groups of their take-overs did not form)"
                 raise ReplicaGroupError(
                     f"only replicas {self.live()}{ready} are up after {timeout:g} s of waiting"
                 )

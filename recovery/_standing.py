@@ -13,6 +13,7 @@ other participant drops the groups it is in; the groups are formed again for the
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,9 @@ from ._aborts import AbortNotices
 from ._exchange import GroupPlace
 from ._members import gather
 from ._outcomes import short
+
+#: After a formation failed (a rendezvous timed out under load, say), the next try waits this.
+RETRY_S = 1.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,7 +59,9 @@ class StandingGroups:
         self._lock = threading.Lock()
         self._formed: list[Standing] = []
         self._forming: list[Standing] = []
-        self._tried: set[tuple[ProcMesh, ...]] = set()  # formed, or failed to: not again
+        self._tried: set[tuple[ProcMesh, ...]] = set()  # formed or being formed
+        self._wanted: set[tuple[ProcMesh, ...]] = set()  # the groups the last `ensure` wanted
+        self._retry_at = 0.0
         self._log = get_logger("recovery.standing", group=name)
 
     def take(self, procs: Sequence[ProcMesh]) -> int | None:
@@ -86,17 +92,24 @@ class StandingGroups:
         """Form the groups of every take-over `spares` could make among `members` (every
         member live, in replica order) that were not formed yet (waits for them)."""
         wanted, keys = [], set()
+        retry = time.monotonic() >= self._retry_at
         with self._lock:
             for spare in spares:
                 for place in range(len(members)):
                     taking = [*members[:place], spare, *members[place + 1 :]]
                     key = tuple(procs for procs, _ in taking)
                     keys.add(key)
-                    if key not in self._tried:
+                    if key not in self._tried and retry:
                         wanted.append((Standing(self._next_quorum(), key), taking))
-            self._tried = keys  # formed or tried (not again), for the members and spares now
+            self._wanted = keys
+            self._tried = (self._tried & keys) | {standing.procs for standing, _ in wanted}
         if wanted:
             self._form(wanted)
+
+    def pending(self) -> bool:
+        """Whether a group the last `ensure` wanted is not formed (yet)."""
+        with self._lock:
+            return bool(self._wanted - {standing.procs for standing in self._formed})
 
     def _form(self, wanted: list[tuple[Standing, list[tuple[ProcMesh, ActorMesh[Any]]]]]) -> None:
         """Each participant forms its new groups in one call (and keeps its formed ones)."""
@@ -113,11 +126,15 @@ class StandingGroups:
         for number, (procs, (actors, groups)) in enumerate(places.items()):
             groups += [(s.quorum, -1, -1) for s in formed if procs in s.procs]
             calls[number] = actors.stand_by.call(sorted(groups), self._store, self._timeout_s)
-        results = gather(calls, self._timeout_s * 2).values()
+        most = max(len(groups) for _, groups in places.values())
+        results = gather(calls, self._timeout_s * (most + 1)).values()  # a rendezvous each
         failed = [result for result in results if isinstance(result, BaseException)]
         with self._lock:
             if not failed:
                 self._formed += self._forming  # drop() took out those a failure broke
+            else:  # tried again after a while
+                self._tried -= {standing.procs for standing, _ in wanted}
+                self._retry_at = time.monotonic() + RETRY_S
             self._forming = []
         if failed:
             self._log.warning("standing_groups_failed", reason=short(failed[0]))
