@@ -21,8 +21,8 @@ from ._loop_manager import Manager as Manager
 from ._outcomes import Recovery as Recovery
 from ._outcomes import ReplicaGroupError as ReplicaGroupError
 from ._outcomes import StepOutcome as StepOutcome
+from ._replay import replay_training as replay_training
 from ._replica import Replica as Replica
-from ._replica import replay_training as replay_training
 
 __all__ = (
     "ExchangeAborted",

@@ -74,16 +74,40 @@ def _attach(params: Sequence[torch.Tensor], flat: torch.Tensor) -> list[torch.Te
     return slices
 
 
+def flatten_gradients(
+    params: Sequence[torch.Tensor], flat: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The gradients of `params` (zeros where one has none) copied into one flat tensor:
+    `flat` (reused from the last call, so the same memory every step) when it fits."""
+    if flat is None or not _fits(flat, params):
+        flat = _flat_like(params)
+    offset = 0
+    for param in params:
+        part = flat[offset : offset + param.numel()]
+        offset += param.numel()
+        if param.grad is None:
+            part.zero_()
+        elif param.grad.data_ptr() != part.data_ptr():
+            part.copy_(param.grad.reshape(-1))
+    return flat
+
+
+def use_average(params: Sequence[torch.Tensor], averaged: torch.Tensor) -> None:
+    """Make each of `params`' grad a view of its slice of the flat `averaged` gradient (the
+    optimizer only reads it: no copy)."""
+    offset = 0
+    for param in params:
+        count = param.numel()
+        param.grad = averaged[offset : offset + count].view_as(param).to(param.dtype)
+        offset += count
+
+
 def apply_average(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, averaged: torch.Tensor
 ) -> None:
     """Take an optimizer step with the flat averaged gradient `averaged` (each parameter's
     grad a view of its slice: the optimizer only reads it)."""
-    offset = 0
-    for param in model.parameters():
-        count = param.numel()
-        param.grad = averaged[offset : offset + count].view_as(param).to(param.dtype)
-        offset += count
+    use_average(list(model.parameters()), averaged)
     optimizer.step()
 
 

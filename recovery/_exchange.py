@@ -23,6 +23,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._aborts import AbortWatch
+
 if TYPE_CHECKING:
     import torch
 
@@ -41,6 +43,9 @@ ALLGATHER_BELOW_BYTES = 256 * 1024
 #: smaller collectives faster than one large one, and the averaging of a segment overlaps the
 #: transfer of the next. Float addition is elementwise, so segments change no bits.
 SEGMENT_BYTES = 4 << 20
+
+#: One standing group a replica forms (`_standing`): (quorum, its first group rank, world).
+GroupPlace = tuple[int, int, int]
 
 #: Process groups with collectives given up, and those collectives: kept until they end, since
 #: dropping a process group waits for its pending work (up to the backend's timeout).
@@ -216,3 +221,29 @@ def _wait(done: threading.Event, aborted: Callable[[], str | None]) -> None:
         reason = aborted()
         if reason is not None:
             raise ExchangeAborted(f"the exchange was given up: {reason}")
+
+
+def form_groups(
+    held: dict[int, Any],
+    groups: Sequence[GroupPlace],
+    rank: int,
+    store: tuple[str, int],
+    timeout_s: float,
+) -> dict[int, Any]:
+    """The standing groups a replica's rank `rank` holds after forming `groups` (quorum, first
+    group rank, world; base -1: one of `held`, already formed), in quorum order (every
+    participant forms them in the same order: no rendezvous waits on another). Groups of
+    `held` not listed are dropped."""
+    kept = {quorum: held[quorum] for quorum, base, _ in groups if base < 0 and quorum in held}
+    watch = AbortWatch(store, timeout_s)
+    for quorum, base, world in sorted(groups):
+        if base < 0:
+            continue
+        watch.quorum = quorum
+        try:
+            group = open_group(store, quorum, base + rank, world, timeout_s, watch)
+            wait_unless_aborted(group.barrier(), watch)  # its first collective costs more
+            kept[quorum] = group
+        except ExchangeAborted:
+            continue  # a participant failed: the controller drops this group too
+    return kept

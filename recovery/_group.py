@@ -32,6 +32,7 @@ from ._rejoin import KEEP_WHILE_HEALING, Rejoins
 from ._replica import Replica
 from ._spares import SparePool, host_lost
 from ._standby import Standbys, check_spares
+from ._standing import StandingGroups
 
 
 class ReplicaGroup:
@@ -90,6 +91,10 @@ class ReplicaGroup:
         self._log = get_logger("recovery.group", group=name)
         self._members: list[Member] = []  # filled as spawned: a failure may come meanwhile
         self._started = False  # failed replicas are re-spawned at once from then on
+        self._standing = StandingGroups(
+            self._store_address, self._aborts, self.ranks_per_replica, group_timeout_s,
+            self._next_quorum, name,
+        )  # fmt: skip
         self._spawner = ReplicaSpawner(
             hosts,
             replica_class,
@@ -138,12 +143,18 @@ class ReplicaGroup:
 
     def wait_for_all(self, timeout: float = 60.0) -> None:
         """Wait until every replica is up and healed (replacements included), and every
-        spare ready."""
+        spare ready, with the process groups of its take-overs formed."""
         deadline = time.monotonic() + timeout
         spares = len(self._standbys.meshes)
-        while len(self.live()) < len(self._members) or self._standbys.ready() < spares:
+        while (
+            len(self.live()) < len(self._members)
+            or self._standbys.ready() < spares
+            or self._standing.pending()
+        ):
             if time.monotonic() > deadline:
                 ready = f" and {self._standbys.ready()} of {spares} spares" if spares else ""
+                if self._standing.pending():
+                    ready += " (the process groups of their take-overs did not form)"
                 raise ReplicaGroupError(
                     f"only replicas {self.live()}{ready} are up after {timeout:g} s of waiting"
                 )
@@ -159,20 +170,21 @@ class ReplicaGroup:
         if not self._form_group(members, step):
             return self._outcome(step, False, members, started, "the process group did not form")
         world = len(members) * self.ranks_per_replica
-        prepared = self._call_all(members, "prepare", step, self._quorum, world)
+        prepared = self._call_all(members, "prepare", step, self._current[0], world)
         failed = {i: e for i, e in prepared.items() if isinstance(e, BaseException)}
         if failed:
             self._abort(members, step, failed)
             reasons = "; ".join(f"replica {i}: {short(e)}" for i, e in sorted(failed.items()))
             return self._outcome(step, False, members, started, reasons)
-        with_digest = self._standbys.meshes != [] or step % self.replica_class.check_every == 0
+        # every participant's digest every check_every steps; with spares, one's in between
+        with_digest = step % self.replica_class.check_every == 0 or self._standbys.meshes != []
         keep = max(self._keep_updates, KEEP_WHILE_HEALING if self._rejoins.under_way() else 0)
         committed = self._call_all(members, "commit", step, with_digest, keep)
         for index, result in committed.items():  # the step is decided: a late death is a
             if isinstance(result, BaseException):  # failure of that replica, not of the step
                 self._failed(index, f"died while committing: {short(result)}", host_lost(result))
         self.history.append((step, members))
-        digests = {d for v in committed.values() if isinstance(v, list) for d in v}
+        digests = {d for v in committed.values() if isinstance(v, list) for d in v if d}
         if len(digests) > 1:
             raise ReplicaGroupError(f"replicas {members} diverged at step {step}: {digests}")
         donors = [self._members[i].actors for i in members if self._members[i].state == "live"]
@@ -258,8 +270,8 @@ class ReplicaGroup:
         member = next((m for m in self._members if m.procs is procs), None)
         if member is not None:
             self._failed(member.index, str(event), host_lost(event))
-        else:
-            self._standbys.on_failure(procs, str(event), host_lost(event))
+        elif self._standbys.on_failure(procs, str(event), host_lost(event)):
+            self._standing.drop(procs)  # the groups of its take-overs are broken
         return True
 
     def _failed(self, index: int, why: str, host_lost: bool = False) -> None:
@@ -269,6 +281,7 @@ class ReplicaGroup:
             if member.state != "live":
                 return
             member.state = "failed"
+            self._standing.drop(member.procs)
             member.recovery = Recovery(index, time.monotonic(), why)
             self.recoveries.append(member.recovery)
         quorum, participants = self._current
@@ -300,19 +313,29 @@ class ReplicaGroup:
         if self._rejoins.tend(self.committed_steps):
             self._quorum_members = None  # the same replica ids on other procs: a fresh group
         self._standbys.tend([m.actors for m in self._members if m.state == "live"])
+        if all(m.state == "live" for m in self._members):  # a take-over's group, in advance
+            members = [(m.procs, m.actors) for m in self._members]
+            self._standing.ensure(members, self._standbys.ready_meshes())
+
+    def _next_quorum(self) -> int:
+        self._quorum += 1
+        return self._quorum
 
     def _form_group(self, members: tuple[int, ...], step: int) -> bool:
         if members == self._quorum_members:
             return True
-        self._quorum += 1
-        self._current = (self._quorum, members)
+        standing = self._standing.take([self._members[i].procs for i in members])
+        self._current = (self._next_quorum() if standing is None else standing, members)
         if any(self._members[i].state != "live" for i in members):
             return False  # one failed since it was counted (its abort notice may be missed)
+        if standing is not None:  # formed in advance: no rendezvous
+            self._quorum_members = members
+            return True
         world = len(members) * self.ranks_per_replica
         joined = self._call_all(
             members,
             "join",
-            self._quorum,
+            self._current[0],
             None,  # filled per member below
             world,
             self._store_address,
@@ -339,6 +362,8 @@ class ReplicaGroup:
             call_args = list(args)
             if endpoint == "join":
                 call_args[1] = position * self.ranks_per_replica
+            elif endpoint == "commit" and position and args[0] % self.replica_class.check_every:
+                call_args[1] = False  # a spare's check needs one digest, not every one
             member = self._members[index]
             with member.lock:  # a failed member's replacement may be on its way: not to it
                 if member.state != "live":

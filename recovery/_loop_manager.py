@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from mesh import Channel
 
 from ._aborts import AbortWatch
+from ._arithmetic import flatten_gradients, use_average
 from ._exchange import ExchangeAborted, exchange_average, open_group
 from ._heal import DonorCache, HealReport, endpoints_of, heal
 from ._heal_state import Chunk, Piece, StateLayout
@@ -83,6 +84,7 @@ class Manager:
         self._position: Position | None = None
         self._at_boundary = False  # waiting for a step, or done: the state stays put
         self._donor = DonorCache()
+        self._flat: torch.Tensor | None = None  # the flat gradient, reused each step
         loop.attach(self)
 
     # -- the loop ----------------------------------------------------------------------------
@@ -114,20 +116,11 @@ class Manager:
 
     def allreduce_gradients(self) -> None:
         """Replace the gradient of every trainable parameter with its average over the step's
-        replicas (a parameter without one counts as zeros)."""
-        import torch
-
+        replicas (a parameter without one counts as zeros). The gradients travel as one flat
+        tensor, the same memory every step; the averaged ones are views of the result."""
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grads = [
-            p.grad.reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1)
-            for p in params
-        ]
-        averaged = self.exchange(torch.cat(grads).detach() if grads else torch.zeros(0))
-        offset = 0
-        for param in params:
-            count = param.numel()
-            param.grad = averaged[offset : offset + count].view_as(param).clone()
-            offset += count
+        self._flat = flatten_gradients(params, self._flat)
+        use_average(params, self.exchange(self._flat))
 
     def exchange(self, tensor: torch.Tensor) -> torch.Tensor:
         """The average of `tensor` (flat, the same size everywhere) over the step's replicas,

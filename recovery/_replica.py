@@ -37,13 +37,14 @@ from ._arithmetic import (
     save_buffers,
 )
 from ._build import random_init_skipped, warm_up_in_background
-from ._exchange import average, exchange_average, open_group
+from ._exchange import GroupPlace, exchange_average, form_groups, open_group
 from ._follow import (
     Takeover,
     UpdateLog,
     fetch_updates,
     peer_position,
     rank_match,
+    warm_up_autograd,
     warm_up_gloo,
 )
 from ._heal import DonorCache, HealReport, StepStart, endpoints_of, heal
@@ -76,8 +77,8 @@ class Replica(Actor):
     standby_updates: int = 4
     standby_follow_every: int = 2
     #: The group compares the replicas' parameter digests (a hash of every parameter's bytes,
-    #: which costs about a pass over them) every this many steps; every step with spares,
-    #: whose checks need the digest of each committed step.
+    #: which costs about a pass over them) every this many steps; with spares, the first
+    #: participant hashes every step (the spares' checks need each committed step's digest).
     check_every: int = 16
     #: A replacement (an actor rebuilt after a failure) builds its model with random
     #: initialisations skipped, since it heals every tensor of its state (`_build`); set
@@ -106,6 +107,8 @@ class Replica(Actor):
         self._donor = DonorCache()
         self._update: torch.Tensor | None = None  # the averaged gradient of a prepared step
         self._updates = UpdateLog()
+        self._standing: dict[int, Any] = {}  # process groups formed for take-overs, by quorum
+        self._retired: list[Any] = []  # groups left for a standing one, dropped off the step
         self.last_heal: HealReport | None = None
 
     def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -168,6 +171,7 @@ class Replica(Actor):
         self._updates.resize(keep_updates)
         if replica_id < 0:
             warm_up_gloo()  # a spare joins a step's group in a hurry
+            warm_up_autograd(self.model)
 
     @endpoint
     def join(
@@ -194,6 +198,16 @@ class Replica(Actor):
         self._group = open_group(store, quorum, rank, world, timeout_s, self._aborts)
         self._quorum = quorum
 
+    @endpoint
+    def stand_by(
+        self, groups: Sequence[GroupPlace], store: tuple[str, int], timeout_s: float
+    ) -> None:
+        """Form the process groups of the take-overs this replica would be in, in advance
+        (see `_standing`); `prepare` of one of their quorums enters it without a rendezvous."""
+        self._aborts, self._retired = self._aborts or AbortWatch(store, timeout_s), []
+        rank = context().rank.rank
+        self._standing = form_groups(self._standing, groups, rank, store, timeout_s)
+
     # -- one step -----------------------------------------------------------------------------
 
     @concurrent_endpoint
@@ -203,6 +217,12 @@ class Replica(Actor):
         only drops it (no copy of the state is needed to undo the step). Concurrent, so that
         this replica serves heals (of the committed state) while it computes."""
         with self._stepping:
+            if quorum in self._standing:  # a take-over's group, formed in advance
+                self._retired.append(self._group)  # dropping a group takes ~10 ms: later
+                self._group, self._quorum = self._standing.pop(quorum), quorum
+                self._rank = context().rank.rank
+                assert self._aborts is not None  # set by stand_by
+                self._aborts.quorum = quorum
             if quorum != self._quorum or self._group is None:
                 raise RuntimeError(f"replica {self.replica_id} is not in quorum {quorum}")
             if step != self.committed_step + 1:
@@ -314,7 +334,7 @@ class Replica(Actor):
     def follow(self, step: int, peers: Sequence[ActorMesh[Replica]]) -> tuple[int, str]:
         """A spare: apply the committed updates after its own step up to `step`, from the
         first of `peers` that keeps them. Returns the step it holds and its digest."""
-        self._catch_up(step, [rank_match(peer, context().rank.rank) for peer in peers])
+        _catch_up(self, step, [rank_match(peer, context().rank.rank) for peer in peers])
         return self.committed_step, digest(self.model)
 
     @endpoint
@@ -327,7 +347,7 @@ class Replica(Actor):
         (the digest of `step`; None: already checked)."""
         self.replica_id = replica_id
         ranks = [rank_match(peer, context().rank.rank) for peer in peers]
-        applied = self._catch_up(step, ranks)
+        applied = _catch_up(self, step, ranks)
         position = peer_position(ranks, step, self.heal_timeout_s)
         matches = expected is None or digest(self.model) == expected
         if self.committed_step == step and matches and position is not None:
@@ -335,22 +355,6 @@ class Replica(Actor):
             return Takeover(step, applied, healed=False)
         self._heal(list(peers))
         return Takeover(self.committed_step, applied, healed=True)
-
-    def _catch_up(self, step: int, ranks: Sequence[ActorMesh[Replica]]) -> int:
-        """Apply the committed updates of the steps after this replica's up to `step`, from
-        the first of `ranks` (a peer's rank each) that keeps them; returns how many."""
-        first = self.committed_step + 1
-        if step < first:
-            return 0
-        with self._changing:
-            self._donor.clear()
-        numel = sum(p.numel() for p in self.model.parameters())
-        updates = fetch_updates(ranks, first, step, numel, self.heal_timeout_s)
-        for offset, update in enumerate(updates or ()):
-            apply_average(self.model, self.optimizer, update)
-            self.committed_step = first + offset
-            self._updates.record(self.committed_step, update)
-        return len(updates or ())
 
     @endpoint
     def status(self) -> tuple[int, str]:
@@ -362,32 +366,18 @@ class Replica(Actor):
         return dict(self.model.state_dict())
 
 
-# -- the replay ------------------------------------------------------------------------------
-
-
-def replay_training(
-    replica_class: type[Replica],
-    history: Sequence[tuple[int, Sequence[int]]],
-    ranks_per_replica: int = 1,
-    args: tuple[Any, ...] = (),
-    kwargs: dict[str, Any] | None = None,
-) -> torch.nn.Module:
-    """Recompute a run in this process from its `history` of committed steps ((step,
-    participating replica ids), in order): the model a correct run must end with."""
-    import torch
-
-    threads = torch.get_num_threads()
-    try:
-        replica = replica_class(*args, **(kwargs or {}))  # sets one thread, builds the model
-        for step, participants in history:
-            shards = [
-                r * ranks_per_replica + k for r in participants for k in range(ranks_per_replica)
-            ]
-            grads = [
-                local_gradient(replica.model, replica.loss(replica.model, step, shard))
-                for shard in shards
-            ]
-            apply_average(replica.model, replica.optimizer, average(grads))
-        return replica.model
-    finally:
-        torch.set_num_threads(threads)
+def _catch_up(replica: Replica, step: int, ranks: Sequence[ActorMesh[Replica]]) -> int:
+    """Apply the committed updates of the steps after this replica's up to `step`, from
+    the first of `ranks` (a peer's rank each) that keeps them; returns how many."""
+    first = replica.committed_step + 1
+    if step < first:
+        return 0
+    with replica._changing:
+        replica._donor.clear()
+    numel = sum(p.numel() for p in replica.model.parameters())
+    updates = fetch_updates(ranks, first, step, numel, replica.heal_timeout_s)
+    for offset, update in enumerate(updates or ()):
+        apply_average(replica.model, replica.optimizer, update)
+        replica.committed_step = first + offset
+        replica._updates.record(replica.committed_step, update)
+    return len(updates or ())

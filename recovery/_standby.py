@@ -99,21 +99,27 @@ class Standbys:
         with self._lock:
             return [spare.actors for spare in self._spares]
 
+    def ready_meshes(self) -> list[tuple[ProcMesh, ActorMesh[Replica]]]:
+        """The meshes of the spares that could take a place now."""
+        with self._lock:
+            return [(s.procs, s.actors) for s in self._spares if s.state == "ready"]
+
     def ready(self) -> int:
         """How many spares could take a place now."""
         with self._lock:
             return sum(spare.state == "ready" for spare in self._spares)
 
-    def on_failure(self, procs: ProcMesh, why: str, host_lost: bool) -> None:
+    def on_failure(self, procs: ProcMesh, why: str, host_lost: bool) -> bool:
         """The spare on `procs` failed (from supervision, any thread): it is re-spawned at the
-        next `tend`. A spare already failed or coming up again ignores a late report."""
+        next `tend`. A spare already failed or coming up again ignores a late report (False)."""
         with self._lock:
             spare = next((s for s in self._spares if s.procs is procs), None)
             if spare is None or spare.state in ("failed", "starting"):
-                return
+                return False
             spare.state = "failed"
             spare.host_lost = spare.host_lost or host_lost
         self._log.warning("spare_failed", spare=spare.number, reason=why)
+        return True
 
     # -- between two steps -----------------------------------------------------------------
 

@@ -3,11 +3,13 @@
 `LoopRounds` is the decision logic of a `LoopGroup` (quorum, heals, votes) on its own: a test
 drives it with the loop messages of `loop_wire` (`AskQuorum`, `Healed`, `Vote`, and the answers
 `HealFrom`, `Go`, `Retry`, `Finished`, `Decision`) as real loops would, and checks its answers.
+`flatten_gradients` and `use_average` are the gradient arithmetic of `Manager`'s exchange.
 """
 
 from __future__ import annotations
 
 from . import _loop_protocol as loop_wire
+from ._arithmetic import flatten_gradients, use_average
 from ._loop_rounds import Rounds as LoopRounds
 
-__all__ = ("LoopRounds", "loop_wire")
+__all__ = ("LoopRounds", "flatten_gradients", "loop_wire", "use_average")

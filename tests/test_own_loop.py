@@ -11,9 +11,13 @@ from typing import Any
 
 import cloudpickle
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mesh import this_host
 from recovery import LoopGroup, Manager
+from recovery.testing import flatten_gradients, use_average
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -99,3 +103,38 @@ def test_bad_loop_group_arguments_are_refused() -> None:
         LoopGroup(this_host(), print, replicas=2, min_replicas=3)
     with pytest.raises(TypeError, match="runs a function in each replica"):
         LoopGroup(this_host(), "train")  # type: ignore[arg-type]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 7), st.booleans()), min_size=1, max_size=6),
+    st.booleans(),
+)
+def test_a_manager_exchanges_one_flat_gradient_and_hands_back_views(
+    params_spec: list[tuple[int, bool]], zeroed_in_place: bool
+) -> None:
+    """The own-loop Manager's arithmetic: the flat gradient is the concatenation of the
+    parameters' gradients (zeros where one has none), in the same memory every step; the
+    averaged gradients the optimizer then reads are views of the exchange's result."""
+    torch.manual_seed(len(params_spec))
+    params = [torch.nn.Parameter(torch.randn(size)) for size, _ in params_spec]
+    flat = None
+    for _ in range(2):  # the second step reuses the flat tensor of the first
+        for param, (_, has_grad) in zip(params, params_spec):
+            param.grad = torch.randn_like(param) if has_grad else None
+        expected = torch.cat(
+            [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        )
+        memory = None if flat is None else flat.data_ptr()
+        flat = flatten_gradients(params, flat)
+        assert torch.equal(flat, expected)
+        assert memory is None or flat.data_ptr() == memory
+        averaged = flat * 0.5
+        use_average(params, averaged)
+        for param, part in zip(params, averaged.split([p.numel() for p in params])):
+            assert param.grad is not None and torch.equal(param.grad, part)
+            assert param.grad.data_ptr() == part.data_ptr()
+        if zeroed_in_place:  # optimizer.zero_grad(set_to_none=False) zeroes the views
+            for param in params:
+                assert param.grad is not None
+                param.grad.zero_()

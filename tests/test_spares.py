@@ -213,3 +213,45 @@ def _stopped(mesh: ActorMesh[Replica]) -> bool:
     except SupervisionError as error:
         return "stop" in str(error)
     return False
+
+
+def test_a_take_over_needs_no_rendezvous_and_a_kill_right_after_it_is_recovered(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    """Replica 2 would die if it joined a process group at step 3 or 9: the retries after the
+    take-overs there enter groups formed in advance. Replica 1 dies in the exchange of step 3;
+    the spare taking its place dies as it commits that step (the step stands; replica 1 is
+    re-spawned and healed). Replica 0 dies in the exchange of step 9: the new spare takes its
+    place, again without a rendezvous. The bits equal the replay's throughout."""
+    plan = {
+        0: [(9, "allreduce")],
+        1: [(3, "allreduce"), (3, "commit")],
+        2: [(3, "join"), (9, "join")],
+    }
+    group = ReplicaGroup(
+        this_host(),
+        ra.DyingTrainer,
+        plan,
+        str(tmp_path),
+        replicas=3,
+        spares=1,
+        heartbeat_timeout_s=HB,
+    )
+    groups.append(group)
+    group.wait_for_all()  # the spare is ready, the groups of its take-overs are formed
+    train(group, 3)
+    assert group.history[2] == (3, (0, 1, 2)), group.history
+    train(group, 10, full_before={8})  # step 8 forms the group of all: step 9 has it
+    assert [(r.replica, r.by_spare) for r in group.recoveries] == [
+        (1, True),
+        (1, False),
+        (0, True),
+    ], [(r.replica, r.by_spare, r.event[-60:]) for r in group.recoveries]
+    assert group.history[8] == (9, (0, 1, 2)), group.history
+    discarded = [o.step for o in group.outcomes if not o.committed]
+    assert discarded.count(3) == discarded.count(9) == 1, group.outcomes  # each retried once
+    first_commits = [r.first_commit_at is not None for r in group.recoveries]
+    assert first_commits == [False, True, True], "the first spare died before its first commit"
+    assert_invariants(group)
+    group.wait_for_all()  # the spare spawned after the second take-over is healed
+    assert_spares_follow(group)

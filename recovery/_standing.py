@@ -1,0 +1,140 @@
+"""Standing process groups of a `ReplicaGroup` with spares: the group of every take-over a
+ready spare could make, formed before it is needed.
+
+A spare that takes a failed replica's place would otherwise make the step it joins wait for a
+fresh gloo rendezvous. So once every member is live and a spare is ready, each participant
+forms, between two steps, one process group per possible take-over: the members with replica
+i's place held by the spare, for every i. The spare holds i's group ranks, so the exchange
+sums in replica order as before (the replay's order: the bits do not change). When replica i
+fails and the spare takes its place, the next step uses that group at once. A failure of any
+other participant drops the groups it is in; the groups are formed again for the new members.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mesh import ActorMesh, ProcMesh
+from transport import get_logger
+
+from ._aborts import AbortNotices
+from ._exchange import GroupPlace
+from ._members import gather
+from ._outcomes import short
+
+#: After a formation failed (a rendezvous timed out under load, say), the next try waits this.
+RETRY_S = 1.0
+
+
+@dataclass(frozen=True, eq=False)
+class Standing:
+    """A process group formed for the step after a take-over: `procs` in group rank order."""
+
+    quorum: int
+    procs: tuple[ProcMesh, ...]
+
+
+class StandingGroups:
+    """The controller's side: which standing groups exist, forming new ones, dropping those a
+    failed participant was in (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: tuple[str, int],
+        notices: AbortNotices,
+        ranks_per_replica: int,
+        timeout_s: float,
+        next_quorum: Callable[[], int],
+        name: str,
+    ) -> None:
+        self._store = store
+        self._notices = notices
+        self._ranks = ranks_per_replica
+        self._timeout_s = timeout_s
+        self._next_quorum = next_quorum
+        self._lock = threading.Lock()
+        self._formed: list[Standing] = []
+        self._forming: list[Standing] = []
+        self._tried: set[tuple[ProcMesh, ...]] = set()  # formed or being formed
+        self._wanted: set[tuple[ProcMesh, ...]] = set()  # the groups the last `ensure` wanted
+        self._retry_at = 0.0
+        self._log = get_logger("recovery.standing", group=name)
+
+    def take(self, procs: Sequence[ProcMesh]) -> int | None:
+        """The quorum of the standing group of exactly `procs` (in order), or None."""
+        with self._lock:
+            for standing in self._formed:
+                if standing.procs == tuple(procs):
+                    self._formed.remove(standing)
+                    return standing.quorum
+        return None
+
+    def drop(self, procs: ProcMesh) -> None:
+        """`procs` failed (any thread): the groups it is in are broken; one it is joining
+        gives up."""
+        with self._lock:
+            self._formed = [s for s in self._formed if procs not in s.procs]
+            broken = [s for s in self._forming if procs in s.procs]
+            self._forming = [s for s in self._forming if procs not in s.procs]
+            self._tried = {key for key in self._tried if procs not in key}  # re-spawned: anew
+        for standing in broken:
+            self._notices.abort(standing.quorum, "a participant failed while it was formed")
+
+    def ensure(
+        self,
+        members: Sequence[tuple[ProcMesh, ActorMesh[Any]]],
+        spares: Sequence[tuple[ProcMesh, ActorMesh[Any]]],
+    ) -> None:
+        """Form the groups of every take-over `spares` could make among `members` (every
+        member live, in replica order) that were not formed yet (waits for them)."""
+        wanted, keys = [], set()
+        retry = time.monotonic() >= self._retry_at
+        with self._lock:
+            for spare in spares:
+                for place in range(len(members)):
+                    taking = [*members[:place], spare, *members[place + 1 :]]
+                    key = tuple(procs for procs, _ in taking)
+                    keys.add(key)
+                    if key not in self._tried and retry:
+                        wanted.append((Standing(self._next_quorum(), key), taking))
+            self._wanted = keys
+            self._tried = (self._tried & keys) | {standing.procs for standing, _ in wanted}
+        if wanted:
+            self._form(wanted)
+
+    def pending(self) -> bool:
+        """Whether a group the last `ensure` wanted is not formed (yet)."""
+        with self._lock:
+            return bool(self._wanted - {standing.procs for standing in self._formed})
+
+    def _form(self, wanted: list[tuple[Standing, list[tuple[ProcMesh, ActorMesh[Any]]]]]) -> None:
+        """Each participant forms its new groups in one call (and keeps its formed ones)."""
+        places: dict[ProcMesh, tuple[ActorMesh[Any], list[GroupPlace]]] = {}
+        for standing, taking in wanted:
+            world = len(taking) * self._ranks
+            for position, (procs, actors) in enumerate(taking):
+                place = (standing.quorum, position * self._ranks, world)
+                places.setdefault(procs, (actors, []))[1].append(place)
+        with self._lock:
+            self._forming = [standing for standing, _ in wanted]
+            formed = list(self._formed)
+        calls = {}
+        for number, (procs, (actors, groups)) in enumerate(places.items()):
+            groups += [(s.quorum, -1, -1) for s in formed if procs in s.procs]
+            calls[number] = actors.stand_by.call(sorted(groups), self._store, self._timeout_s)
+        most = max(len(groups) for _, groups in places.values())
+        results = gather(calls, self._timeout_s * (most + 1)).values()  # a rendezvous each
+        failed = [result for result in results if isinstance(result, BaseException)]
+        with self._lock:
+            if not failed:
+                self._formed += self._forming  # drop() took out those a failure broke
+            else:  # tried again after a while
+                self._tried -= {standing.procs for standing, _ in wanted}
+                self._retry_at = time.monotonic() + RETRY_S
+            self._forming = []
+        if failed:
+            self._log.warning("standing_groups_failed", reason=short(failed[0]))
