@@ -291,3 +291,67 @@ def test_stopping_a_proc_the_agent_does_not_know_is_answered(
         outbox.close(0)
         inbox.close()
         close_context(context)
+
+
+MIXED_CLIENT = textwrap.dedent("""
+    import os, signal
+    from mesh import Actor, attach, endpoint, this_host
+    from supervision import SupervisionError
+
+    class Echo(Actor):
+        @endpoint
+        def length(self, data: bytes) -> int:
+            return len(data)
+
+        @endpoint
+        def pid(self) -> int:
+            return os.getpid()
+
+    LARGE = b"x" * (4 << 20)  # sent as a shared payload file
+    try:
+        early = this_host().spawn_procs(per_host={{"gpus": 1}})  # the local agent: no keys
+        before = early.spawn("before", Echo)
+        print("BEFORE", before.length.call_one(b"x").get(timeout=15), flush=True)
+        remote = attach({alloc!r}).spawn_procs(per_host={{"gpus": 1}}).spawn("remote", Echo)
+        print("REMOTE", remote.length.call_one(b"xy").get(timeout=15), flush=True)
+        print("EARLY", before.length.call_one(LARGE).get(timeout=15), flush=True)
+        late_procs = this_host().spawn_procs(per_host={{"gpus": 1}})
+        late_procs.on_failure(lambda event: True)
+        late = late_procs.spawn("late", Echo)
+        print("LATE", late.length.call_one(LARGE).get(timeout=15), flush=True)
+        os.kill(late.pid.call_one().get(timeout=15), signal.SIGKILL)
+        try:
+            late.pid.call_one().get(timeout=15)
+        except SupervisionError as error:
+            print("KILLED", "SIGKILL" in str(error), flush=True)
+    except Exception as error:  # the failure is what the test looks at
+        print("ERROR", type(error).__name__, error, flush=True)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_local_procs_work_beside_attached_tcp_agents(tmp_path: Path) -> None:
+    """A client whose local agent started without keys attaches to a tcp allocation (whose
+    keys it takes up, and whose address it now answers on): its local procs, those spawned
+    before attach and after, still reach it with small and large values and exit reports,
+    instead of failing to authenticate and leaving every call to them hanging."""
+    env = {k: v for k, v in os.environ.items() if k != "MESHVISOR_CURVE_KEYS"}
+    alloc, rundir = tmp_path / "hosts", tmp_path / "run"
+    rundir.mkdir(mode=0o700)
+    command = [sys.executable, "-m", "meshvisor", "agent", "--listen", "tcp://127.0.0.1:0"]
+    command += ["--rundir", str(rundir), "--allocation", str(alloc)]
+    agent = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(alloc.exists, T, "the agent to join the allocation")
+        script = tmp_path / "client.py"
+        script.write_text(MIXED_CLIENT.format(alloc=str(alloc)))
+        done = subprocess.run(
+            [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=90
+        )
+    finally:
+        agent.terminate()
+        agent.wait(T)
+    lines = [line for line in done.stdout.splitlines() if line.split()[0].isupper()]
+    sizes = [str(1), str(2), str(4 << 20), str(4 << 20)]
+    expected = [f"{w} {s}" for w, s in zip(("BEFORE", "REMOTE", "EARLY", "LATE"), sizes)]
+    assert lines == [*expected, "KILLED True"], done.stdout + done.stderr

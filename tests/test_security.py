@@ -405,6 +405,49 @@ def test_keys_are_private_from_creation_even_with_umask_0(
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
 
 
+FOLLOWER = textwrap.dedent("""
+    import os, sys
+    import transport
+    transport.follow_keys_pointer(sys.argv[1])
+    print(transport.configured_keys() is None, flush=True)
+    input()  # the owner points to its keys now
+    keys = transport.configured_keys()
+    print(keys == transport.CurveKeys.load(sys.argv[2]), os.environ[transport.KEYS_ENV])
+""")
+
+
+def test_a_keyless_process_takes_up_the_keys_its_owner_points_to(tmp_path: Path) -> None:
+    """What `attach` does for the local agent and procs that began without keys: the pointer
+    file is private from creation (umask 0 too), and a process following it has no keys until
+    it is written, then the ones it names, which the processes it starts inherit."""
+    rundir, keys = tmp_path / "run", tmp_path / "keys"
+    rundir.mkdir(mode=0o700)
+    transport.CurveKeys.create(keys)
+    env = {k: v for k, v in os.environ.items() if k != transport.KEYS_ENV}
+    follower = subprocess.Popen(
+        [sys.executable, "-c", FOLLOWER, str(rundir), str(keys)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert follower.stdout is not None and follower.stdin is not None
+        assert follower.stdout.readline().strip() == "True"
+        previous = os.umask(0)
+        try:
+            transport.point_to_keys(rundir, str(keys))
+        finally:
+            os.umask(previous)
+        assert [f.name for f in rundir.iterdir()] == ["curve-keys"]
+        assert stat.S_IMODE((rundir / "curve-keys").stat().st_mode) == 0o600
+        answer, _ = follower.communicate("\n", timeout=T)
+        assert answer.split() == ["True", str(keys)]
+    finally:
+        follower.kill()
+        follower.wait(T)
+
+
 def test_meshvisor_keys_refuses_to_overwrite_or_follow_links(tmp_path: Path) -> None:
     def keys(directory: Path) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "meshvisor", "keys", str(directory)]

@@ -33,6 +33,8 @@ from ._security import KEYS_ENV as KEYS_ENV
 from ._security import CurveKeys as CurveKeys
 from ._security import check_exposure as check_exposure
 from ._security import configured_keys as configured_keys
+from ._security import follow_keys_pointer as follow_keys_pointer
+from ._security import point_to_keys as point_to_keys
 from ._serialize import OUT_OF_BAND_MIN_BYTES as OUT_OF_BAND_MIN_BYTES
 from ._serialize import dumps as dumps
 from ._serialize import loads as loads
@@ -80,12 +82,14 @@ __all__ = (
     "decode",
     "dumps",
     "encode",
+    "follow_keys_pointer",
     "get_logger",
     "is_address",
     "loads",
     "message_type",
     "network_faults",
     "new_context",
+    "point_to_keys",
     "private_runtime_dir",
     "raise_open_file_limit",
     "reset_logging",

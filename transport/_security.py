@@ -29,7 +29,7 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from ._errors import TransportError
 from ._log import get_logger
-from ._settings import ENV_NAMES, transport_settings
+from ._settings import ENV_NAMES, transport_settings, use_curve_keys
 
 KEYS_ENV = ENV_NAMES["curve_keys"]
 _KEY_NAME = "allocation"
@@ -142,12 +142,47 @@ def _write_new(path: Path, text: str, mode: int) -> None:
 
 
 _loaded: dict[str, CurveKeys | None] = {}
+#: The file naming the keys to take up if this process has none (`follow_keys_pointer`).
+_pointer: Path | None = None
+_POINTER_FILE = "curve-keys"
+
+
+def point_to_keys(rundir: str | os.PathLike[str], directory: str) -> None:
+    """Tell the processes started with private run directory `rundir` (a client's local agent
+    and its procs), which began without keys, to authenticate with those in `directory` from
+    now on: they must reach this process over tcp once it listens there."""
+    target = Path(rundir) / _POINTER_FILE
+    staged = target.with_name(f".{_POINTER_FILE}.{os.getpid()}")
+    staged.unlink(missing_ok=True)
+    _write_new(staged, directory, 0o600)
+    os.replace(staged, target)  # readers see the old file or the whole new one
+
+
+def follow_keys_pointer(rundir: str | os.PathLike[str]) -> None:
+    """When this process must use CURVE keys and has none, take up those named in `rundir` by
+    its owner (`point_to_keys`); the directory is private to this user."""
+    global _pointer
+    _pointer = Path(rundir) / _POINTER_FILE
+
+
+def _pointed_keys() -> str | None:
+    """The keys directory the owner pointed to, taken up for good (None: none named)."""
+    if _pointer is None:
+        return None
+    try:
+        directory = _pointer.read_text().strip()
+    except OSError:  # none written (or the run directory is gone): no keys
+        return None
+    if directory:
+        use_curve_keys(directory)  # and the procs this process starts
+    return directory or None
 
 
 def configured_keys() -> CurveKeys | None:
     """The key pair in this process's `TransportSettings.curve_keys` (MESHVISOR_CURVE_KEYS), or
-    None when security is not configured."""
-    directory = transport_settings().curve_keys
+    the one its owner pointed to since (`follow_keys_pointer`), or None when security is not
+    configured."""
+    directory = transport_settings().curve_keys or _pointed_keys()
     if not directory:
         return None
     if directory not in _loaded:

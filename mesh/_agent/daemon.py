@@ -30,6 +30,7 @@ from transport import (
     CurveKeys,
     TransportError,
     check_exposure,
+    follow_keys_pointer,
     raise_open_file_limit,
     transport_settings,
     use_curve_keys,
@@ -46,6 +47,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
     address = _listen_address(args, parser)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     rundir = args.rundir or own_run_dir()
+    if args.owner_pid:  # a client's local agent: it takes up the keys of what it attaches to
+        follow_keys_pointer(rundir)
     if args.preload:
         os.environ[PRELOAD_ENV] = args.preload
         reload_settings()  # the fork server preloads what its settings name

@@ -25,6 +25,7 @@ from transport import (
     TransportError,
     close_context,
     encode,
+    follow_keys_pointer,
     get_logger,
     loads,
     new_context,
@@ -106,6 +107,7 @@ def run_proc(config: dict[str, Any]) -> int:
     sys.path[:] = list(config["sys_path"])
     os.chdir(config["cwd"])
     reload_settings()  # those of its own environment, not the fork server's
+    follow_keys_pointer(config["rundir"])  # its owner's, if it attaches to tcp agents later
     record_stacks_on_faults(config["rundir"], config["proc_id"])
     limit_memory(config["memory_limit"], config["rundir"], config["proc_id"])
     try:

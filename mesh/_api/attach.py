@@ -24,7 +24,7 @@ from mesh._agent.allocations import allocation_keys_dir, read_allocation
 from mesh._api.host_mesh import HostMesh
 from mesh._engine.session import current_session
 from mesh._shape import Extent, Region
-from transport import KEYS_ENV, transport_settings, use_curve_keys
+from transport import KEYS_ENV, point_to_keys, transport_settings, use_curve_keys
 
 #: The keys directory attach() chose for this process (None: none, or the user's own choice).
 _chosen_keys: str | None = None
@@ -71,10 +71,12 @@ def attach(agents: str | Sequence[str], *, listen_host: str = "127.0.0.1") -> Ho
     for address in addresses:
         if not address.startswith(("tcp://", "ipc://")):
             raise ValueError(f"{address!r} is not an agent address (tcp://HOST:PORT or ipc://)")
+    session = current_session()
     if any(address.startswith("tcp://") for address in addresses):
         use_allocation_keys(agents)
-    runtime = current_session().runtime
-    if any(address.startswith("tcp://") for address in addresses):
-        runtime.listen_on_tcp(listen_host)
+        # this host's agent and procs, started before, answer the tcp address with these keys
+        point_to_keys(session.rundir, transport_settings().curve_keys or "")
+        session.runtime.listen_on_tcp(listen_host)
+    runtime = session.runtime
     runtime.agents.keep_alive(addresses)
     return HostMesh(tuple(addresses), Region.full(Extent(("hosts",), (len(addresses),))))
