@@ -136,5 +136,7 @@ class StandingGroups:
                 self._tried -= {standing.procs for standing, _ in wanted}
                 self._retry_at = time.monotonic() + RETRY_S
             self._forming = []
-        if failed:
+        if failed:  # a participant still in it (or yet to start it) gives it up at once
+            for standing, _ in wanted:
+                self._notices.abort(standing.quorum, "its formation failed; a new one is tried")
             self._log.warning("standing_groups_failed", reason=short(failed[0]))
