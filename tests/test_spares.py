@@ -24,8 +24,7 @@ from mesh import ActorMesh, this_host
 from mesh.testing import probe
 from recovery import Replica, ReplicaGroup, UpdateLog, replay_training
 from recovery import parameter_digest as digest
-from recovery._aborts import AbortNotices, AbortWatch
-from recovery._exchange import form_groups
+from recovery.testing import AbortNotices, AbortWatch, form_groups
 from supervision import SupervisionError
 
 pytestmark = pytest.mark.timeout(240)
