@@ -42,6 +42,10 @@ class AbortWatch:
         )
         self.quorum = -1
 
+    def abort(self, quorum: int, reason: str) -> None:
+        """Mark the process group of `quorum` aborted (its other participants stop waiting)."""
+        self._store.set(abort_key(quorum), reason)
+
     def __call__(self) -> str | None:
         key = abort_key(self.quorum)
         if not self._store.check([key]):

@@ -235,15 +235,20 @@ def form_groups(
     participant forms them in the same order: no rendezvous waits on another). Groups of
     `held` not listed are dropped."""
     kept = {quorum: held[quorum] for quorum, base, _ in groups if base < 0 and quorum in held}
+    new = sorted(group for group in groups if group[1] >= 0)
     watch = AbortWatch(store, timeout_s)
-    for quorum, base, world in sorted(groups):
-        if base < 0:
-            continue
+    for quorum, base, world in new:
         watch.quorum = quorum
+        if watch() is not None:  # the controller gave this formation up: nobody else comes
+            continue
         try:
             group = open_group(store, quorum, base + rank, world, timeout_s, watch)
             wait_unless_aborted(group.barrier(), watch)  # its first collective costs more
             kept[quorum] = group
         except ExchangeAborted:
             continue  # a participant failed: the controller drops this group too
+        except Exception as exc:  # the formation failed: its other participants stop waiting
+            for later, _, _ in new:
+                watch.abort(later, f"a participant could not form it: {type(exc).__name__}")
+            raise
     return kept

@@ -287,6 +287,7 @@ class ReplicaGroup:
         quorum, participants = self._current
         if index in participants:  # survivors waiting on it in a collective give up now
             self._aborts.abort(quorum, f"replica {index} {why}")
+            self._quorum_members = None  # its replacement (same procs, respawned) needs a new one
         self._log.warning("replica_failed", replica=index, reason=why)
         if self._started and not self._standbys.ready():  # else a spare takes its place
             self._rejoins.respawn(member)  # now, not at the next step: the spawn is long

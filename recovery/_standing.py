@@ -8,6 +8,10 @@ i's place held by the spare, for every i. The spare holds i's group ranks, so th
 sums in replica order as before (the replay's order: the bits do not change). When replica i
 fails and the spare takes its place, the next step uses that group at once. A failure of any
 other participant drops the groups it is in; the groups are formed again for the new members.
+A formation that fails is marked aborted in the store: a participant still in it, or yet to
+start it (its call queued behind another), gives it up at once instead of running it against
+peers that left, one formation behind them from then on. The next try forms new groups; a
+take-over meanwhile enters a fresh rendezvous.
 """
 
 from __future__ import annotations
@@ -136,5 +140,7 @@ class StandingGroups:
                 self._tried -= {standing.procs for standing, _ in wanted}
                 self._retry_at = time.monotonic() + RETRY_S
             self._forming = []
-        if failed:
+        if failed:  # a participant still in it (or yet to start it) gives it up at once
+            for standing, _ in wanted:
+                self._notices.abort(standing.quorum, "its formation failed; a new one is tried")
             self._log.warning("standing_groups_failed", reason=short(failed[0]))

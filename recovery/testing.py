@@ -4,12 +4,24 @@
 drives it with the loop messages of `loop_wire` (`AskQuorum`, `Healed`, `Vote`, and the answers
 `HealFrom`, `Go`, `Retry`, `Finished`, `Decision`) as real loops would, and checks its answers.
 `flatten_gradients` and `use_average` are the gradient arithmetic of `Manager`'s exchange.
+`form_groups` is a replica's side of forming standing groups; `AbortNotices` and `AbortWatch`
+mark and read the abort notices of process groups in a store.
 """
 
 from __future__ import annotations
 
 from . import _loop_protocol as loop_wire
+from ._aborts import AbortNotices, AbortWatch
 from ._arithmetic import flatten_gradients, use_average
+from ._exchange import form_groups
 from ._loop_rounds import Rounds as LoopRounds
 
-__all__ = ("LoopRounds", "flatten_gradients", "loop_wire", "use_average")
+__all__ = (
+    "AbortNotices",
+    "AbortWatch",
+    "LoopRounds",
+    "flatten_gradients",
+    "form_groups",
+    "loop_wire",
+    "use_average",
+)

@@ -97,3 +97,23 @@ def test_a_replacement_is_spawned_as_soon_as_the_failure_is_heard(
     skipped = [group.replicas[i].skipped_init.call_one().get(timeout=30) for i in range(3)]
     assert skipped == [False, True, False], "a replacement builds without random init"
     assert_invariants(group)
+
+
+def test_a_replacement_live_before_the_next_step_gets_a_fresh_process_group(
+    groups: list[ReplicaGroup],
+) -> None:
+    """Replica 1 is killed between two steps and its replacement (spawned from the handler)
+    is live before the next one: the same replica ids on a new process, so that step forms a
+    new process group instead of using the one the dead replica was in, and commits."""
+    group = ReplicaGroup(this_host(), ra.Trainer, replicas=2, heartbeat_timeout_s=HB)
+    groups.append(group)
+    train(group, 2)
+    os.kill(pid_of(group, 1), signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while not group.recoveries:
+        assert time.monotonic() < deadline, "the kill is noticed"
+        time.sleep(0.02)
+    group.wait_for_all()  # replaced and healed, without a step
+    outcome = group.step()
+    assert outcome.committed, outcome
+    assert_invariants(group)

@@ -18,12 +18,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_heal import _committed_reads
-from test_replicas import assert_invariants, pid_of, train
+from test_replicas import assert_invariants, pid_of, train, train_until_recovered
 
 from mesh import ActorMesh, this_host
 from mesh.testing import probe
 from recovery import Replica, ReplicaGroup, UpdateLog, replay_training
 from recovery import parameter_digest as digest
+from recovery.testing import AbortNotices, AbortWatch, form_groups
 from supervision import SupervisionError
 
 pytestmark = pytest.mark.timeout(240)
@@ -255,3 +256,40 @@ def test_a_take_over_needs_no_rendezvous_and_a_kill_right_after_it_is_recovered(
     assert_invariants(group)
     group.wait_for_all()  # the spare spawned after the second take-over is healed
     assert_spares_follow(group)
+
+
+def test_take_overs_in_a_row_leave_the_spare_ready_with_its_groups_formed(
+    groups: list[ReplicaGroup],
+) -> None:
+    """Three take-overs in a row, each as soon as the new spare is ready: every time the groups
+    of the next take-overs form (wait_for_all), and the bits equal the replay's."""
+    group = ReplicaGroup(this_host(), ra.Trainer, replicas=3, spares=1, heartbeat_timeout_s=HB)
+    groups.append(group)
+    group.wait_for_all()
+    for kills, victim in enumerate((1, 0, 1), 1):
+        train(group, group.committed_steps + 2)
+        os.kill(pid_of(group, victim), signal.SIGKILL)
+        _wait_for(lambda: len(group.recoveries) == kills, "the kill is noticed")  # noqa: B023
+        train_until_recovered(group)
+        group.wait_for_all()
+    assert [r.by_spare for r in group.recoveries] == [True] * 3, group.recoveries
+    assert_invariants(group)
+
+
+def test_a_formation_given_up_ends_at_once_and_a_failed_one_releases_its_peers() -> None:
+    """A participant that comes late to a standing formation the controller gave up (its
+    queue held an older call) skips it without waiting; one whose rendezvous fails marks the
+    other groups of its formation aborted, so that their participants stop waiting for it."""
+    import torch.distributed as dist
+
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+    store = ("127.0.0.1", master.port)
+    AbortNotices(master).abort(7, "its formation failed; a new one is tried")
+    # skipped before its rendezvous starts (none is left behind, waiting)
+    assert form_groups({}, [(7, 0, 2)], 0, store, 5.0) == {}, "a given-up group is skipped"
+    with pytest.raises(Exception, match=r"(?i)timeout|timed out"):
+        form_groups({}, [(9, 0, 2), (10, 0, 2)], 0, store, 1.0)  # nobody else comes
+    watch = AbortWatch(store, 5.0)
+    for quorum in (9, 10):
+        watch.quorum = quorum
+        assert "could not form it" in (watch() or ""), quorum
