@@ -1,0 +1,68 @@
+"""A clean exit for a replica's proc with gloo calls still in flight on its threads.
+
+A thread that waits in a gloo call (a rendezvous given up, a collective waited on in slices)
+has released the GIL. If the interpreter finalizes meanwhile, that thread is ended as it takes
+the GIL back, inside a C++ destructor: the process dies by ``std::terminate`` (SIGABRT,
+"terminate called without an active exception") instead of exiting. So at exit the waits are
+told to give up (they do within a poll), and if a call still has not returned after
+`EXIT_WAIT_S` (a rendezvous blocks until the store's timeout), the proc leaves at once,
+streams flushed, before the interpreter finalizes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+#: How long the exit waits for gloo calls in flight to return before leaving without them.
+EXIT_WAIT_S = 1.0
+
+_changed = threading.Condition()
+_in_flight = 0
+_leaving = False
+_registered = False
+
+
+def leaving() -> bool:
+    """Whether the interpreter is exiting: a wait in a gloo call should give up."""
+    return _leaving
+
+
+@contextlib.contextmanager
+def native_call() -> Iterator[None]:
+    """Count the calling thread as inside a gloo call (GIL released) while the block runs."""
+    global _in_flight, _registered
+    with _changed:
+        if not _registered:
+            atexit.register(_exit_cleanly)
+            _registered = True
+        _in_flight += 1
+    try:
+        yield
+    finally:
+        with _changed:
+            _in_flight -= 1
+            _changed.notify_all()
+
+
+def _exit_cleanly() -> None:
+    """At exit: let the waits give up; leave now if a gloo call is still running."""
+    global _leaving
+    deadline = time.monotonic() + EXIT_WAIT_S
+    with _changed:
+        _leaving = True
+        while _in_flight and (left := deadline - time.monotonic()) > 0:
+            _changed.wait(left)
+        if not _in_flight:
+            return
+    logging.shutdown()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(0)  # atexit runs after a graceful stop (exit code 0); a failing proc leaves earlier
