@@ -5,8 +5,10 @@ has released the GIL. If the interpreter finalizes meanwhile, that thread is end
 the GIL back, inside a C++ destructor: the process dies by ``std::terminate`` (SIGABRT,
 "terminate called without an active exception") instead of exiting. So at exit the waits are
 told to give up (they do within a poll), and if a call still has not returned after
-`EXIT_WAIT_S` (a rendezvous blocks until the store's timeout), the proc leaves at once,
-streams flushed, before the interpreter finalizes.
+`EXIT_WAIT_S` (a rendezvous blocks until the store's timeout), a meshvisor proc (stopped
+gracefully: its exit code is 0) leaves at once, streams flushed, before the interpreter
+finalizes. Any other process waits for its calls to end (their timeouts bound them), so that
+its own exit code stands.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import threading
 import time
 from collections.abc import Iterator
 
+from mesh import context
+
 #: How long the exit waits for gloo calls in flight to return before leaving without them.
 EXIT_WAIT_S = 1.0
 
@@ -27,6 +31,7 @@ _changed = threading.Condition()
 _in_flight = 0
 _leaving = False
 _registered = False
+_in_proc = False  # a call was made by an actor: this process is a meshvisor proc
 
 
 def leaving() -> bool:
@@ -37,8 +42,10 @@ def leaving() -> bool:
 @contextlib.contextmanager
 def native_call() -> Iterator[None]:
     """Count the calling thread as inside a gloo call (GIL released) while the block runs."""
-    global _in_flight, _registered
+    global _in_flight, _registered, _in_proc
+    in_proc = context().proc_id != "client"
     with _changed:
+        _in_proc = _in_proc or in_proc
         if not _registered:
             atexit.register(_exit_cleanly)
             _registered = True
@@ -57,12 +64,12 @@ def _exit_cleanly() -> None:
     deadline = time.monotonic() + EXIT_WAIT_S
     with _changed:
         _leaving = True
-        while _in_flight and (left := deadline - time.monotonic()) > 0:
-            _changed.wait(left)
+        while _in_flight and (not _in_proc or time.monotonic() < deadline):
+            _changed.wait(max(0.0, deadline - time.monotonic()) if _in_proc else None)
         if not _in_flight:
             return
     logging.shutdown()
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
-    os._exit(0)  # atexit runs after a graceful stop (exit code 0); a failing proc leaves earlier
+    os._exit(0)  # a proc finalizes only after a graceful stop; a failing one leaves earlier

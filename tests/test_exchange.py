@@ -192,7 +192,7 @@ never = groups[0].barrier()  # ranks 1 and 2 never enter it
 waiting = (wait_unless_aborted, never, lambda: None)
 threading.Thread(target=quietly, args=waiting, daemon=True).start()
 if sys.argv[1] == "rendezvous":  # one whose peer never comes, given up: still in gloo at exit
-    alone = (address, 7, 0, 2, 30, lambda: None)
+    alone = (address, 7, 0, 2, 1, lambda: None)  # waited for at exit: not a proc
     threading.Thread(target=quietly, args=(open_group, *alone), daemon=True).start()
 print("exiting", flush=True)
 """
