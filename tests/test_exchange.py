@@ -211,3 +211,21 @@ def test_a_process_exits_cleanly_with_gloo_calls_in_flight(tmp_path: Path, left:
     )
     assert "terminate called" not in done.stderr, done.stderr
     assert (done.returncode, done.stdout) == (0, "exiting\n"), done.stderr
+
+
+def test_a_proc_stopped_while_waiting_in_gloo_stops_cleanly(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A proc stopped while its endpoints wait in gloo (a collective, a rendezvous) exits
+    without std::terminate, whose message its owner would print as the proc's stderr."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+    address = ("127.0.0.1", store.port)
+    procs = this_host().spawn_procs(per_host={"ranks": 1}, name="strander")
+    try:
+        strander = procs.spawn("strander", xa.Strander)
+        strander.wait_in_a_collective.call(address, "stop")
+        strander.wait_in_a_rendezvous.call(address, "stop")
+        store.wait(["stop-collective", "stop-rendezvous"])
+    finally:
+        procs.stop(grace_s=30.0).get(timeout=60)
+    assert "terminate called" not in capfd.readouterr().err
