@@ -4,12 +4,22 @@
 drives it with the loop messages of `loop_wire` (`AskQuorum`, `Healed`, `Vote`, and the answers
 `HealFrom`, `Go`, `Retry`, `Finished`, `Decision`) as real loops would, and checks its answers.
 `flatten_gradients` and `use_average` are the gradient arithmetic of `Manager`'s exchange.
+`open_group` and `wait_unless_aborted` are a replica's waits in gloo (its rendezvous, its
+collectives), for tests that leave them in flight.
 """
 
 from __future__ import annotations
 
 from . import _loop_protocol as loop_wire
 from ._arithmetic import flatten_gradients, use_average
+from ._exchange import open_group, wait_unless_aborted
 from ._loop_rounds import Rounds as LoopRounds
 
-__all__ = ("LoopRounds", "flatten_gradients", "loop_wire", "use_average")
+__all__ = (
+    "LoopRounds",
+    "flatten_gradients",
+    "loop_wire",
+    "open_group",
+    "use_average",
+    "wait_unless_aborted",
+)

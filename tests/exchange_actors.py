@@ -15,7 +15,7 @@ from replica_actors import Trainer
 
 from mesh import Actor, concurrent_endpoint, current_rank, endpoint
 from recovery import exchange_average
-from recovery._exchange import open_group, wait_unless_aborted
+from recovery.testing import open_group, wait_unless_aborted
 
 
 def gradient(seed: int, rank: int, numel: int) -> torch.Tensor:

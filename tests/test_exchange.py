@@ -4,7 +4,8 @@ The exchange must give the bits of `average` (whole gradients summed in rank ord
 `replay_training` uses: for every size and world, bucket by bucket in one process (the data
 movement of the all-to-all and the all-gather, simulated), and through real gloo groups of
 real procs. A replica killed or hung at any point of a step, the rendezvous included, costs
-the survivors the failure-detection time, not the process group's timeout.
+the survivors the failure-detection time, not the process group's timeout. A process that
+exits with gloo calls in flight exits cleanly, not by std::terminate.
 """
 
 from __future__ import annotations
@@ -166,7 +167,8 @@ def test_survivors_do_not_wait_on_a_replica_failing_at_any_point(
 EXITS_WITH_GLOO_CALLS_IN_FLIGHT = """
 import datetime, sys, threading
 import torch.distributed as dist
-from recovery._exchange import ExchangeAborted, open_group, wait_unless_aborted
+from recovery import ExchangeAborted
+from recovery.testing import open_group, wait_unless_aborted
 
 timeout = datetime.timedelta(seconds=30)
 store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timeout)
