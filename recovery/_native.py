@@ -5,10 +5,14 @@ has released the GIL. If the interpreter finalizes meanwhile, that thread is end
 the GIL back, inside a C++ destructor: the process dies by ``std::terminate`` (SIGABRT,
 "terminate called without an active exception") instead of exiting. So at exit the waits are
 told to give up (they do within a poll), and if a call still has not returned after
-`EXIT_WAIT_S` (a rendezvous blocks until the store's timeout), a meshvisor proc (stopped
-gracefully: its exit code is 0) leaves at once, streams flushed, before the interpreter
-finalizes. Any other process waits for its calls to end (their timeouts bound them), so that
-its own exit code stands.
+`EXIT_WAIT_S` (a rendezvous blocks until the store's timeout), the proc leaves anyway.
+
+A meshvisor proc that made gloo calls (stopped gracefully: its exit code is 0) then leaves
+with ``os._exit`` once the other exit handlers ran and its streams are flushed: finalizing the
+interpreter would also destroy its process groups, whose peers may be dead (their destructors
+wait for pending work), and gloo's C++ state, which can end in ``std::terminate`` too. Any
+other process waits for its calls to end (their timeouts bound them) and exits normally, so
+that its own exit code stands.
 """
 
 from __future__ import annotations
@@ -59,15 +63,17 @@ def native_call() -> Iterator[None]:
 
 
 def _exit_cleanly() -> None:
-    """At exit: let the waits give up; leave now if a gloo call is still running."""
+    """At exit: let the waits give up (see the module docstring); a proc then leaves."""
     global _leaving
     deadline = time.monotonic() + EXIT_WAIT_S
     with _changed:
         _leaving = True
         while _in_flight and (not _in_proc or time.monotonic() < deadline):
             _changed.wait(max(0.0, deadline - time.monotonic()) if _in_proc else None)
-        if not _in_flight:
+        if not _in_proc:
             return
+    atexit.unregister(_exit_cleanly)
+    atexit._run_exitfuncs()  # those registered before this one: they still run
     logging.shutdown()
     with contextlib.suppress(Exception):
         sys.stdout.flush()
