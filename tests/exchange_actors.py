@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import signal
@@ -83,10 +84,11 @@ class HangsWhileBuilt(Trainer):
 class Strander(Actor):
     """Leaves gloo calls in flight, as a replica stopped mid-wait does: a collective that
     never completes, a rendezvous whose peer never comes. Each sets its key in the store as
-    it starts to wait."""
+    it starts to wait; an exit handler sets one as the proc exits."""
 
     @concurrent_endpoint
     def wait_in_a_collective(self, store: tuple[str, int], tag: str) -> None:
+        atexit.register(_say_waiting, store, f"{tag}-exit-handler")  # before any gloo call
         timeout = datetime.timedelta(seconds=60)
         groups: list[Any] = [None, None]
 

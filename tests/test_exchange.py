@@ -219,7 +219,8 @@ def test_a_proc_stopped_while_waiting_in_gloo_stops_cleanly(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     """A proc stopped while its endpoints wait in gloo (a collective, a rendezvous) exits
-    without std::terminate, whose message its owner would print as the proc's stderr."""
+    without std::terminate, whose message its owner would print as the proc's stderr; its
+    exit handlers still run."""
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
     address = ("127.0.0.1", store.port)
     procs = this_host().spawn_procs(per_host={"ranks": 1}, name="strander")
@@ -231,3 +232,4 @@ def test_a_proc_stopped_while_waiting_in_gloo_stops_cleanly(
     finally:
         procs.stop(grace_s=30.0).get(timeout=60)
     assert "terminate called" not in capfd.readouterr().err
+    assert store.check(["stop-exit-handler"]), "the proc's own exit handler did not run"
