@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._aborts import AbortWatch
+from ._native import leaving, native_call
 
 if TYPE_CHECKING:
     import torch
@@ -156,17 +157,16 @@ def wait_unless_aborted(work: Any, aborted: Callable[[], str | None]) -> None:
     timeout) as soon as `aborted()` gives a reason. The backend waits in slices of
     `ABORT_POLL_S` (a timed-out ``wait`` leaves gloo's work running, to be waited on again)."""
     poll = datetime.timedelta(seconds=ABORT_POLL_S)
-    while True:
-        try:
-            work.wait(poll)
-            return
-        except RuntimeError:
-            if work.is_completed():
-                work.wait()  # it failed: raises the backend's error
+    with native_call():
+        while True:
+            try:
+                work.wait(poll)
                 return
-        reason = aborted()
-        if reason is not None:
-            raise ExchangeAborted(f"the exchange was given up: {reason}")
+            except RuntimeError:
+                if work.is_completed():
+                    work.wait()  # it failed: raises the backend's error
+                    return
+            _give_up_if(aborted)
 
 
 def _wait_for(group: Any, work: Any, aborted: Callable[[], str | None]) -> None:
@@ -187,9 +187,10 @@ def open_group(
 
     timeout = datetime.timedelta(seconds=timeout_s)
     # A store client of its own: an abandoned rendezvous may still hold its connection.
-    client = dist.TCPStore(  # type: ignore[attr-defined]
-        store[0], store[1], is_master=False, timeout=timeout
-    )
+    with native_call():
+        client = dist.TCPStore(  # type: ignore[attr-defined]
+            store[0], store[1], is_master=False, timeout=timeout
+        )
     prefixed = dist.PrefixStore(f"quorum-{quorum}", client)  # type: ignore[attr-defined]
     return run_unless_aborted(lambda: dist.ProcessGroupGloo(prefixed, rank, world, timeout), aborts)
 
@@ -202,7 +203,8 @@ def run_unless_aborted(task: Callable[[], T], aborted: Callable[[], str | None])
 
     def run() -> None:
         try:
-            outcome.append((True, task()))
+            with native_call():
+                outcome.append((True, task()))
         except BaseException as exc:
             outcome.append((False, exc))
         finally:
@@ -217,10 +219,16 @@ def run_unless_aborted(task: Callable[[], T], aborted: Callable[[], str | None])
 
 
 def _wait(done: threading.Event, aborted: Callable[[], str | None]) -> None:
-    while not done.wait(ABORT_POLL_S):
-        reason = aborted()
-        if reason is not None:
-            raise ExchangeAborted(f"the exchange was given up: {reason}")
+    with native_call():  # `aborted` asks the store: a native call too
+        while not done.wait(ABORT_POLL_S):
+            _give_up_if(aborted)
+
+
+def _give_up_if(aborted: Callable[[], str | None]) -> None:
+    """Raise `ExchangeAborted` if `aborted()` gives a reason or the process is exiting."""
+    reason = "the process is exiting" if leaving() else aborted()
+    if reason is not None:
+        raise ExchangeAborted(f"the exchange was given up: {reason}")
 
 
 def form_groups(

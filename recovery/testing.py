@@ -6,6 +6,8 @@ drives it with the loop messages of `loop_wire` (`AskQuorum`, `Healed`, `Vote`, 
 `flatten_gradients` and `use_average` are the gradient arithmetic of `Manager`'s exchange.
 `form_groups` is a replica's side of forming standing groups; `AbortNotices` and `AbortWatch`
 mark and read the abort notices of process groups in a store.
+`open_group` and `wait_unless_aborted` are a replica's waits in gloo (its rendezvous, its
+collectives), for tests that leave them in flight.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from . import _loop_protocol as loop_wire
 from ._aborts import AbortNotices, AbortWatch
 from ._arithmetic import flatten_gradients, use_average
-from ._exchange import form_groups
+from ._exchange import form_groups, open_group, wait_unless_aborted
 from ._loop_rounds import Rounds as LoopRounds
 
 __all__ = (
@@ -23,5 +25,7 @@ __all__ = (
     "flatten_gradients",
     "form_groups",
     "loop_wire",
+    "open_group",
     "use_average",
+    "wait_unless_aborted",
 )

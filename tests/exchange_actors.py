@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import signal
+import threading
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from replica_actors import Trainer
 
-from mesh import Actor, current_rank, endpoint
+from mesh import Actor, concurrent_endpoint, current_rank, endpoint
 from recovery import exchange_average
+from recovery.testing import open_group, wait_unless_aborted
 
 
 def gradient(seed: int, rank: int, numel: int) -> torch.Tensor:
@@ -75,3 +79,39 @@ class HangsWhileBuilt(Trainer):
             return super().build()
         os.kill(os.getpid(), signal.SIGSTOP)
         return super().build()
+
+
+class Strander(Actor):
+    """Leaves gloo calls in flight, as a replica stopped mid-wait does: a collective that
+    never completes, a rendezvous whose peer never comes. Each sets its key in the store as
+    it starts to wait; an exit handler sets one as the proc exits."""
+
+    @concurrent_endpoint
+    def wait_in_a_collective(self, store: tuple[str, int], tag: str) -> None:
+        atexit.register(_say_waiting, store, f"{tag}-exit-handler")  # before any gloo call
+        timeout = datetime.timedelta(seconds=60)
+        groups: list[Any] = [None, None]
+
+        def join(rank: int) -> None:
+            client = dist.TCPStore(store[0], store[1], is_master=False, timeout=timeout)  # type: ignore[attr-defined]
+            prefixed = dist.PrefixStore(tag, client)  # type: ignore[attr-defined]
+            groups[rank] = dist.ProcessGroupGloo(prefixed, rank, 2, timeout)
+
+        joins = [threading.Thread(target=join, args=(rank,)) for rank in range(2)]
+        for thread in joins:
+            thread.start()
+        for thread in joins:
+            thread.join()
+        never = groups[0].barrier()  # rank 1 never enters it
+        _say_waiting(store, f"{tag}-collective")
+        wait_unless_aborted(never, lambda: None)
+
+    @concurrent_endpoint
+    def wait_in_a_rendezvous(self, store: tuple[str, int], tag: str) -> None:
+        _say_waiting(store, f"{tag}-rendezvous")
+        open_group(store, 7, 0, 2, 60, lambda: None)
+
+
+def _say_waiting(store: tuple[str, int], key: str) -> None:
+    timeout = datetime.timedelta(seconds=60)
+    dist.TCPStore(store[0], store[1], is_master=False, timeout=timeout).set(key, b"1")  # type: ignore[attr-defined]

@@ -4,12 +4,16 @@ The exchange must give the bits of `average` (whole gradients summed in rank ord
 `replay_training` uses: for every size and world, bucket by bucket in one process (the data
 movement of the all-to-all and the all-gather, simulated), and through real gloo groups of
 real procs. A replica killed or hung at any point of a step, the rendezvous included, costs
-the survivors the failure-detection time, not the process group's timeout.
+the survivors the failure-detection time, not the process group's timeout. A process that
+exits with gloo calls in flight exits cleanly, not by std::terminate.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import exchange_actors as xa
@@ -158,3 +162,74 @@ def test_survivors_do_not_wait_on_a_replica_failing_at_any_point(
     replayed = replay_training(ra.Trainer, group.history)
     live = {d for entries in group.status().values() for _, d in entries}
     assert live == {digest(replayed)}
+
+
+EXITS_WITH_GLOO_CALLS_IN_FLIGHT = """
+import datetime, sys, threading
+import torch.distributed as dist
+from recovery import ExchangeAborted
+from recovery.testing import open_group, wait_unless_aborted
+
+timeout = datetime.timedelta(seconds=30)
+store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timeout)
+address = ("127.0.0.1", store.port)
+groups = [None] * 3
+
+def join(rank):
+    client = dist.TCPStore(*address, is_master=False, timeout=timeout)
+    groups[rank] = dist.ProcessGroupGloo(dist.PrefixStore("q", client), rank, 3, timeout)
+
+def quietly(task, *args):
+    try:
+        task(*args)
+    except ExchangeAborted as exc:
+        assert "the process is exiting" in str(exc), exc
+
+joins = [threading.Thread(target=join, args=(rank,)) for rank in range(3)]
+for thread in joins:
+    thread.start()
+for thread in joins:
+    thread.join()
+never = groups[0].barrier()  # ranks 1 and 2 never enter it
+waiting = (wait_unless_aborted, never, lambda: None)
+threading.Thread(target=quietly, args=waiting, daemon=True).start()
+if sys.argv[1] == "rendezvous":  # one whose peer never comes, given up: still in gloo at exit
+    alone = (address, 7, 0, 2, 1, lambda: None)  # waited for at exit: not a proc
+    threading.Thread(target=quietly, args=(open_group, *alone), daemon=True).start()
+print("exiting", flush=True)
+"""
+
+
+@pytest.mark.parametrize("left", ["a collective", "rendezvous"])
+def test_a_process_exits_cleanly_with_gloo_calls_in_flight(tmp_path: Path, left: str) -> None:
+    """A replica's proc stopped while its threads wait in gloo (a collective never completed,
+    a rendezvous given up) exits with code 0, not by std::terminate (SIGABRT, "terminate
+    called without an active exception") as the interpreter finalizes around them."""
+    script = tmp_path / "exits.py"
+    script.write_text(EXITS_WITH_GLOO_CALLS_IN_FLIGHT)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(
+        [sys.executable, str(script), left], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "terminate called" not in done.stderr, done.stderr
+    assert (done.returncode, done.stdout) == (0, "exiting\n"), done.stderr
+
+
+def test_a_proc_stopped_while_waiting_in_gloo_stops_cleanly(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A proc stopped while its endpoints wait in gloo (a collective, a rendezvous) exits
+    without std::terminate, whose message its owner would print as the proc's stderr; its
+    exit handlers still run."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+    address = ("127.0.0.1", store.port)
+    procs = this_host().spawn_procs(per_host={"ranks": 1}, name="strander")
+    try:
+        strander = procs.spawn("strander", xa.Strander)
+        strander.wait_in_a_collective.call(address, "stop")
+        strander.wait_in_a_rendezvous.call(address, "stop")
+        store.wait(["stop-collective", "stop-rendezvous"])
+    finally:
+        procs.stop(grace_s=30.0).get(timeout=60)
+    assert "terminate called" not in capfd.readouterr().err
+    assert store.check(["stop-exit-handler"]), "the proc's own exit handler did not run"
