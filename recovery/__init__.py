@@ -7,7 +7,6 @@ it and `LoopGroup` to launch it. Built only on the public `mesh` API.
 """
 
 from ._arithmetic import digest as parameter_digest
-from ._exchange import ExchangeAborted as ExchangeAborted
 from ._exchange import average as fixed_order_average
 from ._exchange import bucket_bounds as bucket_bounds
 from ._exchange import exchange_average as exchange_average
@@ -18,6 +17,7 @@ from ._group import ReplicaGroup as ReplicaGroup
 from ._heal import HealReport as HealReport
 from ._loop_group import LoopGroup as LoopGroup
 from ._loop_manager import Manager as Manager
+from ._outcomes import ExchangeAborted as ExchangeAborted
 from ._outcomes import Recovery as Recovery
 from ._outcomes import ReplicaGroupError as ReplicaGroupError
 from ._outcomes import StepOutcome as StepOutcome

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._aborts import AbortWatch
 from ._native import leaving, native_call
+from ._outcomes import ExchangeAborted
 
 if TYPE_CHECKING:
     import torch
@@ -51,10 +52,6 @@ GroupPlace = tuple[int, int, int]
 #: Process groups with collectives given up, and those collectives: kept until they end, since
 #: dropping a process group waits for its pending work (up to the backend's timeout).
 _ABANDONED: list[tuple[Any, Any]] = []
-
-
-class ExchangeAborted(RuntimeError):
-    """A collective was given up: a peer of the group failed (supervision said so)."""
 
 
 def bucket_bounds(numel: int, world: int) -> list[tuple[int, int]]:

@@ -27,7 +27,7 @@ from mesh import Channel
 
 from ._aborts import AbortWatch
 from ._arithmetic import flatten_gradients, use_average
-from ._exchange import ExchangeAborted, exchange_average, open_group
+from ._exchange import exchange_average, open_group
 from ._heal import DonorCache, HealReport, endpoints_of, heal
 from ._heal_state import Chunk, Piece, StateLayout
 from ._loop_protocol import (
@@ -44,7 +44,7 @@ from ._loop_protocol import (
     Vote,
 )
 from ._loop_runner import current_loop
-from ._outcomes import short
+from ._outcomes import ExchangeAborted, short
 from ._position import Position, capture_position, restore_position
 
 if TYPE_CHECKING:

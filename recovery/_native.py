@@ -28,13 +28,14 @@ from collections.abc import Iterator
 
 from mesh import context
 
+from ._outcomes import ExchangeAborted
+
 #: How long the exit waits for gloo calls in flight to return before leaving without them.
 EXIT_WAIT_S = 1.0
 
 _changed = threading.Condition()
 _in_flight = 0
 _leaving = False
-_registered = False
 _in_proc = False  # a call was made by an actor: this process is a meshvisor proc
 
 
@@ -45,14 +46,15 @@ def leaving() -> bool:
 
 @contextlib.contextmanager
 def native_call() -> Iterator[None]:
-    """Count the calling thread as inside a gloo call (GIL released) while the block runs."""
-    global _in_flight, _registered, _in_proc
+    """Count the calling thread as inside a gloo call (GIL released) while the block runs;
+    `ExchangeAborted` instead once the exit began (a thread entering gloo after the exit
+    handler ran would be caught there by the interpreter's finalization)."""
+    global _in_flight, _in_proc
     in_proc = context().proc_id != "client"
     with _changed:
+        if _leaving:
+            raise ExchangeAborted("the exchange was given up: the process is exiting")
         _in_proc = _in_proc or in_proc
-        if not _registered:
-            atexit.register(_exit_cleanly)
-            _registered = True
         _in_flight += 1
     try:
         yield
@@ -79,3 +81,8 @@ def _exit_cleanly() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(0)  # a proc finalizes only after a graceful stop; a failing one leaves earlier
+
+
+# At import, not at the first call: a thread about to make its first call while the process
+# exits must find the exit begun (it then refuses), not a handler registered too late to run.
+atexit.register(_exit_cleanly)

@@ -49,3 +49,8 @@ def short(error: BaseException) -> str:
     """The first line of `error` with its type, for a reason or a log line."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+class ExchangeAborted(RuntimeError):
+    """A collective was given up: a peer of the group failed (supervision said so), or the
+    process is exiting."""
