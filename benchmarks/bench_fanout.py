@@ -276,7 +276,7 @@ def main() -> int:
     os.environ.setdefault("MESHVISOR_LOG_LEVEL", "warning")
     mesh.configure(agent_timeout_s=30.0)  # agents busy forking 64 procs on 2 cores are alive
     rows = [measure(this_host(), n, args.rounds) for n in args.sizes]
-    payloads = [  # before attaching: local procs spawned after it cannot reach this client
+    payloads = [
         measure_payload(n, mb, kind, args.rounds)
         for n in args.payload_procs
         for mb in args.payload_mb
