@@ -10,6 +10,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import heal_actors as ha
 import pytest
@@ -58,17 +59,7 @@ def test_spares_take_the_place_of_dead_replicas_and_dead_spares_are_replaced(
     each time a spare takes the place at the retried or next step, so every step is committed
     by all three. Then the spare itself is killed: no step notices."""
     plan = {1: [(3, "allreduce")]}
-    group = ReplicaGroup(
-        this_host(),
-        ra.DyingTrainer,
-        plan,
-        str(tmp_path),
-        replicas=3,
-        spares=1,
-        heartbeat_timeout_s=HB,
-    )
-    groups.append(group)
-    group.wait_for_all()  # the spare is ready
+    group = _with_a_ready_spare(groups, ra.DyingTrainer, plan, tmp_path)
     first_spare = group.spare_replicas[0]
     train(group, 8, between={5: 0}, full_before={6})
     assert [(r.replica, r.by_spare) for r in group.recoveries] == [(1, True), (0, True)]
@@ -107,17 +98,7 @@ def test_a_spare_goes_on_with_the_groups_batches_and_random_numbers(
     expected = _committed_reads(reference)
     final = reference.status()
     reference.close()
-    group = ReplicaGroup(
-        this_host(),
-        ha.LoaderTrainer,
-        {},
-        str(tmp_path),
-        replicas=3,
-        spares=1,
-        heartbeat_timeout_s=HB,
-    )
-    groups.append(group)
-    group.wait_for_all()
+    group = _with_a_ready_spare(groups, ha.LoaderTrainer, {}, tmp_path)
     train(group, 7, between={2: 1})
     assert [(r.replica, r.by_spare) for r in group.recoveries] == [(1, True)], group.recoveries
     assert all(members == (0, 1, 2) for _, members in group.history), group.history
@@ -229,17 +210,7 @@ def test_a_take_over_needs_no_rendezvous_and_a_kill_right_after_it_is_recovered(
         1: [(3, "allreduce"), (3, "commit")],
         2: [(3, "join"), (9, "join")],
     }
-    group = ReplicaGroup(
-        this_host(),
-        ra.DyingTrainer,
-        plan,
-        str(tmp_path),
-        replicas=3,
-        spares=1,
-        heartbeat_timeout_s=HB,
-    )
-    groups.append(group)
-    group.wait_for_all()  # the spare is ready, the groups of its take-overs are formed
+    group = _with_a_ready_spare(groups, ra.DyingTrainer, plan, tmp_path)
     train(group, 3)
     assert group.history[2] == (3, (0, 1, 2)), group.history
     train(group, 10, full_before={8})  # step 8 forms the group of all: step 9 has it
@@ -293,3 +264,16 @@ def test_a_formation_given_up_ends_at_once_and_a_failed_one_releases_its_peers()
     for quorum in (9, 10):
         watch.quorum = quorum
         assert "could not form it" in (watch() or ""), quorum
+
+
+def _with_a_ready_spare(
+    groups: list[ReplicaGroup], trainer: type[Any], plan: dict[int, Any], tmp_path: Path
+) -> ReplicaGroup:
+    """Three replicas of `trainer` (its death `plan`, files in `tmp_path`) and one spare, once
+    the spare is ready and the groups of its take-overs are formed."""
+    group = ReplicaGroup(
+        this_host(), trainer, plan, str(tmp_path), replicas=3, spares=1, heartbeat_timeout_s=HB
+    )
+    groups.append(group)
+    group.wait_for_all()
+    return group
