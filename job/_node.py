@@ -20,7 +20,7 @@ import tempfile
 from job._formats import SlurmFormatError, parse_duration
 from job._jobdir import JobDir, JobSpec
 from job._scheduler import SlurmError, node_records, run_slurm
-from mesh._engine.run_dirs import sweep_stale_run_dirs
+from mesh.tooling import sweep_stale_run_dirs
 
 
 def node_addresses(nodes: list[str], nodelist: str) -> dict[str, str]:

@@ -35,7 +35,7 @@ from job._sbatch import batch_script, sbatch_arguments
 from job._scheduler import SlurmError, cancel, job_record, submit
 from job._startup import AgentsWait, client_host
 from mesh import attach
-from mesh._engine.session import current_session
+from mesh.tooling import current_session
 from transport import CurveKeys, transport_settings, use_curve_keys
 
 #: Where progress goes: one line per change (queued, starting, N of M agents up).

@@ -3,8 +3,7 @@ host (found in their private run directories), or those of a persistent allocati
 
 from __future__ import annotations
 
-from mesh._agent.allocations import read_allocation
-from mesh._api.attach import use_allocation_keys
+from mesh.tooling import read_allocation, use_allocation_keys
 from observe._local_clients import local_clients
 
 

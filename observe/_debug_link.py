@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mesh._engine.debug_messages import (
+from mesh.tooling import (
     DebugInput,
     DebugOutput,
     DebugQuery,
@@ -24,9 +24,9 @@ from mesh._engine.debug_messages import (
     ListProcs,
     PausedCall,
     ProcList,
+    invalid_fields,
+    write_owner_file,
 )
-from mesh._engine.messages import invalid_fields
-from mesh._engine.run_dirs import write_owner_file
 from observe._debug_agents import local_agents
 from transport import (
     Envelope,

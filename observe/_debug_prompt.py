@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from mesh._engine.debug_messages import PausedCall
+from mesh.tooling import PausedCall
 from observe._debug_agents import allocation_agents
 from observe._debug_commands import (
     HELP,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from mesh import Extent
-from mesh._engine.view_messages import ActorView, EventView, HostSnapshot, ProcView
+from mesh.tooling import ActorView, EventView, HostSnapshot, ProcView
 from observe._snapshot import Snapshot
 
 SCHEMA = "meshvisor.top/1"

@@ -11,7 +11,7 @@ import os
 import stat
 from pathlib import Path
 
-from mesh._engine.run_dirs import OWNER_FILE
+from mesh.tooling import OWNER_FILE
 
 #: Run directories of clients (and agent daemons) start with this.
 RUN_DIR_PREFIX = "meshvisor-"

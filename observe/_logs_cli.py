@@ -16,8 +16,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 
-from mesh._agent.log_files import ALLOCATION_PREFIX, logs_home
-from mesh._agent.log_records import LEVELS
+from mesh.tooling import ALLOCATION_PREFIX, LEVELS, logs_home
 from observe._logs_read import (
     Follower,
     LogFilter,

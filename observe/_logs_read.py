@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from mesh._agent.log_records import LEVELS, level_at_least
+from mesh.tooling import LEVELS, level_at_least
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 Record = dict[str, Any]

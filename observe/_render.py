@@ -16,7 +16,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from mesh._engine.view_messages import EventView, HostSnapshot, ProcView
+from mesh.tooling import EventView, HostSnapshot, ProcView
 from observe._json_form import point_of
 from observe._snapshot import Snapshot
 

@@ -16,8 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from mesh._engine.run_dirs import write_owner_file
-from mesh._engine.view_messages import HostSnapshot, SnapshotQuery
+from mesh.tooling import HostSnapshot, SnapshotQuery, write_owner_file
 from observe._targets import Target
 from transport import (
     Inbox,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mesh._agent.allocations import allocation_keys_dir, read_allocation
+from mesh.tooling import allocation_keys_dir, read_allocation
 from observe._local_clients import local_clients
 from transport import KEYS_ENV, runtime_base_dir, transport_settings
 
