@@ -211,6 +211,40 @@ def test_an_agent_refuses_paths_that_leave_the_workspace(allocation: Path) -> No
         close_context(context)
 
 
+def test_an_agent_serves_while_it_hashes_a_large_workspace(allocation: Path) -> None:
+    """The first manifest of a large workspace takes seconds of hashing; the agent's loop
+    answers other messages meanwhile (here a barrier, answered at once)."""
+    agent = allocation.read_text().split()[0]
+    context = new_context()
+    inbox = Inbox(context, "tcp://127.0.0.1:*")
+    outbox = Outbox(context)
+
+    def next_answer() -> object:
+        assert inbox.poll(int(T * 1000)), "the agent did not answer"
+        envelope = inbox.receive_nowait()
+        assert envelope is not None
+        return envelope.header
+
+    try:
+        outbox.send(agent, encode(ws.WorkspaceQuery(1, inbox.address, "large", "s1")))
+        assert isinstance(next_answer(), ws.WorkspaceManifest)
+        outbox.send(agent, encode(ws.WorkspaceCommit(2, inbox.address, "large", "s1")))
+        synced = next_answer()
+        assert isinstance(synced, ws.WorkspaceSynced)
+        with open(Path(synced.path) / "weights.bin", "wb") as weights:
+            weights.truncate(768 << 20)  # sparse: nothing on disk, but every byte is hashed
+        outbox.send(agent, encode(ws.WorkspaceQuery(3, inbox.address, "large", "s2")))
+        outbox.send(agent, encode(ws.WorkspaceBarrier(4, inbox.address, "large", "s2")))
+        first, second = next_answer(), next_answer()
+        assert isinstance(first, ws.WorkspaceProgress) and first.request_id == 4
+        assert isinstance(second, ws.WorkspaceManifest) and second.request_id == 3
+        assert [entry[0] for entry in second.files] == ["weights.bin"]
+    finally:
+        outbox.close(0)
+        inbox.close()
+        close_context(context)
+
+
 @given(st.lists(st.sampled_from(["a", "b", ".", "..", "", "/", "\\", "\0", "c.py"]), max_size=8))
 def test_accepted_paths_stay_inside_the_workspace(parts: list[str]) -> None:
     """Whatever a peer sends, a path an agent accepts lands strictly inside the workspace."""

@@ -5,6 +5,8 @@ agent answers a query with its manifest (digests kept by size, mtime and inode: 
 hashed again only when it changed), removes what the client deletes, and writes the pieces of
 each changed file to a private temporary file, moved into place once its digest checks out:
 a proc never imports half a file. Every path is checked again here; nothing is unpickled.
+Manifests are made on a thread of their own: hashing a large workspace for the first time takes
+seconds, and the agent's loop must meanwhile go on watching and serving its procs.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import contextlib
 import hashlib
 import json
 import os
+import queue
 import shutil
 import stat
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -81,6 +85,9 @@ class Workspaces:
         self._address = address
         self._log = log
         self._digests: dict[str, dict[str, tuple[_Stamp, str]]] = {}
+        self._digests_lock = threading.Lock()  # the loop and the manifest thread share them
+        self._queries: queue.SimpleQueue[WorkspaceQuery] = queue.SimpleQueue()
+        self._manifest_thread: threading.Thread | None = None
         self._syncs: dict[str, _Sync] = {}
         self._handlers: dict[type, Callable[[Any], None]] = {
             WorkspaceQuery: self._on_query,
@@ -102,20 +109,36 @@ class Workspaces:
 
     def _on_query(self, query: WorkspaceQuery) -> None:
         problem = name_problem(query.name)
-        files: tuple[FileEntry, ...] = ()
-        if problem is None:
-            self._drop_sync(query.name)
-            self._syncs[query.name] = _Sync(query.sync_id)
+        if problem is not None:
+            self._answer_query(query, (), problem)
+            return
+        self._drop_sync(query.name)
+        self._syncs[query.name] = _Sync(query.sync_id)
+        if self._manifest_thread is None:
+            self._manifest_thread = threading.Thread(
+                target=self._make_manifests, name="meshvisor-workspace-manifests", daemon=True
+            )
+            self._manifest_thread.start()
+        self._queries.put(query)
+
+    def _make_manifests(self) -> None:
+        """Answer queries in order, off the agent's loop (the client waits for the manifest
+        before it sends anything more of that sync)."""
+        while True:
+            query = self._queries.get()
+            files: tuple[FileEntry, ...] = ()
+            problem = ""
             try:
                 files = self._manifest(query.name)
             except OSError as error:
                 problem = f"cannot read workspace {query.name!r}: {error}"
             if len(files) > MAX_FILES:
                 files, problem = (), f"workspace {query.name!r} holds over {MAX_FILES} files"
-        answer = WorkspaceManifest(
-            query.request_id, self._address, query.name, files, problem or ""
-        )
-        self._answer(query.reply_to, answer)
+            self._answer_query(query, files, problem)
+
+    def _answer_query(self, query: WorkspaceQuery, files: tuple[FileEntry, ...], why: str) -> None:
+        manifest = WorkspaceManifest(query.request_id, self._address, query.name, files, why)
+        self._answer(query.reply_to, manifest)
 
     def _on_delete(self, request: WorkspaceDelete) -> None:
         sync = self._sync_of(request.name, request.sync_id)
@@ -233,7 +256,8 @@ class Workspaces:
         target = self._target(name, path)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(target)
-        self._digests.get(name, {}).pop(path, None)
+        with self._digests_lock:
+            self._digests.get(name, {}).pop(path, None)
         folder, top = os.path.dirname(target), self._folder(name)
         while folder != top:  # folders left empty go too
             try:
@@ -264,7 +288,8 @@ class Workspaces:
         """The files of workspace `name`, hashing only those that changed since last seen."""
         top = self._folder(name)
         os.makedirs(top, mode=0o700, exist_ok=True)
-        known = self._digests.get(name) or self._load_digests(name)
+        with self._digests_lock:
+            known = dict(self._digests.get(name) or self._load_digests(name))
         fresh: dict[str, tuple[_Stamp, str]] = {}
         files = []
         for folder, dirs, names in os.walk(top):
@@ -280,7 +305,8 @@ class Workspaces:
                 digest = seen[1] if seen is not None and seen[0] == stamp else file_digest(full)
                 fresh[path] = (stamp, digest)
                 files.append((path, digest, info.st_size, bool(info.st_mode & stat.S_IXUSR)))
-        self._digests[name] = fresh
+        with self._digests_lock:
+            self._digests[name] = fresh
         return tuple(files)
 
     def _digests_file(self, name: str) -> str:
@@ -300,14 +326,17 @@ class Workspaces:
         """Keep the digests of workspace `name` for the next agent in this run directory."""
         temp_path = f"{self._digests_file(name)}.{os.getpid()}"
         with contextlib.suppress(OSError):
+            with self._digests_lock:
+                digests = dict(self._digests.get(name, {}))
             with open(os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-                json.dump(self._digests.get(name, {}), f)
+                json.dump(digests, f)
             os.replace(temp_path, self._digests_file(name))
 
     def _remember(self, name: str, path: str, target: str, digest: str) -> None:
         info = os.stat(target)
         stamp = (info.st_size, info.st_mtime_ns, info.st_ino)
-        self._digests.setdefault(name, {})[path] = (stamp, digest)
+        with self._digests_lock:
+            self._digests.setdefault(name, {})[path] = (stamp, digest)
 
     def _folder(self, name: str) -> str:
         return os.path.join(os.path.realpath(self._root), name)
