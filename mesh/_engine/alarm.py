@@ -13,7 +13,7 @@ import ctypes
 import os
 import threading
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 _CLOCK_MONOTONIC = 1
 _TFD_CLOEXEC = 0o2000000
@@ -57,16 +57,17 @@ class _TimerFdAlarm:
     def __init__(self, libc: ctypes.PyDLL, fd: int) -> None:
         self._settime = libc.timerfd_settime
         self._fd = fd
-        self._off = _Itimerspec()
         self._when = _Itimerspec()
+        self._when_ref = ctypes.byref(self._when)
+        self._off_ref = ctypes.byref(_Itimerspec())
 
     def arm(self, seconds: float) -> None:
         nanoseconds = max(1, int(seconds * 1e9))
         self._when.it_value.tv_sec, self._when.it_value.tv_nsec = divmod(nanoseconds, 10**9)
-        self._set(self._when)
+        self._set(self._when_ref)
 
     def disarm(self) -> None:
-        self._set(self._off)
+        self._set(self._off_ref)
 
     def ring(self) -> None:
         self.arm(0)
@@ -77,8 +78,8 @@ class _TimerFdAlarm:
     def close(self) -> None:
         os.close(self._fd)
 
-    def _set(self, value: _Itimerspec) -> None:
-        if self._settime(self._fd, 0, ctypes.byref(value), None) != 0:
+    def _set(self, value: Any) -> None:
+        if self._settime(self._fd, 0, value, None) != 0:
             raise OSError(ctypes.get_errno(), "timerfd_settime failed")
 
 
