@@ -125,7 +125,7 @@ class HostAgent:
             if self._shutting_down and not self._procs:
                 break
             self._watch_forkserver(selector)
-            wait_s = self._watchdog.next_timeout()
+            wait_s = self._relay.due_in(self._watchdog.next_timeout())  # (held answers)
             for key, mask in selector.select(wait_s):
                 if key.data == "forkserver":
                     if mask & selectors.EVENT_WRITE:
