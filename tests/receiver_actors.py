@@ -45,3 +45,8 @@ class Opener(Actor):
     def open(self) -> str:
         _OPENED.set()
         return "opened"
+
+    @endpoint
+    def close(self) -> str:
+        _OPENED.clear()
+        return "closed"

@@ -81,9 +81,10 @@ def frames_waiting(socket: zmq.Socket[Any], wanted: int) -> list[list[Envelope]]
     return frames
 
 
-@pytest.fixture
-def relay_and_sockets() -> Iterator[tuple[FanOutRelay, Sockets, str]]:
-    """An agent's FanOutRelay for PROCS connected procs, each a PULL socket of this test."""
+@contextlib.contextmanager
+def relay_with(**options: Any) -> Iterator[tuple[FanOutRelay, Sockets, str]]:
+    """An agent's FanOutRelay (built with `options`) for PROCS connected procs, each a PULL
+    socket of this test."""
     context = new_context()
     with contextlib.ExitStack() as stack, client_home() as home:
         stack.callback(close_context, context)
@@ -100,7 +101,13 @@ def relay_and_sockets() -> Iterator[tuple[FanOutRelay, Sockets, str]]:
             table.add(record)
         agent_address = f"ipc://{folder}/agent"
         log = get_logger("test.relay")
-        yield FanOutRelay(table, outbox, agent_address, log), sockets, agent_address
+        yield FanOutRelay(table, outbox, agent_address, log, **options), sockets, agent_address
+
+
+@pytest.fixture
+def relay_and_sockets() -> Iterator[tuple[FanOutRelay, Sockets, str]]:
+    with relay_with() as found:
+        yield found
 
 
 # per fanned-out call: the ranks it goes to (a non-empty subset), and whether it is a call
@@ -163,3 +170,40 @@ def test_one_pass_reaches_each_proc_in_one_frame_in_order_and_answers_leave_toge
         assert got == wanted
 
     batched_in_order()
+
+
+def call_all(relay: FanOutRelay, sockets: Sockets) -> list[Any]:
+    """Fan one answered call out to every proc; the call as each proc got it."""
+    message = wire.CallActor(1, sockets.caller_address, "a", "ep", ("gpus",), (PROCS,), 0)
+    targets = tuple((f"p{rank}", rank) for rank in range(PROCS))
+    assert relay.handle(Envelope(fw.FanOut(message, targets), Payload(b"x")))
+    relay.flush()
+    return [frames_waiting(socket, 1)[0][0].header for socket in sockets.procs]
+
+
+def answer(relay: FanOutRelay, call: Any) -> None:
+    assert relay.handle(Envelope(wire.Reply(call.call_id, call.rank), Payload.dump(call.rank)))
+    relay.flush()
+
+
+def ranks_answered(socket: zmq.Socket[Any]) -> list[int]:
+    """The ranks of the one batch of answers that reaches the caller's socket."""
+    ((batch,),) = frames_waiting(socket, 1)
+    return sorted(answer.header.rank for answer in fw.unpack_answers(batch))
+
+
+@pytest.mark.timeout(60)
+def test_answers_wait_for_the_rest_of_their_call_until_its_last_answer_or_the_hold_ends() -> None:
+    with relay_with(hold_s=3600.0) as (relay, sockets, _):
+        calls = call_all(relay, sockets)
+        for call in calls[:-1]:
+            answer(relay, call)
+        assert not sockets.caller.poll(0), "answers left while their call awaited another"
+        assert relay.due_in(10.0) == 10.0
+        answer(relay, calls[-1])  # the last one: all leave at once, in one batch
+        assert ranks_answered(sockets.caller) == list(range(PROCS))
+        assert relay.due_in(10.0) == 10.0
+    with relay_with(hold_s=0.0) as (relay, sockets, _):
+        calls = call_all(relay, sockets)
+        answer(relay, calls[0])  # held no time: leaves alone
+        assert ranks_answered(sockets.caller) == [0]

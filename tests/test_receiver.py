@@ -62,3 +62,15 @@ def test_a_sync_call_that_blocks_leaves_its_proc_receiving(one_proc: Any) -> Non
     assert opener.open.call_one().get(timeout=T) == "opened"
     assert held.get(timeout=T) is True
     assert gate.hold.call_one(T).get(timeout=T) is True  # open now: answers at once
+
+
+def test_each_blocking_sync_call_in_turn_leaves_its_proc_receiving(one_proc: Any) -> None:
+    """The watch's alarm is armed anew for every call: the third call that blocks the thread
+    that received it is handed over like the first."""
+    gate = one_proc.spawn("gate", ra.Gate)
+    opener = one_proc.spawn("opener", ra.Opener)
+    for _ in range(3):
+        held = gate.hold.call_one(T)
+        assert opener.open.call_one().get(timeout=T) == "opened"
+        assert held.get(timeout=T) is True
+        assert opener.close.call_one().get(timeout=T) == "closed"

@@ -125,8 +125,8 @@ class HostAgent:
             if self._shutting_down and not self._procs:
                 break
             self._watch_forkserver(selector)
-            wait_s = self._watchdog.next_timeout()
-            for key, mask in selector.select(wait_s):
+            wait_s = self._watchdog.next_timeout()  # (its own deadlines judge its absence)
+            for key, mask in selector.select(self._relay.due_in(wait_s)):  # held answers
                 if key.data == "forkserver":
                     if mask & selectors.EVENT_WRITE:
                         self._forkserver.flush()

@@ -5,6 +5,8 @@ each of them (the payload's bytes as they came: the agent never unpickles them),
 the answers itself. Answers that arrive together go back to the caller in one
 `RelayedReplies` per call. What one pass over the agent's inbox sends leaves at its end, one
 frame per proc and per caller (`flush`): procs wake once per batch of calls, not per call.
+Answers to a call that still awaits others wait up to `HOLD_S` for them, so that the caller
+wakes for a few batches per call rather than one per pass (a call's last answer never waits).
 A proc that exits is dropped from the calls it was in: its caller
 fails that rank from the proc's exit report, as for a call sent to it directly.
 """
@@ -15,6 +17,7 @@ import dataclasses
 import itertools
 import math
 import sys
+import time
 from typing import Any
 
 from mesh._agent.procs import ProcRecord, ProcTable
@@ -36,13 +39,16 @@ MAX_BATCH_BYTES = 1 << 20
 #: An answer larger than this goes on alone, as it came: batching would copy it for nothing.
 MAX_SHARED_BYTES = 64 << 10
 
+#: How long answers to a call wait for its other answers before they leave without them.
+HOLD_S = 0.002
+
 Answer = tuple[int, str, Payload | None]
 
 
 class _Relayed:
     """One fanned-out call awaiting answers: whose call it is, and the procs not done yet."""
 
-    __slots__ = ("answers", "call_id", "nbytes", "reply_to", "waiting")
+    __slots__ = ("answers", "call_id", "held_since", "nbytes", "reply_to", "waiting")
 
     def __init__(self, call_id: int, reply_to: str) -> None:
         self.call_id = call_id
@@ -50,13 +56,17 @@ class _Relayed:
         self.waiting: dict[int, str] = {}  # rank in the call -> proc id
         self.answers: list[Answer] = []  # arrived, not sent on yet
         self.nbytes = 0
+        self.held_since = 0.0  # when the first of `answers` arrived
 
 
 class FanOutRelay:
     """Delivers fanned-out calls to this agent's procs and sends their answers back batched."""
 
-    def __init__(self, procs: ProcTable, outbox: Outbox, address: str, log: Any) -> None:
+    def __init__(
+        self, procs: ProcTable, outbox: Outbox, address: str, log: Any, hold_s: float = HOLD_S
+    ) -> None:
         self._procs = procs
+        self._hold_s = hold_s
         self._outbox = outbox
         self._address = address
         self._log = log
@@ -132,6 +142,8 @@ class FanOutRelay:
         if relayed.nbytes + size > self._batch_bytes:
             self._send_answers(relayed)
         kind = "" if type(header) is Reply else header.kind  # type: ignore[union-attr]
+        if not relayed.answers:
+            relayed.held_since = time.monotonic()
         relayed.answers.append((header.rank, kind, payload))
         relayed.nbytes += size
         self._answered[header.call_id] = relayed
@@ -139,17 +151,27 @@ class FanOutRelay:
             self._send_answers(relayed)
 
     def flush(self) -> None:
-        """Send the answers that arrived (one message per call), and the calls that waited
-        for their tcp procs to be ready. Called each time the agent's inbox is drained."""
-        for relayed in self._answered.values():
-            self._send_answers(relayed, soon=True)
-        self._answered.clear()
+        """Send the answers that arrived (one message per call; those of a call still
+        awaiting others once held `hold_s`), and the calls that waited for their tcp procs to
+        be ready. Called each time the agent's inbox is drained."""
+        held_until = time.monotonic() - self._hold_s
+        for relay_id, relayed in list(self._answered.items()):
+            if not relayed.waiting or relayed.held_since <= held_until or not relayed.answers:
+                self._send_answers(relayed, soon=True)
+                del self._answered[relay_id]
         for proc_id in [p for p in self._early if self._ready(p)]:
             proc = self._procs.get(proc_id)
             for frames in self._early.pop(proc_id):
                 if proc is not None:
                     self._send(proc.address, frames)
         self._outbox.flush()  # each proc gets this pass's calls, each caller its answers, at once
+
+    def due_in(self, longest: float) -> float:
+        """Seconds until held answers must leave (a `flush` then), at most `longest`."""
+        if not self._answered:
+            return longest
+        first = min(relayed.held_since for relayed in self._answered.values())
+        return max(0.0, min(longest, first + self._hold_s - time.monotonic()))
 
     def _ready(self, proc_id: str) -> bool:
         proc = self._procs.get(proc_id)

@@ -12,7 +12,9 @@ finished those, messages for actors go the same way, so nothing overtakes what c
 A receiver busy with a call still holds the inbox. The watch thread hands the inbox to another
 worker thread when a call has run for `HAND_OVER_S`, so a long or blocking sync endpoint (a
 `get()` on an actor of this proc, `breakpoint()`, a collective) never stops the proc from
-receiving. The watch sleeps while no call runs on the receiver.
+receiving. The receiver arms the watch's alarm when a call starts and disarms it when the call
+ends (`mesh/_engine/alarm.py`: no thread wakes for either), so the watch wakes only for a call
+that ran `HAND_OVER_S`, not once per call.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from mesh._engine.alarm import new_alarm
 from mesh._engine.workers import Workers, run_task
 from transport import Envelope, Inbox, get_logger
 
@@ -63,10 +66,8 @@ class Receiver:
         self._holder: int | None = None  # the thread that may read the inbox
         self._in_pass = False  # the holder is reading the inbox now
         self._task_since: float | None = None  # when the holder's current task started
-        self._passes = 0
         self._stopping = False
-        self._watch_parked = True
-        self._watch_wake = threading.Event()
+        self._alarm = new_alarm()  # expires when the holder's task has run HAND_OVER_S
         self._wake_read, self._wake_write = os.pipe()  # wakes a waiting receiver to stop
         self._log = get_logger("mesh.receiver")
 
@@ -82,7 +83,7 @@ class Receiver:
             if self._role.wait_for(lambda: not self._in_pass, timeout=10):
                 os.close(self._wake_read)
                 os.close(self._wake_write)
-        self._watch_wake.set()
+            self._alarm.ring()  # the watch sees `_stopping`, closes the alarm and ends
 
     def step_aside(self) -> None:
         """The calling thread is about to block: if it holds the inbox (it runs a call it
@@ -94,6 +95,7 @@ class Receiver:
             if self._holder != me or self._in_pass or self._stopping:
                 return
             self._holder, self._task_since = None, None
+            self._alarm.disarm()
         self._workers.submit(self._serve)
 
     # -- the receiving thread --------------------------------------------------------------------
@@ -111,14 +113,13 @@ class Receiver:
             try:
                 task = self._receive_pass()
             finally:
-                wake_watch = self._end_pass(task is not None)
+                self._end_pass(task is not None)
             if task is not None:
-                if wake_watch:
-                    self._watch_wake.set()
                 run_task(*task)
                 with self._role:
-                    if self._holder == me:
+                    if self._holder == me and not self._stopping:  # (stopping: it is closed)
                         self._task_since = None
+                        self._alarm.disarm()
 
     def _begin_pass(self, me: int) -> bool:
         with self._role:
@@ -129,15 +130,16 @@ class Receiver:
             self._in_pass = True
             return True
 
-    def _end_pass(self, has_task: bool) -> bool:
-        """Note that the pass ended (and its task starts); whether the watch must wake."""
+    def _end_pass(self, has_task: bool) -> None:
+        """Note that the pass ended (and its task starts: the watch's alarm is armed)."""
         with self._role:
             self._in_pass = False
-            self._passes += 1
-            self._task_since = time.monotonic() if has_task else None
+            self._task_since = None
+            if has_task and not self._stopping:
+                self._task_since = time.monotonic()
+                self._alarm.arm(HAND_OVER_S)
             if self._stopping:
                 self._role.notify_all()
-            return has_task and self._watch_parked
 
     def _receive_pass(self) -> Task | None:
         """Wait for messages, dispatch up to a pass of them; the sync work they asked for
@@ -175,27 +177,19 @@ class Receiver:
 
     def _watch(self) -> None:
         """Give the inbox to another thread when the receiver's task runs too long."""
-        seen = -1
+        alarm = self._alarm
         while True:
-            self._watch_wake.wait()
-            time.sleep(HAND_OVER_S)
+            alarm.wait()
             with self._role:
                 if self._stopping:
+                    alarm.close()
                     return
-                since, passes = self._task_since, self._passes
-                overdue = (
-                    since is not None
-                    and passes == seen
-                    and not self._in_pass
-                    and time.monotonic() - since >= HAND_OVER_S
-                )
-                if since is None:
-                    self._watch_parked = True
-                    self._watch_wake.clear()
-                else:
-                    self._watch_parked = False
-                if overdue:
-                    self._holder, self._task_since = None, None
-                seen = passes
-            if overdue:
-                self._workers.submit(self._serve)
+                since = self._task_since
+                if since is None or self._in_pass:
+                    continue
+                left = since + HAND_OVER_S - time.monotonic()
+                if left > 0:  # another task started after this one's alarm went off
+                    alarm.arm(left)
+                    continue
+                self._holder, self._task_since = None, None
+            self._workers.submit(self._serve)
