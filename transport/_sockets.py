@@ -47,8 +47,9 @@ RECONNECT_INTERVAL_MS = 5
 RECEIVE_QUEUE = 1000
 #: Longest base directory for ipc sockets, leaving room for the names meshvisor adds.
 _MAX_BASE_DIR_LEN = 40
-# Plain ints: pyzmq's enum flags cost an enum construction per `&` on the receive path.
-_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+# A plain int: pyzmq's enum flags cost an enum construction per use on the receive path.
+_NOBLOCK = int(zmq.NOBLOCK)
+_zmq_poll = zmq.zmq_poll
 
 
 def new_context() -> zmq.Context[Any]:
@@ -157,8 +158,10 @@ class Inbox:
         """The next valid message, or None when none is waiting. Invalid ones are logged."""
         if self._split:
             return self._split.popleft()
-        socket = self._socket
-        while socket.getsockopt(_EVENTS) & _POLLIN:  # cheaper than raising zmq.Again
+        socket, ready = self._socket, self._poll_items
+        # a poll, not `getsockopt(EVENTS)`, which builds an enum (Python code) for its option;
+        # and either is cheaper than a receive raising zmq.Again
+        while _zmq_poll(ready, 0):
             try:
                 frames = [socket.recv(_NOBLOCK, copy=False)]
                 while frames[-1].more:  # the parts of one message arrive together

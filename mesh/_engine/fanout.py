@@ -61,6 +61,24 @@ def route(messages: list[tuple[ProcPeer, Any]], answered: bool) -> Routed:
     return routed
 
 
+def direct_route(peer: ProcPeer, actor_id: str) -> Route | None:
+    """The route of a call to one actor on `peer` (a ready proc; lock held) when `route` would
+    send it straight to the proc: counted as sent. None when it might go through the host
+    agent (an earlier message did and is not known to have arrived, or a call to one actor is
+    fanned out): then `route` decides."""
+    path = peer.routes.get(actor_id)
+    if path is None:
+        path = peer.routes[actor_id] = Route()
+    if path.settled:
+        if peer.agent is not None and current_settings().fanout_min_recipients <= 1:
+            return None
+        path.via_agent = False
+    elif path.via_agent:
+        return None
+    path.sent += 1
+    return path
+
+
 def note_answer(sequence: dict[int, tuple[Route, int]] | None, rank: int) -> None:
     """Rank `rank` of a call answered: its message, and those before it on its path, arrived."""
     if sequence:

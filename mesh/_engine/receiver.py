@@ -59,7 +59,10 @@ class Receiver:
         self._direct = direct  # message types dispatched on the receiver (actors' messages)
         self._dispatch = dispatch
         self._flush = flush  # sends the messages waiting in batches, before waiting
-        self._role = threading.Condition(threading.Lock())  # guards everything below
+        # guards everything below; taken as the plain lock where no one waits or is notified
+        # (a Condition's own `with` costs two Python calls, twice per message)
+        self._lock = threading.Lock()
+        self._role = threading.Condition(self._lock)
         self._holder: int | None = None  # the thread that may read the inbox
         self._in_pass = False  # the holder is reading the inbox now
         self._task_since: float | None = None  # when the holder's current task started
@@ -90,7 +93,7 @@ class Receiver:
         me = threading.get_ident()
         if self._holder != me:
             return
-        with self._role:
+        with self._lock:
             if self._holder != me or self._in_pass or self._stopping:
                 return
             self._holder, self._task_since = None, None
@@ -102,7 +105,7 @@ class Receiver:
         """Worker thread: receive, and run what a pass asked for, while this thread holds the
         inbox (until the watch gives it to another thread, or the proc stops)."""
         me = threading.get_ident()
-        with self._role:
+        with self._lock:
             if self._holder is not None or self._stopping:
                 return
             self._holder = me
@@ -116,12 +119,12 @@ class Receiver:
                 if wake_watch:
                     self._watch_wake.set()
                 run_task(*task)
-                with self._role:
+                with self._lock:
                     if self._holder == me:
                         self._task_since = None
 
     def _begin_pass(self, me: int) -> bool:
-        with self._role:
+        with self._lock:
             if self._holder != me or self._stopping:
                 if self._holder == me:
                     self._holder = None
@@ -131,13 +134,16 @@ class Receiver:
 
     def _end_pass(self, has_task: bool) -> bool:
         """Note that the pass ended (and its task starts); whether the watch must wake."""
-        with self._role:
+        with self._lock:
             self._in_pass = False
             self._passes += 1
             self._task_since = time.monotonic() if has_task else None
             if self._stopping:
                 self._role.notify_all()
-            return has_task and self._watch_parked
+            wake = has_task and self._watch_parked
+            if wake:  # once: it stays awake (and this pass's `set` holds) until it parks again
+                self._watch_parked = False
+            return wake
 
     def _receive_pass(self) -> Task | None:
         """Wait for messages, dispatch up to a pass of them; the sync work they asked for
@@ -179,7 +185,7 @@ class Receiver:
         while True:
             self._watch_wake.wait()
             time.sleep(HAND_OVER_S)
-            with self._role:
+            with self._lock:
                 if self._stopping:
                     return
                 since, passes = self._task_since, self._passes

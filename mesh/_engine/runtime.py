@@ -225,22 +225,20 @@ class Runtime:
                 "send_failed", to=address, kind=type(header).__name__, reason=str(exc)
             )
             return
-        self.send_frames(address, header, frames)
+        self.send_frames(address, type(header), frames)
 
     def send_frames(
-        self, address: str, header: Any, frames: list[Any], *, soon: bool = False
+        self, address: str, kind: type, frames: list[Any], *, soon: bool = False
     ) -> None:
-        """Send the frames `encode` made for `header`; an unreachable address is logged.
-        `soon`: they may wait in a batch for a moment (`transport._batches`)."""
+        """Send the frames `encode` made for a header of type `kind`; an unreachable address
+        is logged. `soon`: they may wait in a batch for a moment (`transport._batches`)."""
         try:
             if not soon:
                 self.outbox.send(address, frames)
             elif self.outbox.send_soon(address, frames):
                 self._flush_soon()
         except TransportError as exc:
-            self._log.warning(
-                "send_failed", to=address, kind=type(header).__name__, reason=str(exc)
-            )
+            self._log.warning("send_failed", to=address, kind=kind.__name__, reason=str(exc))
 
     def _flush_soon(self) -> None:
         """Send the waiting batches after the event loop's current turn when sent from it
