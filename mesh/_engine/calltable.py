@@ -111,7 +111,7 @@ class CallTable:
             path = direct_route(peer, fields[1]) if address is not None else None
             if path is not None:
                 pending = PendingCall(call_id, sink, {rank: peer}, home, mesh)
-                pending.sequence = {rank: (path, path.sent)}
+                pending.route, pending.sent = path, path.sent
                 self._calls[call_id] = pending
                 if home is not None:
                     home.called.add(peer)
@@ -206,7 +206,7 @@ class CallTable:
             peer = pending.peers.pop(rank, None)
             if peer is None:
                 return
-            note_answer(pending.sequence, rank)
+            note_answer(pending, rank)
             if not pending.peers:
                 peer.calls.discard(call_id)
                 del self._calls[call_id]

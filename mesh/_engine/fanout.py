@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mesh._engine.calls import PendingCall
 from mesh._engine.fanout_messages import FanOut
 from mesh._engine.messages import CallActor, StopActor
 from mesh._engine.peers import ProcPeer, Route
@@ -79,10 +80,15 @@ def direct_route(peer: ProcPeer, actor_id: str) -> Route | None:
     return path
 
 
-def note_answer(sequence: dict[int, tuple[Route, int]] | None, rank: int) -> None:
-    """Rank `rank` of a call answered: its message, and those before it on its path, arrived."""
-    if sequence:
-        found = sequence.pop(rank, None)
+def note_answer(pending: PendingCall, rank: int) -> None:
+    """Rank `rank` of `pending` answered: its message, and those before it on its path,
+    arrived."""
+    path = pending.route
+    if path is not None:  # a call to one actor (`direct_route`)
+        if pending.sent > path.seen:
+            path.seen = pending.sent
+    elif pending.sequence:
+        found = pending.sequence.pop(rank, None)
         if found is not None and found[1] > found[0].seen:
             found[0].seen = found[1]
 
