@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import zmq
+import zmq.backend
 
 from ._batches import Batch, fits_in_batch, is_batch, split_batch_or_none
 from ._errors import MalformedMessage, MessageTooLarge, TransportError
@@ -50,6 +51,8 @@ _MAX_BASE_DIR_LEN = 40
 # A plain int: pyzmq's enum flags cost an enum construction per use on the receive path.
 _NOBLOCK = int(zmq.NOBLOCK)
 _zmq_poll = zmq.zmq_poll
+#: pyzmq's compiled send, under the Python layer its sockets add (for options unused here).
+_send_one_frame = zmq.backend.Socket.send
 
 
 def new_context() -> zmq.Context[Any]:
@@ -356,7 +359,7 @@ def _send_frames(socket: zmq.Socket[Any], address: str, frames: Sequence[Any]) -
     """Queue one message on `socket` (connected to `address`) without blocking."""
     try:
         if len(frames) == 1:
-            socket.send(frames[0], _NOBLOCK)  # copying a small frame is cheapest
+            _send_one_frame(socket, frames[0], _NOBLOCK)  # copying a small frame is cheapest
         else:  # buffers are copied once here, so later changes by the caller (an
             # optimizer step on a tensor just sent) cannot alter what was sent; zmq frames
             # (`Lent` buffers) go without a copy, their owner waits until they are released

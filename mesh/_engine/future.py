@@ -97,7 +97,8 @@ class Future(Generic[T]):
     def get(self, timeout: float | None = None) -> T:
         """Wait for the value (at most `timeout` seconds) and return it, or raise its error."""
         if not self.finished():
-            self._check_process()
+            if self._loop is not None:  # waiting in a forked child would never end
+                check_not_forked(self._loop.pid)
             if threading.get_ident() == _MAIN_THREAD:
                 self._wait_in_main_thread(timeout)
             else:
