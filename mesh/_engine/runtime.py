@@ -100,6 +100,9 @@ class Runtime:
         self.closed = threading.Event()
         self._log = get_logger("mesh.runtime", proc=proc_id)
         self.loop = EventLoop(self.inbox, self._dispatch, self.pid, self.outbox.flush)
+        #: Whether this thread is the event loop's: the loop's own check, asked on every call
+        #: and every wait (no method of the runtime's own in between).
+        self.on_loop_thread: Callable[[], bool] = self.loop.on_loop_thread
         self.ownership = Ownership()
         self.calls = CallTable(self.ownership.lock, self.outbox, self.pid, self._flush_soon)
         self.replies = ReplyRoutes(self)
@@ -181,9 +184,6 @@ class Runtime:
     def dispatch_elsewhere(self, envelope: Envelope) -> None:
         """Hand a message received off the loop thread to the loop thread."""
         self.loop.dispatch_elsewhere(envelope)
-
-    def on_loop_thread(self) -> bool:
-        return self.loop.on_loop_thread()
 
     def pump_until(self, future: Future[Any], timeout: float | None) -> None:
         """Receive and dispatch on this (loop) thread until `future` is done or time is up."""
