@@ -193,7 +193,7 @@ class Sliceable:
         return total
 
     def __len__(self) -> int:
-        return len(self._region)
+        return len(self._region.ranks)
 
     def slice(self: S, **selection: int | slice) -> S:
         """A sub-mesh: an int drops that dimension, a slice keeps it."""

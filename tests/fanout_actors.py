@@ -42,3 +42,12 @@ class Dies(Actor):
     @endpoint
     def fail(self, message: str) -> Any:
         raise ValueError(message)
+
+
+class RankedRecorder(Recorder):
+    """A `Recorder` whose `note_rank` also answers with the rank that noted the token."""
+
+    @endpoint
+    def note_rank(self, token: int) -> int:
+        self.tokens.append(token)
+        return current_rank().rank

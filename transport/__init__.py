@@ -24,6 +24,7 @@ from ._frames import Envelope as Envelope
 from ._frames import Payload as Payload
 from ._frames import decode as decode
 from ._frames import encode as encode
+from ._frames import encode_fields as encode_fields
 from ._frames import message_type as message_type
 from ._lending import LEND_MIN_BYTES as LEND_MIN_BYTES
 from ._lending import Lent as Lent
@@ -82,6 +83,7 @@ __all__ = (
     "decode",
     "dumps",
     "encode",
+    "encode_fields",
     "follow_keys_pointer",
     "get_logger",
     "is_address",

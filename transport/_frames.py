@@ -58,6 +58,8 @@ _by_name: dict[str, type] = {}
 _fields_of: dict[type, Any] = {}
 #: Builds a received message from its fields: ``build(values, start)``, see `_slot_builder`.
 _builders: dict[str, Callable[[tuple[Any, ...], int], Any]] = {}
+_names_of: dict[type, str] = {}
+_counts_of: dict[type, int] = {}
 _new = object.__new__
 _MEMBER_DESCRIPTOR = types.MemberDescriptorType
 
@@ -77,6 +79,7 @@ def message_type(cls: _T) -> _T:
     _registered.add(cls)
     _by_name[name] = cls
     _builders[name] = _slot_builder(cls, names)
+    _names_of[cls], _counts_of[cls] = name, len(names)
     if values is not None:
         _fields_of[cls] = lambda header: (name, *values(header))
     else:
@@ -166,8 +169,9 @@ def _slot_builder(cls: type, names: tuple[str, ...]) -> Callable[[tuple[Any, ...
                 f"a {cls.__name__} header holds {len(values) - start} fields, not {count}"
             )
         message: Any = _new(cls)
-        for setter, value in zip(set_field, values[start:], strict=True):
-            setter(message, value)
+        for setter in set_field:  # indexing: twice as fast as zipping with a slice
+            setter(message, values[start])
+            start += 1
         return message
 
     return build
@@ -298,9 +302,35 @@ def encode(
     """Frames for `header` and `payload`; raises MessageTooLarge past `max_bytes` (default: this
     process's `TransportSettings.max_message_bytes`)."""
     codec, head = _encode_header(header)
+    return _framed(type(header), codec, head, payload, max_bytes)
+
+
+def encode_fields(kind: type, fields: tuple[Any, ...], payload: Payload | None) -> list[Any]:
+    """`encode` of a `kind` header whose fields are `fields` (plain values, in the order the
+    class declares them), without building the header: the hot paths (a call, its reply)."""
+    name = _names_of.get(kind)
+    if name is None or len(fields) != _counts_of[kind]:
+        raise SerializationError(
+            f"cannot send a {kind.__qualname__} header made of {len(fields)} fields: it must be "
+            "a type registered with @message_type, given every field it declares"
+        )
+    try:
+        head = marshal.dumps((name, *fields))
+    except ValueError:
+        raise SerializationError(
+            f"cannot send a {kind.__qualname__} header: its fields must hold plain values, "
+            f"not {fields!r}"
+        ) from None
+    return _framed(kind, _MARSHAL, head, payload, None)
+
+
+def _framed(
+    kind: type, codec: bytes, head: bytes, payload: Payload | None, max_bytes: int | None
+) -> list[Any]:
+    """The frames of a message whose header (`kind`) was encoded as `head` with `codec`."""
     if len(head) > MAX_HEADER_BYTES:
         raise MessageTooLarge(
-            f"a {type(header).__name__} header of {len(head)} bytes exceeds the limit of "
+            f"a {kind.__name__} header of {len(head)} bytes exceeds the limit of "
             f"{MAX_HEADER_BYTES} bytes on headers; put large values in the payload"
         )
     if payload is None:
@@ -310,7 +340,7 @@ def encode(
         max_bytes = transport_settings().max_message_bytes
     if size > max_bytes:
         raise MessageTooLarge(
-            f"a {type(header).__name__} message of {size} bytes exceeds the limit of "
+            f"a {kind.__name__} message of {size} bytes exceeds the limit of "
             f"{max_bytes} bytes; send large data in pieces or raise the limit with "
             "MESHVISOR_MAX_MESSAGE_BYTES."
         )

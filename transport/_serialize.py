@@ -131,11 +131,15 @@ def _is_plain(value: Any, depth: int = _LIFT_DEPTH) -> bool:
         return False
     if kind is dict:
         for key, item in value.items():
-            if type(key) is not str or not _is_plain(item, depth - 1):
+            if type(key) is not str:
+                return False
+            if type(item) not in _PLAIN_SCALARS and not _is_plain(item, depth - 1):
                 return False
         return True
     for item in value:
-        if type(item) not in _PLAIN_SCALARS and not _is_plain(item, depth - 1):
+        inner = type(item)  # an empty container (a call's kwargs, mostly) needs no look inside
+        looked_into = inner not in _PLAIN_SCALARS and (inner not in _CONTAINERS or item)
+        if looked_into and not _is_plain(item, depth - 1):
             return False
     return True
 

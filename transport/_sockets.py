@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import zmq
+import zmq.backend
 
 from ._batches import Batch, fits_in_batch, is_batch, split_batch_or_none
 from ._errors import MalformedMessage, MessageTooLarge, TransportError
@@ -47,8 +48,11 @@ RECONNECT_INTERVAL_MS = 5
 RECEIVE_QUEUE = 1000
 #: Longest base directory for ipc sockets, leaving room for the names meshvisor adds.
 _MAX_BASE_DIR_LEN = 40
-# Plain ints: pyzmq's enum flags cost an enum construction per `&` on the receive path.
-_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+# A plain int: pyzmq's enum flags cost an enum construction per use on the receive path.
+_NOBLOCK = int(zmq.NOBLOCK)
+_zmq_poll = zmq.zmq_poll
+#: pyzmq's compiled send, under the Python layer its sockets add (for options unused here).
+_send_one_frame = zmq.backend.Socket.send
 
 
 def new_context() -> zmq.Context[Any]:
@@ -157,8 +161,10 @@ class Inbox:
         """The next valid message, or None when none is waiting. Invalid ones are logged."""
         if self._split:
             return self._split.popleft()
-        socket = self._socket
-        while socket.getsockopt(_EVENTS) & _POLLIN:  # cheaper than raising zmq.Again
+        socket, ready = self._socket, self._poll_items
+        # a poll, not `getsockopt(EVENTS)`, which builds an enum (Python code) for its option;
+        # and either is cheaper than a receive raising zmq.Again
+        while _zmq_poll(ready, 0):
             try:
                 frames = [socket.recv(_NOBLOCK, copy=False)]
                 while frames[-1].more:  # the parts of one message arrive together
@@ -353,7 +359,7 @@ def _send_frames(socket: zmq.Socket[Any], address: str, frames: Sequence[Any]) -
     """Queue one message on `socket` (connected to `address`) without blocking."""
     try:
         if len(frames) == 1:
-            socket.send(frames[0], _NOBLOCK)  # copying a small frame is cheapest
+            _send_one_frame(socket, frames[0], _NOBLOCK)  # copying a small frame is cheapest
         else:  # buffers are copied once here, so later changes by the caller (an
             # optimizer step on a tensor just sent) cannot alter what was sent; zmq frames
             # (`Lent` buffers) go without a copy, their owner waits until they are released

@@ -82,10 +82,7 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
     ) -> None:
         state = self._state
         if state.stopped:
-            raise SupervisionError(
-                SupervisionEvent("stopped", state.name, message="by its owner"),
-                f"cannot call {state.name}.{endpoint}: ",
-            )
+            raise _stopped_error(state, endpoint)
         payload = Payload.dump((args, kwargs))
         runtime = self._runtime
         call_id = runtime.calls.new_call_id()
@@ -99,6 +96,28 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
             for i in indices
         ]
         runtime.calls.send_to_procs(messages, payload, sink, call_id, home, state.view)
+
+    def _invoke_one(
+        self,
+        endpoint: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        index: int,
+        sink: ResultSink,
+        home: ReplyInbox | None,
+    ) -> None:
+        """`_invoke` for one recipient awaiting its answer (`call_one`, `choose`): the same
+        message, sent by the short path."""
+        state = self._state
+        if state.stopped:
+            raise _stopped_error(state, endpoint)
+        payload = Payload.dump((args, kwargs))
+        runtime = self._runtime
+        extent, ranks = self._region.extent, self._region.ranks
+        reply_to = runtime.address if home is None else home.address
+        fields = (reply_to, state.actor_id, endpoint, extent.labels, extent.sizes, index)
+        peer = state.peers[ranks[index]]
+        runtime.calls.send_one(peer, fields, payload, sink, home, state.view)
 
     def on_failure(self, handler: FailureHandler) -> None:
         """Call `handler(event)` when an actor of this mesh fails; truthy return = handled."""
@@ -169,6 +188,14 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
 
 
 reserve_endpoint_names(ActorMesh)  # an endpoint named like a mesh attribute could not be called
+
+
+def _stopped_error(state: ActorMeshState, endpoint: str) -> SupervisionError:
+    """The error of a call made after the mesh was stopped."""
+    return SupervisionError(
+        SupervisionEvent("stopped", state.name, message="by its owner"),
+        f"cannot call {state.name}.{endpoint}: ",
+    )
 
 
 def _settle_initialized(done: Future[None], calling: Future[Any]) -> None:

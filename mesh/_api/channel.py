@@ -65,7 +65,7 @@ class Port(Generic[R]):
         point = context().rank
         rank = point.rank if point.extent.labels else -1
         header = PortMessage(self._port_id, rank, kind)
-        runtime.send_frames(self._address, header, encode(header, Payload.dump(value)))
+        runtime.send_frames(self._address, PortMessage, encode(header, Payload.dump(value)))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _rebuild_port, (self._address, self._port_id, self._proc_id, self._agent)

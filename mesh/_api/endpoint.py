@@ -53,6 +53,16 @@ class CallableMesh(Protocol):
         home: ReplyInbox | None,
     ) -> None: ...
 
+    def _invoke_one(
+        self,
+        endpoint: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        index: int,
+        sink: ResultSink,
+        home: ReplyInbox | None,
+    ) -> None: ...
+
 
 class EndpointRef(Generic[P, R]):
     """One endpoint of one actor mesh (or slice), ready to be called."""
@@ -86,7 +96,7 @@ class EndpointRef(Generic[P, R]):
             )
         home = mesh._runtime.replies.for_current_thread()
         future: Future[R] = Future(mesh._runtime, self._describe("call_one"), home, mesh._covers)
-        mesh._invoke(self.name, args, kwargs, (0,), OneSink(future), home)
+        mesh._invoke_one(self.name, args, kwargs, 0, OneSink(future), home)
         return future
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
@@ -94,7 +104,7 @@ class EndpointRef(Generic[P, R]):
         mesh = self._mesh
         home = mesh._runtime.replies.for_current_thread()
         future: Future[R] = Future(mesh._runtime, self._describe("choose"), home, mesh._covers)
-        mesh._invoke(self.name, args, kwargs, (pick_one(len(mesh)),), OneSink(future), home)
+        mesh._invoke_one(self.name, args, kwargs, pick_one(len(mesh)), OneSink(future), home)
         return future
 
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> Iterator[Future[R]]:

@@ -182,7 +182,7 @@ class _Sync:
             )
             frames = encode(chunk)
             for agent in agents:
-                self.runtime.send_frames(agent, chunk, frames)
+                self.runtime.send_frames(agent, WorkspaceChunk, frames)
                 self._sent(agent, len(data))
             offset += len(data)
             report(len(data))

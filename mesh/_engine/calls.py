@@ -24,9 +24,11 @@ class ResultSink(Protocol):
 
 class PendingCall:
     """The recipients of one call that have not answered, keyed by the rank each was sent.
-    `mesh` is the actor mesh called, so that a proc's failure is told about its actor."""
+    `mesh` is the actor mesh called, so that a proc's failure is told about its actor.
+    `sequence` (or `route` and `sent`, for a call to one actor) is what `fanout.note_answer`
+    needs: the route of each recipient's message and its number on it."""
 
-    __slots__ = ("call_id", "home", "mesh", "peers", "sequence", "sink")
+    __slots__ = ("call_id", "home", "mesh", "peers", "route", "sent", "sequence", "sink")
 
     def __init__(
         self,
@@ -42,6 +44,8 @@ class PendingCall:
         self.home = home
         self.mesh = mesh
         self.sequence: dict[int, tuple[Route, int]] | None = None  # see fanout.route
+        self.route: Route | None = None  # see fanout.direct_route: no dict, no tuple
+        self.sent = 0
 
 
 class OneSink:

@@ -13,15 +13,15 @@ from collections.abc import Callable
 from typing import Any
 
 from mesh._engine.calls import PendingCall, ResultSink
-from mesh._engine.fanout import fan_out_frames, note_answer, route
+from mesh._engine.fanout import direct_route, fan_out_frames, note_answer, route
 from mesh._engine.fanout_messages import unpack_answers
 from mesh._engine.fork import check_not_forked
-from mesh._engine.messages import Failure, Reply, invalid_fields
+from mesh._engine.messages import CallActor, Failure, Reply, invalid_fields
 from mesh._engine.notebook import note_call
 from mesh._engine.peers import ActorMeshView, ProcPeer
 from mesh._engine.replies import ReplyInbox
 from supervision import ActorError, SupervisionError, SupervisionEvent
-from transport import Envelope, Outbox, Payload, encode, loads
+from transport import Envelope, Outbox, Payload, encode, encode_fields, loads
 
 
 class CallTable:
@@ -88,6 +88,43 @@ class CallTable:
             self._flush_soon()
         for index, error in failed:
             self.settle(call_id, index, error=error)
+
+    def send_one(
+        self,
+        peer: ProcPeer,
+        fields: tuple[Any, ...],
+        payload: Payload,
+        sink: ResultSink,
+        home: ReplyInbox | None,
+        mesh: ActorMeshView,
+    ) -> None:
+        """Send a call to one actor: `fields` are those of its `CallActor` after `call_id`.
+        The common case (a ready proc reached straight) skips the machinery of calls to many
+        and builds no header object; anything else goes through `send_to_procs`."""
+        check_not_forked(self._pid)
+        note_call(peer.mesh_key)
+        call_id, rank = next(self._ids), fields[-1]
+        frames = encode_fields(CallActor, (call_id, *fields), payload)
+        batched = False
+        with self._lock:
+            address = peer.address if peer.alive else None
+            path = direct_route(peer, fields[1]) if address is not None else None
+            if path is not None:
+                pending = PendingCall(call_id, sink, {rank: peer}, home, mesh)
+                pending.route, pending.sent = path, path.sent
+                self._calls[call_id] = pending
+                if home is not None:
+                    home.called.add(peer)
+                if peer.calls:  # it has not answered earlier calls: this one may wait
+                    batched = self._outbox.send_soon(address, frames)  # type: ignore[arg-type]
+                else:
+                    self._outbox.send(address, frames)  # type: ignore[arg-type]
+                peer.calls.add(call_id)
+        if path is None:
+            header = CallActor(call_id, *fields)
+            self.send_to_procs([(peer, header)], payload, sink, call_id, home, mesh)
+        elif batched:
+            self._flush_soon()
 
     def _send_direct(
         self, messages: list[tuple[ProcPeer, Any]], payload: Payload | None, busy: set[str]
@@ -169,11 +206,12 @@ class CallTable:
             peer = pending.peers.pop(rank, None)
             if peer is None:
                 return
-            note_answer(pending.sequence, rank)
-            if not any(other is peer for other in pending.peers.values()):
-                peer.calls.discard(call_id)
+            note_answer(pending, rank)
             if not pending.peers:
+                peer.calls.discard(call_id)
                 del self._calls[call_id]
+            elif not any(other is peer for other in pending.peers.values()):
+                peer.calls.discard(call_id)
         if error is None:
             pending.sink.deliver(rank, value)
         else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mesh._engine.calls import PendingCall
 from mesh._engine.fanout_messages import FanOut
 from mesh._engine.messages import CallActor, StopActor
 from mesh._engine.peers import ProcPeer, Route
@@ -61,10 +62,33 @@ def route(messages: list[tuple[ProcPeer, Any]], answered: bool) -> Routed:
     return routed
 
 
-def note_answer(sequence: dict[int, tuple[Route, int]] | None, rank: int) -> None:
-    """Rank `rank` of a call answered: its message, and those before it on its path, arrived."""
-    if sequence:
-        found = sequence.pop(rank, None)
+def direct_route(peer: ProcPeer, actor_id: str) -> Route | None:
+    """The route of a call to one actor on `peer` (a ready proc; lock held) when `route` would
+    send it straight to the proc: counted as sent. None when it might go through the host
+    agent (an earlier message did and is not known to have arrived, or a call to one actor is
+    fanned out): then `route` decides."""
+    path = peer.routes.get(actor_id)
+    if path is None:
+        path = peer.routes[actor_id] = Route()
+    if path.settled:
+        if peer.agent is not None and current_settings().fanout_min_recipients <= 1:
+            return None
+        path.via_agent = False
+    elif path.via_agent:
+        return None
+    path.sent += 1
+    return path
+
+
+def note_answer(pending: PendingCall, rank: int) -> None:
+    """Rank `rank` of `pending` answered: its message, and those before it on its path,
+    arrived."""
+    path = pending.route
+    if path is not None:  # a call to one actor (`direct_route`)
+        if pending.sent > path.seen:
+            path.seen = pending.sent
+    elif pending.sequence:
+        found = pending.sequence.pop(rank, None)
         if found is not None and found[1] > found[0].seen:
             found[0].seen = found[1]
 

@@ -76,7 +76,9 @@ class Future(Generic[T]):
         self._error: BaseException | None = None
         self._ready = threading.Lock()
         self._ready.acquire()
-        self._callbacks: list[Callable[[Future[T]], None]] = []
+        # made on the first callback: most futures never get one, and one object fewer per
+        # call makes the garbage collector run less often while many calls are in flight
+        self._callbacks: list[Callable[[Future[T]], None]] | None = None
 
     def done(self) -> bool:
         """Whether the value (or error) is there. Replies to calls made by this thread are
@@ -95,7 +97,8 @@ class Future(Generic[T]):
     def get(self, timeout: float | None = None) -> T:
         """Wait for the value (at most `timeout` seconds) and return it, or raise its error."""
         if not self.finished():
-            self._check_process()
+            if self._loop is not None:  # waiting in a forked child would never end
+                check_not_forked(self._loop.pid)
             if threading.get_ident() == _MAIN_THREAD:
                 self._wait_in_main_thread(timeout)
             else:
@@ -182,6 +185,8 @@ class Future(Generic[T]):
         """Call `callback(self)` once done (at once if already done), on the resolving thread."""
         with _callbacks_lock:
             if not self.finished():
+                if self._callbacks is None:
+                    self._callbacks = []
                 self._callbacks.append(callback)
                 return
         callback(self)
@@ -197,10 +202,11 @@ class Future(Generic[T]):
             if self.finished():
                 return
             self._value, self._error = value, error
-            callbacks, self._callbacks = self._callbacks, []
+            callbacks, self._callbacks = self._callbacks, None
         self._ready.release()
-        for callback in callbacks:
-            callback(self)
+        if callbacks is not None:
+            for callback in callbacks:
+                callback(self)
 
     def __repr__(self) -> str:
         state = "pending" if not self.finished() else ("failed" if self._error else "done")

@@ -28,10 +28,10 @@ class HostServices(Protocol):
         """Send one message; an unreachable address is logged, never raised."""
 
     def send_frames(
-        self, address: str, header: Any, frames: list[Any], *, soon: bool = False
+        self, address: str, kind: type, frames: list[Any], *, soon: bool = False
     ) -> None:
-        """Send the frames `transport.encode` made for `header`; `soon`: it may wait a
-        moment in a batch (its receiver waits for more from here anyway)."""
+        """Send the frames `transport.encode` made for a header of type `kind`; `soon`: they
+        may wait a moment in a batch (their receiver waits for more from here anyway)."""
 
     def on_loop_thread(self) -> bool:
         """Whether this thread is the event loop's."""

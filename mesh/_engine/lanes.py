@@ -90,7 +90,7 @@ class Lanes:
                     actor.busy = False
                     return None
                 head = actor.mailbox[0]
-                if _must_wait(actor, head):
+                if actor.concurrent and _must_wait(actor, head):
                     actor.parked = True
                     return None
                 concurrent = actor.is_concurrent(head)

@@ -55,7 +55,7 @@ class Relays:
         except Exception as exc:  # an answer that cannot travel must still end the call
             self._answer_error(header, exc)
             return
-        self._runtime.send_frames(header.reply_to, reply, frames)
+        self._runtime.send_frames(header.reply_to, Reply, frames)
 
     def _answer_error(self, header: Relay, error: BaseException) -> None:
         failure = Failure(header.call_id, header.rank, "raised")
@@ -64,4 +64,4 @@ class Relays:
         except Exception:  # the error itself cannot travel: its description can
             text = f"{type(error).__name__}: {safe_str(error)}"
             frames = encode(failure, Payload.dump(RuntimeError(f"relay failed with {text}")))
-        self._runtime.send_frames(header.reply_to, failure, frames)
+        self._runtime.send_frames(header.reply_to, Failure, frames)

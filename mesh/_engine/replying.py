@@ -21,6 +21,7 @@ from transport import (
     TransportError,
     dumps,
     encode,
+    encode_fields,
     get_logger,
     safe_str,
 )
@@ -35,12 +36,15 @@ class Replier:
 
     def value(self, actor: HostedActor, header: CallActor, result: Any) -> None:
         """Send the result; one that cannot be sent (unpicklable, too large) fails the call."""
-        if header.reply_to is None:
+        reply_to = header.reply_to
+        if reply_to is None:
             return
-        reply, soon = Reply(header.call_id, header.rank), bool(actor.mailbox)
-        error = self._send_value(header.reply_to, reply, result, soon=soon)
-        if error is not None:
-            self.exception(actor, header, _unsendable_result(header, error))
+        try:  # the header from its fields: one reply per call, the hot path
+            frames = encode_fields(Reply, (header.call_id, header.rank), Payload.dump(result))
+        except Exception as exc:  # whatever pickling raises must not lose the call
+            self.exception(actor, header, _unsendable_result(header, exc))
+            return
+        self._services.send_frames(reply_to, Reply, frames, soon=bool(actor.mailbox))
 
     def exception(self, actor: HostedActor, header: CallActor, exc: BaseException) -> None:
         """Tell the caller its call raised `exc`: the exception itself where it can travel,
@@ -70,16 +74,13 @@ class Replier:
                 header.reply_to, Reply(header.call_id, header.rank), Payload.dump(None)
             )
 
-    def _send_value(
-        self, reply_to: str, header: Any, value: Any, *, soon: bool = False
-    ) -> Exception | None:
-        """Send `value` with `header`, or return why it cannot go (serialization, size).
-        `soon`: the reply may wait in a batch (more calls are queued, from pipelining)."""
+    def _send_value(self, reply_to: str, header: Any, value: Any) -> Exception | None:
+        """Send `value` with `header`, or return why it cannot go (serialization, size)."""
         try:
             frames = encode(header, Payload.dump(value))
         except Exception as exc:  # whatever pickling raises must not lose the call
             return exc
-        self._services.send_frames(reply_to, header, frames, soon=soon)
+        self._services.send_frames(reply_to, type(header), frames)
         return None
 
 

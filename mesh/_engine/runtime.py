@@ -100,6 +100,9 @@ class Runtime:
         self.closed = threading.Event()
         self._log = get_logger("mesh.runtime", proc=proc_id)
         self.loop = EventLoop(self.inbox, self._dispatch, self.pid, self.outbox.flush)
+        #: Whether this thread is the event loop's: the loop's own check, asked on every call
+        #: and every wait (no method of the runtime's own in between).
+        self.on_loop_thread: Callable[[], bool] = self.loop.on_loop_thread
         self.ownership = Ownership()
         self.calls = CallTable(self.ownership.lock, self.outbox, self.pid, self._flush_soon)
         self.replies = ReplyRoutes(self)
@@ -182,9 +185,6 @@ class Runtime:
         """Hand a message received off the loop thread to the loop thread."""
         self.loop.dispatch_elsewhere(envelope)
 
-    def on_loop_thread(self) -> bool:
-        return self.loop.on_loop_thread()
-
     def pump_until(self, future: Future[Any], timeout: float | None) -> None:
         """Receive and dispatch on this (loop) thread until `future` is done or time is up."""
         self.loop.pump_until(future, timeout)
@@ -225,22 +225,20 @@ class Runtime:
                 "send_failed", to=address, kind=type(header).__name__, reason=str(exc)
             )
             return
-        self.send_frames(address, header, frames)
+        self.send_frames(address, type(header), frames)
 
     def send_frames(
-        self, address: str, header: Any, frames: list[Any], *, soon: bool = False
+        self, address: str, kind: type, frames: list[Any], *, soon: bool = False
     ) -> None:
-        """Send the frames `encode` made for `header`; an unreachable address is logged.
-        `soon`: they may wait in a batch for a moment (`transport._batches`)."""
+        """Send the frames `encode` made for a header of type `kind`; an unreachable address
+        is logged. `soon`: they may wait in a batch for a moment (`transport._batches`)."""
         try:
             if not soon:
                 self.outbox.send(address, frames)
             elif self.outbox.send_soon(address, frames):
                 self._flush_soon()
         except TransportError as exc:
-            self._log.warning(
-                "send_failed", to=address, kind=type(header).__name__, reason=str(exc)
-            )
+            self._log.warning("send_failed", to=address, kind=kind.__name__, reason=str(exc))
 
     def _flush_soon(self) -> None:
         """Send the waiting batches after the event loop's current turn when sent from it

@@ -46,6 +46,9 @@ def call_work(envelope: Envelope) -> Work[CallActor]:
     """A call: to one of the actor's user endpoints, or to a built-in one (by its name)."""
     header: CallActor = envelope.header
     builtin = BUILTINS.get(header.endpoint)
-    if builtin is None:
-        return Work("call", header, envelope.payload)
+    if builtin is None:  # one per call: built without the named tuple's Python `__new__`
+        return _new_tuple(Work, ("call", header, envelope.payload, None))  # type: ignore[no-any-return]
     return Work("builtin", header, envelope.payload, builtin)
+
+
+_new_tuple = tuple.__new__
