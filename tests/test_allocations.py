@@ -355,3 +355,74 @@ def test_local_procs_work_beside_attached_tcp_agents(tmp_path: Path) -> None:
     sizes = [str(1), str(2), str(4 << 20), str(4 << 20)]
     expected = [f"{w} {s}" for w, s in zip(("BEFORE", "REMOTE", "EARLY", "LATE"), sizes)]
     assert lines == [*expected, "KILLED True"], done.stdout + done.stderr
+
+
+IPC_DAEMON_CLIENT = textwrap.dedent("""
+    from mesh import Actor, attach, endpoint
+    from mesh.testing import hand_out_widest_address
+    from supervision import SupervisionError
+
+    class Echo(Actor):
+        @endpoint
+        def length(self, data: bytes) -> int:
+            return len(data)
+
+    LARGE = b"x" * (4 << 20)  # sent as a shared payload file
+    try:
+        daemon = attach([{daemon!r}])  # a keyless agent on this host, reached over ipc
+        before = daemon.spawn_procs(per_host={{"gpus": 1}}).spawn("before", Echo)
+        print("BEFORE", before.length.call_one(b"x").get(timeout=15), flush=True)
+        remote = attach({alloc!r}).spawn_procs(per_host={{"gpus": 1}}).spawn("remote", Echo)
+        print("REMOTE", remote.length.call_one(b"xy").get(timeout=15), flush=True)
+        print("AFTER", before.length.call_one(LARGE).get(timeout=15), flush=True)
+        late = daemon.spawn_procs(per_host={{"gpus": 1}}).spawn("late", Echo)
+        print("LATE", late.length.call(b"xyz").get(timeout=15).item(hosts=0, gpus=0), flush=True)
+        with hand_out_widest_address():  # its replies go to tcp, which it has no keys for
+            try:
+                before.length.call_one(b"lost").get()  # no timeout: it must end by itself
+            except SupervisionError as error:
+                print("LOST", str(error).replace(chr(10), " "), flush=True)
+        print("AGAIN", before.length.call_one(b"xyzw").get(timeout=15), flush=True)
+    except Exception as error:  # the failure is what the test looks at
+        print("ERROR", type(error).__name__, error, flush=True)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_keyless_ipc_daemon_beside_tcp_agents_reaches_the_client(tmp_path: Path) -> None:
+    """A daemon agent on this host started without keys (reached over ipc) beside an attached
+    tcp allocation: its procs, spawned before the client listens on tcp and after, are handed
+    the client's ipc address, so every call to them answers. And a reply that cannot reach its
+    caller (the client handing out its tcp address to such a proc) still ends the caller's
+    call, with an error naming the proc, the endpoint and why, instead of a wait forever."""
+    env = {k: v for k, v in os.environ.items() if k != "MESHVISOR_CURVE_KEYS"}
+    alloc, rundir = tmp_path / "hosts", tmp_path / "run"
+    rundir.mkdir(mode=0o700)
+    folder = Path(RUN_BASE) / f"ipcd-{time.monotonic_ns()}"
+    folder.mkdir(mode=0o700)
+    tcp = [sys.executable, "-m", "meshvisor", "agent", "--listen", "tcp://127.0.0.1:0"]
+    tcp += ["--rundir", str(rundir), "--allocation", str(alloc)]
+    ipc = [sys.executable, "-m", "meshvisor", "agent", "--listen", f"ipc://{folder}/agent"]
+    ipc += ["--rundir", str(folder), "--address-file", str(folder / "address")]
+    agents = [subprocess.Popen(c, env=env, stderr=subprocess.DEVNULL) for c in (tcp, ipc)]
+    try:
+        wait_until(lambda: alloc.exists() and (folder / "address").exists(), T, "the agents")
+        script = tmp_path / "client.py"
+        daemon = (folder / "address").read_text().strip()
+        script.write_text(IPC_DAEMON_CLIENT.format(alloc=str(alloc), daemon=daemon))
+        done = subprocess.run(
+            [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=90
+        )
+    finally:
+        for agent in agents:
+            agent.terminate()
+        for agent in agents:
+            agent.wait(T)
+        shutil.rmtree(folder, ignore_errors=True)
+    lines = [line for line in done.stdout.splitlines() if line.split()[0].isupper()]
+    answers = [line for line in lines if not line.startswith("LOST")]
+    expected = ["BEFORE 1", "REMOTE 2", f"AFTER {4 << 20}", "LATE 3", "AGAIN 4"]
+    assert answers == expected, done.stdout + done.stderr
+    lost = next((line for line in lines if line.startswith("LOST")), "")
+    for part in ("became unreachable", "'length'", "could not be sent from proc", "CURVE keys"):
+        assert part in lost, done.stdout + done.stderr

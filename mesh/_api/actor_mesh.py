@@ -89,15 +89,13 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
         payload = Payload.dump((args, kwargs))
         runtime = self._runtime
         call_id = runtime.calls.new_call_id()
-        reply_to = None if sink is None else (runtime.address if home is None else home.address)
         labels, sizes, ranks = self.extent.labels, self.extent.sizes, self._region.ranks
-        messages = [
-            (
-                state.peers[ranks[i]],
-                CallActor(call_id, reply_to, state.actor_id, endpoint, labels, sizes, i),
-            )
-            for i in indices
-        ]
+        messages = []
+        for i in indices:
+            peer = state.peers[ranks[i]]
+            reply_to = None if sink is None else runtime.address_for(peer.location, home)
+            call = CallActor(call_id, reply_to, state.actor_id, endpoint, labels, sizes, i)
+            messages.append((peer, call))
         runtime.calls.send_to_procs(messages, payload, sink, call_id, home, state.view)
 
     def on_failure(self, handler: FailureHandler) -> None:
@@ -138,7 +136,7 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
         call_id = runtime.calls.new_call_id()
         peers = [state.peers[base] for base in self._region.ranks]
         messages = [
-            (peer, StopActor(call_id, runtime.address, state.actor_id, rank))
+            (peer, StopActor(call_id, runtime.address_for(peer.location), state.actor_id, rank))
             for rank, peer in enumerate(peers)
             if peer.alive
         ]

@@ -80,7 +80,7 @@ def _rebuild_port(address: str, port_id: int, proc_id: str, agent: str | None) -
     if runtime.proc_id != proc_id:
         if agent is not None:
             watch_proc(runtime, proc_id, agent, address)
-        held = PortHeld(port_id, runtime.proc_id, runtime.agent or "", runtime.address)
+        held = PortHeld(port_id, runtime.proc_id, runtime.agent or "", runtime.address_for(address))
         runtime.send_message(address, held)
     return Port(address, port_id, proc_id, agent)
 
