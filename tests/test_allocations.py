@@ -358,7 +358,7 @@ def test_local_procs_work_beside_attached_tcp_agents(tmp_path: Path) -> None:
 
 
 IPC_DAEMON_CLIENT = textwrap.dedent("""
-    from mesh import Actor, attach, endpoint
+    from mesh import Actor, Channel, attach, endpoint
     from mesh.testing import hand_out_widest_address
     from supervision import SupervisionError
 
@@ -366,6 +366,10 @@ IPC_DAEMON_CLIENT = textwrap.dedent("""
         @endpoint
         def length(self, data: bytes) -> int:
             return len(data)
+
+        @endpoint
+        def tell(self, port, value: int) -> None:
+            port.send(value)
 
     LARGE = b"x" * (4 << 20)  # sent as a shared payload file
     try:
@@ -377,6 +381,10 @@ IPC_DAEMON_CLIENT = textwrap.dedent("""
         print("AFTER", before.length.call_one(LARGE).get(timeout=15), flush=True)
         late = daemon.spawn_procs(per_host={{"gpus": 1}}).spawn("late", Echo)
         print("LATE", late.length.call(b"xyz").get(timeout=15).item(hosts=0, gpus=0), flush=True)
+        port, receiver = Channel.open()  # a port goes anywhere: its holder picks the address
+        late.tell.call_one(port, 5).get(timeout=15)
+        remote.tell.call_one(port, 6).get(timeout=15)
+        print("PORT", sorted(receiver.recv().get(timeout=15) for _ in range(2)), flush=True)
         with hand_out_widest_address():  # its replies go to tcp, which it has no keys for
             try:
                 before.length.call_one(b"lost").get()  # no timeout: it must end by itself
@@ -392,7 +400,8 @@ IPC_DAEMON_CLIENT = textwrap.dedent("""
 def test_a_keyless_ipc_daemon_beside_tcp_agents_reaches_the_client(tmp_path: Path) -> None:
     """A daemon agent on this host started without keys (reached over ipc) beside an attached
     tcp allocation: its procs, spawned before the client listens on tcp and after, are handed
-    the client's ipc address, so every call to them answers. And a reply that cannot reach its
+    the client's ipc address, so every call to them answers, and a channel's port reaches the
+    client from them (ipc) and from a remote proc (tcp). And a reply that cannot reach its
     caller (the client handing out its tcp address to such a proc) still ends the caller's
     call, with an error naming the proc, the endpoint and why, instead of a wait forever."""
     env = {k: v for k, v in os.environ.items() if k != "MESHVISOR_CURVE_KEYS"}
@@ -410,8 +419,9 @@ def test_a_keyless_ipc_daemon_beside_tcp_agents_reaches_the_client(tmp_path: Pat
         script = tmp_path / "client.py"
         daemon = (folder / "address").read_text().strip()
         script.write_text(IPC_DAEMON_CLIENT.format(alloc=str(alloc), daemon=daemon))
+        slow = env | {"MESHVISOR_AGENT_TIMEOUT_S": "20"}  # a busy machine is no lost agent
         done = subprocess.run(
-            [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=90
+            [sys.executable, str(script)], env=slow, capture_output=True, text=True, timeout=90
         )
     finally:
         for agent in agents:
@@ -421,7 +431,7 @@ def test_a_keyless_ipc_daemon_beside_tcp_agents_reaches_the_client(tmp_path: Pat
         shutil.rmtree(folder, ignore_errors=True)
     lines = [line for line in done.stdout.splitlines() if line.split()[0].isupper()]
     answers = [line for line in lines if not line.startswith("LOST")]
-    expected = ["BEFORE 1", "REMOTE 2", f"AFTER {4 << 20}", "LATE 3", "AGAIN 4"]
+    expected = ["BEFORE 1", "REMOTE 2", f"AFTER {4 << 20}", "LATE 3", "PORT [5, 6]", "AGAIN 4"]
     assert answers == expected, done.stdout + done.stderr
     lost = next((line for line in lines if line.startswith("LOST")), "")
     for part in ("became unreachable", "'length'", "could not be sent from proc", "CURVE keys"):

@@ -5,11 +5,13 @@ needed) and, once its process reaches hosts over the network, on tcp too (CURVE-
 only holders of the allocation's keys get in). A peer that can use the ipc address must be
 given it: a keyless process on this host (a daemon agent's proc started apart from the
 allocation) cannot authenticate to the tcp one, and its messages would be lost. This is the
-one place that choice is made (`nearest_for`).
+one place that choice is made (`nearest_for`); a sender that holds the whole set (a channel's
+port, which goes anywhere) takes the ipc address when it is on this host (`reachable_here`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -45,6 +47,14 @@ class Addresses:
         agent's; None: not known): ipc when `peer` is an ipc address (it is on this host,
         and a peer that needs no keys must not be asked for them), else the widest."""
         if self.ipc is not None and (self.tcp is None or (peer or "").startswith(_IPC)):
+            return self.ipc
+        return self.widest
+
+    def reachable_here(self) -> str:
+        """The address for a sender that was handed the whole set (a `Port` that travelled):
+        ipc when its socket file is on this host (a private directory of this user), else
+        the widest. One look at the file system, when the sender takes the set up."""
+        if self.ipc is not None and os.path.exists(self.ipc[len(_IPC) :]):
             return self.ipc
         return self.widest
 
