@@ -755,3 +755,20 @@ def test_a_batched_send_to_what_cannot_be_reached_fails_at_once() -> None:
     finally:
         outbox.close(0)
         context.term()
+
+
+def test_a_holder_of_the_whole_set_takes_ipc_only_where_its_socket_file_is() -> None:
+    """A port's holder (`reachable_here`) uses the ipc address when that socket exists on its
+    host, else tcp: a holder on another host never sends to a path it cannot reach."""
+    folder = private_runtime_dir()
+    context = new_context()
+    inbox = Inbox(context, f"ipc://{folder}/here")
+    try:
+        tcp = "tcp://127.0.0.1:1"
+        assert Addresses(inbox.address, tcp).reachable_here() == inbox.address
+        assert Addresses(f"ipc://{folder}/elsewhere", tcp).reachable_here() == tcp
+        assert Addresses(None, tcp).reachable_here() == tcp
+    finally:
+        inbox.close()
+        context.term()
+        shutil.rmtree(folder, ignore_errors=True)
