@@ -371,6 +371,13 @@ IPC_DAEMON_CLIENT = textwrap.dedent("""
         def tell(self, port, value: int) -> None:
             port.send(value)
 
+        @endpoint
+        def ask(self, other) -> str:  # a proc on a tcp agent calls a keyless local proc
+            try:
+                return str(other.length.call_one(b"ab").get())  # no timeout: it must end
+            except SupervisionError as error:
+                return "FAILED " + str(error).replace(chr(10), " ")
+
     LARGE = b"x" * (4 << 20)  # sent as a shared payload file
     try:
         daemon = attach([{daemon!r}])  # a keyless agent on this host, reached over ipc
@@ -385,6 +392,7 @@ IPC_DAEMON_CLIENT = textwrap.dedent("""
         late.tell.call_one(port, 5).get(timeout=15)
         remote.tell.call_one(port, 6).get(timeout=15)
         print("PORT", sorted(receiver.recv().get(timeout=15) for _ in range(2)), flush=True)
+        print("ASKED", remote.ask.call_one(before).get(timeout=30), flush=True)
         with hand_out_widest_address():  # its replies go to tcp, which it has no keys for
             try:
                 before.length.call_one(b"lost").get()  # no timeout: it must end by itself
@@ -402,8 +410,9 @@ def test_a_keyless_ipc_daemon_beside_tcp_agents_reaches_the_client(tmp_path: Pat
     tcp allocation: its procs, spawned before the client listens on tcp and after, are handed
     the client's ipc address, so every call to them answers, and a channel's port reaches the
     client from them (ipc) and from a remote proc (tcp). And a reply that cannot reach its
-    caller (the client handing out its tcp address to such a proc) still ends the caller's
-    call, with an error naming the proc, the endpoint and why, instead of a wait forever."""
+    caller still ends the call, with an error naming the proc, the endpoint and why, instead
+    of a wait forever: the client's own call (the client handing out its tcp address to such
+    a proc), and a remote proc's (tcp only), which the client, the actor's owner, tells."""
     env = {k: v for k, v in os.environ.items() if k != "MESHVISOR_CURVE_KEYS"}
     alloc, rundir = tmp_path / "hosts", tmp_path / "run"
     rundir.mkdir(mode=0o700)
@@ -430,12 +439,13 @@ def test_a_keyless_ipc_daemon_beside_tcp_agents_reaches_the_client(tmp_path: Pat
             agent.wait(T)
         shutil.rmtree(folder, ignore_errors=True)
     lines = [line for line in done.stdout.splitlines() if line.split()[0].isupper()]
-    answers = [line for line in lines if not line.startswith("LOST")]
+    answers = [line for line in lines if not line.startswith(("LOST", "ASKED"))]
     expected = ["BEFORE 1", "REMOTE 2", f"AFTER {4 << 20}", "LATE 3", "PORT [5, 6]", "AGAIN 4"]
     assert answers == expected, done.stdout + done.stderr
-    lost = next((line for line in lines if line.startswith("LOST")), "")
-    for part in ("became unreachable", "'length'", "could not be sent from proc", "CURVE keys"):
-        assert part in lost, done.stdout + done.stderr
+    for lost in [line for line in lines if line.startswith(("LOST", "ASKED"))] or [""]:
+        for part in ("became unreachable", "'length'", "could not be sent from proc", "CURVE"):
+            assert part in lost, done.stdout + done.stderr
+    assert len([line for line in lines if line.startswith(("LOST", "ASKED"))]) == 2, lines
 
 
 QUIET_STOP_CLIENT = textwrap.dedent("""

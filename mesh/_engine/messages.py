@@ -208,7 +208,8 @@ class ActorFailed:
 class ReplyLost:
     """Proc → the owner of an actor: the answer to call `call_id` (its recipient `rank`)
     could not be sent to `reply_to` (`reason`: unreachable, or not authenticated). The owner
-    ends that call with an error if it made it, so that its caller does not wait forever."""
+    ends that call with an error if it made it, else sends the caller a `Failure` with the
+    payload (the "unreachable" SupervisionEvent), so that the caller does not wait forever."""
 
     call_id: int
     rank: int

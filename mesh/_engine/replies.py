@@ -26,7 +26,10 @@ from mesh._engine.messages import Failure, InboxClosed, Reply, ReplyLost, Wake
 from mesh._engine.ownership import Ownership
 from mesh._engine.peers import ProcPeer
 from mesh._engine.receiver import Receiver
+from supervision import SupervisionEvent
 from transport import Addresses, Envelope, Inbox, Outbox, Payload, check_fd_headroom, get_logger
+
+_log = get_logger("mesh.replies")
 
 #: How long a thread waits on a future before checking again whether it can pump its inbox.
 _RETRY_S = 0.01
@@ -279,21 +282,25 @@ class ReplyRoutes:
 
     def on_reply_lost(self, envelope: Envelope) -> None:
         """A proc could not send its answer to a reply address (`ReplyLost`): the call ends
-        with an error if this process made it; else the loss is logged (its caller, out of
-        reach from here, learns nothing: its call watchdog or timeout must end it)."""
+        with an error if this process made it. Another caller (a proc calling an actor owned
+        here) is sent that error as the call's `Failure`: this owner may reach it where the
+        actor's proc cannot (it holds the keys)."""
         header: ReplyLost = envelope.header
         runtime = self._runtime
-        mine = header.reply_to in runtime.addresses or header.reply_to in self.addresses()
-        if not (mine and runtime.calls.fail_lost_reply(header)):
-            get_logger("mesh.replies").warning(
-                "reply_lost",
-                call_id=header.call_id,
-                proc=header.proc_id,
-                endpoint=header.endpoint,
-                to=header.reply_to,
-                reason=header.reason,
-                why="the call was not made here, or has ended",
-            )
+        if header.reply_to in runtime.addresses or header.reply_to in self.addresses():
+            if not runtime.calls.fail_lost_reply(header):
+                _log.info("reply_lost", call_id=header.call_id, why="the call has ended")
+            return
+        try:
+            event = envelope.payload.load()  # type: ignore[union-attr]
+        except Exception:  # the caller must still hear something
+            event = None
+        if not isinstance(event, SupervisionEvent):
+            why = f"its answer to call {header.call_id} could not be sent: {header.reason}"
+            event = SupervisionEvent("unreachable", "", proc_id=header.proc_id, message=why)
+        failure = Failure(header.call_id, header.rank, "failed")
+        runtime.send_message(header.reply_to, failure, Payload.dump(event))
+        _log.info("reply_lost_forwarded", call_id=header.call_id, to=header.reply_to)
 
     def addresses(self) -> list[str]:
         """Where replies to this process may be sent, besides its main inbox."""

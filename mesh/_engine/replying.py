@@ -92,11 +92,15 @@ class Replier:
         """The answer to `call` cannot reach its caller: tell the actor's owner, which ends
         the call if it is its own (its process is reachable from here: it spawned the actor)."""
         assert call.reply_to is not None
-        why = clip(safe_str(error))
-        lost = ReplyLost(
-            call.call_id, call.rank, call.reply_to, self._services.proc_id, call.endpoint, why
+        reason, proc_id = clip(safe_str(error)), self._services.proc_id
+        lost = ReplyLost(call.call_id, call.rank, call.reply_to, proc_id, call.endpoint, reason)
+        why = (
+            f"its answer to call {call.call_id} of endpoint {call.endpoint!r} could not be "
+            f"sent from proc {proc_id} to {call.reply_to}: {reason}"
         )
-        self._services.send_message(actor.owner, lost)
+        self._services.send_message(
+            actor.owner, lost, Payload.dump(actor.make_event("unreachable", why))
+        )
 
 
 def _exception_fields(actor: HostedActor, header: CallActor, exc: BaseException) -> dict[str, Any]:
