@@ -29,8 +29,6 @@ from mesh._engine.receiver import Receiver
 from supervision import SupervisionEvent
 from transport import Addresses, Envelope, Inbox, Outbox, Payload, check_fd_headroom, get_logger
 
-_log = get_logger("mesh.replies")
-
 #: How long a thread waits on a future before checking again whether it can pump its inbox.
 _RETRY_S = 0.01
 
@@ -289,7 +287,8 @@ class ReplyRoutes:
         runtime = self._runtime
         if header.reply_to in runtime.addresses or header.reply_to in self.addresses():
             if not runtime.calls.fail_lost_reply(header):
-                _log.info("reply_lost", call_id=header.call_id, why="the call has ended")
+                log = get_logger("mesh.replies")  # not at import: it reads the settings
+                log.info("reply_lost", call_id=header.call_id, why="the call has ended")
             return
         try:
             event = envelope.payload.load()  # type: ignore[union-attr]
@@ -300,7 +299,8 @@ class ReplyRoutes:
             event = SupervisionEvent("unreachable", "", proc_id=header.proc_id, message=why)
         failure = Failure(header.call_id, header.rank, "failed")
         runtime.send_message(header.reply_to, failure, Payload.dump(event))
-        _log.info("reply_lost_forwarded", call_id=header.call_id, to=header.reply_to)
+        log = get_logger("mesh.replies")
+        log.info("reply_lost_forwarded", call_id=header.call_id, to=header.reply_to)
 
     def addresses(self) -> list[str]:
         """Where replies to this process may be sent, besides its main inbox."""
