@@ -5,7 +5,8 @@ what the `chaos` package injects faults with; nothing here changes a job that do
 
 `settings(**overrides)` is `mesh.configured` (settings for one block). The other helpers let
 tests look at this process's session (`run_dir`, `inbox_address`, `local_agent`,
-`known_agents`, `bookkeeping`), end it or parts of it (`shutdown`, `stop_local_agent`,
+`known_agents`, `bookkeeping`), make it hand out its tcp address to all
+(`hand_out_widest_address`), end it or parts of it (`shutdown`, `stop_local_agent`,
 `stop_controllers`), hold a call without the call watchdog judging it (`call_watchdog_suspended`,
 as a debugger does), check the slicing algebra without processes (`Region`), write, rotate and
 aggregate proc lines without procs (`RankLog`, `LogFileConfig`, `line_level`, `Aggregator`,
@@ -78,6 +79,7 @@ __all__ = (
     "fanned_out",
     "fanout_wire",
     "greetings_sent",
+    "hand_out_widest_address",
     "heal_links",
     "inbox_address",
     "known_agents",
@@ -94,6 +96,19 @@ __all__ = (
     "workspace_path_problem",
     "workspace_wire",
 )
+
+
+@contextmanager
+def hand_out_widest_address() -> Iterator[None]:
+    """Inside the block, this process hands every peer its widest address (tcp, once it
+    attached to tcp agents) instead of the one nearest to that peer: plays a sender whose
+    replies a keyless proc on this host cannot deliver (`Runtime.address_for`)."""
+    runtime = _session.current_session().runtime
+    runtime.nearest_addresses = False
+    try:
+        yield
+    finally:
+        runtime.nearest_addresses = True
 
 
 @contextmanager

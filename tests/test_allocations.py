@@ -355,3 +355,146 @@ def test_local_procs_work_beside_attached_tcp_agents(tmp_path: Path) -> None:
     sizes = [str(1), str(2), str(4 << 20), str(4 << 20)]
     expected = [f"{w} {s}" for w, s in zip(("BEFORE", "REMOTE", "EARLY", "LATE"), sizes)]
     assert lines == [*expected, "KILLED True"], done.stdout + done.stderr
+
+
+IPC_DAEMON_CLIENT = textwrap.dedent("""
+    from mesh import Actor, Channel, attach, endpoint
+    from mesh.testing import hand_out_widest_address
+    from supervision import SupervisionError
+
+    class Echo(Actor):
+        @endpoint
+        def length(self, data: bytes) -> int:
+            return len(data)
+
+        @endpoint
+        def tell(self, port, value: int) -> None:
+            port.send(value)
+
+        @endpoint
+        def ask(self, other) -> str:  # a proc on a tcp agent calls a keyless local proc
+            try:
+                return str(other.length.call_one(b"ab").get())  # no timeout: it must end
+            except SupervisionError as error:
+                return "FAILED " + str(error).replace(chr(10), " ")
+
+    LARGE = b"x" * (4 << 20)  # sent as a shared payload file
+    try:
+        daemon = attach([{daemon!r}])  # a keyless agent on this host, reached over ipc
+        before = daemon.spawn_procs(per_host={{"gpus": 1}}).spawn("before", Echo)
+        print("BEFORE", before.length.call_one(b"x").get(timeout=15), flush=True)
+        remote = attach({alloc!r}).spawn_procs(per_host={{"gpus": 1}}).spawn("remote", Echo)
+        print("REMOTE", remote.length.call_one(b"xy").get(timeout=15), flush=True)
+        print("AFTER", before.length.call_one(LARGE).get(timeout=15), flush=True)
+        late = daemon.spawn_procs(per_host={{"gpus": 1}}).spawn("late", Echo)
+        print("LATE", late.length.call(b"xyz").get(timeout=15).item(hosts=0, gpus=0), flush=True)
+        port, receiver = Channel.open()  # a port goes anywhere: its holder picks the address
+        late.tell.call_one(port, 5).get(timeout=15)
+        remote.tell.call_one(port, 6).get(timeout=15)
+        print("PORT", sorted(receiver.recv().get(timeout=15) for _ in range(2)), flush=True)
+        print("ASKED", remote.ask.call_one(before).get(timeout=30), flush=True)
+        with hand_out_widest_address():  # its replies go to tcp, which it has no keys for
+            try:
+                before.length.call_one(b"lost").get()  # no timeout: it must end by itself
+            except SupervisionError as error:
+                print("LOST", str(error).replace(chr(10), " "), flush=True)
+        print("AGAIN", before.length.call_one(b"xyzw").get(timeout=15), flush=True)
+    except Exception as error:  # the failure is what the test looks at
+        print("ERROR", type(error).__name__, error, flush=True)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_keyless_ipc_daemon_beside_tcp_agents_reaches_the_client(tmp_path: Path) -> None:
+    """A daemon agent on this host started without keys (reached over ipc) beside an attached
+    tcp allocation: its procs, spawned before the client listens on tcp and after, are handed
+    the client's ipc address, so every call to them answers, and a channel's port reaches the
+    client from them (ipc) and from a remote proc (tcp). And a reply that cannot reach its
+    caller still ends the call, with an error naming the proc, the endpoint and why, instead
+    of a wait forever: the client's own call (the client handing out its tcp address to such
+    a proc), and a remote proc's (tcp only), which the client, the actor's owner, tells."""
+    env = {k: v for k, v in os.environ.items() if k != "MESHVISOR_CURVE_KEYS"}
+    alloc, rundir = tmp_path / "hosts", tmp_path / "run"
+    rundir.mkdir(mode=0o700)
+    folder = Path(RUN_BASE) / f"ipcd-{time.monotonic_ns()}"
+    folder.mkdir(mode=0o700)
+    tcp = [sys.executable, "-m", "meshvisor", "agent", "--listen", "tcp://127.0.0.1:0"]
+    tcp += ["--rundir", str(rundir), "--allocation", str(alloc)]
+    ipc = [sys.executable, "-m", "meshvisor", "agent", "--listen", f"ipc://{folder}/agent"]
+    ipc += ["--rundir", str(folder), "--address-file", str(folder / "address")]
+    agents = [subprocess.Popen(c, env=env, stderr=subprocess.DEVNULL) for c in (tcp, ipc)]
+    try:
+        wait_until(lambda: alloc.exists() and (folder / "address").exists(), T, "the agents")
+        script = tmp_path / "client.py"
+        daemon = (folder / "address").read_text().strip()
+        script.write_text(IPC_DAEMON_CLIENT.format(alloc=str(alloc), daemon=daemon))
+        slow = env | {"MESHVISOR_AGENT_TIMEOUT_S": "20"}  # a busy machine is no lost agent
+        done = subprocess.run(
+            [sys.executable, str(script)], env=slow, capture_output=True, text=True, timeout=90
+        )
+    finally:
+        for agent in agents:
+            agent.terminate()
+        for agent in agents:
+            agent.wait(T)
+        shutil.rmtree(folder, ignore_errors=True)
+    lines = [line for line in done.stdout.splitlines() if line.split()[0].isupper()]
+    answers = [line for line in lines if not line.startswith(("LOST", "ASKED"))]
+    expected = ["BEFORE 1", "REMOTE 2", f"AFTER {4 << 20}", "LATE 3", "PORT [5, 6]", "AGAIN 4"]
+    assert answers == expected, done.stdout + done.stderr
+    for lost in [line for line in lines if line.startswith(("LOST", "ASKED"))] or [""]:
+        for part in ("became unreachable", "'length'", "could not be sent from proc", "CURVE"):
+            assert part in lost, done.stdout + done.stderr
+    assert len([line for line in lines if line.startswith(("LOST", "ASKED"))]) == 2, lines
+
+
+QUIET_STOP_CLIENT = textwrap.dedent("""
+    import time
+    from mesh import Actor, attach, endpoint, this_host
+
+    class Slow(Actor):
+        @endpoint
+        def nap(self, seconds: float) -> float:
+            time.sleep(seconds)
+            return seconds
+
+    hosts = attach({alloc!r})
+    hosts.spawn_procs(per_host={{"gpus": 2}}).stop().get(timeout=30)  # stopped while starting
+    remote = hosts.spawn_procs(per_host={{"gpus": 2}}).spawn("remote", Slow)
+    local = this_host().spawn_procs(per_host={{"gpus": 1}}).spawn("local", Slow)
+    print("CALLS", len(remote.nap.call(0.0).get(timeout=30)), end=" ")
+    print(len(local.nap.call(0.0).get(timeout=30)))
+    for _ in range(3):  # calls still queued when the client ends
+        remote.nap.call(0.2)
+        local.nap.call(0.2)
+    print("EXITING", flush=True)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_clean_stop_logs_no_warning(tmp_path: Path) -> None:
+    """A client that stops procs still starting on a tcp agent, then exits with calls queued
+    on remote and local procs, ends cleanly: neither it nor the agent logs a warning (a
+    `send_failed` to a proc whose port is not known yet, say)."""
+    env = {k: v for k, v in os.environ.items() if k != "MESHVISOR_CURVE_KEYS"}
+    alloc, rundir = tmp_path / "hosts", tmp_path / "run"
+    rundir.mkdir(mode=0o700)
+    command = [sys.executable, "-m", "meshvisor", "agent", "--listen", "tcp://127.0.0.1:0"]
+    command += ["--rundir", str(rundir), "--allocation", str(alloc), "--owner-timeout", "1"]
+    with open(tmp_path / "agent.err", "w") as agent_err:
+        agent = subprocess.Popen(command, env=env, stderr=agent_err)
+    try:
+        wait_until(alloc.exists, T, "the agent to join the allocation")
+        script = tmp_path / "client.py"
+        script.write_text(QUIET_STOP_CLIENT.format(alloc=str(alloc)))
+        done = subprocess.run(
+            [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=90
+        )
+        time.sleep(OWNER_TIMEOUT_S * 2)  # the agent stops what the client left, quietly too
+    finally:
+        agent.terminate()
+        agent.wait(T)
+    logged = (tmp_path / "agent.err").read_text()
+    assert done.stdout.split() == ["CALLS", "2", "1", "EXITING"], done.stdout + done.stderr
+    assert "[warning" not in done.stderr and "[error" not in done.stderr, done.stderr
+    assert "[warning" not in logged and "[error" not in logged, logged

@@ -30,6 +30,7 @@ import transport
 from transport import (
     MAGIC,
     OUT_OF_BAND_MIN_BYTES,
+    Addresses,
     Inbox,
     MalformedMessage,
     MessageTooLarge,
@@ -712,3 +713,62 @@ def test_agent_survives_garbage_and_oversized_frames(tmp_path: Any) -> None:
     assert "AGENT EXIT 0" in result.stdout, result.stdout + result.stderr
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("message_dropped") >= 2, result.stderr
+
+
+# -- which address a peer is handed ---------------------------------------------------------------
+
+ipc_addresses = st.from_regex(r"ipc:///tmp/meshvisor-[a-z0-9]{1,8}/[a-z0-9-]{1,12}", fullmatch=True)
+tcp_addresses = st.builds("tcp://127.0.0.1:{}".format, st.integers(1, 65535))
+
+
+@given(
+    st.one_of(ipc_addresses, st.none()),
+    st.one_of(tcp_addresses, st.none()),
+    st.one_of(ipc_addresses, tcp_addresses, st.none()),
+)
+def test_a_peer_is_handed_ipc_when_it_is_on_this_host_else_the_widest(
+    ipc: str | None, tcp: str | None, peer: str | None
+) -> None:
+    """An ipc peer (this host) gets the ipc address whenever there is one, so that a peer
+    without keys never needs them; any other peer gets tcp when there is one; a set of one
+    address hands out that one."""
+    if ipc is None and tcp is None:
+        return
+    addresses = Addresses(ipc, tcp)
+    handed = addresses.nearest_for(peer)
+    assert handed in list(addresses)
+    assert addresses.widest == (tcp or ipc)
+    if ipc is not None and (tcp is None or (peer or "").startswith("ipc://")):
+        assert handed == ipc
+    else:
+        assert handed == tcp
+
+
+def test_a_batched_send_to_what_cannot_be_reached_fails_at_once() -> None:
+    """`send_soon` refuses an address it cannot connect to when called, as `send` does, not
+    later in a flush: the sender learns that its message (a reply) is lost."""
+    context = new_context()
+    outbox = Outbox(context)
+    try:
+        with pytest.raises(TransportError, match="not a meshvisor address"):
+            outbox.send_soon("nowhere", encode(Header(1)))
+    finally:
+        outbox.close(0)
+        context.term()
+
+
+def test_a_holder_of_the_whole_set_takes_ipc_only_where_its_socket_file_is() -> None:
+    """A port's holder (`reachable_here`) uses the ipc address when that socket exists on its
+    host, else tcp: a holder on another host never sends to a path it cannot reach."""
+    folder = private_runtime_dir()
+    context = new_context()
+    inbox = Inbox(context, f"ipc://{folder}/here")
+    try:
+        tcp = "tcp://127.0.0.1:1"
+        assert Addresses(inbox.address, tcp).reachable_here() == inbox.address
+        assert Addresses(f"ipc://{folder}/elsewhere", tcp).reachable_here() == tcp
+        assert Addresses(None, tcp).reachable_here() == tcp
+    finally:
+        inbox.close()
+        context.term()
+        shutil.rmtree(folder, ignore_errors=True)

@@ -4,6 +4,7 @@
 between addresses, FIFO per sender→receiver pair.
 """
 
+from ._addresses import Addresses as Addresses
 from ._batches import BATCH_MAGIC as BATCH_MAGIC
 from ._batches import MAX_BATCH_MESSAGES as MAX_BATCH_MESSAGES
 from ._errors import MalformedMessage as MalformedMessage
@@ -62,6 +63,7 @@ __all__ = (
     "MAX_BATCH_MESSAGES",
     "MAX_HEADER_BYTES",
     "OUT_OF_BAND_MIN_BYTES",
+    "Addresses",
     "CurveKeys",
     "Envelope",
     "FaultRule",

@@ -234,13 +234,17 @@ class Outbox:
     def send_soon(self, address: str, frames: Sequence[Any]) -> bool:
         """Like `send`, but a small message may wait in `address`'s batch (its receiver is
         busy with earlier ones); True when no batch waited before, so that a `flush` must
-        now come soon (the caller arranges it: see `_batches`)."""
+        now come soon (the caller arranges it: see `_batches`). An address that cannot be
+        connected to (no keys for it, not an address) raises here, as `send` does, not later
+        in a flush that has no one to tell."""
         if _FAULTS.active or not fits_in_batch(frames):
             self.send(address, frames)
             return False
         with self._lock:
             if self._closed:
                 raise TransportError("cannot send: this process's transport is closed.")
+            if address not in self._sockets:
+                self._connect(address)
             started = not self._batches
             batch = self._batches.get(address)
             if batch is None:

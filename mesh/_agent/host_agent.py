@@ -1,9 +1,8 @@
 """`HostAgent`: serves one host: spawns procs, watches them, stops them, reports to owners.
 
 One loop waits on the agent's inbox (requests from owners, heartbeats from procs), on the fork
-server (procs forked, exited: known the moment it reaps them) and on the local owner's pidfd.
-When the agent's owner goes away, every proc it started is stopped. Its procs are kept in a
-`ProcTable`; their deadlines in a `Watchdog`.
+server (procs forked, exited: known the moment it reaps them) and on the local owner's pidfd. When
+its owner goes away, all its procs are stopped. Procs: a `ProcTable`, deadlines: a `Watchdog`.
 """
 
 from __future__ import annotations
@@ -245,19 +244,20 @@ class HostAgent:
                 self._send(reply_to, gone or unknown_proc_report(proc_id, self._hostname))
             if proc is None or proc.stop_requested:
                 continue
-            proc.stop_requested = True
-            proc.kill_at = now + grace_s
-            if grace_s > 0:
-                self._send(proc.address, StopProc())
-            else:
+            proc.stop_requested, proc.kill_at = True, now + grace_s
+            if grace_s <= 0:
                 self._kill(proc)
+            elif proc.connected or "*" not in proc.address:  # a tcp proc's port comes with
+                self._send(proc.address, StopProc())  # its ProcReady: asked to stop then
 
     def _on_proc_ready(self, ready: ProcReady) -> None:
         if (proc := self._procs.get(ready.proc_id)) is None:
             return
-        proc.address = ready.address  # a tcp proc picked its port itself
+        told, proc.address = "*" not in proc.address, ready.address  # tcp: it picked its port
         proc.connected = True
         note_ready(proc)
+        if proc.stop_requested and not told:  # asked to stop when it could not be told
+            self._send(proc.address, StopProc())
         if proc.spec.replaces:  # holders of handles to the old proc learn where it went
             moved = ProcReplaced(
                 proc.spec.replaces, ready.proc_id, ready.address, ready.pid, ready.host
@@ -369,9 +369,10 @@ class HostAgent:
                 declare_hung(self._forkserver, proc, why, now)
 
     def _stop_orphans_of(self, owner: str) -> None:
-        """Stop the procs of a network owner that stopped sending OwnerAlive."""
+        """Stop the procs of a network owner gone silent (a warning only if it left some)."""
         orphans = self._procs.owned_by(owner)
-        self._log.warning(
+        log = self._log.warning if orphans else self._log.info  # none: it ended cleanly
+        log(
             "owner_gone",
             owner=owner,
             procs=len(orphans),

@@ -88,9 +88,14 @@ class Accumulator(Generic[P, R, A]):
         relay_args = (mesh, leaders, ref.name, args, kwargs, self._identity, self._combine)
         payload = Payload.dump((_reduce_group, relay_args))
         call_id = runtime.calls.new_call_id()
-        reply_to = runtime.address if home is None else home.address
         peers = mesh._peers_in_region()
-        messages = [(peers[leader], Relay(call_id, reply_to, leader)) for leader in leaders]
+        messages = [
+            (
+                peers[leader],
+                Relay(call_id, runtime.address_for(peers[leader].location, home), leader),
+            )
+            for leader in leaders
+        ]
         runtime.calls.send_to_procs(messages, payload, sink, call_id, home, mesh._state.view)
         return future
 

@@ -86,15 +86,13 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
         payload = Payload.dump((args, kwargs))
         runtime = self._runtime
         call_id = runtime.calls.new_call_id()
-        reply_to = None if sink is None else (runtime.address if home is None else home.address)
         labels, sizes, ranks = self.extent.labels, self.extent.sizes, self._region.ranks
-        messages = [
-            (
-                state.peers[ranks[i]],
-                CallActor(call_id, reply_to, state.actor_id, endpoint, labels, sizes, i),
-            )
-            for i in indices
-        ]
+        messages = []
+        for i in indices:
+            peer = state.peers[ranks[i]]
+            reply_to = None if sink is None else runtime.address_for(peer.location, home)
+            call = CallActor(call_id, reply_to, state.actor_id, endpoint, labels, sizes, i)
+            messages.append((peer, call))
         runtime.calls.send_to_procs(messages, payload, sink, call_id, home, state.view)
 
     def _invoke_one(
@@ -114,9 +112,9 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
         payload = Payload.dump((args, kwargs))
         runtime = self._runtime
         extent, ranks = self._region.extent, self._region.ranks
-        reply_to = runtime.address if home is None else home.address
-        fields = (reply_to, state.actor_id, endpoint, extent.labels, extent.sizes, index)
         peer = state.peers[ranks[index]]
+        reply_to = runtime.address_for(peer.location, home)
+        fields = (reply_to, state.actor_id, endpoint, extent.labels, extent.sizes, index)
         runtime.calls.send_one(peer, fields, payload, sink, home, state.view)
 
     def on_failure(self, handler: FailureHandler) -> None:
@@ -157,7 +155,7 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
         call_id = runtime.calls.new_call_id()
         peers = [state.peers[base] for base in self._region.ranks]
         messages = [
-            (peer, StopActor(call_id, runtime.address, state.actor_id, rank))
+            (peer, StopActor(call_id, runtime.address_for(peer.location), state.actor_id, rank))
             for rank, peer in enumerate(peers)
             if peer.alive
         ]

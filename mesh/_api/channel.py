@@ -26,7 +26,7 @@ from mesh._engine.ports import DEFAULT_PORT_BOUND, PortQueue, watch_proc
 from mesh._engine.runtime import Runtime
 from mesh._engine.session import current_session
 from supervision import SupervisionError
-from transport import Payload, encode
+from transport import Addresses, Payload, encode
 
 R = TypeVar("R")
 
@@ -34,10 +34,11 @@ R = TypeVar("R")
 class Port(Generic[R]):
     """The sending end of a channel: picklable, so it can go to actors inside messages."""
 
-    __slots__ = ("_address", "_agent", "_port_id", "_proc_id")
+    __slots__ = ("_address", "_addresses", "_agent", "_port_id", "_proc_id")
 
-    def __init__(self, address: str, port_id: int, proc_id: str, agent: str | None) -> None:
-        self._address = address
+    def __init__(self, addresses: Addresses, port_id: int, proc_id: str, agent: str | None) -> None:
+        self._addresses = addresses  # the receiver's: ipc for holders on its host, else tcp
+        self._address = addresses.reachable_here()
         self._port_id = port_id
         self._proc_id = proc_id  # the receiver's process
         self._agent = agent  # its host agent, None for a client
@@ -68,21 +69,23 @@ class Port(Generic[R]):
         runtime.send_frames(self._address, PortMessage, encode(header, Payload.dump(value)))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _rebuild_port, (self._address, self._port_id, self._proc_id, self._agent)
+        return _rebuild_port, (self._addresses, self._port_id, self._proc_id, self._agent)
 
     def __repr__(self) -> str:
         return f"<Port {self._port_id} of {self._proc_id}>"
 
 
-def _rebuild_port(address: str, port_id: int, proc_id: str, agent: str | None) -> Port[Any]:
+def _rebuild_port(addresses: Addresses, port_id: int, proc_id: str, agent: str | None) -> Port[Any]:
     """A copy of a port arrived here: tell its receiver (a new holder), and watch its proc."""
     runtime = current_session().runtime
+    port: Port[Any] = Port(addresses, port_id, proc_id, agent)
+    address = port._address
     if runtime.proc_id != proc_id:
         if agent is not None:
             watch_proc(runtime, proc_id, agent, address)
-        held = PortHeld(port_id, runtime.proc_id, runtime.agent or "", runtime.address)
+        held = PortHeld(port_id, runtime.proc_id, runtime.agent or "", runtime.address_for(address))
         runtime.send_message(address, held)
-    return Port(address, port_id, proc_id, agent)
+    return port
 
 
 class PortReceiver(Generic[R]):
@@ -130,5 +133,5 @@ class Channel(Generic[R]):
             raise ValueError(f"Channel.open() needs a bound of at least 1 (an int), got {bound!r}")
         runtime = current_session().runtime
         queue = runtime.ports.open(bound, once)
-        port: Port[R] = Port(runtime.address, queue.port_id, runtime.proc_id, runtime.agent)
+        port: Port[R] = Port(runtime.addresses, queue.port_id, runtime.proc_id, runtime.agent)
         return port, PortReceiver(runtime, queue)

@@ -121,10 +121,10 @@ def register_detached(
 
     def request(agent: str) -> Any:
         mine = [(p.proc_id, rank) for rank, p in enumerate(record.peers) if p.agent == agent]
-        return lambda request_id: DetachMesh(
+        return lambda request_id, reply_to: DetachMesh(
             request_id,
             record.name,
-            runtime.address,
+            reply_to,
             os.getpid(),
             runtime.hostname,
             tuple(agents),
@@ -150,7 +150,7 @@ def register_detached(
 def _unregister(runtime: Runtime, agents: list[str], name: str) -> None:
     """Undo a registration that other agents refused (its procs never started)."""
     for agent in agents:
-        runtime.send_message(agent, StopDetached(0, runtime.address, name, 0.0))
+        runtime.send_message(agent, StopDetached(0, runtime.address_for(agent), name, 0.0))
 
 
 def announce_actors(
@@ -184,7 +184,7 @@ def list_detached(
     """The detached meshes of these host agents, by name (with `partial`, of those that
     answer: a lost host does not hide the meshes of the others)."""
     futures = {
-        agent: runtime.queries.send(agent, lambda i: ListDetached(i, runtime.address))
+        agent: runtime.queries.send(agent, lambda i, reply_to: ListDetached(i, reply_to))
         for agent in agents
     }
     listings = runtime.queries.collect(futures, ANSWER_TIMEOUT_S, partial=partial)
@@ -218,7 +218,7 @@ def stop_detached(runtime: Runtime, agents: list[str], name: str, grace_s: float
     running. LookupError if none of them knows it."""
     answers = runtime.queries.ask(
         agents,
-        lambda request_id: StopDetached(request_id, runtime.address, name, grace_s),
+        lambda request_id, reply_to: StopDetached(request_id, reply_to, name, grace_s),
         ANSWER_TIMEOUT_S,
     )
     if all(answer.why for answer in answers.values()):
@@ -255,7 +255,7 @@ def adopt(
         time.sleep(0.05)
     record, actor_records = _rebuild(runtime, name, answers, order[0], on_failure)
     for agent in order:  # the failures they kept come next, now that the procs are known
-        runtime.send_message(agent, ClaimDone(name, runtime.address))
+        runtime.send_message(agent, ClaimDone(name, runtime.address_for(agent)))
     if in_notebook():  # the procs' lines come here, as they do for meshes spawned here
         record.forward_output = True
         switched = runtime.output.sync(list(record.peers), forward=True)
@@ -279,8 +279,8 @@ def _claim_all(runtime: Runtime, order: list[str], name: str) -> dict[str, MeshC
 
 
 def _claim(runtime: Runtime, name: str, arbiter: bool) -> Any:
-    return lambda request_id: ClaimMesh(
-        request_id, name, runtime.address, os.getpid(), runtime.hostname, arbiter
+    return lambda request_id, reply_to: ClaimMesh(
+        request_id, name, reply_to, os.getpid(), runtime.hostname, arbiter
     )
 
 

@@ -102,5 +102,5 @@ def adopt_peers(runtime: Runtime, infos: tuple[tuple[Any, ...], ...]) -> tuple[P
                 watch.setdefault(agent, []).append(proc_id)
         peers.append(peer)
     for agent, proc_ids in watch.items():
-        runtime.send_message(agent, WatchProcs(tuple(proc_ids), runtime.address))
+        runtime.send_message(agent, WatchProcs(tuple(proc_ids), runtime.address_for(agent)))
     return tuple(peers)

@@ -74,11 +74,20 @@ class ProcMesh(MeshBase, Stoppable):
         extent = self.extent
         peers = tuple(self._peers[base] for base in self._region.ranks)
         limit = self._runtime.settings.call_limit_s
-        address = self._runtime.address
+        owner = self._runtime.address_for
         messages = [
             (
                 peer,
-                SpawnActor(actor_id, address, name, extent.labels, extent.sizes, rank, 0, limit),
+                SpawnActor(
+                    actor_id,
+                    owner(peer.location),
+                    name,
+                    extent.labels,
+                    extent.sizes,
+                    rank,
+                    0,
+                    limit,
+                ),
             )
             for rank, peer in enumerate(peers)
         ]

@@ -104,13 +104,13 @@ def sync_files(
     tree = local_tree(local_dir)
     local = {path: (_DIGESTS.digest(full), size, exe) for path, (full, size, exe) in tree.items()}
     sync = _Sync(runtime, list(agents), name, timeout_s)
-    manifests = sync.ask(lambda i: WorkspaceQuery(i, runtime.address, name, sync.sync_id))
+    manifests = sync.ask(lambda i, to: WorkspaceQuery(i, to, name, sync.sync_id))
     plans = {agent: _plan(local, manifests[agent].files) for agent in agents}
     for agent, (_, gone) in plans.items():
         if gone:
             runtime.send_message(agent, WorkspaceDelete(name, sync.sync_id, tuple(gone)))
     sync.send_files(tree, local, plans, _reporter(progress, plans, local))
-    answers = sync.ask(lambda i: WorkspaceCommit(i, runtime.address, name, sync.sync_id))
+    answers = sync.ask(lambda i, to: WorkspaceCommit(i, to, name, sync.sync_id))
     hosts = tuple(
         HostSync(agent, a.path, a.written, a.deleted, a.bytes_written)
         for agent, a in answers.items()
@@ -139,8 +139,8 @@ class _Sync:
         self._windows: dict[str, deque[tuple[int, Future[Any]]]] = {a: deque() for a in agents}
         self._unacknowledged = dict.fromkeys(agents, 0)
 
-    def ask(self, request: Callable[[int], Any]) -> dict[str, Any]:
-        """Send `request(request_id)` to each agent; their answers by agent."""
+    def ask(self, request: Callable[[int, str], Any]) -> dict[str, Any]:
+        """Send `request(request_id, reply_to)` to each agent; their answers by agent."""
         sent = {agent: self.runtime.queries.send(agent, request) for agent in self.agents}
         return {agent: self._answer(agent, future) for agent, (_, future) in sent.items()}
 
@@ -201,8 +201,8 @@ class _Sync:
         while len(window) > 1:
             self._answer(agent, window.popleft()[1])
 
-    def _barrier(self, request_id: int) -> WorkspaceBarrier:
-        return WorkspaceBarrier(request_id, self.runtime.address, self.name, self.sync_id)
+    def _barrier(self, request_id: int, reply_to: str) -> WorkspaceBarrier:
+        return WorkspaceBarrier(request_id, reply_to, self.name, self.sync_id)
 
     def _answer(self, agent: str, future: Future[Any]) -> Any:
         """The answer of `agent`; WorkspaceError if it refused or stayed silent."""

@@ -29,6 +29,10 @@ class QueryHost(LoopPump, Protocol):
 
     def send_message(self, address: str, header: Any, payload: Payload | None = None) -> None: ...
 
+    def address_for(self, peer: str | None, home: Any = None) -> str:
+        """This process's address to hand to the process at `peer` (`Runtime.address_for`)."""
+        ...
+
 
 class AgentQueries:
     """Requests in flight to host agents, by request id."""
@@ -44,9 +48,9 @@ class AgentQueries:
         return dict.fromkeys(ANSWERS, self._on_answer)
 
     def ask(
-        self, agents: list[str], request: Callable[[int], Any], timeout_s: float
+        self, agents: list[str], request: Callable[[int, str], Any], timeout_s: float
     ) -> dict[str, Any]:
-        """Send `request(request_id)` to each agent; their answers by agent. TimeoutError
+        """Send `request(request_id, reply_to)` to each agent; their answers by agent. TimeoutError
         naming those that did not answer within `timeout_s`."""
         futures = {agent: self.send(agent, request) for agent in agents}
         return self.collect(futures, timeout_s)
@@ -76,13 +80,14 @@ class AgentQueries:
             )
         return answers
 
-    def send(self, agent: str, request: Callable[[int], Any]) -> tuple[int, Future[Any]]:
-        """Send `request(request_id)` to `agent`; the id and the future of its answer."""
+    def send(self, agent: str, request: Callable[[int, str], Any]) -> tuple[int, Future[Any]]:
+        """Send `request(request_id, reply_to)` to `agent` (`reply_to`: this process's address
+        for that agent); the id and the future of its answer."""
         request_id = next(self._ids)
         future: Future[Any] = Future(self._runtime, f"the answer of host agent {agent}")
         with self._lock:
             self._waiting[request_id] = future
-        self._runtime.send_message(agent, request(request_id))
+        self._runtime.send_message(agent, request(request_id, self._runtime.address_for(agent)))
         return request_id, future
 
     def _on_answer(self, envelope: Envelope) -> None:

@@ -29,10 +29,11 @@ SILENT_GREETING_MAX_S = 10.0
 
 
 class AgentHost(Protocol):
-    """What watching agents needs of the runtime: its address and sending."""
+    """What watching agents needs of the runtime: the address it hands out and sending."""
 
-    @property
-    def address(self) -> str: ...
+    def address_for(self, peer: str | None, home: Any = None) -> str:
+        """This process's address to hand to the process at `peer` (`Runtime.address_for`)."""
+        ...
 
     @property
     def outbox(self) -> Outbox: ...
@@ -174,7 +175,7 @@ class AgentWatch:
 
     def _greet(self, agent: str) -> None:
         self.greetings[agent] += 1
-        self._runtime.send_message(agent, OwnerAlive(self._runtime.address))
+        self._runtime.send_message(agent, OwnerAlive(self._runtime.address_for(agent)))
 
     def _greets(self, agent: str, now: float, heard: float) -> bool:
         """Whether to greet `agent` this tick: always while it answers; a silent one ever

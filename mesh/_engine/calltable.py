@@ -16,7 +16,7 @@ from mesh._engine.calls import PendingCall, ResultSink
 from mesh._engine.fanout import direct_route, fan_out_frames, note_answer, route
 from mesh._engine.fanout_messages import unpack_answers
 from mesh._engine.fork import check_not_forked
-from mesh._engine.messages import CallActor, Failure, Reply, invalid_fields
+from mesh._engine.messages import CallActor, Failure, Reply, ReplyLost, invalid_fields
 from mesh._engine.notebook import note_call
 from mesh._engine.peers import ActorMeshView, ProcPeer
 from mesh._engine.replies import ReplyInbox
@@ -189,6 +189,25 @@ class CallTable:
                 f"unpickled here: {exc!r}"
             )
         self.settle(header.call_id, header.rank, error=error)
+
+    def fail_lost_reply(self, lost: ReplyLost) -> bool:
+        """A proc could not send its answer to a call made here (`lost`): that recipient's
+        part fails with an "unreachable" error naming the proc, the endpoint and why.
+        False if no such call waits on that proc here."""
+        with self._lock:
+            pending = self._calls.get(lost.call_id)
+            peer = None if pending is None else pending.peers.get(lost.rank)
+        if pending is None or peer is None or peer.proc_id != lost.proc_id:
+            return False
+        why = (
+            f"its answer to call {lost.call_id} of endpoint {lost.endpoint!r} could not be "
+            f"sent from proc {lost.proc_id} to {lost.reply_to}: {lost.reason}"
+        )
+        error = gone_error(peer, peer.make_event("unreachable", why), pending.mesh)
+        self.settle(lost.call_id, lost.rank, error=error)
+        if pending.home is not None:
+            pending.home.wake()
+        return True
 
     def inboxes_awaiting_replies(self) -> set[int]:
         """The ids of the reply inboxes that pending calls will be answered at."""

@@ -94,7 +94,9 @@ def note_answer(pending: PendingCall, rank: int) -> None:
 
 
 def fan_out_frames(group: list[tuple[ProcPeer, Any]], payload: Payload | None) -> list[Any]:
-    """The one message to a host agent that delivers the headers of `group` (one call)."""
+    """The one message to a host agent that delivers the headers of `group` (one call). The
+    first header stands for all: the procs of one agent are all ipc or all tcp, so each was
+    handed the same reply address (`Runtime.address_for`)."""
     targets = tuple((peer.proc_id, header.rank) for peer, header in group)
     return encode(FanOut(group[0][1], targets), payload)
 

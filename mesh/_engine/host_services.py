@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from transport import Payload
+from transport import Payload, TransportError
 
 
 class HostServices(Protocol):
@@ -29,9 +29,10 @@ class HostServices(Protocol):
 
     def send_frames(
         self, address: str, kind: type, frames: list[Any], *, soon: bool = False
-    ) -> None:
+    ) -> TransportError | None:
         """Send the frames `transport.encode` made for a header of type `kind`; `soon`: they
-        may wait a moment in a batch (their receiver waits for more from here anyway)."""
+        may wait a moment in a batch (their receiver waits for more from here anyway). Why
+        they could not be sent (logged), or None."""
 
     def on_loop_thread(self) -> bool:
         """Whether this thread is the event loop's."""

@@ -3,7 +3,8 @@
 Owner → agent: SpawnProcs, StopProcs, ShutdownAgent, WatchProcs.
 Agent → owner (and watchers): ProcExited, SpawnFailed.   Proc → agent: Heartbeat.
 Agent → owner: PreemptionNotice (the host goes away soon).
-Proc → owner: ProcReady, ActorFailed.   Caller → proc: SpawnActor, CallActor, StopActor, StopProc.
+Proc → owner: ProcReady, ActorFailed, ReplyLost (an answer could not reach its caller).
+Caller → proc: SpawnActor, CallActor, StopActor, StopProc.
 Proc → caller: Reply (payload: the value) and Failure (payload: the error).
 Caller → procs it called: InboxClosed (a reply inbox is gone: drop the connection to it).
 Caller → a proc: Relay (payload: a function whose Future answers the call, as a Reply or a
@@ -200,6 +201,22 @@ class ActorFailed:
 
     actor_id: str
     rank: int
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class ReplyLost:
+    """Proc → the owner of an actor: the answer to call `call_id` (its recipient `rank`)
+    could not be sent to `reply_to` (`reason`: unreachable, or not authenticated). The owner
+    ends that call with an error if it made it, else sends the caller a `Failure` with the
+    payload (the "unreachable" SupervisionEvent), so that the caller does not wait forever."""
+
+    call_id: int
+    rank: int
+    reply_to: str
+    proc_id: str
+    endpoint: str
+    reason: str
 
 
 @message_type
@@ -464,4 +481,5 @@ _VALUE_CHECKS: dict[type, Any] = {
     WatchProcs: lambda h: _bad_address("watcher", h.watcher),
     OwnerAlive: lambda h: _bad_address("owner", h.owner),
     ProcReady: lambda h: _bad_address("address", h.address),
+    ReplyLost: lambda h: _bad_address("reply_to", h.reply_to) or _bad_proc_id(h.proc_id),
 }

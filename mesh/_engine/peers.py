@@ -96,6 +96,12 @@ class ProcPeer:
         self.gone = Future(description=f"the end of proc {self.proc_id}")
 
     @property
+    def location(self) -> str | None:
+        """Where this proc is reached: its address, or its host agent's until it is ready
+        (what `Runtime.address_for` needs to know of it)."""
+        return self.address or self.agent
+
+    @property
     def alive(self) -> bool:
         return self.state in ("starting", "ready")
 

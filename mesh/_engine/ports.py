@@ -29,8 +29,9 @@ class PortHost(LoopPump, Protocol):
     @property
     def proc_id(self) -> str: ...
 
-    @property
-    def address(self) -> str: ...
+    def address_for(self, peer: str | None, home: Any = None) -> str:
+        """This process's address to hand to the process at `peer` (`Runtime.address_for`)."""
+        ...
 
     @property
     def ownership(self) -> Ownership: ...
@@ -203,7 +204,7 @@ def watch_proc(runtime: PortHost, proc_id: str, agent: str, address: str) -> Pro
     peer = runtime.ownership.peer(proc_id)
     if peer is None:
         peer = runtime.ownership.add_peer(ProcPeer(proc_id, proc_id, _NO_POINT, agent, address))
-        runtime.send_message(agent, WatchProcs((proc_id,), runtime.address))
+        runtime.send_message(agent, WatchProcs((proc_id,), runtime.address_for(agent)))
     return peer
 
 

@@ -47,8 +47,9 @@ class SinkHost(LoopPump, Protocol):
     """What the sink needs of the runtime (its loop: a sync waited for on the loop thread
     receives the agents' answers meanwhile)."""
 
-    @property
-    def address(self) -> str: ...
+    def address_for(self, peer: str | None, home: Any = None) -> str:
+        """This process's address to hand to the process at `peer` (`Runtime.address_for`)."""
+        ...
 
     def send_message(self, address: str, header: Any, payload: Any = None) -> None: ...
 
@@ -104,7 +105,9 @@ class OutputSink:
         with self._lock:
             self._syncs[token] = [len(by_agent), sorted(by_agent), done]
         for agent, proc_ids in by_agent.items():
-            request = SyncOutput(tuple(proc_ids), forward, self._host.address, token, quiet)
+            request = SyncOutput(
+                tuple(proc_ids), forward, self._host.address_for(agent), token, quiet
+            )
             self._host.send_message(agent, request)
         self._host.call_soon_threadsafe(self._host.call_later, SYNC_TIMEOUT_S, self._expire, token)
         return done

@@ -33,8 +33,9 @@ from transport import Envelope, Outbox, Payload, get_logger
 class ProcsHost(Protocol):
     """What the procs' lifecycle needs of the runtime."""
 
-    @property
-    def address(self) -> str: ...
+    def address_for(self, peer: str | None, home: Any = None) -> str:
+        """This process's address to hand to the process at `peer` (`Runtime.address_for`)."""
+        ...
 
     @property
     def pid(self) -> int: ...
@@ -223,7 +224,7 @@ class ProcLifecycle:
         self._stuck[peer.proc_id] = event
         self._log.warning("stuck_proc_killed", proc=peer.proc_id, pid=peer.pid)
         self._runtime.send_message(
-            peer.agent, StopProcs((peer.proc_id,), 0.0, self._runtime.address)
+            peer.agent, StopProcs((peer.proc_id,), 0.0, self._runtime.address_for(peer.agent))
         )
         return True
 
@@ -257,7 +258,7 @@ class ProcLifecycle:
                     by_agent.setdefault(peer.agent, []).append(peer.proc_id)
         for agent, proc_ids in by_agent.items():
             self._runtime.send_message(
-                agent, StopProcs(tuple(proc_ids), grace_s, self._runtime.address)
+                agent, StopProcs(tuple(proc_ids), grace_s, self._runtime.address_for(agent))
             )
 
     def stop_owned_by(self, actor_id: str, grace_s: float = 5.0) -> None:

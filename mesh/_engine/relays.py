@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from mesh._engine.future import Future
 from mesh._engine.messages import Failure, Relay, Reply, invalid_fields
-from transport import Envelope, Payload, encode, get_logger, safe_str
+from transport import Envelope, Payload, TransportError, encode, get_logger, safe_str
 
 
 class RelayHost(Protocol):
@@ -20,7 +20,9 @@ class RelayHost(Protocol):
     @property
     def proc_id(self) -> str: ...
 
-    def send_frames(self, address: str, header: Any, frames: list[Any]) -> None: ...
+    def send_frames(
+        self, address: str, header: Any, frames: list[Any]
+    ) -> TransportError | None: ...
 
 
 class Relays:

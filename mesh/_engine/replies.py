@@ -22,11 +22,12 @@ import sniffio
 from mesh._engine.fanout_messages import RelayedReplies
 from mesh._engine.fork import check_not_forked
 from mesh._engine.future import Future
-from mesh._engine.messages import Failure, InboxClosed, Reply, Wake
+from mesh._engine.messages import Failure, InboxClosed, Reply, ReplyLost, Wake
 from mesh._engine.ownership import Ownership
 from mesh._engine.peers import ProcPeer
 from mesh._engine.receiver import Receiver
-from transport import Envelope, Inbox, Outbox, Payload, check_fd_headroom
+from supervision import SupervisionEvent
+from transport import Addresses, Envelope, Inbox, Outbox, Payload, check_fd_headroom, get_logger
 
 #: How long a thread waits on a future before checking again whether it can pump its inbox.
 _RETRY_S = 0.01
@@ -43,6 +44,8 @@ class ReplySettler(Protocol):
 
     def inboxes_awaiting_replies(self) -> set[int]: ...
 
+    def fail_lost_reply(self, lost: ReplyLost) -> bool: ...
+
 
 class ReplyHost(Protocol):
     """What reply inboxes need of their process's runtime."""
@@ -57,6 +60,8 @@ class ReplyHost(Protocol):
     def tcp_host(self) -> str | None: ...
     @property
     def inbox_dir(self) -> str | None: ...
+    @property
+    def addresses(self) -> Addresses: ...
     @property
     def outbox(self) -> Outbox: ...
     @property
@@ -80,10 +85,18 @@ class ReplyHost(Protocol):
 class ReplyInbox:
     """The reply inbox of one calling thread. Whoever holds `lock` may receive on it."""
 
-    def __init__(self, runtime: ReplyHost, address: str) -> None:
+    def __init__(self, runtime: ReplyHost, address: str, also: str | None = None) -> None:
         self.runtime = runtime
         self.inbox = Inbox(runtime.zmq_context, address)
-        self.address = self.inbox.address
+        try:
+            bound = Addresses.of(self.inbox.address)
+            if also is not None:  # tcp beside ipc: peers are handed the one nearest to them
+                bound = bound.with_tcp(self.inbox.listen_also(also))
+        except BaseException:
+            self.inbox.close()
+            raise
+        self.addresses = bound
+        self.address = bound.widest
         self.lock = threading.Lock()
         self.owner = threading.get_ident()  # the thread whose calls reply here
         self.called: set[ProcPeer] = set()  # the procs that may have connected to reply here
@@ -207,20 +220,27 @@ class ReplyRoutes:
             return None
         found: ReplyInbox | None = getattr(self._local, "inbox", None)
         tcp = runtime.tcp_host
-        if found is None or (tcp is not None and not found.address.startswith("tcp://")):
+        if found is None or (tcp is not None and found.addresses.tcp is None):
             self.release_ended()
             alive = sum(1 for peer in runtime.ownership.all_peers() if peer.alive)
             check_fd_headroom(2 + alive, "a reply inbox for this thread's calls")
             with self._lock:
-                if tcp is not None:  # reachable from procs on other hosts
-                    address = f"tcp://{tcp}:*"
-                else:
-                    address = f"ipc://{runtime.inbox_dir}/{runtime.proc_id}-r{next(self._names)}"
-                found = ReplyInbox(runtime, address)
+                found = self._new_inbox()
                 self._all.append(found)
             self._local.inbox = found
             self._local.end = _ThreadEnd(self, found)  # replaces (so releases) an older one
         return found
+
+    def _new_inbox(self) -> ReplyInbox:
+        """A reply inbox listening where its runtime does: on ipc for procs on this host,
+        and on tcp too once the runtime reaches other hosts (lock held)."""
+        runtime = self._runtime
+        tcp = None if runtime.tcp_host is None else f"tcp://{runtime.tcp_host}:*"
+        if runtime.inbox_dir is None:  # a proc of a tcp agent: tcp only
+            assert tcp is not None
+            return ReplyInbox(runtime, tcp)
+        ipc = f"ipc://{runtime.inbox_dir}/{runtime.proc_id}-r{next(self._names)}"
+        return ReplyInbox(runtime, ipc, also=tcp)
 
     def thread_ended(self, inbox: ReplyInbox) -> None:
         """`inbox`'s thread has ended (this runs in its last moments): release it soon."""
@@ -250,17 +270,42 @@ class ReplyRoutes:
             if inbox in self._all:
                 self._all.remove(inbox)
         runtime = self._runtime
-        runtime.outbox.forget(inbox.address)
         called = {peer.address for peer in inbox.called if peer.alive and peer.address}
         called |= {peer.agent for peer in inbox.called if peer.agent}  # fanned-out answers
-        for address in sorted(called):
-            runtime.send_message(address, InboxClosed(inbox.address))
+        for mine in inbox.addresses:  # a peer may have been handed either
+            runtime.outbox.forget(mine)
+            for address in sorted(called):
+                runtime.send_message(address, InboxClosed(mine))
         return True
+
+    def on_reply_lost(self, envelope: Envelope) -> None:
+        """A proc could not send its answer to a reply address (`ReplyLost`): the call ends
+        with an error if this process made it. Another caller (a proc calling an actor owned
+        here) is sent that error as the call's `Failure`: this owner may reach it where the
+        actor's proc cannot (it holds the keys)."""
+        header: ReplyLost = envelope.header
+        runtime = self._runtime
+        if header.reply_to in runtime.addresses or header.reply_to in self.addresses():
+            if not runtime.calls.fail_lost_reply(header):
+                log = get_logger("mesh.replies")  # not at import: it reads the settings
+                log.info("reply_lost", call_id=header.call_id, why="the call has ended")
+            return
+        try:
+            event = envelope.payload.load()  # type: ignore[union-attr]
+        except Exception:  # the caller must still hear something
+            event = None
+        if not isinstance(event, SupervisionEvent):
+            why = f"its answer to call {header.call_id} could not be sent: {header.reason}"
+            event = SupervisionEvent("unreachable", "", proc_id=header.proc_id, message=why)
+        failure = Failure(header.call_id, header.rank, "failed")
+        runtime.send_message(header.reply_to, failure, Payload.dump(event))
+        log = get_logger("mesh.replies")
+        log.info("reply_lost_forwarded", call_id=header.call_id, to=header.reply_to)
 
     def addresses(self) -> list[str]:
         """Where replies to this process may be sent, besides its main inbox."""
         with self._lock:
-            return [inbox.address for inbox in self._all]
+            return [address for inbox in self._all for address in inbox.addresses]
 
     def close(self) -> None:
         with self._lock:

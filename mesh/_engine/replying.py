@@ -2,7 +2,9 @@
 
 A value, an exception (the actor lives on) or a failure (the actor cannot serve the call). An
 outcome that cannot be sent as it is (unpicklable, too large) is sent in a form that surely
-can: a caller must never wait forever because its answer could not travel.
+can, and one that cannot reach its caller at all (no keys for its address) is reported to the
+actor's owner (`ReplyLost`), which ends that call if it made it: a caller must never wait
+forever because its answer could not travel.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from mesh._engine.host_services import HostServices
 from mesh._engine.hosted_actor import HostedActor
-from mesh._engine.messages import CallActor, Failure, Reply, StopActor
+from mesh._engine.messages import CallActor, Failure, Reply, ReplyLost, StopActor
 from transport import (
     MessageTooLarge,
     Payload,
@@ -44,7 +46,9 @@ class Replier:
         except Exception as exc:  # whatever pickling raises must not lose the call
             self.exception(actor, header, _unsendable_result(header, exc))
             return
-        self._services.send_frames(reply_to, Reply, frames, soon=bool(actor.mailbox))
+        lost = self._services.send_frames(reply_to, Reply, frames, soon=bool(actor.mailbox))
+        if lost is not None:
+            self._report_lost(actor, header, lost)
 
     def exception(self, actor: HostedActor, header: CallActor, exc: BaseException) -> None:
         """Tell the caller its call raised `exc`: the exception itself where it can travel,
@@ -53,7 +57,7 @@ class Replier:
         failure = Failure(header.call_id, header.rank, "exception")
         error: Exception | None = None
         for detail in _exception_details(_exception_fields(actor, header, exc), exc):
-            error = self._send_value(header.reply_to, failure, detail)
+            error = self._send_value(actor, header, failure, detail)
             if error is None:
                 return
         self._log.error(
@@ -74,14 +78,35 @@ class Replier:
                 header.reply_to, Reply(header.call_id, header.rank), Payload.dump(None)
             )
 
-    def _send_value(self, reply_to: str, header: Any, value: Any) -> Exception | None:
-        """Send `value` with `header`, or return why it cannot go (serialization, size)."""
+    def _send_value(
+        self, actor: HostedActor, call: CallActor, header: Any, value: Any, *, soon: bool = False
+    ) -> Exception | None:
+        """Send `value` with `header` in answer to `call`, or return why it cannot go
+        (serialization, size). `soon`: the reply may wait in a batch (more calls are queued,
+        from pipelining). One that cannot reach the caller is reported to the owner."""
         try:
             frames = encode(header, Payload.dump(value))
         except Exception as exc:  # whatever pickling raises must not lose the call
             return exc
-        self._services.send_frames(reply_to, type(header), frames)
+        assert call.reply_to is not None
+        lost = self._services.send_frames(call.reply_to, type(header), frames, soon=soon)
+        if lost is not None:
+            self._report_lost(actor, call, lost)
         return None
+
+    def _report_lost(self, actor: HostedActor, call: CallActor, error: TransportError) -> None:
+        """The answer to `call` cannot reach its caller: tell the actor's owner, which ends
+        the call if it is its own (its process is reachable from here: it spawned the actor)."""
+        assert call.reply_to is not None
+        reason, proc_id = clip(safe_str(error)), self._services.proc_id
+        lost = ReplyLost(call.call_id, call.rank, call.reply_to, proc_id, call.endpoint, reason)
+        why = (
+            f"its answer to call {call.call_id} of endpoint {call.endpoint!r} could not be "
+            f"sent from proc {proc_id} to {call.reply_to}: {reason}"
+        )
+        self._services.send_message(
+            actor.owner, lost, Payload.dump(actor.make_event("unreachable", why))
+        )
 
 
 def _exception_fields(actor: HostedActor, header: CallActor, exc: BaseException) -> dict[str, Any]:

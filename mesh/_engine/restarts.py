@@ -32,8 +32,9 @@ from transport import Payload, get_logger
 class RestartHost(LoopPump, Protocol):
     """What re-spawning needs of the runtime: sending, timers and the procs' fate."""
 
-    @property
-    def address(self) -> str: ...
+    def address_for(self, peer: str | None, home: Any = None) -> str:
+        """This process's address to hand to the process at `peer` (`Runtime.address_for`)."""
+        ...
 
     @property
     def settings(self) -> Settings: ...
@@ -99,7 +100,7 @@ class Restarts:
             runtime.send_message(
                 agent,
                 SpawnProcs(
-                    runtime.address,
+                    runtime.address_for(agent),
                     tuple(specs),
                     record.env,
                     tuple(sys.path),
@@ -133,7 +134,9 @@ class Restarts:
                     actors.peers[rank],
                     SpawnActor(
                         actors.actor_id,
-                        actor_owner(self._runtime.address, actors, rank),
+                        actor_owner(
+                            self._runtime.address_for(actors.peers[rank].location), actors, rank
+                        ),
                         actors.name,
                         actors.extent.labels,
                         actors.extent.sizes,

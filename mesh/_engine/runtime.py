@@ -9,6 +9,7 @@ process runs (`ActorHost`). Each message is dispatched by its type to one of the
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -38,6 +39,7 @@ from mesh._engine.messages import (
     ProcReplaced,
     Relay,
     Reply,
+    ReplyLost,
     SetFaultRules,
     SpawnFailed,
     StopProc,
@@ -49,12 +51,13 @@ from mesh._engine.proc_output import OutputSink
 from mesh._engine.procs import ProcLifecycle
 from mesh._engine.receiver import Receiver
 from mesh._engine.relays import Relays
-from mesh._engine.replies import ReplyRoutes
+from mesh._engine.replies import ReplyInbox, ReplyRoutes
 from mesh._engine.restarts import Restarts
 from mesh._engine.supervisor import Supervisor
 from mesh._settings import Settings, current_settings
 from supervision import SupervisionEvent
 from transport import (
+    Addresses,
     Envelope,
     Flusher,
     Inbox,
@@ -93,9 +96,15 @@ class Runtime:
         self.inbox = Inbox(self.zmq_context, address)
         self.outbox = Outbox(self.zmq_context)
         self._flusher = Flusher(self.outbox.flush, BATCH_DELAY_S, "meshvisor-flusher")
-        self.address = self.inbox.address
+        self.addresses = Addresses.of(self.inbox.address)
+        #: Its widest address, for a receiver not known when it is handed out (a `Port`, a
+        #: proc's own `ProcReady`); `address_for` when the receiver is known.
+        self.address = self.addresses.widest
+        #: Whether peers are handed the address nearest to them (`address_for`); tests turn
+        #: it off to play a sender that hands out its tcp address to all.
+        self.nearest_addresses = True
         self.inbox_dir = os.path.dirname(address[6:]) if address.startswith("ipc://") else None
-        self.tcp_host = _tcp_host(self.address)
+        self.tcp_host = _tcp_host(self.inbox.address)
         self.closing = False  # set while the session shuts down: exits are expected then
         self.closed = threading.Event()
         self._log = get_logger("mesh.runtime", proc=proc_id)
@@ -124,6 +133,7 @@ class Runtime:
         self._handlers: dict[type, Callable[[Envelope], None]] = {
             Reply: self.calls.on_reply,
             Failure: self.calls.on_failure,
+            ReplyLost: self.replies.on_reply_lost,
             RelayedReplies: self.calls.on_relayed,
             ProcReady: self.procs.on_proc_ready,
             ProcExited: self.procs.on_proc_exited,
@@ -134,7 +144,7 @@ class Runtime:
             ProcReplaced: self.procs.on_proc_replaced,
             PreemptionNotice: self.supervisor.on_notice,
             SetFaultRules: apply_fault_rules,
-            InboxClosed: self._on_inbox_closed,
+            InboxClosed: functools.partial(_forget_inbox, self.outbox),
             PortMessage: self.ports.on_message,
             PortHeld: self.ports.on_held,
             Relay: self.relays.on_relay,
@@ -229,9 +239,10 @@ class Runtime:
 
     def send_frames(
         self, address: str, kind: type, frames: list[Any], *, soon: bool = False
-    ) -> None:
+    ) -> TransportError | None:
         """Send the frames `encode` made for a header of type `kind`; an unreachable address
-        is logged. `soon`: they may wait in a batch for a moment (`transport._batches`)."""
+        is logged and returned as the error (never raised). `soon`: they may wait in a batch
+        for a moment (`transport._batches`)."""
         try:
             if not soon:
                 self.outbox.send(address, frames)
@@ -239,6 +250,8 @@ class Runtime:
                 self._flush_soon()
         except TransportError as exc:
             self._log.warning("send_failed", to=address, kind=kind.__name__, reason=str(exc))
+            return exc
+        return None
 
     def _flush_soon(self) -> None:
         """Send the waiting batches after the event loop's current turn when sent from it
@@ -250,14 +263,18 @@ class Runtime:
         else:
             self._flusher.soon()
 
-    def _on_inbox_closed(self, envelope: Envelope) -> None:
-        """A caller's reply inbox is gone: drop the connection made to answer it."""
-        self.outbox.forget(envelope.header.address)
+    def address_for(self, peer: str | None, home: ReplyInbox | None = None) -> str:
+        """The address of this process (or of the reply inbox `home`) to hand to the
+        process at `peer` (its address, or its host agent's): ipc for a peer on this host,
+        which may hold no keys, tcp for the others (`Addresses.nearest_for`)."""
+        addresses = self.addresses if home is None else home.addresses
+        return addresses.nearest_for(peer) if self.nearest_addresses else addresses.widest
 
     def listen_on_tcp(self, host: str) -> None:
-        """Also listen on tcp (for procs on other hosts); replies and ownership use it."""
+        """Also listen on tcp (for procs on other hosts): peers there are handed it."""
         if self.tcp_host is None:
-            self.address = self.inbox.listen_also(f"tcp://{host}:*")
+            self.addresses = self.addresses.with_tcp(self.inbox.listen_also(f"tcp://{host}:*"))
+            self.address = self.addresses.widest
             self.tcp_host = host
 
     # -- procs -----------------------------------------------------------------------------------
@@ -287,6 +304,11 @@ class Runtime:
             self._log.warning("message_ignored", kind="StopProc", reason="the client has no agent")
             return
         self.host.stop_all(then=lambda: self.call_soon(self.loop.request_stop))
+
+
+def _forget_inbox(outbox: Outbox, envelope: Envelope) -> None:
+    """A caller's reply inbox is gone (`InboxClosed`): drop the connection made to answer it."""
+    outbox.forget(envelope.header.address)
 
 
 def _set_log_level(envelope: Envelope) -> None:
