@@ -5,6 +5,7 @@ between addresses, FIFO per sender→receiver pair.
 """
 
 from ._addresses import Addresses as Addresses
+from ._addresses import is_address as is_address
 from ._batches import BATCH_MAGIC as BATCH_MAGIC
 from ._batches import MAX_BATCH_MESSAGES as MAX_BATCH_MESSAGES
 from ._errors import MalformedMessage as MalformedMessage
@@ -48,7 +49,6 @@ from ._settings import use_transport_settings as use_transport_settings
 from ._sockets import Inbox as Inbox
 from ._sockets import Outbox as Outbox
 from ._sockets import close_context as close_context
-from ._sockets import is_address as is_address
 from ._sockets import new_context as new_context
 from ._sockets import private_runtime_dir as private_runtime_dir
 from ._sockets import runtime_base_dir as runtime_base_dir

@@ -15,6 +15,8 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ._errors import TransportError
+
 _IPC = "ipc://"
 
 
@@ -61,3 +63,29 @@ class Addresses:
     def __iter__(self) -> Iterator[str]:
         """Each address of the set."""
         return iter(address for address in (self.ipc, self.tcp) if address is not None)
+
+
+#: The schemes of the zmq endpoints meshvisor sends to.
+_ADDRESS_SCHEMES = ("ipc://", "tcp://", "inproc://")
+
+
+#: Longer than any ipc path or tcp endpoint: a longer "address" is garbage from a peer.
+_MAX_ADDRESS_LEN = 4096
+
+
+def is_address(value: object) -> bool:
+    """Whether `value` can be a meshvisor address (``ipc://PATH``, ``tcp://HOST:PORT``): the
+    one check for addresses that arrive in messages, before anything acts on them."""
+    return (
+        type(value) is str and value.startswith(_ADDRESS_SCHEMES) and len(value) <= _MAX_ADDRESS_LEN
+    )
+
+
+def check_address(address: object) -> None:
+    """Refuse what is not an address (a malformed header can carry anything) before a
+    socket is made for it."""
+    if not is_address(address):
+        raise TransportError(
+            f"cannot send to {address!r}: not a meshvisor address (a string such as "
+            "ipc://PATH or tcp://HOST:PORT); the message that named it is malformed."
+        )

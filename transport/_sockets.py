@@ -27,6 +27,7 @@ from typing import Any
 import zmq
 import zmq.backend
 
+from ._addresses import check_address
 from ._batches import Batch, fits_in_batch, is_batch, split_batch_or_none
 from ._errors import MalformedMessage, MessageTooLarge, TransportError
 from ._faults import network_faults
@@ -307,7 +308,7 @@ class Outbox:
         """A new PUSH socket connected to `address` (kept for later sends, with a watch of its
         handshakes, if `keep`); closed again if anything fails, since a socket left open makes
         the context's ``term()`` (process exit) wait forever."""
-        _check_address(address)
+        check_address(address)
         try:
             socket: zmq.Socket[Any] = self._context.socket(zmq.PUSH)
         except zmq.ZMQError as exc:  # EMFILE: no descriptor left for its mailbox
@@ -376,29 +377,3 @@ def _send_frames(socket: zmq.Socket[Any], address: str, frames: Sequence[Any]) -
         ) from exc
     except zmq.ZMQError as exc:
         raise TransportError(f"cannot send to {address}: {exc}") from exc
-
-
-#: The schemes of the zmq endpoints meshvisor sends to.
-_ADDRESS_SCHEMES = ("ipc://", "tcp://", "inproc://")
-
-
-#: Longer than any ipc path or tcp endpoint: a longer "address" is garbage from a peer.
-_MAX_ADDRESS_LEN = 4096
-
-
-def is_address(value: object) -> bool:
-    """Whether `value` can be a meshvisor address (``ipc://PATH``, ``tcp://HOST:PORT``): the
-    one check for addresses that arrive in messages, before anything acts on them."""
-    return (
-        type(value) is str and value.startswith(_ADDRESS_SCHEMES) and len(value) <= _MAX_ADDRESS_LEN
-    )
-
-
-def _check_address(address: object) -> None:
-    """Refuse what is not an address (a malformed header can carry anything) before a
-    socket is made for it."""
-    if not is_address(address):
-        raise TransportError(
-            f"cannot send to {address!r}: not a meshvisor address (a string such as "
-            "ipc://PATH or tcp://HOST:PORT); the message that named it is malformed."
-        )
