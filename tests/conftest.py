@@ -17,8 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 import transport
+
+# No per-example deadline: it is a timing assertion, and these tests run beside other work on
+# two cores (every test is bounded by pytest-timeout instead).
+settings.register_profile("meshvisor", deadline=None)
+settings.load_profile("meshvisor")
 
 #: Names the session's base to the processes it starts. Procs import test modules again (actor
 #: classes defined there are pickled by reference), and with them this one: they reuse the

@@ -7,6 +7,7 @@ given it: a keyless process on this host (a daemon agent's proc started apart fr
 allocation) cannot authenticate to the tcp one, and its messages would be lost. This is the
 one place that choice is made (`nearest_for`); a sender that holds the whole set (a channel's
 port, which goes anywhere) takes the ipc address when it is on this host (`reachable_here`).
+`is_address` is the one check of an address that arrives in a message.
 """
 
 from __future__ import annotations
