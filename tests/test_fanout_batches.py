@@ -207,3 +207,15 @@ def test_answers_wait_for_the_rest_of_their_call_until_its_last_answer_or_the_ho
         calls = call_all(relay, sockets)
         answer(relay, calls[0])  # held no time: leaves alone
         assert ranks_answered(sockets.caller) == [0]
+
+
+@pytest.mark.timeout(60)
+def test_held_answers_leave_when_a_proc_exits_ahead_of_its_exit_report() -> None:
+    """The agent reports an exit right after `proc_exited`: an answer the proc gave before it
+    died must not be held past that report (the caller would fail a rank that answered)."""
+    with relay_with(hold_s=3600.0) as (relay, sockets, _):
+        calls = call_all(relay, sockets)
+        answer(relay, calls[0])
+        assert not sockets.caller.poll(0)
+        relay.proc_exited("p0")
+        assert ranks_answered(sockets.caller) == [0]

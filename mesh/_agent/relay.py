@@ -185,7 +185,8 @@ class FanOutRelay:
             self._send(relayed.reply_to, frames, soon=soon)
 
     def proc_exited(self, proc_id: str) -> None:
-        """`proc_id` exited: the calls it was in no longer wait for it."""
+        """`proc_id` exited: the calls it was in no longer wait for it, and the answers held
+        leave now, ahead of the exit report that follows (one it gave must not come after)."""
         self._early.pop(proc_id, None)
         self._shared.proc_exited(proc_id)
         for relay_id, relayed in list(self._calls.items()):
@@ -193,6 +194,10 @@ class FanOutRelay:
                 del relayed.waiting[rank]
             if not relayed.waiting:
                 del self._calls[relay_id]
+        for relayed in self._answered.values():
+            self._send_answers(relayed, soon=True)
+        self._answered.clear()
+        self._outbox.flush()
 
     def _inbox_closed(self, address: str) -> None:
         """A caller's reply inbox is gone: forget its calls and the connection to it."""
