@@ -326,9 +326,10 @@ class Replica(Actor):
 
     @concurrent_endpoint
     def committed_updates(self, first: int, last: int) -> list[torch.Tensor] | None:
-        """The averaged gradients of committed steps `first`..`last`, for a spare to apply;
-        None unless this replica keeps them all (`standby_updates`)."""
-        return self._updates.between(first, last)
+        """The averaged gradients of committed steps `first`..`last`, for a spare to apply
+        (sent from this replica's memory, no copy); None unless this replica keeps them all
+        (`standby_updates`)."""
+        return self._updates.lend(first, last)
 
     @endpoint
     def follow(self, step: int, peers: Sequence[ActorMesh[Replica]]) -> tuple[int, str]:

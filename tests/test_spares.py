@@ -27,6 +27,7 @@ from recovery import Replica, ReplicaGroup, UpdateLog, replay_training
 from recovery import parameter_digest as digest
 from recovery.testing import AbortNotices, AbortWatch, form_groups
 from supervision import SupervisionError
+from transport import dumps, loads
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -135,6 +136,30 @@ def test_the_update_log_gives_exactly_the_kept_run_of_steps(
         assert found is not None and [int(u.item()) for u in found] == list(range(first, last + 1))
     else:
         assert found is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]),
+    numel=st.integers(0, 5000),
+    first=st.integers(1, 3),
+)
+def test_lent_updates_arrive_bit_for_bit(dtype: torch.dtype, numel: int, first: int) -> None:
+    """The updates a replica lends a spare (sent from its memory, no copy) arrive as flat
+    tensors of the same dtype and bits, through the transport's own serialization."""
+    log = UpdateLog()
+    log.resize(3)
+    for step in (1, 2, 3):
+        log.record(step, (torch.randn(numel, dtype=torch.float64) * step).to(dtype))
+    lent = log.lend(first, 3)
+    assert lent is not None and log.lend(first, 4) is None  # step 4 was never kept
+    body, buffers = dumps(lent)
+    received = loads(body, buffers)
+    kept = log.between(first, 3)
+    assert kept is not None and len(received) == len(kept)
+    for got, want in zip(received, kept, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8))
 
 
 class FollowsTooRarely(ra.Trainer):
