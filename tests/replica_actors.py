@@ -47,6 +47,20 @@ class DyingTrainer(Trainer):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class DiesFollowing(DyingTrainer):
+    """`DyingTrainer`, and the first spare (per `marks` directory) to follow the group kills
+    its own process as it starts to."""
+
+    def on_phase(self, phase: str, step: int) -> None:
+        if phase == "follow":
+            try:
+                (self.marks / "died-following").touch(exist_ok=False)
+            except FileExistsError:
+                return
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().on_phase(phase, step)
+
+
 class DiesWhileBuilt(Trainer):
     """The first replica built (per `marks` directory) kills its own process in build(), so
     the group loses it while it starts."""

@@ -87,6 +87,30 @@ def test_spares_take_the_place_of_dead_replicas_and_dead_spares_are_replaced(
     assert_spares_follow(group)
 
 
+def test_a_spare_killed_while_following_is_replaced_and_no_step_waits(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    """The spare dies as it starts to follow the group (a call the steps do not wait for):
+    every step is committed by the three replicas, no recovery is recorded, and the spare
+    re-spawned in its place follows the group bit for bit again."""
+    group = _with_a_ready_spare(groups, ra.DiesFollowing, {}, tmp_path)
+    spare = group.spare_replicas[0]
+    _wait_for(
+        lambda: (group.step(), (tmp_path / "died-following").exists())[1],
+        "the spare never followed the group",
+    )
+    _wait_for(lambda: group.ready_spares() == 0, "the group never noticed the spare's death")
+    train(group, group.committed_steps + 4)
+    group.wait_for_all()  # re-spawned in place and healed
+    train(group, group.committed_steps + 6)
+    assert group.spare_replicas == [spare] and group.ready_spares() == 1
+    assert all(o.committed for o in group.outcomes), group.outcomes
+    assert group.recoveries == [], "a spare's death is no replica's failure"
+    assert all(members == (0, 1, 2) for _, members in group.history), group.history
+    assert_invariants(group)
+    assert_spares_follow(group)
+
+
 def test_a_spare_goes_on_with_the_groups_batches_and_random_numbers(
     groups: list[ReplicaGroup], tmp_path: Path
 ) -> None:
