@@ -47,6 +47,17 @@ class DyingTrainer(Trainer):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class DriftsOutsideGradient(Trainer):
+    """`Trainer` whose forward pass also nudges a bias: its state changes outside the averaged
+    gradient (as with a learning-rate schedule stepped in `loss`), so a spare cannot follow it
+    by applying the updates alone."""
+
+    def loss(self, model: torch.nn.Module, step: int, shard: int) -> torch.Tensor:
+        with torch.no_grad():
+            model[2].bias.add_(1e-3)
+        return super().loss(model, step, shard)
+
+
 class DiesFollowing(DyingTrainer):
     """`DyingTrainer`, and the first spare (per `marks` directory) to follow the group kills
     its own process as it starts to."""

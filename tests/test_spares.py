@@ -111,6 +111,26 @@ def test_a_spare_killed_while_following_is_replaced_and_no_step_waits(
     assert_spares_follow(group)
 
 
+def test_a_spare_that_cannot_follow_is_healed_never_trusted(groups: list[ReplicaGroup]) -> None:
+    """The replicas' state changes outside the updates a spare applies: its digest never
+    matches the group's, so it is healed whole again; when it takes a place it holds the
+    committed bits (healed at the take-over if need be), never its own."""
+    group = ReplicaGroup(
+        this_host(), ra.DriftsOutsideGradient, replicas=3, spares=1, heartbeat_timeout_s=HB
+    )
+    groups.append(group)
+    group.wait_for_all()
+    train(group, 7)
+    os.kill(pid_of(group, 1), signal.SIGKILL)
+    _wait_for(lambda: len(group.recoveries) == 1, "the kill is noticed")
+    train_until_recovered(group)
+    train(group, group.committed_steps + 2)
+    assert [r.by_spare for r in group.recoveries] == [True], group.recoveries
+    assert group.check_consistency() is None
+    held = {d for entries in group.status().values() for _, d in entries}
+    assert len(held) == 1, f"the replicas differ after the take-over: {held}"
+
+
 def test_a_spare_goes_on_with_the_groups_batches_and_random_numbers(
     groups: list[ReplicaGroup], tmp_path: Path
 ) -> None:
