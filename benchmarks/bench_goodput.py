@@ -674,7 +674,7 @@ def print_goodput(runs: list[SystemRun]) -> None:
                 extra += f" ({kills.unrecovered} not recovered within {WAIT_S:g} s)"
             print(
                 f"{run.size:<6} {kills.period_s:>4g} {run.system:<11} {kills.kills:>5} "
-                f"{run.steps_per_s:>8.2f} {kills.steps_per_s:>8.2f} "
+                f"{run.steps_per_s:>8.3g} {kills.steps_per_s:>8.3g} "
                 f"{kills.steps_per_s / run.steps_per_s:>7.2f} {recovery:>10.2f}  {speedup}{extra}"
             )
     print(
