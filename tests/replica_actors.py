@@ -48,13 +48,17 @@ class DyingTrainer(Trainer):
 
 
 class DriftsOutsideGradient(Trainer):
-    """`Trainer` whose forward pass also nudges a bias: its state changes outside the averaged
-    gradient (as with a learning-rate schedule stepped in `loss`), so a spare cannot follow it
-    by applying the updates alone."""
+    """`Trainer` whose forward pass also counts itself in a buffer: its state changes outside
+    the averaged gradient (as with running statistics), so a spare cannot follow it by
+    applying the updates alone. A discarded step puts the buffer back, as any buffer."""
+
+    def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        model, optimizer = super().build()
+        model.register_buffer("forwards", torch.zeros(1))
+        return model, optimizer
 
     def loss(self, model: torch.nn.Module, step: int, shard: int) -> torch.Tensor:
-        with torch.no_grad():
-            model[2].bias.add_(1e-3)
+        model.forwards += 1
         return super().loss(model, step, shard)
 
 
