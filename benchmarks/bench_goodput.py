@@ -11,16 +11,20 @@ moments), 3 replicas train on this machine, one system after the other (memory):
   a warm fork server that has torch and torchft imported: no import time, as meshvisor's);
   torchft heals the replacement from a live peer when it joins a quorum.
 
-Each system first trains without faults (steps/s, the baseline), then, for each period T,
-with a SIGKILL of a random replica every T seconds (at a random point of a step: a thread
-kills on a timer; the next kill waits for the last replacement to commit). The run lasts
-`kills` * T, one kill in each period. Goodput is committed steps per second with kills over
-the baseline. Recovery is the time from the SIGKILL to the replacement's first committed step.
-A third run per size is a plain loop without fault tolerance: torch.distributed gloo
+Each system trains without faults for half the baseline time, then, for each period T, with
+a SIGKILL of a random replica every T seconds (at a random point of a step: a thread kills on
+a timer; the next kill waits for the last replacement to commit), then without faults for the
+other half. The run with kills lasts `kills` * T, one kill in each period; the baseline lasts
+as long in all (`--fault-free-s`), so that a load that drifts weighs on both alike. The
+baseline is the fault-free steps over the fault-free time (time-weighted), and the spread of
+both is printed: the steps/s of each T-long window. Goodput is committed steps per second with
+kills over the baseline. Recovery is the time from the SIGKILL to the replacement's first
+committed step. A third run per size is a plain loop without fault tolerance: torch.distributed gloo
 allreduce of each gradient, then Adam, on 3 processes: the floor for the step time.
 
     python3 benchmarks/bench_goodput.py [--sizes demo,100MB,1GB] [--periods 10,30] [--kills 3]
     python3 benchmarks/bench_goodput.py --quick          # demo and 100MB, T = 5 s, 3 kills
+    python3 benchmarks/bench_goodput.py --sizes 1GB --periods 30 --spares 1   # ~12 min
     python3 benchmarks/bench_goodput.py --spares 1       # also ReplicaGroup(spares=1)
 """
 
@@ -123,6 +127,7 @@ class KillRun:
     steps_per_s: float
     kills: int
     recovery_s: list[float]
+    windows: list[float] = field(default_factory=list)  # steps/s of each period (one kill each)
     phases: dict[str, list[float]] = field(default_factory=dict)  # where the recovery time goes
     other_failures: int = 0  # restarts not caused by a kill (torchft errors)
     unrecovered: int = 0  # kills whose replacement did not commit within WAIT_S
@@ -132,8 +137,45 @@ class KillRun:
 class SystemRun:
     system: str
     size: str
-    steps_per_s: float  # without faults
+    steps_per_s: float = 0.0  # without faults: all fault-free windows, time-weighted
     with_kills: list[KillRun] = field(default_factory=list)
+    windows: list[float] = field(default_factory=list)  # steps/s of each fault-free window
+    counted: list[tuple[int, float]] = field(default_factory=list)  # (steps, s) per window
+
+    def fault_free(self, counted: list[tuple[int, float]]) -> None:
+        """Add fault-free windows (steps, seconds): the baseline is their time-weighted rate."""
+        self.counted += counted
+        self.windows += [steps / seconds for steps, seconds in counted]
+        self.steps_per_s = sum(n for n, _ in self.counted) / sum(s for _, s in self.counted)
+
+
+def count_windows(
+    advance: Any, steps: Any, seconds: float, window_s: float
+) -> list[tuple[int, float]]:
+    """Call `advance()` for `seconds`; the (steps, seconds) of each `window_s` window, as read
+    from `steps()` at the first call that ends past each window's end."""
+    counted: list[tuple[int, float]] = []
+    started = time.monotonic()
+    begin, mark = steps(), started
+    while (now := time.monotonic()) < started + seconds:
+        if now >= mark + window_s:
+            counted.append((steps() - begin, now - mark))
+            begin, mark = steps(), now
+        advance()
+    if counted and now - mark < window_s / 2:  # a short tail joins the window before it
+        last_steps, last_s = counted.pop()
+        counted.append((last_steps + steps() - begin, last_s + now - mark))
+    elif now > mark:
+        counted.append((steps() - begin, now - mark))
+    return counted
+
+
+def fault_free_halves(args: argparse.Namespace) -> tuple[float, float]:
+    """The fault-free time before and after the runs with kills: as long in all as the
+    longest run with kills, unless --fault-free-s says otherwise; half before, half after,
+    so that a load that drifts during the run weighs on the baseline as on the kills."""
+    total = args.fault_free_s or args.kills * max(args.periods)
+    return total / 2, total / 2
 
 
 class Killer(threading.Thread):
@@ -182,6 +224,12 @@ class Killer(threading.Thread):
             self.pids.pop(replica, None)
 
 
+def window_of(args: argparse.Namespace) -> float:
+    """Fault-free windows as long as the shortest period: their spread is comparable with
+    that of the periods of a run with kills (one kill each)."""
+    return min(args.periods)
+
+
 def until(killer: Killer) -> float:
     return killer.started_at + killer.count * killer.period_s
 
@@ -221,20 +269,26 @@ def meshvisor_run(size: Size, args: argparse.Namespace, spares: int = 0) -> Syst
     try:
         for _ in range(3):  # warm up: Adam's moments exist, the group is formed
             group.step()
-        begin, started = group.committed_steps, time.monotonic()
-        while time.monotonic() - started < args.fault_free_s:
-            group.step()
-        system = f"meshvisor+{spares}" if spares else "meshvisor"
-        rate = (group.committed_steps - begin) / (time.monotonic() - started)
-        result = SystemRun(system, size.name, rate)
+        result = SystemRun(f"meshvisor+{spares}" if spares else "meshvisor", size.name)
+        before, after = fault_free_halves(args)
+        group.wait_for_all(timeout=WAIT_S)
+        result.fault_free(_meshvisor_windows(group, before, args))
         for period in args.periods:
             result.with_kills.append(_meshvisor_kills(group, period, args))
+        group.wait_for_all(timeout=WAIT_S)
+        result.fault_free(_meshvisor_windows(group, after, args))
         problem = group.check_consistency()
         if problem:
             raise RuntimeError(f"meshvisor's replicas ended inconsistent: {problem}")
     finally:
         group.close()
     return result
+
+
+def _meshvisor_windows(
+    group: Any, seconds: float, args: argparse.Namespace
+) -> list[tuple[int, float]]:
+    return count_windows(group.step, lambda: group.committed_steps, seconds, window_of(args))
 
 
 def _meshvisor_kills(group: Any, period: float, args: argparse.Namespace) -> KillRun:
@@ -256,15 +310,20 @@ def _meshvisor_kills(group: Any, period: float, args: argparse.Namespace) -> Kil
                 killer.ready(recovery.replica, mesh.pid.call_one().get(timeout=30))
         return len(group.recoveries) - recoveries_before > len(seen)
 
-    while time.monotonic() < until(killer):
+    def advance() -> None:
         group.step()
         recovering()
+
+    windows = count_windows(
+        advance, lambda: group.committed_steps, until(killer) - time.monotonic(), period
+    )
     killer.stopped.set()
     killer.join()
     while recovering():  # the last kill's replacement commits: its time counts
         group.step()
     elapsed = time.monotonic() - killer.started_at
     run = KillRun(period, (group.committed_steps - begin) / elapsed, len(killer.kills), [])
+    run.windows = [steps / seconds for steps, seconds in windows]
     names = ("detect", "spawn", "heal", "first step")
     run.phases = {name: [] for name in names}
     recoveries = group.recoveries[recoveries_before:]
@@ -461,17 +520,24 @@ def torchft_run(size: Size, args: argparse.Namespace) -> SystemRun:
     try:
         if not _pump_until(supervisor, lambda: supervisor.step >= 3, WAIT_S):
             raise TimeoutError(f"torchft committed no 3 steps within {WAIT_S:g} s")
-        begin, started = supervisor.step, time.monotonic()
-        supervisor.pump(args.fault_free_s)
-        result = SystemRun(
-            "torchft", size.name, (supervisor.step - begin) / (time.monotonic() - started)
-        )
+        result = SystemRun("torchft", size.name)
+        before, after = fault_free_halves(args)
+        result.fault_free(_torchft_windows(supervisor, before, args))
         for period in args.periods:
             result.with_kills.append(_torchft_kills(supervisor, period, args))
+        result.fault_free(_torchft_windows(supervisor, after, args))
     finally:
         supervisor.close()
         lighthouse.shutdown()
     return result
+
+
+def _torchft_windows(
+    supervisor: TorchFTSupervisor, seconds: float, args: argparse.Namespace
+) -> list[tuple[int, float]]:
+    return count_windows(
+        lambda: supervisor.pump(0.05), lambda: supervisor.step, seconds, window_of(args)
+    )
 
 
 def _torchft_kills(
@@ -484,13 +550,19 @@ def _torchft_kills(
             killer.ready(index, proc.pid)  # else at its first commit
     begin = supervisor.step
     killer.start()
-    supervisor.pump(until(killer) - time.monotonic())
+    windows = count_windows(
+        lambda: supervisor.pump(0.05),
+        lambda: supervisor.step,
+        until(killer) - time.monotonic(),
+        period,
+    )
     killer.stopped.set()
     killer.join()
     _pump_until(supervisor, lambda: len(supervisor.recoveries) >= len(killer.kills), WAIT_S)
     elapsed = time.monotonic() - killer.started_at
     supervisor.killer = None
     run = KillRun(period, (supervisor.step - begin) / elapsed, len(killer.kills), [])
+    run.windows = [steps / seconds for steps, seconds in windows]
     run.recovery_s = [seconds for seconds, _ in supervisor.recoveries]
     run.phases = {
         name: [phases[name] for _, phases in supervisor.recoveries]
@@ -573,8 +645,19 @@ def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
+def _spread(rates: list[float]) -> str:
+    return f"{min(rates):.3g}-{max(rates):.3g}" if rates else "-"
+
+
 def print_goodput(runs: list[SystemRun]) -> None:
     print("\nGoodput: 3 replicas, a SIGKILL of a random replica every T s")
+    for run in runs:
+        counted = sum(seconds for _, seconds in run.counted)
+        print(
+            f"  {run.size} {run.system}: fault-free {run.steps_per_s:.3g} steps/s over "
+            f"{counted:.0f} s, windows {_spread(run.windows)}; with kills, periods: "
+            + "; ".join(f"T={k.period_s:g} {_spread(k.windows)}" for k in run.with_kills)
+        )
     header = ("size", "T s", "system", "kills", "steps/s", "w/ kills", "goodput", "recovery s")
     print("{:<6} {:>4} {:<11} {:>5} {:>8} {:>8} {:>7} {:>10}  {}".format(*header, "x faster"))
     by_key = {(r.size, r.system): r for r in runs}
@@ -591,7 +674,7 @@ def print_goodput(runs: list[SystemRun]) -> None:
                 extra += f" ({kills.unrecovered} not recovered within {WAIT_S:g} s)"
             print(
                 f"{run.size:<6} {kills.period_s:>4g} {run.system:<11} {kills.kills:>5} "
-                f"{run.steps_per_s:>8.2f} {kills.steps_per_s:>8.2f} "
+                f"{run.steps_per_s:>8.3g} {kills.steps_per_s:>8.3g} "
                 f"{kills.steps_per_s / run.steps_per_s:>7.2f} {recovery:>10.2f}  {speedup}{extra}"
             )
     print(
@@ -630,7 +713,12 @@ def main() -> int:
     parser.add_argument("--sizes", default="demo,100MB,1GB", help=f"of {','.join(SIZES)}")
     parser.add_argument("--periods", default="10,30", help="seconds between kills, per run")
     parser.add_argument("--kills", type=int, default=3, help="kills per period's run")
-    parser.add_argument("--fault-free-s", type=float, default=20.0)
+    parser.add_argument(
+        "--fault-free-s",
+        type=float,
+        default=0.0,
+        help="fault-free seconds, half before and half after the kills (0: kills x T)",
+    )
     parser.add_argument("--systems", default="meshvisor,spares,torchft,plain")
     parser.add_argument("--plain-steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from supervision import ActorError, SupervisionError
+from transport import Lent
 
-from ._heal_state import StateLayout
+from ._heal_state import StateLayout, flat_bytes, memory_of
 from ._position import Position
 
 if TYPE_CHECKING:
@@ -72,6 +73,35 @@ class UpdateLog:
         if first not in found or last not in found:
             return None
         return [found[step] for step in range(first, last + 1)]
+
+    def lend(self, first: int, last: int) -> list[Any] | None:
+        """`between`, each update sent from this replica's memory (no copy): a kept update
+        is never written again, so the transport may read it while the replica steps."""
+        updates = self.between(first, last)
+        return None if updates is None else [LentUpdate(u) if u.nbytes else u for u in updates]
+
+
+class LentUpdate:
+    """A committed update lent to the transport (`transport.Lent`); received, it is a flat
+    tensor over the received bytes (no copy on either side)."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        dtype = str(self.tensor.dtype).removeprefix("torch.")
+        return _received_update, (Lent(memory_of(flat_bytes(self.tensor))), dtype)
+
+
+def _received_update(buffer: Any, dtype: str) -> torch.Tensor:
+    import torch
+
+    kind = getattr(torch, dtype, None)
+    if not isinstance(kind, torch.dtype):
+        raise ValueError(f"a committed update names no torch dtype: {dtype!r}")
+    return torch.frombuffer(memoryview(buffer).cast("B"), dtype=kind)
 
 
 def warm_up_gloo() -> None:

@@ -139,10 +139,10 @@ def serve(tensors: Sequence[tuple[str, torch.Tensor]], pieces: Sequence[Piece]) 
     chunks = []
     for piece in pieces:
         index, start, stop = _checked(tensors, piece)
-        raw = _flat_bytes(tensors[index][1])[start:stop]
+        raw = flat_bytes(tensors[index][1])[start:stop]
         if raw.device.type != "cpu":
             raw = raw.cpu()
-        view = _memory(raw)
+        view = memory_of(raw)
         chunks.append(Chunk(view, Lent(view)))
     return chunks
 
@@ -161,7 +161,7 @@ def _checked(tensors: Sequence[tuple[str, torch.Tensor]], piece: Any) -> Piece:
     return index, start, stop
 
 
-def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
+def flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """The bytes of a contiguous `tensor`, as a flat uint8 view of its memory."""
     import torch
 
@@ -169,7 +169,7 @@ def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
 
 
-def _memory(raw: torch.Tensor) -> memoryview:
+def memory_of(raw: torch.Tensor) -> memoryview:
     """A memoryview of a contiguous CPU uint8 tensor's memory that keeps the tensor alive."""
     array = (ctypes.c_ubyte * raw.numel()).from_address(raw.data_ptr())
     array._tensor = raw  # type: ignore[attr-defined]  # the view must not outlive the memory
@@ -200,7 +200,7 @@ class Targets:
             )
         self.tensors = [self._target(spec, own.get(spec.key)) for spec in layout.tensors]
         self._writable = [_contiguous(t) for t in self.tensors]
-        self._bytes = [_flat_bytes(t) for t in self._writable]
+        self._bytes = [flat_bytes(t) for t in self._writable]
 
     def _target(self, spec: TensorSpec, mine: torch.Tensor | None) -> torch.Tensor:
         import torch

@@ -145,8 +145,12 @@ class Rejoins:
             self._heal(member, committed)
 
     def _catch_up(self, member: Member, committed: int) -> bool:
-        """Apply the committed updates `member` lacks, from a live peer (between two steps)."""
-        take = member.actors.take_place.call(member.index, committed, None, self._donors())
+        """Apply the committed updates `member` lacks, from a live peer (between two steps).
+        Its parameters are then checked against a live peer's: state that changes outside the
+        updates (buffers a forward pass updates) makes it heal whole instead."""
+        donors = self._donors()
+        expected = _digest_of(donors, committed, self._timeout_s)
+        take = member.actors.take_place.call(member.index, committed, expected, donors)
         try:
             done = take.get(timeout=self._timeout_s)
         except _LOST as exc:
@@ -163,6 +167,21 @@ class Rejoins:
 
     def _donors(self) -> list[Any]:
         return [m.actors for m in self._members if m.state == "live"]
+
+
+def _digest_of(donors: list[Any], committed: int, timeout_s: float) -> str:
+    """The parameter digest of committed step `committed`, from the first of `donors` that
+    answers holding it; "unknown" (no replica holds it: the check fails, and the
+    replacement heals whole) if none does."""
+    for donor in donors:
+        try:
+            held = donor.status.call().get(timeout=timeout_s)
+        except _LOST:
+            continue
+        found = {entry for entry in held.values() if entry[0] == committed}
+        if len(found) == 1:
+            return str(found.pop()[1])
+    return "unknown"
 
 
 def _timed(healing: Future[Any], member: Member) -> Future[Any]:

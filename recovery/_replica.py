@@ -121,7 +121,8 @@ class Replica(Actor):
         """Called as each phase of a step begins ("join" when the group is formed for it,
         "forward", "allreduce"; then "commit" and "apply" once the step is decided);
         override to instrument a replica (or, in tests, to make it fail at a chosen point).
-        A donor also calls it as it sends each chunk of a heal: ("heal", committed step)."""
+        A donor also calls it as it sends each chunk of a heal: ("heal", committed step), and a
+        spare as it starts to follow the group: ("follow", the step it is asked to reach)."""
 
     def data_state(self) -> Any:
         """The position of this replica's data loader after the committed steps: small,
@@ -326,14 +327,16 @@ class Replica(Actor):
 
     @concurrent_endpoint
     def committed_updates(self, first: int, last: int) -> list[torch.Tensor] | None:
-        """The averaged gradients of committed steps `first`..`last`, for a spare to apply;
-        None unless this replica keeps them all (`standby_updates`)."""
-        return self._updates.between(first, last)
+        """The averaged gradients of committed steps `first`..`last`, for a spare to apply
+        (sent from this replica's memory, no copy); None unless this replica keeps them all
+        (`standby_updates`)."""
+        return self._updates.lend(first, last)
 
     @endpoint
     def follow(self, step: int, peers: Sequence[ActorMesh[Replica]]) -> tuple[int, str]:
         """A spare: apply the committed updates after its own step up to `step`, from the
         first of `peers` that keeps them. Returns the step it holds and its digest."""
+        self.on_phase("follow", step)
         _catch_up(self, step, [rank_match(peer, context().rank.rank) for peer in peers])
         return self.committed_step, digest(self.model)
 

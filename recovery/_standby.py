@@ -198,7 +198,8 @@ class Standbys:
                     continue
                 self._check(spare)
             if spare.state == "ready" and step - spare.verified >= self._follow_every:
-                spare.follow = spare.actors.follow.call(step, list(donors))
+                # the last participant first: the first one hashes for the spares' checks
+                spare.follow = spare.actors.follow.call(step, list(reversed(donors)))
                 spare.following = step
 
     def close(self) -> None:

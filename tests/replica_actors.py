@@ -47,6 +47,35 @@ class DyingTrainer(Trainer):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class DriftsOutsideGradient(Trainer):
+    """`Trainer` whose forward pass also counts itself in a buffer: its state changes outside
+    the averaged gradient (as with running statistics), so a spare cannot follow it by
+    applying the updates alone. A discarded step puts the buffer back, as any buffer."""
+
+    def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        model, optimizer = super().build()
+        model.register_buffer("forwards", torch.zeros(1))
+        return model, optimizer
+
+    def loss(self, model: torch.nn.Module, step: int, shard: int) -> torch.Tensor:
+        model.forwards += 1
+        return super().loss(model, step, shard)
+
+
+class DiesFollowing(DyingTrainer):
+    """`DyingTrainer`, and the first spare (per `marks` directory) to follow the group kills
+    its own process as it starts to."""
+
+    def on_phase(self, phase: str, step: int) -> None:
+        if phase == "follow":
+            try:
+                (self.marks / "died-following").touch(exist_ok=False)
+            except FileExistsError:
+                return
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().on_phase(phase, step)
+
+
 class DiesWhileBuilt(Trainer):
     """The first replica built (per `marks` directory) kills its own process in build(), so
     the group loses it while it starts."""

@@ -27,6 +27,7 @@ from recovery import Replica, ReplicaGroup, UpdateLog, replay_training
 from recovery import parameter_digest as digest
 from recovery.testing import AbortNotices, AbortWatch, form_groups
 from supervision import SupervisionError
+from transport import dumps, loads
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -86,6 +87,55 @@ def test_spares_take_the_place_of_dead_replicas_and_dead_spares_are_replaced(
     assert_spares_follow(group)
 
 
+def test_a_spare_killed_while_following_is_replaced_and_no_step_waits(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    """The spare dies as it starts to follow the group (a call the steps do not wait for):
+    every step is committed by the three replicas, no recovery is recorded, and the spare
+    re-spawned in its place follows the group bit for bit again."""
+    group = _with_a_ready_spare(groups, ra.DiesFollowing, {}, tmp_path)
+    spare = group.spare_replicas[0]
+    _wait_for(
+        lambda: (group.step(), (tmp_path / "died-following").exists())[1],
+        "the spare never followed the group",
+    )
+    _wait_for(lambda: group.ready_spares() == 0, "the group never noticed the spare's death")
+    outcomes = len(group.outcomes)
+    train(group, group.committed_steps + 4)
+    group.wait_for_all()  # re-spawned in place and healed
+    train(group, group.committed_steps + 6)
+    assert group.spare_replicas == [spare] and group.ready_spares() == 1
+    assert all(o.committed for o in group.outcomes[outcomes:]), group.outcomes[outcomes:]
+    assert group.recoveries == [], "a spare's death is no replica's failure"
+    assert all(members == (0, 1, 2) for _, members in group.history), group.history
+    assert_invariants(group)
+    assert_spares_follow(group)
+
+
+def test_a_spare_that_cannot_follow_is_healed_never_trusted(groups: list[ReplicaGroup]) -> None:
+    """The replicas' state changes outside the updates a spare applies: its digest never
+    matches the group's, so it is healed whole again and again. A replica's failure is then
+    recovered by the spare (healed at the take-over unless it holds the step's bits) or, if
+    the spare is being healed, by a re-spawn: either way the replicas end equal, and the
+    spare is ready again (only a heal makes it so)."""
+    group = ReplicaGroup(
+        this_host(), ra.DriftsOutsideGradient, replicas=3, spares=1, heartbeat_timeout_s=HB
+    )
+    groups.append(group)
+    group.wait_for_all()
+    train(group, 7)
+    os.kill(pid_of(group, 1), signal.SIGKILL)
+    _wait_for(lambda: len(group.recoveries) == 1, "the kill is noticed")
+    train_until_recovered(group)
+    train(group, group.committed_steps + 2)
+    assert group.recoveries[0].first_commit_at is not None, group.recoveries
+    assert group.check_consistency() is None
+    held = {d for entries in group.status().values() for _, d in entries}
+    assert len(held) == 1, f"the replicas differ after the recovery: {held}"
+    group.wait_for_all()
+    assert group.ready_spares() == 1
+
+
 def test_a_spare_goes_on_with_the_groups_batches_and_random_numbers(
     groups: list[ReplicaGroup], tmp_path: Path
 ) -> None:
@@ -135,6 +185,30 @@ def test_the_update_log_gives_exactly_the_kept_run_of_steps(
         assert found is not None and [int(u.item()) for u in found] == list(range(first, last + 1))
     else:
         assert found is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]),
+    numel=st.integers(0, 5000),
+    first=st.integers(1, 3),
+)
+def test_lent_updates_arrive_bit_for_bit(dtype: torch.dtype, numel: int, first: int) -> None:
+    """The updates a replica lends a spare (sent from its memory, no copy) arrive as flat
+    tensors of the same dtype and bits, through the transport's own serialization."""
+    log = UpdateLog()
+    log.resize(3)
+    for step in (1, 2, 3):
+        log.record(step, (torch.randn(numel, dtype=torch.float64) * step).to(dtype))
+    lent = log.lend(first, 3)
+    assert lent is not None and log.lend(first, 4) is None  # step 4 was never kept
+    body, buffers = dumps(lent)
+    received = loads(body, buffers)
+    kept = log.between(first, 3)
+    assert kept is not None and len(received) == len(kept)
+    for got, want in zip(received, kept, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8))
 
 
 class FollowsTooRarely(ra.Trainer):
