@@ -11,7 +11,8 @@ they go on stepping (`_rejoin`); it takes part from the step after its heal. Bel
 `min_replicas` the group waits for replacements, within a bound, rather than train alone.
 A replica whose host is lost ("unreachable": its node died) comes back on a `spare_hosts` host.
 With `spares=K`, K standby replicas follow the committed steps and a failed replica's place is
-taken by one of them at the next step instead (`_standby`).
+taken by one of them instead (`_standby`): in the step in flight if it died during `prepare`
+(`_inflight`: the step is completed, not discarded), else at the next step.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from supervision import ActorError, SupervisionError, SupervisionEvent
 from transport import get_logger
 
 from ._aborts import AbortNotices
+from ._inflight import InFlight
 from ._members import PRELOAD, Member, ReplicaSpawner, gather
 from ._outcomes import Recovery, ReplicaGroupError, ReplicaLost, StepOutcome, alive, short
 from ._rejoin import KEEP_WHILE_HEALING, Rejoins
@@ -115,6 +117,10 @@ class ReplicaGroup:
         self._rejoins = Rejoins(
             self._members, self._spawner, self._standbys, self._configure_args, step_timeout_s, name
         )
+        self._inflight = InFlight(
+            self._members, self._standbys, self._failed, self._form_group, self._call_all,
+            lambda: self._current[0],
+        )  # fmt: skip
         self._start()
 
     # -- the public face ------------------------------------------------------------------------
@@ -171,7 +177,7 @@ class ReplicaGroup:
             return self._outcome(step, False, members, started, "the process group did not form")
         world = len(members) * self.ranks_per_replica
         prepared = self._call_all(members, "prepare", step, self._current[0], world)
-        failed = {i: e for i, e in prepared.items() if isinstance(e, BaseException)}
+        failed = self._inflight.complete(members, step, world, prepared)  # spares, or failures
         if failed:
             self._abort(members, step, failed)
             reasons = "; ".join(f"replica {i}: {short(e)}" for i, e in sorted(failed.items()))
@@ -333,16 +339,8 @@ class ReplicaGroup:
             self._quorum_members = members
             return True
         world = len(members) * self.ranks_per_replica
-        joined = self._call_all(
-            members,
-            "join",
-            self._current[0],
-            None,  # filled per member below
-            world,
-            self._store_address,
-            self.group_timeout_s,
-            step,
-        )
+        args = (self._current[0], None, world, self._store_address, self.group_timeout_s, step)
+        joined = self._call_all(members, "join", *args)  # None: the base, filled per member
         failed = {i: e for i, e in joined.items() if isinstance(e, BaseException)}
         if failed:
             for index, error in failed.items():
