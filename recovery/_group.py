@@ -119,7 +119,7 @@ class ReplicaGroup:
         )
         self._inflight = InFlight(
             self._members, self._standbys, self._failed, self._form_group, self._call_all,
-            lambda: self._current[0],
+            lambda: self._current[0], name,
         )  # fmt: skip
         self._start()
 

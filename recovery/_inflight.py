@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from supervision import ActorError, SupervisionError
+from transport import get_logger
 
 from ._members import Member
 from ._outcomes import ReplicaLost, short
@@ -38,7 +39,7 @@ def failures(results: Mapping[int, Any]) -> dict[int, BaseException]:
 class InFlight:
     """The group's side of completing a step in flight (see the module docstring); the
     callables are the group's own: mark a member failed, form the step's process group, call
-    an endpoint on members, the current quorum."""
+    an endpoint on members, the current quorum; `name` is the group's, for its log."""
 
     members: list[Member]
     standbys: Standbys
@@ -46,6 +47,7 @@ class InFlight:
     form_group: Callable[[tuple[int, ...], int], bool]
     call_all: Callable[..., dict[int, Any]]
     quorum: Callable[[], int]
+    name: str
 
     def complete(
         self, members: tuple[int, ...], step: int, world: int, prepared: Mapping[int, Any]
@@ -66,10 +68,13 @@ class InFlight:
                 break
             replaced.append(index)
         if len(replaced) == len(dead) and self.form_group(members, step):
-            return failures(self.call_all(members, "prepare", step, self.quorum(), world))
+            left = failures(self.call_all(members, "prepare", step, self.quorum(), world))
+            log = get_logger("recovery.group", group=self.name)
+            log.info("step_in_flight_completed", step=step, by_spares=dead, failed=sorted(left))
+            return left
         why = RuntimeError("a spare took its place, but the step could not be completed")
-        left = {i: e for i, e in failed.items() if i not in replaced}  # a spare's place is live
-        return left | {index: why for index in replaced}  # (not aborted: nothing under way)
+        gone = {i: e for i, e in failed.items() if i not in replaced}  # a spare's place is live
+        return gone | {index: why for index in replaced}  # (not aborted: nothing under way)
 
     def _dead(self, failed: Mapping[int, BaseException]) -> list[int]:
         """The members of `failed` that died, if a spare can take each one's place in the step:

@@ -237,7 +237,7 @@ class Replica(Actor):
                 self._update = None
                 kept = self._computed == step and self._started is not None
                 if not kept:
-                    self._undo_started()  # an attempt that failed before its gradient
+                    _undo_step(self)  # an attempt that failed before its gradient
                     if next(self.model.buffers(), None) is not None:
                         self._donor.clear()  # the forward pass may change buffers lent to a heal
                     self._started = StepStart(save_buffers(self.model), capture_position(self))
@@ -277,16 +277,8 @@ class Replica(Actor):
         buffers a forward pass changed, the data position and RNG states go back."""
         with self._stepping, self._changing:
             self._update, self._computed = None, 0
-            self._undo_started()
+            _undo_step(self)
             return self.committed_step
-
-    def _undo_started(self) -> None:
-        """Put back what the step under way changed (with `_changing` held)."""
-        if self._started is not None:
-            self._donor.clear()
-            restore_buffers(self.model, self._started.buffers)
-            restore_position(self, self._started.position)
-            self._started = None
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -377,6 +369,15 @@ class Replica(Actor):
     @endpoint
     def parameters(self) -> dict[str, torch.Tensor]:
         return dict(self.model.state_dict())
+
+
+def _undo_step(replica: Replica) -> None:
+    """Put back what the step under way changed (with `_changing` held)."""
+    if replica._started is not None:
+        replica._donor.clear()
+        restore_buffers(replica.model, replica._started.buffers)
+        restore_position(replica, replica._started.position)
+        replica._started = None
 
 
 def _catch_up(replica: Replica, step: int, ranks: Sequence[ActorMesh[Replica]]) -> int:
