@@ -176,7 +176,8 @@ class ReplicaGroup:
         if not self._form_group(members, step):
             return self._outcome(step, False, members, started, "the process group did not form")
         world = len(members) * self.ranks_per_replica
-        prepared = self._call_all(members, "prepare", step, self._current[0], world)
+        until = self._inflight.possible(members)  # a spare can start as soon as one dies
+        prepared = self._call_all(members, "prepare", step, self._current[0], world, until=until)
         failed = self._inflight.complete(members, step, world, prepared)  # spares, or failures
         if failed:
             self._abort(members, step, failed)
@@ -353,9 +354,11 @@ class ReplicaGroup:
 
     # -- calls ---------------------------------------------------------------------------------
 
-    def _call_all(self, members: tuple[int, ...], endpoint: str, *args: Any) -> dict[int, Any]:
+    def _call_all(
+        self, members: tuple[int, ...], endpoint: str, *args: Any, until: Any = None
+    ) -> dict[int, Any]:
         """Call `endpoint` on every rank of each member at once; per member, the list of
-        values (rank order) or the error."""
+        values (rank order) or the error (`until`: see `gather`)."""
         futures, gone = {}, {}
         for position, index in enumerate(members):
             call_args = list(args)
@@ -369,7 +372,7 @@ class ReplicaGroup:
                     gone[index] = ReplicaLost(f"replica {index} failed during this step")
                     continue
                 futures[index] = getattr(member.actors, endpoint).call(*call_args)
-        return gather(futures, self.step_timeout_s) | gone
+        return gather(futures, self.step_timeout_s, until) | gone
 
     def _abort(self, members: tuple[int, ...], step: int, failed: dict[int, Any]) -> None:
         """Undo `step` everywhere it was prepared; replicas that died are re-spawned."""

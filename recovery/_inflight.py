@@ -2,13 +2,16 @@
 
 When participants of step s die during `prepare` (before the step is decided), each survivor
 already holds its local gradient of step s: only the exchange failed (given up on the abort
-notice, or reset by the dead peer). So a ready spare takes each dead participant's place
-(`Standbys.replace`: it catches up to committed step s-1 and takes a survivor's data position
-and RNG states as they were when step s began), and every participant prepares step s again in
-the group of the new members (a standing group, formed in advance: no rendezvous). A survivor
-redoes only the exchange (`Replica.prepare` keeps the gradient of an undecided step); the spare
-computes the dead replica's gradient from the same batch. The exchange sums in replica order,
-so the average has the bits of a fault-free step s, and s is committed as usual.
+notice, or reset by the dead peer). So as soon as the group hears of the death (without
+waiting for the survivors to give their exchange up), a ready spare takes each dead
+participant's place (`Standbys.replace`: it catches up to committed step s-1 and takes a
+survivor's data position and RNG states as they were when step s began) and computes the dead
+replica's gradient of s from the same batch, while the survivors finish theirs. Then every
+participant prepares step s again in the group of the new members (a standing group, formed in
+advance: no rendezvous): each holds its gradient already (`Replica.prepare` keeps the gradient
+of an undecided step), so it only exchanges; no collective waits on a computation. The exchange
+sums in replica order, so the average has the bits of a fault-free step s, which is committed
+as usual.
 
 If that cannot be done, the step is discarded as before (`ReplicaGroup._abort`): fewer ready
 spares than deaths, a failure that is not a death (a timeout: a replica may still be in its
@@ -49,13 +52,28 @@ class InFlight:
     quorum: Callable[[], int]
     name: str
 
+    def possible(self, members: tuple[int, ...]) -> Callable[[], bool]:
+        """Whether spares could complete the step of `members` now: a member died, and a
+        spare is ready for each one that did (the step's prepare stops waiting then)."""
+
+        def now() -> bool:
+            dead = sum(self.members[i].state == "failed" for i in members)
+            return 0 < dead <= self.standbys.ready()
+
+        return now
+
     def complete(
         self, members: tuple[int, ...], step: int, world: int, prepared: Mapping[int, Any]
     ) -> dict[int, BaseException]:
         """The failures left of `members`' prepare of `step` (`prepared`: each one's values or
-        error): none if every one succeeded, or if spares completed the step in place of the
-        dead; otherwise the failures that discard it."""
-        failed = failures(prepared)
+        error; a member left out is still in its call): none if every one succeeded, or if
+        spares completed the step in place of the dead; otherwise the failures that discard
+        it (a survivor still in its prepare is not among them: it is aborted)."""
+        failed = failures(prepared) | {
+            i: ReplicaLost(f"replica {i} failed during this step")
+            for i in members
+            if i not in prepared and self.members[i].state != "live"
+        }
         dead = self._dead(failed)
         if not dead or len(dead) > self.standbys.ready():
             return failed
@@ -68,7 +86,11 @@ class InFlight:
                 break
             replaced.append(index)
         if len(replaced) == len(dead) and self.form_group(members, step):
-            left = failures(self.call_all(members, "prepare", step, self.quorum(), world))
+            quorum = self.quorum()  # the spares' gradients first, then everyone's exchange
+            left = failures(self.call_all(tuple(dead), "prepare", step, quorum, world, False))
+            if left:
+                return left  # a spare failed: the survivors are aborted
+            left = failures(self.call_all(members, "prepare", step, quorum, world))
             log = get_logger("recovery.group", group=self.name)
             log.info("step_in_flight_completed", step=step, by_spares=dead, failed=sorted(left))
             return left

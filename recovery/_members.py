@@ -88,15 +88,32 @@ class _Routed:
         return self.handler(self.procs, event)
 
 
-def gather(calls: Mapping[int, Future[ValueMesh[Any]]], timeout_s: float) -> dict[int, Any]:
+#: How often `gather` asks its `until` while calls are under way.
+UNTIL_POLL_S = 0.01
+
+
+def gather(
+    calls: Mapping[int, Future[ValueMesh[Any]]],
+    timeout_s: float,
+    until: Callable[[], bool] | None = None,
+) -> dict[int, Any]:
     """Wait for the call made to each member (all within `timeout_s`): per member, the list
-    of values (rank order) or the error."""
+    of values (rank order) or the error. If `until()` turns true first, returns at once with
+    the calls done by then (those under way are left out)."""
     deadline = time.monotonic() + timeout_s
     results: dict[int, Any] = {}
     for index, future in calls.items():
-        try:
-            values = future.get(timeout=max(0.0, deadline - time.monotonic()))
-            results[index] = list(values.values())
-        except (SupervisionError, ActorError, TimeoutError) as exc:
-            results[index] = exc
+        while until is not None and not future.done() and time.monotonic() < deadline:
+            if until():
+                return results | {i: _outcome(f, 0.0) for i, f in calls.items() if f.done()}
+            _outcome(future, UNTIL_POLL_S)
+        results[index] = _outcome(future, max(0.0, deadline - time.monotonic()))
     return results
+
+
+def _outcome(future: Future[ValueMesh[Any]], timeout_s: float) -> Any:
+    """The values of a member's call (rank order) or its error, waiting up to `timeout_s`."""
+    try:
+        return list(future.get(timeout=timeout_s).values())
+    except (SupervisionError, ActorError, TimeoutError) as exc:
+        return exc

@@ -212,13 +212,14 @@ class Replica(Actor):
     # -- one step -----------------------------------------------------------------------------
 
     @concurrent_endpoint
-    def prepare(self, step: int, quorum: int, world: int) -> None:
+    def prepare(self, step: int, quorum: int, world: int, exchange: bool = True) -> None:
         """Phase one of `step`: gradient and exchange. The averaged gradient is kept, not yet
         applied: it is the same bits on every participant, so `commit` applies it and `abort`
         only drops it (no copy of the state is needed to undo the step). Concurrent, so that
         this replica serves heals (of the committed state) while it computes. Asked again for
         the same step, undecided (a spare took a dead participant's place: `_inflight`), it
-        keeps its local gradient and redoes only the exchange."""
+        keeps its local gradient and redoes only the exchange; without `exchange`, it stops
+        at the gradient."""
         with self._stepping:
             if quorum in self._standing:  # a take-over's group, formed in advance
                 self._retired.append(self._group)  # dropping a group takes ~10 ms: later
@@ -247,6 +248,8 @@ class Replica(Actor):
                 loss = self.loss(self.model, step, shard)
                 self._gradient = local_gradient(self.model, loss, self._gradient)
                 self._computed = step
+            if not exchange:
+                return
             self.on_phase("allreduce", step)
             assert self._aborts is not None and self._gradient is not None  # set by join, above
             self._update = exchange_average(self._group, self._gradient, self._aborts)
