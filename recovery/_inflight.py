@@ -52,15 +52,16 @@ class InFlight:
     quorum: Callable[[], int]
     name: str
 
-    def possible(self, members: tuple[int, ...]) -> Callable[[], bool]:
+    def possible(self, members: tuple[int, ...]) -> Callable[[], bool] | None:
         """Whether spares could complete the step of `members` now: a member died, and a
-        spare is ready for each one that did (the step's prepare stops waiting then)."""
+        spare is ready for each one that did (the step's prepare stops waiting then); None
+        in a group without spares (its prepare is waited for as a whole)."""
 
         def now() -> bool:
             dead = sum(self.members[i].state == "failed" for i in members)
             return 0 < dead <= self.standbys.ready()
 
-        return now
+        return now if self.standbys.meshes else None
 
     def complete(
         self, members: tuple[int, ...], step: int, world: int, prepared: Mapping[int, Any]
