@@ -287,14 +287,15 @@ class ReplicaGroup:
             member.host_lost = member.host_lost or host_lost
             if member.state != "live":
                 return
+            quorum, participants = self._current
+            if index in participants:  # before the state: a step seeing it forms a new group
+                self._quorum_members = None  # (its replacement: other procs, or respawned)
             member.state = "failed"
             self._standing.drop(member.procs)
             member.recovery = Recovery(index, time.monotonic(), why)
             self.recoveries.append(member.recovery)
-        quorum, participants = self._current
         if index in participants:  # survivors waiting on it in a collective give up now
             self._aborts.abort(quorum, f"replica {index} {why}")
-            self._quorum_members = None  # its replacement (same procs, respawned) needs a new one
         self._log.warning("replica_failed", replica=index, reason=why)
         if self._started and not self._standbys.ready():  # else a spare takes its place
             self._rejoins.respawn(member)  # now, not at the next step: the spawn is long

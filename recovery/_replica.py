@@ -185,19 +185,19 @@ class Replica(Actor):
         step: int = 0,
     ) -> None:
         """Enter the process group of `quorum` (a fresh one per membership) for `step`: this
-        replica's ranks take the group ranks from `base` on. Gives up as soon as the group's
-        controller says that a member failed (`ExchangeAborted`)."""
+        replica's ranks take the group ranks from `base` on, once a prepare under way ended.
+        Gives up as soon as the group's controller says that a member failed."""
         self.on_phase("join", step)
         self._built()
-        self._rank = context().rank.rank
-        rank = base + self._rank
-        self._group = None  # the old group: its peers may be gone
-        self._quorum = -1
-        if self._aborts is None:
-            self._aborts = AbortWatch(store, timeout_s)
-        self._aborts.quorum = quorum
-        self._group = open_group(store, quorum, rank, world, timeout_s, self._aborts)
-        self._quorum = quorum
+        with self._stepping:  # a prepare still in the old group watches for its abort
+            self._rank = context().rank.rank
+            self._group, self._quorum = None, -1  # the old group: its peers may be gone
+            if self._aborts is None:
+                self._aborts = AbortWatch(store, timeout_s)
+            self._aborts.quorum = quorum
+            rank = base + self._rank
+            self._group = open_group(store, quorum, rank, world, timeout_s, self._aborts)
+            self._quorum = quorum
 
     @endpoint
     def stand_by(
@@ -218,8 +218,7 @@ class Replica(Actor):
         only drops it (no copy of the state is needed to undo the step). Concurrent, so that
         this replica serves heals (of the committed state) while it computes. Asked again for
         the same step, undecided (a spare took a dead participant's place: `_inflight`), it
-        keeps its local gradient and redoes only the exchange; without `exchange`, it stops
-        at the gradient."""
+        keeps its gradient and redoes only the exchange; without `exchange`, it stops there."""
         with self._stepping:
             if quorum in self._standing:  # a take-over's group, formed in advance
                 self._retired.append(self._group)  # dropping a group takes ~10 ms: later
