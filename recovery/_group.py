@@ -290,15 +290,16 @@ class ReplicaGroup:
             quorum, participants = self._current
             if index in participants:  # before the state: a step seeing it forms a new group
                 self._quorum_members = None  # (its replacement: other procs, or respawned)
-            member.state = "failed"
+            respawn = self._started and not self._standbys.ready()  # else a spare takes over
+            member.state = "failed"  # (decided first: a step seeing it may take a spare now)
             self._standing.drop(member.procs)
             member.recovery = Recovery(index, time.monotonic(), why)
             self.recoveries.append(member.recovery)
         if index in participants:  # survivors waiting on it in a collective give up now
             self._aborts.abort(quorum, f"replica {index} {why}")
         self._log.warning("replica_failed", replica=index, reason=why)
-        if self._started and not self._standbys.ready():  # else a spare takes its place
-            self._rejoins.respawn(member)  # now, not at the next step: the spawn is long
+        if respawn:  # now, not at the next step: the spawn is long
+            self._rejoins.respawn(member)
 
     def _await_quorum(self) -> tuple[int, ...]:
         """The live replicas, once there are at least `min_replicas` (bounded wait)."""

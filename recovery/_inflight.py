@@ -52,13 +52,16 @@ class InFlight:
     quorum: Callable[[], int]
     name: str
 
-    def possible(self, members: tuple[int, ...]) -> Callable[[], bool] | None:
-        """Whether spares could complete the step of `members` now: a member died, and a
-        spare is ready for each one that did (the step's prepare stops waiting then); None
-        in a group without spares (its prepare is waited for as a whole)."""
+    def possible(self, members: tuple[int, ...]) -> Callable[[Mapping[int, Any]], bool] | None:
+        """Whether spares could complete the step of `members` now, given the prepare calls
+        `done` so far: a member died, and a spare is ready for each one that did (the step's
+        prepare stops waiting then); None in a group without spares."""
 
-        def now() -> bool:
-            dead = sum(self.members[i].state == "failed" for i in members)
+        def now(done: Mapping[int, Any]) -> bool:
+            dead = sum(
+                self.members[i].state == "failed" or isinstance(done.get(i), SupervisionError)
+                for i in members
+            )
             return 0 < dead <= self.standbys.ready()
 
         return now if self.standbys.meshes else None

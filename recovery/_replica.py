@@ -185,19 +185,20 @@ class Replica(Actor):
         step: int = 0,
     ) -> None:
         """Enter the process group of `quorum` (a fresh one per membership) for `step`: this
-        replica's ranks take the group ranks from `base` on, once a prepare under way ended.
-        Gives up as soon as the group's controller says that a member failed."""
+        replica's ranks take the group ranks from `base` on. Gives up as soon as the group's
+        controller says that a member failed (`ExchangeAborted`)."""
         self.on_phase("join", step)
         self._built()
-        with self._stepping:  # a prepare still in the old group watches for its abort
-            self._rank = context().rank.rank
-            self._group, self._quorum = None, -1  # the old group: its peers may be gone
-            if self._aborts is None:
-                self._aborts = AbortWatch(store, timeout_s)
-            self._aborts.quorum = quorum
-            rank = base + self._rank
-            self._group = open_group(store, quorum, rank, world, timeout_s, self._aborts)
-            self._quorum = quorum
+        if self._started is not None:  # a prepare still in the old group (`_inflight`) ends
+            with self._stepping:  # first: it watches for the old group's abort
+                pass
+        self._rank = context().rank.rank
+        self._group, self._quorum = None, -1  # the old group: its peers may be gone
+        if self._aborts is None:
+            self._aborts = AbortWatch(store, timeout_s)
+        self._aborts.quorum = quorum
+        self._group = open_group(store, quorum, base + self._rank, world, timeout_s, self._aborts)
+        self._quorum = quorum
 
     @endpoint
     def stand_by(
