@@ -49,10 +49,11 @@ def steps_per_second(group: ReplicaGroup, steps: int) -> float:
 
 def with_kills(
     group: ReplicaGroup, kills: int, every: int, rng: random.Random
-) -> tuple[list[float], list[int], float]:
+) -> tuple[list[float], list[int], float, list[float]]:
     """Kill a replica every `every` steps; (kill to first commit s, steps lost per kill,
-    steps per second over the whole phase)."""
+    steps per second over the whole phase, kill to the group noticing it s)."""
     recovered: list[float] = []
+    noticed: list[float] = []
     lost: list[int] = []
     started = time.perf_counter()
     begin = group.committed_steps
@@ -70,9 +71,10 @@ def with_kills(
         ):
             group.step()
         recovered.append(group.recoveries[-1].first_commit_at - killed_at)  # type: ignore[operator]
+        noticed.append(group.recoveries[-1].failed_at - killed_at)
         lost.append(sum(not o.committed for o in group.outcomes) - discarded_before)
     rate = (group.committed_steps - begin) / (time.perf_counter() - started)
-    return recovered, lost, rate
+    return recovered, lost, rate, noticed
 
 
 def nearest_rank(values: list[float], q: float) -> float:
@@ -153,13 +155,14 @@ def run(args: argparse.Namespace, spares: int) -> dict[str, Any]:
     try:
         steps_per_second(group, 20)  # warm up
         baseline = steps_per_second(group, args.baseline_steps)
-        recovered, lost, faulty = with_kills(
+        recovered, lost, faulty, noticed = with_kills(
             group, args.kills, args.every, random.Random(args.seed)
         )
         problem = group.check_consistency()
     finally:
         group.close()
     phases = {
+        "killed -> noticed": noticed,
         "noticed -> up": [r.respawned_at - r.failed_at for r in group.recoveries if r.respawned_at],
         "up -> healed": [
             r.healed_at - r.respawned_at for r in group.recoveries if r.healed_at and r.respawned_at

@@ -11,7 +11,8 @@ they go on stepping (`_rejoin`); it takes part from the step after its heal. Bel
 `min_replicas` the group waits for replacements, within a bound, rather than train alone.
 A replica whose host is lost ("unreachable": its node died) comes back on a `spare_hosts` host.
 With `spares=K`, K standby replicas follow the committed steps and a failed replica's place is
-taken by one of them at the next step instead (`_standby`).
+taken by one of them instead (`_standby`): in the step in flight if it died during `prepare`
+(`_inflight`: the step is completed, not discarded), else at the next step.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from supervision import ActorError, SupervisionError, SupervisionEvent
 from transport import get_logger
 
 from ._aborts import AbortNotices
+from ._inflight import InFlight
 from ._members import PRELOAD, Member, ReplicaSpawner, gather
 from ._outcomes import Recovery, ReplicaGroupError, ReplicaLost, StepOutcome, alive, short
 from ._rejoin import KEEP_WHILE_HEALING, Rejoins
@@ -115,6 +117,10 @@ class ReplicaGroup:
         self._rejoins = Rejoins(
             self._members, self._spawner, self._standbys, self._configure_args, step_timeout_s, name
         )
+        self._inflight = InFlight(
+            self._members, self._standbys, self._failed, self._form_group, self._call_all,
+            lambda: self._current[0], name,
+        )  # fmt: skip
         self._start()
 
     # -- the public face ------------------------------------------------------------------------
@@ -170,8 +176,9 @@ class ReplicaGroup:
         if not self._form_group(members, step):
             return self._outcome(step, False, members, started, "the process group did not form")
         world = len(members) * self.ranks_per_replica
-        prepared = self._call_all(members, "prepare", step, self._current[0], world)
-        failed = {i: e for i, e in prepared.items() if isinstance(e, BaseException)}
+        until = self._inflight.possible(members)  # a spare can start as soon as one dies
+        prepared = self._call_all(members, "prepare", step, self._current[0], world, until=until)
+        failed = self._inflight.complete(members, step, world, prepared)  # spares, or failures
         if failed:
             self._abort(members, step, failed)
             reasons = "; ".join(f"replica {i}: {short(e)}" for i, e in sorted(failed.items()))
@@ -280,17 +287,19 @@ class ReplicaGroup:
             member.host_lost = member.host_lost or host_lost
             if member.state != "live":
                 return
-            member.state = "failed"
+            quorum, participants = self._current
+            if index in participants:  # before the state: a step seeing it forms a new group
+                self._quorum_members = None  # (its replacement: other procs, or respawned)
+            respawn = self._started and not self._standbys.ready()  # else a spare takes over
+            member.state = "failed"  # (decided first: a step seeing it may take a spare now)
             self._standing.drop(member.procs)
             member.recovery = Recovery(index, time.monotonic(), why)
             self.recoveries.append(member.recovery)
-        quorum, participants = self._current
         if index in participants:  # survivors waiting on it in a collective give up now
             self._aborts.abort(quorum, f"replica {index} {why}")
-            self._quorum_members = None  # its replacement (same procs, respawned) needs a new one
         self._log.warning("replica_failed", replica=index, reason=why)
-        if self._started and not self._standbys.ready():  # else a spare takes its place
-            self._rejoins.respawn(member)  # now, not at the next step: the spawn is long
+        if respawn:  # now, not at the next step: the spawn is long
+            self._rejoins.respawn(member)
 
     def _await_quorum(self) -> tuple[int, ...]:
         """The live replicas, once there are at least `min_replicas` (bounded wait)."""
@@ -333,16 +342,8 @@ class ReplicaGroup:
             self._quorum_members = members
             return True
         world = len(members) * self.ranks_per_replica
-        joined = self._call_all(
-            members,
-            "join",
-            self._current[0],
-            None,  # filled per member below
-            world,
-            self._store_address,
-            self.group_timeout_s,
-            step,
-        )
+        args = (self._current[0], None, world, self._store_address, self.group_timeout_s, step)
+        joined = self._call_all(members, "join", *args)  # None: the base, filled per member
         failed = {i: e for i, e in joined.items() if isinstance(e, BaseException)}
         if failed:
             for index, error in failed.items():
@@ -355,9 +356,11 @@ class ReplicaGroup:
 
     # -- calls ---------------------------------------------------------------------------------
 
-    def _call_all(self, members: tuple[int, ...], endpoint: str, *args: Any) -> dict[int, Any]:
+    def _call_all(
+        self, members: tuple[int, ...], endpoint: str, *args: Any, until: Any = None
+    ) -> dict[int, Any]:
         """Call `endpoint` on every rank of each member at once; per member, the list of
-        values (rank order) or the error."""
+        values (rank order) or the error (`until`: see `gather`)."""
         futures, gone = {}, {}
         for position, index in enumerate(members):
             call_args = list(args)
@@ -371,7 +374,7 @@ class ReplicaGroup:
                     gone[index] = ReplicaLost(f"replica {index} failed during this step")
                     continue
                 futures[index] = getattr(member.actors, endpoint).call(*call_args)
-        return gather(futures, self.step_timeout_s) | gone
+        return gather(futures, self.step_timeout_s, until) | gone
 
     def _abort(self, members: tuple[int, ...], step: int, failed: dict[int, Any]) -> None:
         """Undo `step` everywhere it was prepared; replicas that died are re-spawned."""

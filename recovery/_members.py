@@ -88,15 +88,38 @@ class _Routed:
         return self.handler(self.procs, event)
 
 
-def gather(calls: Mapping[int, Future[ValueMesh[Any]]], timeout_s: float) -> dict[int, Any]:
+#: `gather` asks its `until` as each call ends, and at least this often.
+UNTIL_POLL_S = 0.01
+
+
+def gather(
+    calls: Mapping[int, Future[ValueMesh[Any]]],
+    timeout_s: float,
+    until: Callable[[Mapping[int, Any]], bool] | None = None,
+) -> dict[int, Any]:
     """Wait for the call made to each member (all within `timeout_s`): per member, the list
-    of values (rank order) or the error."""
+    of values (rank order) or the error. If `until(the calls done so far)` turns true first,
+    returns at once with those (the calls under way are left out)."""
     deadline = time.monotonic() + timeout_s
+    if until is not None:
+        ended = threading.Event()
+        for future in calls.values():
+            future.add_done_callback(lambda _: ended.set())
+        while time.monotonic() < deadline:
+            ended.clear()
+            done = {i: _outcome(f, 0.0) for i, f in calls.items() if f.done()}
+            if len(done) == len(calls) or until(done):
+                return done
+            ended.wait(UNTIL_POLL_S)
     results: dict[int, Any] = {}
     for index, future in calls.items():
-        try:
-            values = future.get(timeout=max(0.0, deadline - time.monotonic()))
-            results[index] = list(values.values())
-        except (SupervisionError, ActorError, TimeoutError) as exc:
-            results[index] = exc
+        results[index] = _outcome(future, max(0.0, deadline - time.monotonic()))
     return results
+
+
+def _outcome(future: Future[ValueMesh[Any]], timeout_s: float) -> Any:
+    """The values of a member's call (rank order) or its error, waiting up to `timeout_s`."""
+    try:
+        return list(future.get(timeout=timeout_s).values())
+    except (SupervisionError, ActorError, TimeoutError) as exc:
+        return exc

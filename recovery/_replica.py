@@ -100,6 +100,7 @@ class Replica(Actor):
         self._group: Any = None
         self._quorum = -1
         self._started: StepStart | None = None  # what the step under way changes, for abort
+        self._computed = 0  # the step whose local gradient `_gradient` holds, until decided
         self._rank = 0  # of this replica's ranks
         self._stepping = threading.Lock()  # prepare, commit and abort: one at a time
         self._changing = threading.Lock()  # a change of the state, against serving a heal
@@ -189,14 +190,15 @@ class Replica(Actor):
         controller says that a member failed (`ExchangeAborted`)."""
         self.on_phase("join", step)
         self._built()
+        if self._started is not None:  # a prepare still in the old group (`_inflight`) ends
+            with self._stepping:  # first: it watches for the old group's abort
+                pass
         self._rank = context().rank.rank
-        rank = base + self._rank
-        self._group = None  # the old group: its peers may be gone
-        self._quorum = -1
+        self._group, self._quorum = None, -1  # the old group: its peers may be gone
         if self._aborts is None:
             self._aborts = AbortWatch(store, timeout_s)
         self._aborts.quorum = quorum
-        self._group = open_group(store, quorum, rank, world, timeout_s, self._aborts)
+        self._group = open_group(store, quorum, base + self._rank, world, timeout_s, self._aborts)
         self._quorum = quorum
 
     @endpoint
@@ -212,11 +214,13 @@ class Replica(Actor):
     # -- one step -----------------------------------------------------------------------------
 
     @concurrent_endpoint
-    def prepare(self, step: int, quorum: int, world: int) -> None:
+    def prepare(self, step: int, quorum: int, world: int, exchange: bool = True) -> None:
         """Phase one of `step`: gradient and exchange. The averaged gradient is kept, not yet
         applied: it is the same bits on every participant, so `commit` applies it and `abort`
         only drops it (no copy of the state is needed to undo the step). Concurrent, so that
-        this replica serves heals (of the committed state) while it computes."""
+        this replica serves heals (of the committed state) while it computes. Asked again for
+        the same step, undecided (a spare took a dead participant's place: `_inflight`), it
+        keeps its gradient and redoes only the exchange; without `exchange`, it stops there."""
         with self._stepping:
             if quorum in self._standing:  # a take-over's group, formed in advance
                 self._retired.append(self._group)  # dropping a group takes ~10 ms: later
@@ -233,15 +237,22 @@ class Replica(Actor):
                 )
             with self._changing:  # the data and RNG a retry must see again, and the buffers
                 self._update = None
-                if next(self.model.buffers(), None) is not None:
-                    self._donor.clear()  # the forward pass may change buffers lent to a heal
-                self._started = StepStart(save_buffers(self.model), capture_position(self))
-            shard = self.replica_id * self.ranks_per_replica + self._rank
-            self.on_phase("forward", step)
-            loss = self.loss(self.model, step, shard)
-            self._gradient = local_gradient(self.model, loss, self._gradient)
+                kept = self._computed == step and self._started is not None
+                if not kept:
+                    _undo_step(self)  # an attempt that failed before its gradient
+                    if next(self.model.buffers(), None) is not None:
+                        self._donor.clear()  # the forward pass may change buffers lent to a heal
+                    self._started = StepStart(save_buffers(self.model), capture_position(self))
+            if not kept:
+                shard = self.replica_id * self.ranks_per_replica + self._rank
+                self.on_phase("forward", step)
+                loss = self.loss(self.model, step, shard)
+                self._gradient = local_gradient(self.model, loss, self._gradient)
+                self._computed = step
+            if not exchange:
+                return
             self.on_phase("allreduce", step)
-            assert self._aborts is not None  # set by join
+            assert self._aborts is not None and self._gradient is not None  # set by join, above
             self._update = exchange_average(self._group, self._gradient, self._aborts)
 
     @endpoint
@@ -256,7 +267,7 @@ class Replica(Actor):
             self._donor.clear(keep_old=True)  # the state changes now: a heal keeps its bytes
             self.on_phase("apply", step)
             apply_average(self.model, self.optimizer, self._update)
-            self._started = None
+            self._started, self._computed = None, 0
             self.committed_step = step
             if keep_updates != self._updates.keep:
                 self._updates.resize(keep_updates)
@@ -269,12 +280,8 @@ class Replica(Actor):
         """Drop a prepared step (if any): the parameters are still those of the last commit;
         buffers a forward pass changed, the data position and RNG states go back."""
         with self._stepping, self._changing:
-            self._update = None
-            if self._started is not None:
-                self._donor.clear()
-                restore_buffers(self.model, self._started.buffers)
-                restore_position(self, self._started.position)
-                self._started = None
+            self._update, self._computed = None, 0
+            _undo_step(self)
             return self.committed_step
 
     # -- state ----------------------------------------------------------------------------------
@@ -301,6 +308,7 @@ class Replica(Actor):
         donors = [endpoints_of(rank_match(mesh, context().rank.rank)) for mesh in meshes]
         with self._changing:
             self._started = self._update = None
+            self._computed = 0
             self._donor.clear()
         self.last_heal = heal(
             self, donors, self.heal_chunk_bytes, self.heal_window, self.heal_timeout_s
@@ -367,6 +375,15 @@ class Replica(Actor):
     @endpoint
     def parameters(self) -> dict[str, torch.Tensor]:
         return dict(self.model.state_dict())
+
+
+def _undo_step(replica: Replica) -> None:
+    """Put back what the step under way changed (with `_changing` held)."""
+    if replica._started is not None:
+        replica._donor.clear()
+        restore_buffers(replica.model, replica._started.buffers)
+        restore_position(replica, replica._started.position)
+        replica._started = None
 
 
 def _catch_up(replica: Replica, step: int, ranks: Sequence[ActorMesh[Replica]]) -> int:
