@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from supervision import ActorError, SupervisionError
 from transport import Lent
 
+from ._arithmetic import apply_average
 from ._heal_state import StateLayout, flat_bytes, memory_of
 from ._position import Position
 
@@ -175,3 +176,20 @@ def peer_position(peers: Sequence[ActorMesh[Any]], step: int, timeout_s: float) 
         if isinstance(layout, StateLayout) and layout.step == step:
             return layout.position
     return None
+
+
+def catch_up(replica: Any, step: int, ranks: Sequence[ActorMesh[Any]]) -> int:
+    """Apply the committed updates of the steps after `replica`'s (a `Replica`) up to `step`,
+    from the first of `ranks` (a peer's rank each) that keeps them; returns how many."""
+    first = replica.committed_step + 1
+    if step < first:
+        return 0
+    with replica._changing:
+        replica._donor.clear()
+    numel = sum(p.numel() for p in replica.model.parameters())
+    updates = fetch_updates(ranks, first, step, numel, replica.heal_timeout_s)
+    for offset, update in enumerate(updates or ()):
+        apply_average(replica.model, replica.optimizer, update)
+        replica.committed_step = first + offset
+        replica._updates.record(replica.committed_step, update)
+    return len(updates or ())

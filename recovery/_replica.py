@@ -41,7 +41,7 @@ from ._exchange import GroupPlace, exchange_average, form_groups, open_group
 from ._follow import (
     Takeover,
     UpdateLog,
-    fetch_updates,
+    catch_up,
     peer_position,
     rank_match,
     warm_up_autograd,
@@ -345,7 +345,7 @@ class Replica(Actor):
         """A spare: apply the committed updates after its own step up to `step`, from the
         first of `peers` that keeps them. Returns the step it holds and its digest."""
         self.on_phase("follow", step)
-        _catch_up(self, step, [rank_match(peer, context().rank.rank) for peer in peers])
+        catch_up(self, step, [rank_match(peer, context().rank.rank) for peer in peers])
         return self.committed_step, digest(self.model)
 
     @endpoint
@@ -358,7 +358,7 @@ class Replica(Actor):
         (the digest of `step`; None: already checked)."""
         self.replica_id = replica_id
         ranks = [rank_match(peer, context().rank.rank) for peer in peers]
-        applied = _catch_up(self, step, ranks)
+        applied = catch_up(self, step, ranks)
         position = peer_position(ranks, step, self.heal_timeout_s)
         matches = expected is None or digest(self.model) == expected
         if self.committed_step == step and matches and position is not None:
@@ -384,20 +384,3 @@ def _undo_step(replica: Replica) -> None:
         restore_buffers(replica.model, replica._started.buffers)
         restore_position(replica, replica._started.position)
         replica._started = None
-
-
-def _catch_up(replica: Replica, step: int, ranks: Sequence[ActorMesh[Replica]]) -> int:
-    """Apply the committed updates of the steps after this replica's up to `step`, from
-    the first of `ranks` (a peer's rank each) that keeps them; returns how many."""
-    first = replica.committed_step + 1
-    if step < first:
-        return 0
-    with replica._changing:
-        replica._donor.clear()
-    numel = sum(p.numel() for p in replica.model.parameters())
-    updates = fetch_updates(ranks, first, step, numel, replica.heal_timeout_s)
-    for offset, update in enumerate(updates or ()):
-        apply_average(replica.model, replica.optimizer, update)
-        replica.committed_step = first + offset
-        replica._updates.record(replica.committed_step, update)
-    return len(updates or ())
