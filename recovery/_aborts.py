@@ -12,6 +12,25 @@ import datetime
 import threading
 from typing import Any
 
+#: The longest wait for a connection to the group's store. A process's first connection
+#: sometimes takes seconds on a busy machine (measured: 5 s, with the store idle); the store
+#: is the controller's, which outlives every replica, so this wait never hides a dead peer.
+#: Requests on the connection keep the group's own timeout.
+STORE_CONNECT_S = 30.0
+
+
+def store_client(store: tuple[str, int], timeout_s: float) -> Any:
+    """A connection of this process to the group's TCP store at `store`, whose requests time
+    out after `timeout_s` (its connecting, after `STORE_CONNECT_S` at least)."""
+    import torch.distributed as dist
+
+    connect = datetime.timedelta(seconds=max(timeout_s, STORE_CONNECT_S))
+    client = dist.TCPStore(  # type: ignore[attr-defined]
+        store[0], store[1], is_master=False, timeout=connect
+    )
+    client.set_timeout(datetime.timedelta(seconds=timeout_s))
+    return client
+
 
 def abort_key(quorum: int) -> str:
     """The store key that marks the process group of `quorum` as aborted."""
@@ -35,11 +54,7 @@ class AbortWatch:
     store connection of its own, used only by the replica's thread that waits."""
 
     def __init__(self, store: tuple[str, int], timeout_s: float) -> None:
-        import torch.distributed as dist
-
-        self._store = dist.TCPStore(  # type: ignore[attr-defined]
-            store[0], store[1], is_master=False, timeout=datetime.timedelta(seconds=timeout_s)
-        )
+        self._store = store_client(store, timeout_s)
         self.quorum = -1
 
     def abort(self, quorum: int, reason: str) -> None:
@@ -50,6 +65,7 @@ class AbortWatch:
         key = abort_key(self.quorum)
         if not self._store.check([key]):
             return None
-        return f"the process group of quorum {self.quorum} was aborted: " + (
-            self._store.get(key).decode(errors="replace")
+        reason: bytes = self._store.get(key)
+        return f"the process group of quorum {self.quorum} was aborted: " + reason.decode(
+            errors="replace"
         )

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._aborts import AbortWatch
+from ._aborts import AbortWatch, store_client
 from ._native import leaving, native_call
 from ._outcomes import ExchangeAborted
 
@@ -185,9 +185,7 @@ def open_group(
     timeout = datetime.timedelta(seconds=timeout_s)
     # A store client of its own: an abandoned rendezvous may still hold its connection.
     with native_call():
-        client = dist.TCPStore(  # type: ignore[attr-defined]
-            store[0], store[1], is_master=False, timeout=timeout
-        )
+        client = store_client(store, timeout_s)
     prefixed = dist.PrefixStore(f"quorum-{quorum}", client)  # type: ignore[attr-defined]
     return run_unless_aborted(lambda: dist.ProcessGroupGloo(prefixed, rank, world, timeout), aborts)
 
