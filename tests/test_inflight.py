@@ -8,34 +8,19 @@ and retried as before. Real procs, gloo and SIGKILL.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import heal_actors as ha
 import pytest
 import replica_actors as ra
 from test_heal import _committed_reads
 from test_replicas import assert_invariants, train
+from test_spares import _with_a_ready_spare
 
 from mesh import this_host
 from recovery import ReplicaGroup, replay_training
 from recovery import parameter_digest as digest
 
 pytestmark = pytest.mark.timeout(240)
-
-HB = 1.0
-
-
-def _with_a_ready_spare(
-    groups: list[ReplicaGroup], trainer: type[Any], plan: dict[int, Any], tmp_path: Path
-) -> ReplicaGroup:
-    """Three replicas of `trainer` (its death `plan`, files in `tmp_path`) and one spare, once
-    the spare is ready and the groups of its take-overs are formed."""
-    group = ReplicaGroup(
-        this_host(), trainer, plan, str(tmp_path), replicas=3, spares=1, heartbeat_timeout_s=HB
-    )
-    groups.append(group)
-    group.wait_for_all()
-    return group
 
 
 def _fault_free(steps: int) -> str:
