@@ -12,10 +12,10 @@ import datetime
 import threading
 from typing import Any
 
-#: The longest wait for a connection to the group's store. A process's first connection
-#: sometimes takes seconds on a busy machine (measured: 5 s, with the store idle); the store
-#: is the controller's, which outlives every replica, so this wait never hides a dead peer.
-#: Requests on the connection keep the group's own timeout.
+#: The longest wait for a connection to the group's store. A connection sometimes takes 5 s
+#: with the store idle: torch's sockets look up the peer's name, and a DNS query the resolver
+#: drops costs its timeout. The store is the controller's, which outlives every replica, so
+#: this wait never hides a dead peer. Requests on the connection keep the group's timeout.
 STORE_CONNECT_S = 30.0
 
 
