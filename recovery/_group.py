@@ -28,7 +28,7 @@ from transport import get_logger
 
 from ._aborts import AbortNotices
 from ._inflight import InFlight
-from ._members import PRELOAD, Member, ReplicaSpawner, gather
+from ._members import PRELOAD, Member, ReplicaSpawner, failures, gather
 from ._outcomes import Recovery, ReplicaGroupError, ReplicaLost, StepOutcome, alive, short
 from ._rejoin import KEEP_WHILE_HEALING, Rejoins
 from ._replica import Replica
@@ -344,7 +344,7 @@ class ReplicaGroup:
         world = len(members) * self.ranks_per_replica
         args = (self._current[0], None, world, self._store_address, self.group_timeout_s, step)
         joined = self._call_all(members, "join", *args)  # None: the base, filled per member
-        failed = {i: e for i, e in joined.items() if isinstance(e, BaseException)}
+        failed = failures(joined)
         if failed:
             for index, error in failed.items():
                 if isinstance(error, SupervisionError):

@@ -27,15 +27,10 @@ from typing import Any
 from supervision import ActorError, SupervisionError
 from transport import get_logger
 
-from ._members import Member
+from ._members import Member, failures
 from ._outcomes import ReplicaLost, short
 from ._spares import host_lost
 from ._standby import Standbys
-
-
-def failures(results: Mapping[int, Any]) -> dict[int, BaseException]:
-    """The members whose call failed, with the error, out of `gather`'s `results`."""
-    return {i: e for i, e in results.items() if isinstance(e, BaseException)}
 
 
 @dataclass(frozen=True, eq=False)

@@ -92,6 +92,11 @@ class _Routed:
 UNTIL_POLL_S = 0.01
 
 
+def failures(results: Mapping[int, Any]) -> dict[int, BaseException]:
+    """The members whose call failed, with the error, out of `gather`'s `results`."""
+    return {i: e for i, e in results.items() if isinstance(e, BaseException)}
+
+
 def gather(
     calls: Mapping[int, Future[ValueMesh[Any]]],
     timeout_s: float,

@@ -14,9 +14,8 @@ import pytest
 import replica_actors as ra
 from test_heal import _committed_reads
 from test_replicas import assert_invariants, train
-from test_spares import _with_a_ready_spare
+from test_spares import _loader_run_without_failures, _with_a_ready_spare
 
-from mesh import this_host
 from recovery import ReplicaGroup, replay_training
 from recovery import parameter_digest as digest
 
@@ -52,12 +51,7 @@ def test_a_step_completed_by_a_spare_reads_each_batch_once_with_the_runs_random_
     """Against a run without failures: replica 1 dies in the exchange of step 3, after reading
     its batch. The spare reads that batch again, with the random numbers replica 1 drew; the
     survivors read theirs of step 3 once (no retry), and the parameters end equal, bit for bit."""
-    reference = ReplicaGroup(this_host(), ha.LoaderTrainer, {}, str(tmp_path), replicas=3)
-    groups.append(reference)
-    train(reference, 7)
-    expected = _committed_reads(reference)
-    final = reference.status()
-    reference.close()
+    expected, final = _loader_run_without_failures(groups, tmp_path)
     plan = {1: [(3, "allreduce")]}
     (tmp_path / "run").mkdir()  # its death marks
     group = _with_a_ready_spare(groups, ha.LoaderTrainer, plan, tmp_path / "run")

@@ -143,12 +143,7 @@ def test_a_spare_goes_on_with_the_groups_batches_and_random_numbers(
     """Against a run without failures: replica 1 is killed between steps 2 and 3 and a spare
     takes its place. At every step, every replica reads the batch and the random numbers the
     run without failures read, and the parameters end equal to that run's, bit for bit."""
-    reference = ReplicaGroup(this_host(), ha.LoaderTrainer, {}, str(tmp_path), replicas=3)
-    groups.append(reference)
-    train(reference, 7)
-    expected = _committed_reads(reference)
-    final = reference.status()
-    reference.close()
+    expected, final = _loader_run_without_failures(groups, tmp_path)
     group = _with_a_ready_spare(groups, ha.LoaderTrainer, {}, tmp_path)
     train(group, 7, between={2: 1})
     assert [(r.replica, r.by_spare) for r in group.recoveries] == [(1, True)], group.recoveries
@@ -339,6 +334,18 @@ def test_a_formation_given_up_ends_at_once_and_a_failed_one_releases_its_peers()
     for quorum in (9, 10):
         watch.quorum = quorum
         assert "could not form it" in (watch() or ""), quorum
+
+
+def _loader_run_without_failures(groups: list[ReplicaGroup], tmp_path: Path) -> tuple[Any, Any]:
+    """What three `LoaderTrainer` replicas read in 7 steps without failures, and their final
+    status: the reference for runs with failures."""
+    reference = ReplicaGroup(this_host(), ha.LoaderTrainer, {}, str(tmp_path), replicas=3)
+    groups.append(reference)
+    train(reference, 7)
+    expected = _committed_reads(reference)
+    final = reference.status()
+    reference.close()
+    return expected, final
 
 
 def _with_a_ready_spare(
