@@ -15,7 +15,8 @@ aggregate proc lines without procs (`RankLog`, `LogFileConfig`, `line_level`, `A
 debugger; `workspace_wire`, those of workspace sync, whose paths an agent checks with
 `workspace_path_problem`; `fanout_wire`, those of fanned-out calls; `shared_payload_wire`,
 the memory files of shared payloads; `FanOutRelay`, an agent's half of fanned-out calls, over
-a `ProcTable` of `ProcRecord`s). `fan_out_from` sets when calls go through host agents,
+a `ProcTable` of `ProcRecord`s; `Watchdog`, an agent's
+heartbeat deadlines over such a table). `fan_out_from` sets when calls go through host agents,
 and `fanned_out` tells which path an actor mesh's last messages took. Each reads the engine
 in one place, here.
 """
@@ -34,6 +35,7 @@ from mesh._agent.log_records import line_level as line_level
 from mesh._agent.procs import ProcRecord as ProcRecord
 from mesh._agent.procs import ProcTable as ProcTable
 from mesh._agent.relay import FanOutRelay as FanOutRelay
+from mesh._agent.watchdog import Watchdog as Watchdog
 from mesh._api.actor_mesh import ActorMesh as _ActorMesh
 from mesh._api.configure import configured as settings
 from mesh._api.controllers import stop_controllers as stop_controllers
@@ -68,6 +70,7 @@ __all__ = (
     "RankLog",
     "RankedLine",
     "Region",
+    "Watchdog",
     "bookkeeping",
     "break_links",
     "call_watchdog_suspended",

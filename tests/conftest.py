@@ -125,6 +125,26 @@ def meshvisor_run_dirs() -> list[str]:
     return sorted(str(p) for p in Path(RUN_BASE).glob("meshvisor-*"))
 
 
+#: Each run directory seen, with where it was first seen: "during TEST" or "before TEST" (made
+#: by fixtures or the teardown of the test before), so that a leak names its maker.
+FIRST_SEEN: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True)
+def note_run_dirs(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Notes the run directories that appear around each test (for the session-end check)."""
+    for found in meshvisor_run_dirs():
+        FIRST_SEEN.setdefault(found, f"before {request.node.nodeid}")
+    yield
+    for found in meshvisor_run_dirs():
+        FIRST_SEEN.setdefault(found, f"during {request.node.nodeid}")
+
+
+def seen_where(dirs: list[str]) -> list[str]:
+    """`dirs`, each with where the session first saw it."""
+    return [f"{found} (first seen {FIRST_SEEN.get(found, 'at session end')})" for found in dirs]
+
+
 def other_run_bases() -> list[str]:
     """Bases that processes of this session made besides `RUN_BASE` (they name it in their
     session file): each one is a leak, as nothing removes it."""
@@ -162,7 +182,9 @@ def no_leaks_at_session_end() -> Iterator[None]:
         shutil.rmtree(base, ignore_errors=True)
     assert shutdown_error is None, f"closing the client session failed: {shutdown_error!r}"
     assert not leftovers, f"meshvisor processes left behind after the test session: {leftovers}"
-    assert not dirs, f"meshvisor run directories left behind after the test session: {dirs}"
+    assert not dirs, (
+        f"meshvisor run directories left behind after the test session: {seen_where(dirs)}"
+    )
     assert not bases, f"processes of the test session made base directories of their own: {bases}"
 
 

@@ -124,8 +124,9 @@ class HostAgent:
             if self._shutting_down and not self._procs:
                 break
             self._watch_forkserver(selector)
-            wait_s = self._watchdog.next_timeout()  # (its own deadlines judge its absence)
-            for key, mask in selector.select(self._relay.due_in(wait_s)):  # held answers
+            wait_s = self._relay.due_in(self._watchdog.next_timeout())  # held answers first
+            self._watchdog.waiting(wait_s)  # (its own deadlines judge its absence)
+            for key, mask in selector.select(wait_s):
                 if key.data == "forkserver":
                     if mask & selectors.EVENT_WRITE:
                         self._forkserver.flush()
@@ -139,8 +140,8 @@ class HostAgent:
                 elif key.data == "notices" and self._notices is not None:
                     for name, left in self._notices.take():
                         self._on_notice(name, left)
+            self._watchdog.woke()
             self._drain_inbox()  # heartbeats that queued while it waited count first
-            self._watchdog.forgive_absence(wait_s)
             self._enforce_deadlines()
             if self._shutting_down and not self._procs:
                 break

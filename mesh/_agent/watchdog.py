@@ -26,12 +26,13 @@ class Watchdog:
         self._procs = procs
         self.owner_timeout_s = owner_timeout_s
         self._owners_seen: dict[str, float] = {}
-        self._last_check = time.monotonic()
+        self._woke = time.monotonic()  # when the serve loop's last wait ended
+        self._wake_at = self._woke  # when its current wait is planned to end
         self._log = log  # the agent's structlog logger
 
     def start(self) -> None:
-        """The serve loop starts now: its first wait is measured from here."""
-        self._last_check = time.monotonic()
+        """The serve loop starts now: its first stretch of work is measured from here."""
+        self._woke = self._wake_at = time.monotonic()
 
     def heartbeat(self, proc: ProcRecord) -> None:
         """`proc` is alive: its next heartbeat is due a timeout from now."""
@@ -84,26 +85,39 @@ class Watchdog:
             proc.heartbeat_due = min(now + proc.heartbeat_timeout_s, busy_until)
         return why
 
-    def forgive_absence(self, wait_s: float) -> None:
-        """The agent's own absence (paused, starved of CPU) is not its procs' silence: their
-        deadlines move by as long as the loop overslept; after a real pause, when messages
-        sent meanwhile may still be on their way in, each restarts from now."""
+    def waiting(self, timeout_s: float) -> None:
+        """The serve loop is about to wait up to `timeout_s`; a stretch of work before it that
+        took longer than a pause is the agent's absence (stopped, or starved of CPU)."""
         now = time.monotonic()
-        late_s = max(0.0, now - self._last_check - wait_s)
-        self._last_check = now
-        paused = late_s > _PAUSE_S
+        self._wake_at = now + timeout_s
+        worked_s = now - self._woke
+        if worked_s > _PAUSE_S:
+            self._forgive(worked_s, now)
+
+    def woke(self) -> None:
+        """The serve loop's wait ended: the time it overslept its planned wake-up (paused, or
+        starved of CPU) is the agent's absence, not its procs' silence: their deadlines move
+        by as much. Only the oversleep counts, never the loop's own work, so a deadline that
+        set the wait can be reached but never pushed past now."""
+        self._woke = now = time.monotonic()
+        overslept_s = now - self._wake_at
+        if overslept_s > 0:  # woken early or on time (a message): nothing moves; the hot path
+            self._forgive(overslept_s, now)
+
+    def _forgive(self, absent_s: float, now: float) -> None:
+        """Move every deadline by `absent_s`; after a real pause, when messages sent meanwhile
+        may still be on their way in, each restarts from now."""
+        paused = absent_s > _PAUSE_S
         if paused:
-            self._log.info("agent_was_paused", seconds=round(late_s, 3))
-        if not late_s:  # woken early or on time (a message): nothing moves; the hot path
-            return
+            self._log.info("agent_was_paused", seconds=round(absent_s, 3))
         for proc in self._procs:
-            proc.heartbeat_due += late_s
-            proc.silent_since += late_s
+            proc.heartbeat_due += absent_s
+            proc.silent_since += absent_s
             if paused:
                 proc.silent_since = max(proc.silent_since, now)
                 proc.heartbeat_due = max(proc.heartbeat_due, now + proc.heartbeat_timeout_s)
         for owner, seen in self._owners_seen.items():
-            self._owners_seen[owner] = max(seen + late_s, now) if paused else seen + late_s
+            self._owners_seen[owner] = max(seen + absent_s, now) if paused else seen + absent_s
 
     def next_timeout(self) -> float:
         """Seconds until the next deadline: a kill, a heartbeat, an owner's (at most 1 s)."""
