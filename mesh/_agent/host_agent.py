@@ -125,8 +125,7 @@ class HostAgent:
                 break
             self._watch_forkserver(selector)
             wait_s = self._relay.due_in(self._watchdog.next_timeout())  # held answers first
-            self._watchdog.waiting(wait_s)  # (its own deadlines judge its absence)
-            for key, mask in selector.select(wait_s):
+            for key, mask in selector.select(self._watchdog.waiting(wait_s)):
                 if key.data == "forkserver":
                     if mask & selectors.EVENT_WRITE:
                         self._forkserver.flush()

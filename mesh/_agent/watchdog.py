@@ -85,14 +85,15 @@ class Watchdog:
             proc.heartbeat_due = min(now + proc.heartbeat_timeout_s, busy_until)
         return why
 
-    def waiting(self, timeout_s: float) -> None:
-        """The serve loop is about to wait up to `timeout_s`; a stretch of work before it that
-        took longer than a pause is the agent's absence (stopped, or starved of CPU)."""
+    def waiting(self, timeout_s: float) -> float:
+        """The serve loop is about to wait up to `timeout_s` (returned); a stretch of work
+        before it that took longer than a pause is the agent's absence (stopped, or starved)."""
         now = time.monotonic()
         self._wake_at = now + timeout_s
         worked_s = now - self._woke
         if worked_s > _PAUSE_S:
             self._forgive(worked_s, now)
+        return timeout_s
 
     def woke(self) -> None:
         """The serve loop's wait ended: the time it overslept its planned wake-up (paused, or
