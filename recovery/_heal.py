@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
     from mesh import ActorMesh, Future
 
-_log = get_logger("recovery.heal")
 #: A donor keeps the old step of a heal that a commit overtook for this many commits: the
 #: members keep as many updates for the replacement to catch up with (`KEEP_WHILE_HEALING`).
 OLD_STEP_COMMITS = 2
@@ -103,7 +102,7 @@ class DonorCache:
             if not lent.wait_released(max(deadline - time.monotonic(), 0.0))
         }
         if unsent:
-            _log.warning("heal_chunks_unsent", tensors=len(unsent))
+            get_logger("recovery.heal").warning("heal_chunks_unsent", tensors=len(unsent))
         for tensor in unsent.values():
             tensor.data = tensor.data.clone()
         self._step, self._tensors, self._skeleton, self._lent = -1, [], None, []

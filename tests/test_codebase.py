@@ -170,6 +170,30 @@ def test_classes_have_at_most_25_methods() -> None:
     assert not large, f"classes over {MAX_CLASS_METHODS} methods: " + ", ".join(large)
 
 
+def _calls_at_import(tree: ast.AST) -> Iterator[ast.Call]:
+    """The calls a module makes when imported: not those inside functions and lambdas."""
+    for child in ast.iter_child_nodes(tree):
+        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            if isinstance(child, ast.Call):
+                yield child
+            yield from _calls_at_import(child)
+
+
+def test_no_logger_is_made_at_import() -> None:
+    """`get_logger` reads this process's log settings when first called: at module level it
+    would read them at import, before a program or a test could set them."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{call.lineno}"
+        for path in _modules()
+        for call in _calls_at_import(ast.parse(path.read_text()))
+        if isinstance(call.func, ast.Name) and call.func.id == "get_logger"
+    ]
+    assert not offenders, (
+        "get_logger() called at import time (make the logger where it is used, or in "
+        "__init__): " + ", ".join(offenders)
+    )
+
+
 def test_tests_use_only_public_api() -> None:
     """Tests import public modules and `mesh.testing`, never `_private` modules."""
     offenders = []
