@@ -82,7 +82,7 @@ class HostAgent:
         self._inbox = Inbox(self._zmq, address)
         self._outbox = Outbox(self._zmq)
         self._hostname = current_settings().host_name  # a SLURM node's name, on SLURM
-        self._log = get_logger("mesh.agent", address=address)
+        self._log = get_logger("mesh.agent", address=self._inbox.address)  # as bound
         self._procs = ProcTable()
         self._watchdog = Watchdog(self._procs, owner_timeout_s, self._log)
         watched = owner_pid or parent_pid  # when it exits, everything stops
