@@ -22,7 +22,15 @@ import torch.distributed as dist
 
 from transport import Addresses, Requester, ResponderGone, TransportError, new_context
 
-from ._store_wire import MAX_FRAME_BYTES, Op, Status, encode_request, pack_delta, parse_reply
+from ._store_wire import (
+    MAX_FRAME_BYTES,
+    MAX_VALUE_BYTES,
+    Op,
+    Status,
+    encode_request,
+    pack_delta,
+    parse_reply,
+)
 
 #: How much longer than a request's timeout a client waits for the answer: the server answers
 #: a `get` or `wait` whose keys did not come at that timeout, and its answer says so.
@@ -120,6 +128,7 @@ class StoreClient(dist.Store):  # type: ignore[misc,name-defined]
         self, op: Op, args: list[bytes], timeout: datetime.timedelta | None = None
     ) -> list[bytes]:
         """Send one request and wait for its answer, all within the timeout."""
+        _check_sizes(op, args)
         timeout_ms = int((timeout or self.timeout).total_seconds() * 1000)
         deadline = time.monotonic() + timeout_ms / 1000 + ANSWER_GRACE_S
         request_id = next(self._ids)
@@ -161,6 +170,15 @@ def _answer(requester: Requester, request_id: int, deadline: float, op: Op) -> l
         f"the replica group's store at {requester.address} did not answer {op.name} in "
         "time: its controller may be stuck or gone"
     )
+
+
+def _check_sizes(op: Op, args: list[bytes]) -> None:
+    """Refuse here what the server would refuse (a frame too large would cost the connection)."""
+    if any(len(arg) > MAX_VALUE_BYTES for arg in args):
+        raise ValueError(
+            f"{op.name}: a value is larger than the store allows ({MAX_VALUE_BYTES} bytes); "
+            "pass large data through the transport, not the store"
+        )
 
 
 def _bytes(value: str | bytes) -> bytes:

@@ -11,6 +11,7 @@ against the store's bounds (`_store_wire`); a bad one gets an error, never a cra
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -56,12 +57,14 @@ class StoreServer:
         self._thread = threading.Thread(target=self._serve, name=f"meshvisor-store-{name}")
         self._thread.daemon = True
         self._thread.start()
+        atexit.register(self.close)  # a controller that exits without closing leaves no file
 
     def close(self) -> None:
         """Stop serving: waiting requests get an error; the socket file goes."""
         if self._stopping:
             return
         self._stopping = True
+        atexit.unregister(self.close)
         with contextlib.suppress(OSError):
             os.write(self._wake_write, b"x")
         self._thread.join(STOP_WAIT_S)
