@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from transport import Addresses
+from transport import Addresses, get_logger
 
 
 def store_client(store: Addresses, timeout_s: float) -> Any:
@@ -32,9 +32,15 @@ class AbortNotices:
 
     def __init__(self, store: Addresses, timeout_s: float) -> None:
         self._store = store_client(store, timeout_s)
+        self._log = get_logger("recovery.aborts")
 
     def abort(self, quorum: int, reason: str) -> None:
-        self._store.set(abort_key(quorum), reason.encode())
+        """Mark the group of `quorum` aborted; a notice that cannot be given (the group is
+        closing) is logged: its participants then wait for their timeout."""
+        try:
+            self._store.set(abort_key(quorum), reason.encode())
+        except Exception as exc:
+            self._log.warning("abort_notice_lost", quorum=quorum, reason=str(exc))
 
     def close(self) -> None:
         self._store.close()

@@ -11,6 +11,7 @@ Any thread may call: each has a connection of its own.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import itertools
 import threading
@@ -50,13 +51,13 @@ def _shared_context() -> Any:
 
 
 class _Connections:
-    """One `Requester` per calling thread, all closed together."""
+    """One `Requester` per calling thread, closed when its thread ends, or all together."""
 
     def __init__(self, address: str) -> None:
         self.address = address
         self._local = threading.local()
-        self._all: list[Requester] = []
-        self._lock = threading.Lock()
+        self._all: set[Requester] = set()
+        self._lock = threading.RLock()  # (a thread's end may come while it holds it)
         self._closed = False
 
     def mine(self) -> Requester:
@@ -68,16 +69,38 @@ class _Connections:
                         f"the connection to the store at {self.address} is closed"
                     )
                 requester = Requester(_shared_context(), self.address, max_bytes=MAX_FRAME_BYTES)
-                self._all.append(requester)
+                self._all.add(requester)
             self._local.requester = requester
+            self._local.end = _ThreadEnd(self, requester)
         return requester
+
+    def release(self, requester: Requester) -> None:
+        """Close the connection of a thread that ended."""
+        with self._lock:
+            if requester not in self._all:
+                return
+            self._all.discard(requester)
+        requester.close()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            requesters, self._all = self._all, []
+            requesters, self._all = self._all, set()
         for requester in requesters:
             requester.close()
+
+
+class _ThreadEnd:
+    """Held in a thread's local data, which goes when the thread ends: closes its connection
+    then (a process whose calls come from ever new threads keeps no sockets of dead ones)."""
+
+    def __init__(self, connections: _Connections, requester: Requester) -> None:
+        self._connections = connections
+        self._requester = requester
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # (at the interpreter's exit, say)
+            self._connections.release(self._requester)
 
 
 class StoreClient(dist.Store):  # type: ignore[misc,name-defined]
