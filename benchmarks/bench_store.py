@@ -5,7 +5,8 @@ For each of `--rounds` rounds, for each store in turn (interleaved, so both see 
 two threads each open a fresh connection to the store and form a gloo process group of two
 ranks through it, as two replicas joining a step's group do. Prints, per store, the median,
 95th percentile and slowest time of a connection plus rendezvous, and how many took over 1 s
-(torch's sockets look up the peer's name in DNS; a dropped query costs 5 s).
+(torch's sockets look up the peer's name in DNS; a dropped query costs 5 s), and how many
+failed.
 
     python3 benchmarks/bench_store.py [--rounds 60] [--json]
 """
@@ -15,7 +16,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -43,16 +46,25 @@ def meshvisor_store() -> tuple[Callable[[], Any], Callable[[], None]]:
     return lambda: StoreClient(server.addresses, TIMEOUT.total_seconds()), server.close
 
 
-def join(connect: Callable[[], Any], tag: str, rank: int, times: list[float]) -> None:
+def join(connect: Callable[[], Any], tag: str, rank: int, times: list[float], held: list) -> None:
+    """One connection and rendezvous; a failed one counts as infinitely long. The group is
+    kept (`held`) until its peer formed it too: dropping it earlier fails the peer's."""
     started = time.perf_counter()
-    client = connect()
-    dist.ProcessGroupGloo(dist.PrefixStore(tag, client), rank, 2, TIMEOUT)  # type: ignore[attr-defined]
+    try:
+        client = connect()
+        prefixed = dist.PrefixStore(tag, client)  # type: ignore[attr-defined]
+        held.append((client, dist.ProcessGroupGloo(prefixed, rank, 2, TIMEOUT)))  # type: ignore[attr-defined]
+    except Exception as exc:
+        print(f"{tag} rank {rank} failed: {exc}", file=sys.stderr)
+        times.append(math.inf)
+        return
     times.append(time.perf_counter() - started)
 
 
 def one_round(connect: Callable[[], Any], tag: str) -> list[float]:
     times: list[float] = []
-    threads = [threading.Thread(target=join, args=(connect, tag, r, times)) for r in range(2)]
+    held: list[Any] = []
+    threads = [threading.Thread(target=join, args=(connect, tag, r, times, held)) for r in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -67,7 +79,8 @@ def summary(times: list[float]) -> dict[str, float]:
         "median_ms": statistics.median(ordered) * 1e3,
         "p95_ms": ordered[int(0.95 * (len(ordered) - 1))] * 1e3,
         "max_ms": ordered[-1] * 1e3,
-        "over_1s": sum(1 for t in ordered if t > 1.0),
+        "over_1s": sum(1 for t in ordered if 1.0 < t < math.inf),
+        "failed": sum(1 for t in ordered if t == math.inf),
     }
 
 
@@ -89,11 +102,12 @@ def main() -> None:
     if options.json:
         print(json.dumps(results, indent=2))
         return
-    print(f"{'store':<16} {'joins':>5} {'median ms':>10} {'p95 ms':>8} {'max ms':>8} {'>1 s':>5}")
+    header = ("store", "joins", "median ms", "p95 ms", "max ms", ">1 s", "failed")
+    print("{:<16} {:>5} {:>10} {:>8} {:>8} {:>5} {:>6}".format(*header))
     for name, found in results.items():
         print(
             f"{name:<16} {found['joins']:>5} {found['median_ms']:>10.1f} {found['p95_ms']:>8.1f} "
-            f"{found['max_ms']:>8.1f} {found['over_1s']:>5}"
+            f"{found['max_ms']:>8.1f} {found['over_1s']:>5} {found['failed']:>6}"
         )
 
 

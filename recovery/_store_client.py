@@ -152,6 +152,7 @@ class StoreClient(dist.Store):  # type: ignore[misc,name-defined]
     ) -> list[bytes]:
         """Send one request and wait for its answer, all within the timeout."""
         _check_sizes(op, args)
+        # a zero timeout is torch's "no timeout": the store's then (every call ends)
         timeout_ms = int((timeout or self.timeout).total_seconds() * 1000)
         deadline = time.monotonic() + timeout_ms / 1000 + ANSWER_GRACE_S
         request_id = next(self._ids)
