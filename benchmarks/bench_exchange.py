@@ -34,6 +34,7 @@ import torch.distributed as dist
 from recovery import exchange_average
 from recovery import fixed_order_average as average
 from recovery._exchange import ALLGATHER_BELOW_BYTES
+from recovery.testing import StoreClient, StoreServer
 
 METHODS = ("reduce-scatter+all-gather", "all-gather (old)", "allreduce (floor)")
 
@@ -55,10 +56,10 @@ def allreduce(group: Any, grad: torch.Tensor) -> torch.Tensor:
     return total
 
 
-def rank_main(rank: int, world: int, port: int, plan: dict[str, Any], out: Any) -> None:
+def rank_main(rank: int, world: int, address: Any, plan: dict[str, Any], out: Any) -> None:
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=120)
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)  # type: ignore[attr-defined]
+    store = StoreClient(address, 120.0)
     group = dist.ProcessGroupGloo(dist.PrefixStore(f"w{world}", store), rank, world, timeout)  # type: ignore[attr-defined]
     functions = (new_exchange, old_allgather, allreduce)
     times: dict[str, dict[int, list[float]]] = {m: {} for m in METHODS}
@@ -78,11 +79,11 @@ def rank_main(rank: int, world: int, port: int, plan: dict[str, Any], out: Any) 
 
 def measure(world: int, plan: dict[str, Any]) -> dict[str, dict[int, float]]:
     """Per method and size, the median over repeats of the slowest rank's time."""
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+    store = StoreServer()
     context = multiprocessing.get_context("spawn")  # no fork of this threaded process
     results = context.Queue()
     procs = [
-        context.Process(target=rank_main, args=(r, world, store.port, plan, results))
+        context.Process(target=rank_main, args=(r, world, store.addresses, plan, results))
         for r in range(world)
     ]
     for proc in procs:
@@ -95,6 +96,7 @@ def measure(world: int, plan: dict[str, Any]) -> dict[str, dict[int, float]]:
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+        store.close()
     medians: dict[str, dict[int, float]] = {}
     for method in METHODS:
         medians[method] = {}

@@ -1,4 +1,4 @@
-"""Abort notices of a replica group's process groups, through the group's TCP store.
+"""Abort notices of a replica group's process groups, through the group's store.
 
 The controller hears of a dead replica from supervision (at once for a death, after the
 heartbeat timeout for a hang). It then marks the process group that replica belonged to as
@@ -8,28 +8,17 @@ mark while they wait and give up on it, instead of waiting for gloo's timeout.
 
 from __future__ import annotations
 
-import datetime
-import threading
 from typing import Any
 
-#: The longest wait for a connection to the group's store. A connection sometimes takes 5 s
-#: with the store idle: torch's sockets look up the peer's name, and a DNS query the resolver
-#: drops costs its timeout. The store is the controller's, which outlives every replica, so
-#: this wait never hides a dead peer. Requests on the connection keep the group's timeout.
-STORE_CONNECT_S = 30.0
+from transport import Addresses, get_logger
 
 
-def store_client(store: tuple[str, int], timeout_s: float) -> Any:
-    """A connection of this process to the group's TCP store at `store`, whose requests time
-    out after `timeout_s` (its connecting, after `STORE_CONNECT_S` at least)."""
-    import torch.distributed as dist
+def store_client(store: Addresses, timeout_s: float) -> Any:
+    """A connection of this process to the group's store at `store` (`_store_server`), whose
+    requests time out after `timeout_s`."""
+    from ._store_client import StoreClient
 
-    connect = datetime.timedelta(seconds=max(timeout_s, STORE_CONNECT_S))
-    client = dist.TCPStore(  # type: ignore[attr-defined]
-        store[0], store[1], is_master=False, timeout=connect
-    )
-    client.set_timeout(datetime.timedelta(seconds=timeout_s))
-    return client
+    return StoreClient(store, timeout_s)
 
 
 def abort_key(quorum: int) -> str:
@@ -38,22 +27,30 @@ def abort_key(quorum: int) -> str:
 
 
 class AbortNotices:
-    """The controller's side: marks process groups aborted (from any thread)."""
+    """The controller's side: marks process groups aborted in its store at `store` (from
+    any thread)."""
 
-    def __init__(self, store: Any) -> None:
-        self._store = store
-        self._lock = threading.Lock()
+    def __init__(self, store: Addresses, timeout_s: float) -> None:
+        self._store = store_client(store, timeout_s)
+        self._log = get_logger("recovery.aborts")
 
     def abort(self, quorum: int, reason: str) -> None:
-        with self._lock:
+        """Mark the group of `quorum` aborted; a notice that cannot be given (the group is
+        closing) is logged: its participants then wait for their timeout."""
+        try:
             self._store.set(abort_key(quorum), reason.encode())
+        except Exception as exc:
+            self._log.warning("abort_notice_lost", quorum=quorum, reason=str(exc))
+
+    def close(self) -> None:
+        self._store.close()
 
 
 class AbortWatch:
     """A replica's side: whether the process group of `quorum` was aborted, and why. It has a
     store connection of its own, used only by the replica's thread that waits."""
 
-    def __init__(self, store: tuple[str, int], timeout_s: float) -> None:
+    def __init__(self, store: Addresses, timeout_s: float) -> None:
         self._store = store_client(store, timeout_s)
         self.quorum = -1
 

@@ -23,6 +23,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from transport import Addresses
+
 from ._aborts import AbortWatch, store_client
 from ._native import leaving, native_call
 from ._outcomes import ExchangeAborted
@@ -175,19 +177,25 @@ def _wait_for(group: Any, work: Any, aborted: Callable[[], str | None]) -> None:
 
 
 def open_group(
-    store: tuple[str, int], quorum: int, rank: int, world: int, timeout_s: float, aborts: Any
+    store: Addresses, quorum: int, rank: int, world: int, timeout_s: float, aborts: Any
 ) -> Any:
     """The gloo process group of `quorum` (a fresh one per membership), as group rank `rank`
-    of `world`, through the group's TCP store at `store`. Gives up as soon as `aborts()` names
+    of `world`, through the group's store at `store`. Gives up as soon as `aborts()` names
     a reason (`ExchangeAborted`): a member failed while the others waited for it."""
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=timeout_s)
-    # A store client of its own: an abandoned rendezvous may still hold its connection.
-    with native_call():
-        client = store_client(store, timeout_s)
-    prefixed = dist.PrefixStore(f"quorum-{quorum}", client)  # type: ignore[attr-defined]
-    return run_unless_aborted(lambda: dist.ProcessGroupGloo(prefixed, rank, world, timeout), aborts)
+    # A store client of its own: an abandoned rendezvous may still use its connection.
+    client = store_client(store, timeout_s)
+
+    def rendezvous() -> Any:
+        try:
+            prefixed = dist.PrefixStore(f"quorum-{quorum}", client)  # type: ignore[attr-defined]
+            return dist.ProcessGroupGloo(prefixed, rank, world, timeout)  # type: ignore[attr-defined]
+        finally:  # the group needs the store no more (and a Python store must be kept alive
+            client.close()  # by Python while torch uses it: `client`, here, until this ends)
+
+    return run_unless_aborted(rendezvous, aborts)
 
 
 def run_unless_aborted(task: Callable[[], T], aborted: Callable[[], str | None]) -> T:
@@ -230,7 +238,7 @@ def form_groups(
     held: dict[int, Any],
     groups: Sequence[GroupPlace],
     rank: int,
-    store: tuple[str, int],
+    store: Addresses,
     timeout_s: float,
 ) -> dict[int, Any]:
     """The standing groups a replica's rank `rank` holds after forming `groups` (quorum, first

@@ -35,6 +35,7 @@ from ._replica import Replica
 from ._spares import SparePool, host_lost
 from ._standby import Standbys, check_spares
 from ._standing import StandingGroups
+from ._store_server import StoreServer
 
 
 class ReplicaGroup:
@@ -66,8 +67,6 @@ class ReplicaGroup:
         if not (isinstance(replica_class, type) and issubclass(replica_class, Replica)):
             raise TypeError(f"ReplicaGroup needs a Replica subclass, got {replica_class!r}")
         check_spares(replica_class, spares)
-        import torch.distributed as dist
-
         self.replica_class = replica_class
         self.args, self.kwargs = args, kwargs
         self.min_replicas = min_replicas
@@ -75,11 +74,8 @@ class ReplicaGroup:
         self.step_timeout_s = step_timeout_s
         self.group_timeout_s = group_timeout_s
         self.wait_for_replicas_s = wait_for_replicas_s
-        self._store = dist.TCPStore(  # type: ignore[attr-defined]
-            store_host, 0, is_master=True, wait_for_workers=False
-        )
-        self._store_address = (store_host, self._store.port)
-        self._aborts = AbortNotices(self._store)
+        self._store = StoreServer(store_host, name)  # rendezvous and abort notices
+        self._aborts = AbortNotices(self._store.addresses, group_timeout_s)
         self._per_replica = dict(per_replica or {"gpus": 1})
         self.ranks_per_replica = math.prod(self._per_replica.values())
         self.history: list[tuple[int, tuple[int, ...]]] = []
@@ -94,7 +90,7 @@ class ReplicaGroup:
         self._members: list[Member] = []  # filled as spawned: a failure may come meanwhile
         self._started = False  # failed replicas are re-spawned at once from then on
         self._standing = StandingGroups(
-            self._store_address, self._aborts, self.ranks_per_replica, group_timeout_s,
+            self._store.addresses, self._aborts, self.ranks_per_replica, group_timeout_s,
             self._next_quorum, name,
         )  # fmt: skip
         self._spawner = ReplicaSpawner(
@@ -240,6 +236,8 @@ class ReplicaGroup:
                 future.get(timeout=10.0)
             except Exception:
                 pass
+        self._aborts.close()
+        self._store.close()
 
     # -- membership ------------------------------------------------------------------------------
 
@@ -342,7 +340,7 @@ class ReplicaGroup:
             self._quorum_members = members
             return True
         world = len(members) * self.ranks_per_replica
-        args = (self._current[0], None, world, self._store_address, self.group_timeout_s, step)
+        args = (self._current[0], None, world, self._store.addresses, self.group_timeout_s, step)
         joined = self._call_all(members, "join", *args)  # None: the base, filled per member
         failed = failures(joined)
         if failed:

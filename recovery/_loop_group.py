@@ -25,6 +25,7 @@ from ._loop_rounds import Rounds
 from ._loop_runner import LoopRunner, LoopSpec
 from ._members import PRELOAD
 from ._outcomes import Recovery, ReplicaGroupError, StepOutcome, short
+from ._store_server import StoreServer
 
 #: How long the controller's loop waits for a request before it looks at everything else.
 POLL_S = 0.01
@@ -56,13 +57,9 @@ class LoopGroup:
             )
         if not callable(loop):
             raise TypeError(f"LoopGroup runs a function in each replica, not {loop!r}")
-        import torch.distributed as dist
-
         self.name = name
-        self._store = dist.TCPStore(  # type: ignore[attr-defined]
-            store_host, 0, is_master=True, wait_for_workers=False
-        )
-        self._aborts = AbortNotices(self._store)
+        self._store = StoreServer(store_host, name)  # rendezvous and abort notices
+        self._aborts = AbortNotices(self._store.addresses, group_timeout_s)
         self._port, self._requests = Channel[Envelope].open(bound=4 * replicas + 16)
         self._spec = LoopSpec(
             loop,
@@ -72,7 +69,7 @@ class LoopGroup:
             replicas=replicas,
             incarnation=0,
             port=self._port,
-            store=(store_host, self._store.port),
+            store=self._store.addresses,
             group_timeout_s=group_timeout_s,
             request_timeout_s=wait_for_replicas_s + step_timeout_s,
         )
@@ -146,6 +143,8 @@ class LoopGroup:
                 stop.get(timeout=10.0)
             except Exception:
                 pass
+        self._aborts.close()
+        self._store.close()
 
     def __enter__(self) -> LoopGroup:
         return self

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mesh import Actor, concurrent_endpoint
+from transport import Addresses
 
 from ._heal_state import Chunk, Piece, StateLayout
 
@@ -31,7 +32,7 @@ class LoopSpec:
     replicas: int
     incarnation: int  # 0 for the first run of this replica, then one more per re-spawn
     port: Any  # the group's Port, for requests
-    store: tuple[str, int]  # the group's TCP store, for process groups and abort notices
+    store: Addresses  # the group's store, for process groups and abort notices
     group_timeout_s: float
     request_timeout_s: float
 

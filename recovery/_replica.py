@@ -27,6 +27,7 @@ from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from mesh import Actor, concurrent_endpoint, context, endpoint
+from transport import Addresses
 
 from ._aborts import AbortWatch
 from ._arithmetic import (
@@ -181,7 +182,7 @@ class Replica(Actor):
         quorum: int,
         base: int,
         world: int,
-        store: tuple[str, int],
+        store: Addresses,
         timeout_s: float,
         step: int = 0,
     ) -> None:
@@ -202,9 +203,7 @@ class Replica(Actor):
         self._quorum = quorum
 
     @endpoint
-    def stand_by(
-        self, groups: Sequence[GroupPlace], store: tuple[str, int], timeout_s: float
-    ) -> None:
+    def stand_by(self, groups: Sequence[GroupPlace], store: Addresses, timeout_s: float) -> None:
         """Form the process groups of the take-overs this replica would be in, in advance
         (see `_standing`); `prepare` of one of their quorums enters it without a rendezvous."""
         self._aborts, self._retired = self._aborts or AbortWatch(store, timeout_s), []

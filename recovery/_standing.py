@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mesh import ActorMesh, ProcMesh
-from transport import get_logger
+from transport import Addresses, get_logger
 
 from ._aborts import AbortNotices
 from ._exchange import GroupPlace
@@ -48,7 +48,7 @@ class StandingGroups:
 
     def __init__(
         self,
-        store: tuple[str, int],
+        store: Addresses,
         notices: AbortNotices,
         ranks_per_replica: int,
         timeout_s: float,

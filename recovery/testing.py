@@ -6,6 +6,8 @@ drives it with the loop messages of `loop_wire` (`AskQuorum`, `Healed`, `Vote`, 
 `flatten_gradients` and `use_average` are the gradient arithmetic of `Manager`'s exchange.
 `form_groups` is a replica's side of forming standing groups; `AbortNotices` and `AbortWatch`
 mark and read the abort notices of process groups in a store.
+`StoreServer` and `StoreClient` are a replica group's key-value store (served by its controller)
+and a connection to it, a `torch.distributed.Store`.
 `open_group` and `wait_unless_aborted` are a replica's waits in gloo (its rendezvous, its
 collectives), for tests that leave them in flight.
 """
@@ -17,11 +19,15 @@ from ._aborts import AbortNotices, AbortWatch
 from ._arithmetic import flatten_gradients, use_average
 from ._exchange import form_groups, open_group, wait_unless_aborted
 from ._loop_rounds import Rounds as LoopRounds
+from ._store_client import StoreClient
+from ._store_server import StoreServer
 
 __all__ = (
     "AbortNotices",
     "AbortWatch",
     "LoopRounds",
+    "StoreClient",
+    "StoreServer",
     "flatten_gradients",
     "form_groups",
     "loop_wire",

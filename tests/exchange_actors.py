@@ -16,7 +16,8 @@ from replica_actors import Trainer
 
 from mesh import Actor, concurrent_endpoint, current_rank, endpoint
 from recovery import exchange_average
-from recovery.testing import open_group, wait_unless_aborted
+from recovery.testing import StoreClient, open_group, wait_unless_aborted
+from transport import Addresses
 
 
 def gradient(seed: int, rank: int, numel: int) -> torch.Tensor:
@@ -32,12 +33,12 @@ class Exchanger(Actor):
 
     @endpoint
     def average(
-        self, store: tuple[str, int], tag: str, world: int, seed: int, numel: int
+        self, store: Addresses, tag: str, world: int, seed: int, numel: int
     ) -> torch.Tensor:
         torch.set_num_threads(1)
         rank = current_rank().rank
         timeout = datetime.timedelta(seconds=60)
-        client = dist.TCPStore(store[0], store[1], is_master=False, timeout=timeout)  # type: ignore[attr-defined]
+        client = StoreClient(store, 60.0)
         prefixed = dist.PrefixStore(tag, client)  # type: ignore[attr-defined]
         group = dist.ProcessGroupGloo(prefixed, rank, world, timeout)
         averaged = exchange_average(group, gradient(seed, rank, numel), lambda: None)
@@ -87,13 +88,13 @@ class Strander(Actor):
     it starts to wait; an exit handler sets one as the proc exits."""
 
     @concurrent_endpoint
-    def wait_in_a_collective(self, store: tuple[str, int], tag: str) -> None:
+    def wait_in_a_collective(self, store: Addresses, tag: str) -> None:
         atexit.register(_say_waiting, store, f"{tag}-exit-handler")  # before any gloo call
         timeout = datetime.timedelta(seconds=60)
         groups: list[Any] = [None, None]
 
         def join(rank: int) -> None:
-            client = dist.TCPStore(store[0], store[1], is_master=False, timeout=timeout)  # type: ignore[attr-defined]
+            client = StoreClient(store, 60.0)
             prefixed = dist.PrefixStore(tag, client)  # type: ignore[attr-defined]
             groups[rank] = dist.ProcessGroupGloo(prefixed, rank, 2, timeout)
 
@@ -107,11 +108,12 @@ class Strander(Actor):
         wait_unless_aborted(never, lambda: None)
 
     @concurrent_endpoint
-    def wait_in_a_rendezvous(self, store: tuple[str, int], tag: str) -> None:
+    def wait_in_a_rendezvous(self, store: Addresses, tag: str) -> None:
         _say_waiting(store, f"{tag}-rendezvous")
         open_group(store, 7, 0, 2, 60, lambda: None)
 
 
-def _say_waiting(store: tuple[str, int], key: str) -> None:
-    timeout = datetime.timedelta(seconds=60)
-    dist.TCPStore(store[0], store[1], is_master=False, timeout=timeout).set(key, b"1")  # type: ignore[attr-defined]
+def _say_waiting(store: Addresses, key: str) -> None:
+    client = StoreClient(store, 60.0)
+    client.set(key, b"1")
+    client.close()

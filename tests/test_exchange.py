@@ -20,7 +20,6 @@ import exchange_actors as xa
 import pytest
 import replica_actors as ra
 import torch
-import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +27,7 @@ from mesh import this_host
 from recovery import ReplicaGroup, bucket_bounds, replay_training, segment_bounds
 from recovery import fixed_order_average as average
 from recovery import parameter_digest as digest
+from recovery.testing import StoreClient, StoreServer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -105,7 +105,7 @@ def test_summing_order_matters_for_these_gradients() -> None:
 
 def test_gloo_exchange_of_real_procs_has_the_bits_of_the_whole_average() -> None:
     """Small gradients go through one all-gather, larger ones through buckets: both bitwise."""
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+    store = StoreServer()
     procs = this_host().spawn_procs(per_host={"ranks": 4}, name="exchangers")
     try:
         actors = procs.spawn("exchanger", xa.Exchanger).flatten("rank")
@@ -113,12 +113,13 @@ def test_gloo_exchange_of_real_procs_has_the_bits_of_the_whole_average() -> None
         for world, numel in cases:  # the last: several segments, the last one padded
             ranks = actors.slice(rank=slice(0, world))
             tag = f"w{world}-n{numel}"
-            found = ranks.average.call(("127.0.0.1", store.port), tag, world, 7, numel).get(60)
+            found = ranks.average.call(store.addresses, tag, world, 7, numel).get(60)
             expected = average([xa.gradient(7, rank, numel) for rank in range(world)])
             for value in found.values():
                 assert torch.equal(bits(value), bits(expected)), (world, numel)
     finally:
         procs.stop(grace_s=1.0).get(timeout=30)
+        store.close()
 
 
 # -- no stalls --------------------------------------------------------------------------------
@@ -168,15 +169,15 @@ EXITS_WITH_GLOO_CALLS_IN_FLIGHT = """
 import datetime, sys, threading
 import torch.distributed as dist
 from recovery import ExchangeAborted
-from recovery.testing import open_group, wait_unless_aborted
+from recovery.testing import StoreClient, StoreServer, open_group, wait_unless_aborted
 
 timeout = datetime.timedelta(seconds=30)
-store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timeout)
-address = ("127.0.0.1", store.port)
+store = StoreServer()
+address = store.addresses
 groups = [None] * 3
 
 def join(rank):
-    client = dist.TCPStore(*address, is_master=False, timeout=timeout)
+    client = StoreClient(address, 30.0)
     groups[rank] = dist.ProcessGroupGloo(dist.PrefixStore("q", client), rank, 3, timeout)
 
 def quietly(task, *args):
@@ -221,8 +222,8 @@ def test_a_proc_stopped_while_waiting_in_gloo_stops_cleanly(
     """A proc stopped while its endpoints wait in gloo (a collective, a rendezvous) exits
     without std::terminate, whose message its owner would print as the proc's stderr; its
     exit handlers still run."""
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
-    address = ("127.0.0.1", store.port)
+    server = StoreServer()
+    address, store = server.addresses, StoreClient(server.addresses, 60.0)
     procs = this_host().spawn_procs(per_host={"ranks": 1}, name="strander")
     try:
         strander = procs.spawn("strander", xa.Strander)
@@ -231,5 +232,9 @@ def test_a_proc_stopped_while_waiting_in_gloo_stops_cleanly(
         store.wait(["stop-collective", "stop-rendezvous"])
     finally:
         procs.stop(grace_s=30.0).get(timeout=60)
-    assert "terminate called" not in capfd.readouterr().err
-    assert store.check(["stop-exit-handler"]), "the proc's own exit handler did not run"
+    try:
+        assert "terminate called" not in capfd.readouterr().err
+        assert store.check(["stop-exit-handler"]), "the proc's own exit handler did not run"
+    finally:
+        store.close()
+        server.close()

@@ -25,7 +25,7 @@ from mesh import ActorMesh, this_host
 from mesh.testing import probe
 from recovery import Replica, ReplicaGroup, UpdateLog, replay_training
 from recovery import parameter_digest as digest
-from recovery.testing import AbortNotices, AbortWatch, form_groups
+from recovery.testing import AbortNotices, AbortWatch, StoreServer, form_groups
 from supervision import SupervisionError
 from transport import dumps, loads
 
@@ -321,19 +321,20 @@ def test_a_formation_given_up_ends_at_once_and_a_failed_one_releases_its_peers()
     """A participant that comes late to a standing formation the controller gave up (its
     queue held an older call) skips it without waiting; one whose rendezvous fails marks the
     other groups of its formation aborted, so that their participants stop waiting for it."""
-    import torch.distributed as dist
-
-    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
-    store = ("127.0.0.1", master.port)
-    AbortNotices(master).abort(7, "its formation failed; a new one is tried")
-    # skipped before its rendezvous starts (none is left behind, waiting)
-    assert form_groups({}, [(7, 0, 2)], 0, store, 5.0) == {}, "a given-up group is skipped"
-    with pytest.raises(Exception, match=r"(?i)timeout|timed out"):
-        form_groups({}, [(9, 0, 2), (10, 0, 2)], 0, store, 1.0)  # nobody else comes
-    watch = AbortWatch(store, 5.0)
-    for quorum in (9, 10):
-        watch.quorum = quorum
-        assert "could not form it" in (watch() or ""), quorum
+    server = StoreServer()
+    store = server.addresses
+    try:
+        AbortNotices(store, 5.0).abort(7, "its formation failed; a new one is tried")
+        # skipped before its rendezvous starts (none is left behind, waiting)
+        assert form_groups({}, [(7, 0, 2)], 0, store, 5.0) == {}, "a given-up group is skipped"
+        with pytest.raises(Exception, match=r"(?i)timeout|timed out"):
+            form_groups({}, [(9, 0, 2), (10, 0, 2)], 0, store, 1.0)  # nobody else comes
+        watch = AbortWatch(store, 5.0)
+        for quorum in (9, 10):
+            watch.quorum = quorum
+            assert "could not form it" in (watch() or ""), quorum
+    finally:
+        server.close()
 
 
 def _loader_run_without_failures(groups: list[ReplicaGroup], tmp_path: Path) -> tuple[Any, Any]:

@@ -32,6 +32,9 @@ from ._lending import LEND_MIN_BYTES as LEND_MIN_BYTES
 from ._lending import Lent as Lent
 from ._log import get_logger as get_logger
 from ._log import reset_logging as reset_logging
+from ._requests import Requester as Requester
+from ._requests import Responder as Responder
+from ._requests import ResponderGone as ResponderGone
 from ._security import KEYS_ENV as KEYS_ENV
 from ._security import CurveKeys as CurveKeys
 from ._security import check_exposure as check_exposure
@@ -75,6 +78,9 @@ __all__ = (
     "NetworkFaults",
     "Outbox",
     "Payload",
+    "Requester",
+    "Responder",
+    "ResponderGone",
     "SerializationError",
     "TransportError",
     "TransportSettings",

@@ -132,15 +132,7 @@ class Inbox:
         return bound
 
     def _bind(self, address: str) -> None:
-        """Bind `address`; a tcp one as a CURVE server (zmq applies the security options set
-        at bind time to that listener only, so an ipc binding stays without keys)."""
-        if address.startswith("tcp://"):
-            check_exposure(address[len("tcp://") :].rsplit(":", 1)[0])
-            secure_server(self._socket, required_keys(address))
-        try:
-            self._socket.bind(address)
-        except zmq.ZMQError as exc:
-            raise TransportError(f"cannot listen on {address}: {exc}") from exc
+        bind_secured(self._socket, address)
 
     def watch_refusals(self) -> RefusalWatch:
         """Report peers this inbox refuses (failed handshakes: wrong or missing CURVE keys)."""
@@ -207,6 +199,18 @@ class Inbox:
                 os.unlink(self._ipc_path)
             except FileNotFoundError:
                 pass
+
+
+def bind_secured(socket: zmq.Socket[Any], address: str) -> None:
+    """Bind `socket` at `address`; a tcp one as a CURVE server (zmq applies the security
+    options set at bind time to that listener only, so an ipc binding stays without keys)."""
+    if address.startswith("tcp://"):
+        check_exposure(address[len("tcp://") :].rsplit(":", 1)[0])
+        secure_server(socket, required_keys(address))
+    try:
+        socket.bind(address)
+    except zmq.ZMQError as exc:
+        raise TransportError(f"cannot listen on {address}: {exc}") from exc
 
 
 _FAULTS = network_faults()

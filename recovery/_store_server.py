@@ -1,0 +1,117 @@
+"""`StoreServer`: a replica group's key-value store, served by the controller on a thread.
+
+Replicas form their gloo process groups through it (rendezvous) and read the controller's abort
+notices in it. It replaces torch's TCPStore, whose server takes anyone who reaches its port
+(and listens on every interface), and stalls while its sockets look up a peer's name in DNS.
+It listens where the runtime's inboxes do (`transport.Responder`): on ipc, in a private
+directory, for replicas on this host; on tcp at `host` too when the allocation has CURVE
+keys, authenticated, for replicas whose ipc file is out of reach. Requests are bytes checked
+against the store's bounds (`_store_wire`); a bad one gets an error, never a crash.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import threading
+import time
+
+from transport import (
+    Addresses,
+    Responder,
+    close_context,
+    configured_keys,
+    get_logger,
+    new_context,
+    private_runtime_dir,
+)
+
+from ._store_state import Answer, StoreState
+from ._store_wire import MAX_FRAME_BYTES, BadRequest, Status, encode_reply, parse_request
+
+#: How long `close` waits for the server's thread to end.
+STOP_WAIT_S = 5.0
+
+
+class StoreServer:
+    """The store, served until `close` (from any thread)."""
+
+    def __init__(self, host: str = "127.0.0.1", name: str = "store") -> None:
+        self._context = new_context()
+        self._directory = private_runtime_dir("meshvisor-store-")
+        tcp = f"tcp://{host}:*" if configured_keys() is not None else None
+        self._wake_read, self._wake_write = os.pipe()
+        try:
+            self._responder = Responder(
+                self._context, f"ipc://{self._directory}/store", tcp, max_bytes=MAX_FRAME_BYTES
+            )
+        except BaseException:
+            self._release()
+            raise
+        self.addresses: Addresses = self._responder.addresses
+        self._state = StoreState()
+        self._stopping = False
+        self._log = get_logger("recovery.store", group=name)
+        self._thread = threading.Thread(target=self._serve, name=f"meshvisor-store-{name}")
+        self._thread.daemon = True
+        self._thread.start()
+        atexit.register(self.close)  # a controller that exits without closing leaves no file
+
+    def close(self) -> None:
+        """Stop serving: waiting requests get an error; the socket file goes."""
+        if self._stopping:
+            return
+        self._stopping = True
+        atexit.unregister(self.close)
+        with contextlib.suppress(OSError):
+            os.write(self._wake_write, b"x")
+        self._thread.join(STOP_WAIT_S)
+        if self._thread.is_alive():
+            self._log.warning("store_left_running", reason="its thread did not end in time")
+            return
+        self._release()
+
+    def _release(self) -> None:
+        close_context(self._context)
+        shutil.rmtree(self._directory, ignore_errors=True)
+        for descriptor in (self._wake_read, self._wake_write):
+            with contextlib.suppress(OSError):
+                os.close(descriptor)
+
+    def _serve(self) -> None:
+        try:
+            while not self._stopping:
+                if self._responder.poll(self._wait_ms(), self._wake_read):
+                    self._take_requests()
+                self._send(self._state.expire(time.monotonic()))
+            self._send(list(self._state.drop_waiting()))
+        finally:
+            self._responder.close()
+
+    def _wait_ms(self) -> int:
+        """How long to wait for requests: until the next waiting one times out (-1: none)."""
+        deadline = self._state.next_deadline()
+        return -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1e3) + 1)
+
+    def _take_requests(self) -> None:
+        """Answer the requests that wait (a bounded batch: deadlines are looked at between)."""
+        for _ in range(256):
+            received = self._responder.receive_nowait()
+            if received is None:
+                return
+            asker, frames = received
+            self._send(self._answer(asker, frames))
+
+    def _answer(self, asker: bytes, frames: list[bytes]) -> list[Answer]:
+        try:
+            request = parse_request(frames)
+        except BadRequest as exc:
+            self._log.warning("store_request_refused", reason=str(exc))
+            return [(asker, encode_reply(exc.request_id, Status.ERROR, [str(exc).encode()]))]
+        return self._state.answer(asker, request, time.monotonic())
+
+    def _send(self, answers: list[Answer]) -> None:
+        for asker, frames in answers:
+            self._responder.reply(asker, frames)

@@ -1,0 +1,308 @@
+"""The replica group's key-value store: c10d's semantics over meshvisor's transport.
+
+Its server (`StoreServer`) runs on a thread of the controller; `StoreClient` is a
+`torch.distributed.Store` that gloo forms process groups through. Real sockets and processes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import transport
+from recovery.testing import StoreClient, StoreServer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[StoreServer]:
+    store = StoreServer(name="test-store")
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def client(server: StoreServer) -> Iterator[StoreClient]:
+    store = StoreClient(server.addresses, 5.0)
+    yield store
+    store.close()
+
+
+def test_the_operations_gloo_and_abort_notices_use(client: StoreClient) -> None:
+    client.set("ops/a", b"1")
+    client.set("ops/text", "words")
+    assert client.get("ops/a") == b"1" and client.get("ops/text") == b"words"
+    assert client.check(["ops/a", "ops/text"]) and not client.check(["ops/a", "ops/none"])
+    assert client.add("ops/n", 3) == 3 and client.add("ops/n", -5) == -2
+    assert client.get("ops/n") == b"-2"  # kept as a decimal number, as c10d does
+    assert client.compare_set("ops/c", "", "v") == b"v"  # missing and expected empty: set
+    assert client.compare_set("ops/c", "x", "w") == b"v"  # not the expected value: kept
+    assert client.compare_set("ops/c", "v", "w") == b"w"
+    assert client.compare_set("ops/missing", "x", "w") == b"x"
+    assert client.delete_key("ops/c") and not client.delete_key("ops/c")
+    client.multi_set(["ops/m1", "ops/m2"], ["1", "2"])  # torch builds these on the above
+    assert client.multi_get(["ops/m1", "ops/m2"]) == [b"1", b"2"]
+    client.append("ops/m1", "9")
+    assert client.get("ops/m1") == b"19"
+    client.wait(["ops/a", "ops/m2"])
+    assert client.num_keys() >= 5
+    clone = client.clone()
+    assert clone.get("ops/a") == b"1"
+    clone.close()
+
+
+def test_get_and_wait_block_until_the_key_is_set_or_the_timeout_passes(
+    server: StoreServer, client: StoreClient
+) -> None:
+    def later() -> None:
+        time.sleep(0.2)
+        other = StoreClient(server.addresses, 5.0)
+        other.set("block/late", b"here")
+        other.close()
+
+    setter = threading.Thread(target=later)
+    setter.start()
+    assert client.get("block/late") == b"here"
+    setter.join()
+    started = time.monotonic()
+    with pytest.raises(dist.DistStoreError, match="timeout"):  # type: ignore[attr-defined]
+        client.wait(["block/never"], datetime.timedelta(seconds=0.3))
+    assert time.monotonic() - started < 3.0
+    client.set_timeout(datetime.timedelta(seconds=0.3))
+    with pytest.raises(dist.DistStoreError, match="block/never"):  # type: ignore[attr-defined]
+        client.get("block/never")
+
+
+def test_add_from_many_threads_of_one_process_is_atomic(client: StoreClient) -> None:
+    def add() -> None:
+        for _ in range(50):
+            client.add("threads/n", 1)
+
+    threads = [threading.Thread(target=add) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert client.get("threads/n") == b"400"
+
+
+_KEYS = st.sampled_from(["a", "b", "c"])
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("set"), _KEYS, st.binary(max_size=8)),
+        st.tuples(st.just("add"), _KEYS, st.integers(-1000, 1000)),
+        st.tuples(st.just("delete"), _KEYS),
+        st.tuples(st.just("check"), _KEYS),
+        st.tuples(st.just("get"), _KEYS),
+    ),
+    max_size=30,
+)
+_runs = iter(range(1 << 30))
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=_OPS)
+def test_any_sequence_of_operations_acts_as_a_dict(server: StoreServer, ops: list[tuple]) -> None:
+    prefix = f"model{next(_runs)}/"
+    store = StoreClient(server.addresses, 5.0)
+    model: dict[str, bytes] = {}
+    try:
+        for op, key, *arg in ops:
+            key = prefix + key
+            if op == "set":
+                store.set(key, arg[0])
+                model[key] = arg[0]
+            elif op == "add":
+                if key in model and not model[key].strip().lstrip(b"-").isdigit():
+                    with pytest.raises(ValueError, match="not a number"):
+                        store.add(key, arg[0])
+                    continue
+                model[key] = str(int(model.get(key, b"0")) + arg[0]).encode()
+                assert store.add(key, arg[0]) == int(model[key])
+            elif op == "delete":
+                assert store.delete_key(key) == (model.pop(key, None) is not None)
+            elif op == "check":
+                assert store.check([key]) == (key in model)
+            elif key in model:
+                assert store.get(key) == model[key]
+    finally:
+        store.close()
+
+
+GLOO_RANK = """
+import datetime, sys, torch, torch.distributed as dist
+from transport import Addresses
+from recovery.testing import StoreClient
+rank, world = int(sys.argv[2]), int(sys.argv[3])
+store = StoreClient(Addresses(sys.argv[1]), 30.0)
+group = dist.ProcessGroupGloo(
+    dist.PrefixStore("gloo-test", store), rank, world, datetime.timedelta(seconds=30)
+)
+tensor = torch.ones(4) * (rank + 1)
+group.allreduce([tensor]).wait()
+print(tensor.tolist(), flush=True)
+"""
+
+
+def test_a_gloo_group_of_three_processes_forms_through_it_and_reduces(
+    server: StoreServer,
+) -> None:
+    """This process is rank 0; two others, ranks 1 and 2."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", GLOO_RANK, str(server.addresses.ipc), str(rank), "3"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (1, 2)
+    ]
+    try:
+        store = StoreClient(server.addresses, 60.0)
+        group = dist.ProcessGroupGloo(  # type: ignore[attr-defined]
+            dist.PrefixStore("gloo-test", store),
+            0,
+            3,
+            datetime.timedelta(seconds=60),  # type: ignore[attr-defined]
+        )
+        tensor = torch.ones(4)
+        group.allreduce([tensor]).wait()
+        store.close()
+        assert tensor.tolist() == [6.0] * 4
+        outputs = [rank.communicate(timeout=90) for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
+    for (out, err), rank in zip(outputs, ranks, strict=True):
+        assert rank.returncode == 0, err
+        assert out.strip() == "[6.0, 6.0, 6.0, 6.0]"
+
+
+def _raw_request(address: str, frames: list[bytes]) -> list[bytes] | None:
+    requester = transport.Requester(zmq.Context.instance(), address, max_bytes=1 << 21)
+    try:
+        assert requester.send(frames, 5000)
+        return requester.receive(5000)
+    finally:
+        requester.close()
+
+
+def test_bad_requests_get_an_error_and_the_server_goes_on(
+    server: StoreServer, client: StoreClient
+) -> None:
+    address = str(server.addresses.ipc)
+    header = struct.Struct("!4sBQI")
+    refused = {
+        "garbage": [b"garbage"],
+        "unknown op": [header.pack(b"MVS1", 99, 5, 0)],
+        "no key": [header.pack(b"MVS1", 1, 6, 0)],
+        "long key": [header.pack(b"MVS1", 2, 7, 0), b"k" * 5000],
+        "short amount": [header.pack(b"MVS1", 4, 8, 0), b"k", b"1"],
+    }
+    for what, frames in refused.items():
+        reply = _raw_request(address, frames)
+        assert reply is not None and reply[0][-1:] == b"\x01", what  # status: error
+    with pytest.raises(ValueError, match="larger than the store allows"):
+        client.set("bad/big", b"x" * ((1 << 20) + 1))
+    client.set("bad/text", b"abc")
+    with pytest.raises(ValueError, match="not a number"):
+        client.add("bad/text", 1)
+    assert client.get("bad/text") == b"abc"  # still serving
+
+
+def test_a_tcp_peer_without_the_allocations_keys_is_never_answered(
+    server: StoreServer, client: StoreClient, tmp_path: Path
+) -> None:
+    assert server.addresses.tcp is not None, "the suite has keys: the store listens on tcp"
+    others = transport.CurveKeys.create(tmp_path / "other-keys")
+    context = zmq.Context()
+    stranger = context.socket(zmq.DEALER)
+    try:
+        stranger.curve_secretkey, stranger.curve_publickey = others.secret, others.public
+        stranger.curve_serverkey = others.public
+        stranger.setsockopt(zmq.LINGER, 0)
+        stranger.connect(server.addresses.tcp)
+        stranger.send_multipart([struct.pack("!4sBQI", b"MVS1", 1, 1, 0), b"forged", b"x"])
+        assert not stranger.poll(1000), "an unauthenticated peer got an answer"
+    finally:
+        stranger.close(linger=0)
+        context.term()
+    assert not client.check(["forged"])
+    assert _raw_request(server.addresses.tcp, [b"garbage"]) is not None  # with the keys: yes
+
+
+def test_closing_the_server_ends_waits_and_removes_its_socket_file() -> None:
+    server = StoreServer()
+    store = StoreClient(server.addresses, 30.0)
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            store.get("close/never")
+        except BaseException as exc:
+            errors.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.3)
+    server.close()
+    waiter.join(10.0)
+    store.close()
+    assert not waiter.is_alive() and errors, "a wait outlived its store"
+    assert "the store closed" in str(errors[0]) or isinstance(errors[0], dist.DistError)  # type: ignore[attr-defined]
+    assert server.addresses.ipc is not None
+    assert not os.path.exists(server.addresses.ipc[len("ipc://") :])
+
+
+SERVER = """
+import sys, time
+from recovery.testing import StoreServer
+server = StoreServer()
+print(server.addresses.ipc, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_death_of_the_servers_process_ends_a_blocked_wait() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-c", SERVER], env=env, stdout=subprocess.PIPE, text=True
+    )
+    address = ""
+    try:
+        address = (process.stdout.readline() if process.stdout else "").strip()
+        store = StoreClient(transport.Addresses(address), 60.0)
+        store.set("death/here", b"1")
+        threading.Timer(0.5, os.kill, (process.pid, signal.SIGKILL)).start()
+        started = time.monotonic()
+        with pytest.raises(dist.DistNetworkError, match="went away"):  # type: ignore[attr-defined]
+            store.get("death/never")
+        assert time.monotonic() - started < 30.0, "the wait lasted until its timeout"
+        store.close()
+    finally:
+        process.kill()
+        process.wait()
+        if process.stdout:
+            process.stdout.close()
+        if address:
+            shutil.rmtree(os.path.dirname(address[len("ipc://") :]), ignore_errors=True)

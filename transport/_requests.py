@@ -1,0 +1,136 @@
+"""Request/reply sockets: a `Responder` that answers many `Requester`s, each reply to its asker.
+
+For services that answer questions (a key-value store) rather than pass messages on. The
+responder is a ROUTER socket bound like an inbox (`bind_secured`: ipc without keys, tcp as a
+CURVE server that admits only the allocation's key holders, so nothing from another peer ever
+reaches it); a requester is a DEALER socket, one per thread (zmq sockets are not thread-safe),
+which also watches its connection: a responder that goes away (its process died) ends a wait
+at once (`ResponderGone`) instead of at its timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from ._addresses import Addresses, check_address
+from ._errors import TransportError
+from ._handshakes import unbounded_monitor
+from ._security import required_keys, secure_client
+from ._sockets import bind_secured
+
+_NOBLOCK = int(zmq.NOBLOCK)
+
+
+class ResponderGone(TransportError):
+    """The responder a requester waited on closed its connection (its process ended)."""
+
+
+class Responder:
+    """A ROUTER socket bound at ipc `ipc` (and tcp `tcp`, authenticated): requests come with
+    the identity of their requester, which `reply` sends the answer to."""
+
+    def __init__(
+        self, context: zmq.Context[Any], ipc: str, tcp: str | None, *, max_bytes: int
+    ) -> None:
+        self._socket = context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, max_bytes)  # a larger request: disconnected
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a reply to a gone requester: dropped
+        self._ipc_path = ipc[len("ipc://") :]
+        try:
+            bind_secured(self._socket, ipc)
+            bound = Addresses.of(self._socket.getsockopt_string(zmq.LAST_ENDPOINT))
+            if tcp is not None:
+                bind_secured(self._socket, tcp)
+                bound = bound.with_tcp(self._socket.getsockopt_string(zmq.LAST_ENDPOINT))
+        except BaseException:
+            self.close()
+            raise
+        self.addresses = bound
+
+    def poll(self, timeout_ms: int, wake_fd: int) -> bool:
+        """Wait up to `timeout_ms` for a request or for `wake_fd`; True if a request waits."""
+        ready = zmq.zmq_poll([(self._socket, zmq.POLLIN), (wake_fd, zmq.POLLIN)], timeout_ms)
+        return any(item is self._socket for item, _ in ready)
+
+    def receive_nowait(self) -> tuple[bytes, list[bytes]] | None:
+        """(requester identity, request frames), or None when no request waits."""
+        try:
+            frames = self._socket.recv_multipart(_NOBLOCK)
+        except zmq.Again:
+            return None
+        return frames[0], frames[1:]
+
+    def reply(self, identity: bytes, frames: Sequence[bytes]) -> None:
+        """Answer the requester `identity` (dropped if it is gone)."""
+        with contextlib.suppress(zmq.ZMQError):
+            self._socket.send_multipart([identity, *frames], _NOBLOCK)
+
+    def close(self) -> None:
+        """Close the socket and remove its socket file (from the thread that used it)."""
+        self._socket.close(linger=0)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._ipc_path)
+
+
+class Requester:
+    """A DEALER socket connected to a responder at `address` (one thread uses it)."""
+
+    def __init__(self, context: zmq.Context[Any], address: str, *, max_bytes: int) -> None:
+        check_address(address)
+        self.address = address
+        self._socket = context.socket(zmq.DEALER)
+        self._monitor: zmq.Socket[Any] | None = None
+        try:
+            if address.startswith("tcp://"):
+                secure_client(self._socket, required_keys(address))
+            self._socket.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+            self._socket.setsockopt(zmq.LINGER, 0)
+            self._socket.setsockopt(zmq.IMMEDIATE, 1)  # queued only once connected
+            self._monitor = unbounded_monitor(self._socket, zmq.EVENT_DISCONNECTED)
+            self._socket.connect(address)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise TransportError(f"cannot connect to {address}: {exc}") from exc
+        except BaseException:
+            self.close()
+            raise
+
+    def send(self, frames: Sequence[bytes], timeout_ms: int) -> bool:
+        """Send a request; False if no connection to the responder opened in `timeout_ms`."""
+        try:
+            if self._socket.poll(timeout_ms, zmq.POLLOUT):
+                self._socket.send_multipart(frames, _NOBLOCK)
+                return True
+        except zmq.Again:
+            pass
+        except zmq.ZMQError as exc:
+            raise TransportError(f"cannot send to {self.address}: {exc}") from exc
+        return False
+
+    def receive(self, timeout_ms: int) -> list[bytes] | None:
+        """The next reply, or None after `timeout_ms`; `ResponderGone` if the connection
+        to the responder closed meanwhile."""
+        assert self._monitor is not None
+        items = [(self._socket, zmq.POLLIN), (self._monitor, zmq.POLLIN)]
+        ready = dict(zmq.zmq_poll(items, timeout_ms))
+        if self._socket in ready:
+            frames: list[bytes] = self._socket.recv_multipart(_NOBLOCK)
+            return frames
+        if self._monitor in ready:
+            recv_monitor_message(self._monitor, _NOBLOCK)
+            raise ResponderGone(f"{self.address} closed the connection: its process has ended")
+        return None
+
+    def close(self) -> None:
+        if self._monitor is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._socket.disable_monitor()
+            self._monitor.close(linger=0)
+        self._socket.close(linger=0)
