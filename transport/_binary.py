@@ -86,6 +86,14 @@ class BinaryLayout:
     def encode(self, values: tuple[Any, ...]) -> bytes | None:
         """The header of a message whose fields are `values`; None when one of them is not
         of its declared type (the caller then uses another encoding)."""
+        if not self._others:  # a reply: ints only
+            for value in values:
+                if type(value) is not int:
+                    return None
+            try:
+                return self._fixed.pack(*values)
+            except struct.error:  # past 64 bits
+                return None
         ints, rest = self._ints(values), self._rest(values)
         try:
             tail = self._encoded.get(rest)

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from . import _serialize
+from . import _serialize, _settings
 from ._binary import BinaryLayout, layout_kinds
 from ._errors import MalformedMessage, MessageTooLarge, SerializationError
 from ._marshal_scan import check_marshal
@@ -162,9 +162,6 @@ def _plain(value: Any) -> Any:
 
 
 def _decode_header(codec: int, data: memoryview) -> Any:
-    binary = _binary_by_code.get(codec)
-    if binary is not None:
-        return binary[1](binary[0].decode(data), 0)
     if codec != _MARSHAL_CODE and codec != _NESTED_CODE:
         raise MalformedMessage(f"unknown header encoding {bytes([codec])!r}")
     check_marshal(data)
@@ -324,8 +321,9 @@ def _framed(
     if payload is None:
         return [b"".join((MAGIC, _LENGTH.pack(len(head)), codec, head))]
     size = payload.nbytes if payload.buffers else len(payload.body)
-    if max_bytes is None:
-        max_bytes = transport_settings().max_message_bytes
+    if max_bytes is None:  # `transport_settings()` without its call, once per message sent
+        settings = _settings.current
+        max_bytes = (settings or transport_settings()).max_message_bytes
     if size > max_bytes:
         raise MessageTooLarge(
             f"a {kind.__name__} message of {size} bytes exceeds the limit of "
@@ -364,8 +362,12 @@ def decode(frames: Sequence[Any], *, max_bytes: int | None = None) -> Envelope:
             f"truncated message: the header claims {length} bytes but the "
             f"frame holds {first.nbytes - _PREFIX}"
         )
-    try:
-        header = _decode_header(codec, first[_PREFIX : _PREFIX + length])
+    binary = _binary_by_code.get(codec)
+    try:  # a binary header (the hot messages) decoded here: `_decode_header` does the others
+        if binary is not None:
+            header = binary[1](binary[0].decode(first[_PREFIX : _PREFIX + length]), 0)
+        else:
+            header = _decode_header(codec, first[_PREFIX : _PREFIX + length])
     except MalformedMessage:
         raise
     except Exception as exc:
