@@ -160,8 +160,8 @@ def test_a_proc_sent_malformed_binary_headers_keeps_serving(make_procs: Any) -> 
         for bad in (
             head[:10],  # truncated in the ints
             head[:-3],  # truncated in the last field
-            head[:16] + b"\xff\xff\xff\x7f" + head[20:],  # a reply address of 2 GB
-            head[:16] + b"\x02\x00\x00\x00\xff\xfe" + head[22:],  # not UTF-8
+            head[:8] + b"\xff\xff\xff\x7f" + head[12:],  # a reply address of 2 GB
+            head[:8] + b"\x02\x00\x00\x00\xff\xfe" + head[14:],  # not UTF-8
         ):
             peer.send([reframed(call, bad)])
         answer = peer.answer(ping(mesh_id, peer.inbox.address))

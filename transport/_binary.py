@@ -1,16 +1,18 @@
 """Binary headers: the hot messages (a call, its reply) packed with `struct`, not marshal.
 
-A binary header has no marshal scan to pass and no tuple of names to build: its int fields
-are one ``struct`` unpack, and the rest of it (for a call: reply address, actor, endpoint,
-mesh labels and sizes, the same for every call to one endpoint) is decoded once and cached.
-Layout, after the frame prefix whose codec byte names the message type (see `_frames`)::
+A binary header has no marshal scan to pass and no tuple of names to build. Its first field
+(an int: the call id, different in every message) leads; the rest of a call's header (reply
+address, actor, endpoint, mesh labels and sizes, rank) is the same for every call to one
+actor's endpoint, so each side encodes or decodes it once and keeps it. Layout, after the
+frame prefix whose codec byte names the message type (see `_frames`)::
 
-    the int fields, int64 little-endian each, in the order the class declares them
-    then each other field, in that order:
-        str                u32 length + its UTF-8 bytes
-        str | None         the same, length 0xFFFFFFFF for None (no bytes follow)
-        tuple[str, ...]    u32 count + count times (u32 length + UTF-8 bytes)
-        tuple[int, ...]    u32 count + count times int64
+    the first field            int64 little-endian
+    then each other field, in the order the class declares them:
+        int                    int64 little-endian
+        str                    u32 length + its UTF-8 bytes
+        str | None             the same, length 0xFFFFFFFF for None (no bytes follow)
+        tuple[str, ...]        u32 count + count times (u32 length + UTF-8 bytes)
+        tuple[int, ...]        u32 count + count times int64
 
 Decoding runs no code and allocates at most about the size of the frame: every length and
 count is checked against the bytes left before anything is read, and bytes that do not fit
@@ -19,9 +21,7 @@ the layout (a length past the end, bad UTF-8, bytes left over) raise MalformedMe
 
 from __future__ import annotations
 
-import operator
 import struct
-from collections.abc import Callable
 from typing import Any
 
 from ._errors import MalformedMessage
@@ -56,46 +56,30 @@ def layout_kinds(cls: type, types: tuple[str, ...]) -> str:
     return "".join(kinds)
 
 
-def _getter(positions: tuple[int, ...]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
-    """Takes the values at `positions` of a tuple, always as a tuple."""
-    if len(positions) == 1:
-        (position,) = positions
-        return lambda values: (values[position],)
-    if not positions:
-        return lambda values: ()
-    return operator.itemgetter(*positions)
-
-
 class BinaryLayout:
     """Encodes and decodes the fields of one message type (see the module's docstring)."""
 
     def __init__(self, name: str, names: tuple[str, ...], kinds: str) -> None:
+        if kinds[:1] != "i":
+            raise TypeError(f"{name} cannot have a binary header: its first field is no int")
         self.name, self._names, self._kinds = name, names, kinds
-        ints = tuple(i for i, kind in enumerate(kinds) if kind == "i")
-        self._others = tuple(i for i, kind in enumerate(kinds) if kind != "i")
-        self._fixed = struct.Struct("<" + "q" * len(ints))
-        self._ints, self._rest = _getter(ints), _getter(self._others)
-        # decoded as ints + rest: back into declaration order
-        order = [0] * len(kinds)
-        for at, position in enumerate(ints + self._others):
-            order[position] = at
-        self._in_order = None if order == sorted(order) else _getter(tuple(order))
+        self._ints = struct.Struct("<" + "q" * len(kinds)) if set(kinds) == {"i"} else None
+        # a value equal to a kept one (True for 1) is sent as the kept one: of declared type
         self._encoded: dict[tuple[Any, ...], bytes] = {}
         self._decoded: dict[bytes, tuple[Any, ...]] = {}
 
     def encode(self, values: tuple[Any, ...]) -> bytes | None:
         """The header of a message whose fields are `values`; None when one of them is not
         of its declared type (the caller then uses another encoding)."""
-        if not self._others:  # a reply: ints only
-            for value in values:
-                if type(value) is not int:
-                    return None
-            try:
-                return self._fixed.pack(*values)
-            except struct.error:  # past 64 bits
-                return None
-        ints, rest = self._ints(values), self._rest(values)
         try:
+            if self._ints is not None:  # a reply: ints only
+                for value in values:
+                    if type(value) is not int:
+                        return None
+                return self._ints.pack(*values)
+            if type(values[0]) is not int:
+                return None
+            rest = values[1:]
             tail = self._encoded.get(rest)
             if tail is None:
                 tail = self._encode_rest(rest)
@@ -104,18 +88,18 @@ class BinaryLayout:
                 if len(self._encoded) >= _CACHED:
                     self._encoded.clear()
                 self._encoded[rest] = tail
-            for value in ints:
-                if type(value) is not int:
-                    return None
-            return self._fixed.pack(*ints) + tail
+            return _I64.pack(values[0]) + tail
         except (struct.error, TypeError):  # an int past 64 bits; a value that is unhashable
             return None
 
     def _encode_rest(self, rest: tuple[Any, ...]) -> bytes | None:
         parts: list[bytes] = []
-        for position, value in zip(self._others, rest, strict=True):
-            kind = self._kinds[position]
-            if kind == "z" and value is None:
+        for kind, value in zip(self._kinds[1:], rest, strict=True):
+            if kind == "i":
+                if type(value) is not int:
+                    return None
+                parts.append(_I64.pack(value))
+            elif kind == "z" and value is None:
                 parts.append(_U32.pack(_NONE))
             elif kind in "sz":
                 if type(value) is not str or not _encode_str(value, parts):
@@ -135,28 +119,24 @@ class BinaryLayout:
     def decode(self, data: memoryview) -> tuple[Any, ...]:
         """The fields (in declaration order) of the header `data`; MalformedMessage if it
         does not follow this layout."""
-        fixed = self._fixed.size
-        if len(data) < fixed:
-            raise MalformedMessage(
-                f"a truncated {self.name} header: {len(data)} bytes, fewer than the {fixed} of "
-                "its int fields"
-            )
-        ints = self._fixed.unpack_from(data)
-        if not self._others:
-            if len(data) != fixed:
+        if self._ints is not None:
+            if len(data) != self._ints.size:
                 raise MalformedMessage(
-                    f"a {self.name} header of {len(data)} bytes: it holds {fixed}, no more"
+                    f"a {self.name} header of {len(data)} bytes: it holds {self._ints.size}"
                 )
-            return ints
-        tail = bytes(data[fixed:])
+            return self._ints.unpack_from(data)
+        if len(data) < _I64.size:
+            raise MalformedMessage(
+                f"a truncated {self.name} header: {len(data)} bytes, fewer than its first field"
+            )
+        tail = bytes(data[_I64.size :])
         rest = self._decoded.get(tail)
         if rest is None:
             rest = _Reader(self, tail).fields()
             if len(self._decoded) >= _CACHED:
                 self._decoded.clear()
             self._decoded[tail] = rest
-        values = ints + rest
-        return values if self._in_order is None else self._in_order(values)
+        return _I64.unpack_from(data) + rest
 
     def field_name(self, position: int) -> str:
         return self._names[position]
@@ -165,8 +145,8 @@ class BinaryLayout:
         return self._kinds[position]
 
     @property
-    def others(self) -> tuple[int, ...]:
-        return self._others
+    def count(self) -> int:
+        return len(self._kinds)
 
 
 def _encode_str(value: str, parts: list[bytes]) -> bool:
@@ -190,7 +170,7 @@ class _Reader:
     def fields(self) -> tuple[Any, ...]:
         values = []
         layout = self._layout
-        for position in layout.others:
+        for position in range(1, layout.count):
             self._field = layout.field_name(position)
             values.append(self._value(layout.kind(position)))
         if self._at != len(self._data):
@@ -201,6 +181,11 @@ class _Reader:
         return tuple(values)
 
     def _value(self, kind: str) -> Any:
+        if kind == "i":
+            self._fits(8, "an int")
+            (value,) = _I64.unpack_from(self._data, self._at)
+            self._at += 8
+            return value
         if kind == "s":
             return self._str(self._u32())
         if kind == "z":
