@@ -167,3 +167,12 @@ def test_a_proc_sent_malformed_binary_headers_keeps_serving(make_procs: Any) -> 
         answer = peer.answer(ping(mesh_id, peer.inbox.address))
         assert type(answer.header) is wire.Reply and answer.header.rank == 0
     assert exposed.reach.call_one().get(timeout=T)[0] == pid
+
+
+def test_long_headers_come_back_as_sent_every_time() -> None:
+    """Headers too long to be kept encoded (hundreds of bytes of names) take the slow path
+    each time, with the same result."""
+    header = Every(3, "n" * 600, "é" * 300, ("x" * 200,) * 3, -1, tuple(range(100)))
+    for call_id in range(3):
+        sent = Every(call_id, *(getattr(header, n) for n in Every.__slots__[1:]))  # type: ignore[attr-defined]
+        assert decode(encode(sent)).header == sent

@@ -37,8 +37,10 @@ _KINDS = {
     "tuple[str, ...]": "S",
     "tuple[int, ...]": "I",
 }
-#: Distinct variable parts each layout keeps encoded (and decoded) before starting afresh.
+#: Distinct variable parts each layout keeps encoded (and decoded) before starting afresh...
 _CACHED = 1024
+#: ... each of at most this many bytes (a call's is about a hundred), so they hold < 1 MiB.
+_CACHED_BYTES = 512
 
 
 def layout_kinds(cls: type, types: tuple[str, ...]) -> str:
@@ -85,9 +87,10 @@ class BinaryLayout:
                 tail = self._encode_rest(rest)
                 if tail is None:
                     return None
-                if len(self._encoded) >= _CACHED:
-                    self._encoded.clear()
-                self._encoded[rest] = tail
+                if len(tail) <= _CACHED_BYTES:
+                    if len(self._encoded) >= _CACHED:
+                        self._encoded.clear()
+                    self._encoded[rest] = tail
             return _I64.pack(values[0]) + tail
         except (struct.error, TypeError):  # an int past 64 bits; a value that is unhashable
             return None
@@ -133,9 +136,10 @@ class BinaryLayout:
         rest = self._decoded.get(tail)
         if rest is None:
             rest = _Reader(self, tail).fields()
-            if len(self._decoded) >= _CACHED:
-                self._decoded.clear()
-            self._decoded[tail] = rest
+            if len(tail) <= _CACHED_BYTES:
+                if len(self._decoded) >= _CACHED:
+                    self._decoded.clear()
+                self._decoded[tail] = rest
         return _I64.unpack_from(data) + rest
 
     def field_name(self, position: int) -> str:
