@@ -24,6 +24,7 @@ from ._frames import MAGIC as MAGIC
 from ._frames import MAX_HEADER_BYTES as MAX_HEADER_BYTES
 from ._frames import Envelope as Envelope
 from ._frames import Payload as Payload
+from ._frames import binary_header as binary_header
 from ._frames import decode as decode
 from ._frames import encode as encode
 from ._frames import encode_fields as encode_fields
@@ -84,6 +85,7 @@ __all__ = (
     "SerializationError",
     "TransportError",
     "TransportSettings",
+    "binary_header",
     "check_exposure",
     "check_fd_headroom",
     "close_context",

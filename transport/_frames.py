@@ -9,7 +9,9 @@ Wire layout of one message (a zmq multipart message)::
 
 Small messages are therefore a single frame, the cheapest thing zmq can move.
 
-Headers are decoded eagerly, never with pickle: a header is the marshal of a tuple
+Headers are decoded eagerly, never with pickle. The hot messages (a call, its reply) have a
+binary header, packed with `struct` and marked by a codec byte of their own (see `_binary`:
+lengths checked against the frame, no code run). Any other header is the marshal of a tuple
 ``(type name, *fields)`` of plain values (None, bool, int, float, str, bytes, tuple, list,
 dict, set, frozenset). Codec ``m`` holds only plain values; codec ``n`` also holds registered
 messages nested in its fields, each written as the tuple ``(..., type name, *fields)``. Before
@@ -35,8 +37,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from . import _serialize
+from . import _serialize, _settings
+from ._binary import BinaryLayout, layout_kinds
 from ._errors import MalformedMessage, MessageTooLarge, SerializationError
+from ._marshal_scan import check_marshal
 from ._settings import TransportSettings, transport_settings
 
 MAGIC = b"MV\x03"
@@ -61,6 +65,10 @@ _builders: dict[str, Callable[[tuple[Any, ...], int], Any]] = {}
 _names_of: dict[type, str] = {}
 _counts_of: dict[type, int] = {}
 _new = object.__new__
+#: The types with a binary header (`binary_header`): by type, its codec byte and layout...
+_binary_of: dict[type, tuple[bytes, BinaryLayout, Callable[[Any], tuple[Any, ...]]]] = {}
+#: ... and by codec byte, its layout and the builder of its messages.
+_binary_by_code: dict[int, tuple[BinaryLayout, Callable[[tuple[Any, ...], int], Any]]] = {}
 _MEMBER_DESCRIPTOR = types.MemberDescriptorType
 
 
@@ -87,8 +95,37 @@ def message_type(cls: _T) -> _T:
     return cls
 
 
+def binary_header(code: bytes) -> Callable[[_T], _T]:
+    """Give a registered message type a binary header (`_binary`), marked by codec byte
+    `code`: for the hot messages, whose fields are ints, strs and tuples of them."""
+
+    def register(cls: _T) -> _T:
+        if cls not in _registered:
+            raise TypeError(f"register {cls.__qualname__} with @message_type first")
+        if len(code) != 1 or code in (_MARSHAL, _NESTED) or code[0] in _binary_by_code:
+            raise ValueError(f"codec byte {code!r} is taken or is not one byte")
+        fields = dataclasses.fields(cls)
+        names = tuple(f.name for f in fields)
+        types = tuple(f.type if isinstance(f.type, str) else f.type.__name__ for f in fields)
+        layout = BinaryLayout(cls.__name__, names, layout_kinds(cls, types))
+        values = (
+            operator.attrgetter(*names) if len(names) > 1 else lambda m: (getattr(m, names[0]),)
+        )
+        _binary_of[cls] = code, layout, values
+        _binary_by_code[code[0]] = layout, _builders[_names_of[cls]]
+        return cls
+
+    return register
+
+
 def _encode_header(header: Any) -> tuple[bytes, bytes]:
-    """(codec, bytes): marshal of the header's name and fields; nested messages as tuples."""
+    """(codec, bytes): the binary header of a type that has one, else marshal of the
+    header's name and fields, nested messages as tuples."""
+    binary = _binary_of.get(type(header))
+    if binary is not None:
+        head = binary[1].encode(binary[2](header))
+        if head is not None:
+            return binary[0], head
     fields = _fields_of.get(type(header))
     if fields is None:
         raise SerializationError(
@@ -193,63 +230,6 @@ def _rebuilt(value: Any, depth: int) -> Any:
     return value
 
 
-# How the scan treats each marshal type code (with or without the FLAG_REF bit 0x80):
-# > 0: a token of that many bytes; _SHORT: a string with a one-byte length; _SIZED: a
-# string with a four-byte length; _COUNTED: a container with a four-byte item count; _LONG:
-# an int with a four-byte digit count; 0: a type a header never holds (code, complex...).
-_SHORT, _SIZED, _COUNTED, _LONG = -1, -2, -3, -4
-_I32 = struct.Struct("<i")
-
-
-def _token_table() -> tuple[int, ...]:
-    table = [0] * 256
-    kinds = {"0NFT.{": 1, "ir": 5, "g": 9, ")": 2, "zZ": _SHORT}
-    kinds |= {"stuaA": _SIZED, "([<>": _COUNTED, "l": _LONG}
-    for codes, kind in kinds.items():
-        for code in codes:
-            table[ord(code)] = table[ord(code) | 0x80] = kind
-    return tuple(table)
-
-
-_TOKENS = _token_table()
-
-
-def check_marshal(data: bytes | memoryview) -> None:
-    """Raise MalformedMessage unless `data` is marshal of plain values whose declared sizes
-    fit in `data` (so that ``marshal.loads`` runs no code and allocates within bounds)."""
-    position, end, table = 0, len(data), _TOKENS
-    while position < end:
-        step = table[data[position]]
-        if step > 0:
-            position += step
-        elif step == _SHORT:
-            position += 2 + data[position + 1] if position + 1 < end else 2
-        else:
-            position = _sized_token(data, position, step, end)
-    if position != end:
-        raise MalformedMessage("a truncated header: its last value runs past its end")
-
-
-def _sized_token(data: bytes | memoryview, position: int, kind: int, end: int) -> int:
-    """Where the token at `position` ends (its items follow it, for a container)."""
-    if kind == 0:
-        raise MalformedMessage(
-            f"a header holds marshal type {chr(data[position] & 0x7F)!r}, which is not a plain "
-            "value a header may hold"
-        )
-    if position + 5 > end:
-        raise MalformedMessage("a truncated header: a length runs past its end")
-    (count,) = _I32.unpack_from(data, position + 1)
-    position += 5
-    size = 2 * abs(count) if kind == _LONG else count
-    if size < 0 or size > end - position:
-        raise MalformedMessage(
-            f"a header declares {count} items or bytes, more than its {end - position} "
-            "remaining bytes could hold"
-        )
-    return position if kind == _COUNTED else position + size
-
-
 @dataclass(frozen=True, slots=True)
 class Payload:
     """A serialized value: a pickle body plus out-of-band buffers. Pickle once, send many."""
@@ -314,6 +294,11 @@ def encode_fields(kind: type, fields: tuple[Any, ...], payload: Payload | None) 
             f"cannot send a {kind.__qualname__} header made of {len(fields)} fields: it must be "
             "a type registered with @message_type, given every field it declares"
         )
+    binary = _binary_of.get(kind)
+    if binary is not None:
+        head = binary[1].encode(fields)
+        if head is not None:
+            return _framed(kind, binary[0], head, payload, None)
     try:
         head = marshal.dumps((name, *fields))
     except ValueError:
@@ -336,8 +321,9 @@ def _framed(
     if payload is None:
         return [b"".join((MAGIC, _LENGTH.pack(len(head)), codec, head))]
     size = payload.nbytes if payload.buffers else len(payload.body)
-    if max_bytes is None:
-        max_bytes = transport_settings().max_message_bytes
+    if max_bytes is None:  # `transport_settings()` without its call, once per message sent
+        settings = _settings.current
+        max_bytes = (settings or transport_settings()).max_message_bytes
     if size > max_bytes:
         raise MessageTooLarge(
             f"a {kind.__name__} message of {size} bytes exceeds the limit of "
@@ -376,8 +362,12 @@ def decode(frames: Sequence[Any], *, max_bytes: int | None = None) -> Envelope:
             f"truncated message: the header claims {length} bytes but the "
             f"frame holds {first.nbytes - _PREFIX}"
         )
-    try:
-        header = _decode_header(codec, first[_PREFIX : _PREFIX + length])
+    binary = _binary_by_code.get(codec)
+    try:  # a binary header (the hot messages) decoded here: `_decode_header` does the others
+        if binary is not None:
+            header = binary[1](binary[0].decode(first[_PREFIX : _PREFIX + length]), 0)
+        else:
+            header = _decode_header(codec, first[_PREFIX : _PREFIX + length])
     except MalformedMessage:
         raise
     except Exception as exc:

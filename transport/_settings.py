@@ -94,21 +94,22 @@ def _parse(name: str, variable: str, raw: str) -> object:
     return raw
 
 
-_current: TransportSettings | None = None
+#: The settings in force (`transport_settings` reads them, `use_transport_settings` sets them).
+current: TransportSettings | None = None
 
 
 def transport_settings() -> TransportSettings:
     """This process's transport settings: the last ones set, else those of the environment."""
-    global _current
-    if _current is None:
-        _current = TransportSettings.from_env()
-    return _current
+    global current
+    if current is None:
+        current = TransportSettings.from_env()
+    return current
 
 
 def use_transport_settings(settings: TransportSettings | None) -> None:
     """Make `settings` this process's transport settings (None: read the environment again)."""
-    global _current
-    _current = settings
+    global current
+    current = settings
 
 
 def use_curve_keys(directory: str) -> None:

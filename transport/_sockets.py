@@ -124,6 +124,7 @@ class Inbox:
         self._ipc_path = address[len("ipc://") :] if address.startswith("ipc://") else None
         self._poll_items = [(self._socket, zmq.POLLIN)]
         self._split: deque[Envelope] = deque()  # the messages of a batch not yet taken
+        self._polled = False  # the last `poll` saw a message that no receive has taken yet
 
     def listen_also(self, address: str) -> str:
         """Also receive on `address` (e.g. tcp next to ipc); returns the address as bound."""
@@ -148,16 +149,21 @@ class Inbox:
         if self._split:
             return True
         items = self._poll_items if wake_fd is None else [*self._poll_items, (wake_fd, zmq.POLLIN)]
-        return bool(zmq.zmq_poll(items, -1 if timeout_ms is None else timeout_ms))
+        ready = _zmq_poll(items, -1 if timeout_ms is None else timeout_ms)
+        # the next receive skips its own poll (two system calls) when this one saw a message
+        self._polled = bool(ready) and ready[0][0] is self._socket
+        return bool(ready)
 
     def receive_nowait(self) -> Envelope | None:
         """The next valid message, or None when none is waiting. Invalid ones are logged."""
         if self._split:
             return self._split.popleft()
-        socket, ready = self._socket, self._poll_items
+        socket, ready, polled = self._socket, self._poll_items, self._polled
+        self._polled = False
         # a poll, not `getsockopt(EVENTS)`, which builds an enum (Python code) for its option;
         # and either is cheaper than a receive raising zmq.Again
-        while _zmq_poll(ready, 0):
+        while polled or _zmq_poll(ready, 0):
+            polled = False
             try:
                 frames = [socket.recv(_NOBLOCK, copy=False)]
                 while frames[-1].more:  # the parts of one message arrive together
@@ -173,9 +179,10 @@ class Inbox:
                 if self._split:
                     return self._split.popleft()
                 continue
-            envelope = self._decode(frames)
-            if envelope is not None:
-                return envelope
+            try:  # `_decode` inlined: once per message received
+                return decode(frames, max_bytes=self._max_bytes)
+            except (MalformedMessage, MessageTooLarge) as exc:
+                self._dropped(exc, frames)
         return None
 
     def receive_received(self) -> Envelope | None:
@@ -187,10 +194,13 @@ class Inbox:
         try:
             return decode(frames, max_bytes=self._max_bytes)
         except (MalformedMessage, MessageTooLarge) as exc:
-            self._log.warning(
-                "message_dropped", address=self.address, reason=str(exc), frames=len(frames)
-            )
+            self._dropped(exc, frames)
             return None
+
+    def _dropped(self, error: Exception, frames: list[Any]) -> None:
+        self._log.warning(
+            "message_dropped", address=self.address, reason=str(error), frames=len(frames)
+        )
 
     def close(self) -> None:
         self._socket.close(linger=0)
@@ -234,7 +244,17 @@ class Outbox:
             self.flush()
             _FAULTS.route(address, frames, self._send_now)
             return
-        self._send_now(address, frames)
+        with self._lock:  # `_send_now` and `_send_locked` inlined: a call and a reply each
+            if self._closed:
+                raise TransportError("cannot send: this process's transport is closed.")
+            socket = self._sockets.get(address) or self._connect(address)
+            batch = self._batches.pop(address, None) if self._batches else None
+            if batch is not None:  # what waited goes first: FIFO per destination
+                _send_frames(socket, address, [batch.packed()])
+            _send_frames(socket, address, frames)
+            watch = self._handshakes.get(address) if self._handshakes else None
+            if watch is not None:
+                watch.refusal()  # takes its waiting events, so that they never pile up
 
     def send_soon(self, address: str, frames: Sequence[Any]) -> bool:
         """Like `send`, but a small message may wait in `address`'s batch (its receiver is

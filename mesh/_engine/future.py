@@ -96,7 +96,7 @@ class Future(Generic[T]):
 
     def get(self, timeout: float | None = None) -> T:
         """Wait for the value (at most `timeout` seconds) and return it, or raise its error."""
-        if not self.finished():
+        if self._value is _PENDING and self._error is None:  # `finished()`, inlined: per call
             if self._loop is not None:  # waiting in a forked child would never end
                 check_not_forked(self._loop.pid)
             if threading.get_ident() == _MAIN_THREAD:
@@ -122,7 +122,7 @@ class Future(Generic[T]):
             self._home.pump_until(self, timeout)
         else:
             self.wait_briefly(timeout)
-        if not self.finished():
+        if self._value is _PENDING and self._error is None:
             raise TimeoutError(
                 f"{self._description} did not finish within {timeout} s; "
                 "it is still running, call get() again to keep waiting."

@@ -27,7 +27,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from transport import FaultRule, is_address, message_type
+from transport import FaultRule, binary_header, is_address, message_type
 
 
 @message_type
@@ -131,6 +131,7 @@ class SpawnActor:
     call_limit_s: float | None = None
 
 
+@binary_header(b"C")
 @message_type
 @dataclass(frozen=True, slots=True)
 class CallActor:
@@ -174,6 +175,7 @@ class SetFaultRules:
     clear: bool = False
 
 
+@binary_header(b"R")
 @message_type
 @dataclass(frozen=True, slots=True)
 class Reply:

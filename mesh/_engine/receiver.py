@@ -12,9 +12,11 @@ finished those, messages for actors go the same way, so nothing overtakes what c
 A receiver busy with a call still holds the inbox. The watch thread hands the inbox to another
 worker thread when a call has run for `HAND_OVER_S`, so a long or blocking sync endpoint (a
 `get()` on an actor of this proc, `breakpoint()`, a collective) never stops the proc from
-receiving. The receiver arms the watch's alarm when a call starts and disarms it when the call
-ends (`mesh/_engine/alarm.py`: no thread wakes for either), so the watch wakes only for a call
-that ran `HAND_OVER_S`, not once per call.
+receiving. The receiver notes when each task starts and arms the watch's alarm only when it is
+not armed already (`mesh/_engine/alarm.py`: no thread wakes for that); when it goes off, the
+watch arms it again for what is left of the current task's `HAND_OVER_S`, if a task runs. So
+the watch wakes at most once per `HAND_OVER_S` while calls keep coming, never once per call,
+and a call costs no system call for the watch (arming and disarming for each cost two).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class Receiver:
         self._holder: int | None = None  # the thread that may read the inbox
         self._in_pass = False  # the holder is reading the inbox now
         self._task_since: float | None = None  # when the holder's current task started
+        self._armed = False  # the alarm will go off (the watch has not seen it go off yet)
         self._stopping = False
         self._alarm = new_alarm()  # expires when the holder's task has run HAND_OVER_S
         self._wake_read, self._wake_write = os.pipe()  # wakes a waiting receiver to stop
@@ -99,6 +102,7 @@ class Receiver:
                 return
             self._holder, self._task_since = None, None
             self._alarm.disarm()
+            self._armed = False
         self._workers.submit(self._serve)
 
     # -- the receiving thread --------------------------------------------------------------------
@@ -119,10 +123,9 @@ class Receiver:
                 self._end_pass(task is not None)
             if task is not None:
                 run_task(*task)
-                with self._lock:
-                    if self._holder == me and not self._stopping:  # (stopping: it is closed)
+                with self._lock:  # the alarm stays armed: the watch finds no task and waits
+                    if self._holder == me:
                         self._task_since = None
-                        self._alarm.disarm()
 
     def _begin_pass(self, me: int) -> bool:
         with self._lock:
@@ -140,7 +143,9 @@ class Receiver:
             self._task_since = None
             if has_task and not self._stopping:
                 self._task_since = time.monotonic()
-                self._alarm.arm(HAND_OVER_S)
+                if not self._armed:
+                    self._alarm.arm(HAND_OVER_S)
+                    self._armed = True
             if self._stopping:
                 self._role.notify_all()
 
@@ -184,15 +189,17 @@ class Receiver:
         while True:
             alarm.wait()
             with self._lock:
+                self._armed = False
                 if self._stopping:
                     alarm.close()
                     return
                 since = self._task_since
-                if since is None or self._in_pass:
+                if since is None or self._in_pass:  # the next task arms it
                     continue
                 left = since + HAND_OVER_S - time.monotonic()
-                if left > 0:  # another task started after this one's alarm went off
+                if left > 0:  # the task running started after the alarm was armed
                     alarm.arm(left)
+                    self._armed = True
                     continue
                 self._holder, self._task_since = None, None
             self._workers.submit(self._serve)

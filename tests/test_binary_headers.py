@@ -1,0 +1,178 @@
+"""Binary headers (`transport.binary_header`): the struct-packed headers of calls and replies.
+
+Every value of the declared field types comes back as it was sent; every truncated or
+corrupted binary header is refused with MalformedMessage (never another exception), and a
+proc sent one keeps serving.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import actors
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_agent_hardening import T, ping, raw_peer
+
+from mesh.testing import wire
+from transport import (
+    MAGIC,
+    MalformedMessage,
+    Payload,
+    binary_header,
+    decode,
+    encode,
+    encode_fields,
+    message_type,
+)
+
+
+@binary_header(b"T")
+@message_type
+@dataclass(frozen=True, slots=True)
+class Every:
+    """A header with a field of every kind a binary header holds."""
+
+    number: int
+    name: str
+    maybe: str | None
+    names: tuple[str, ...]
+    last: int
+    numbers: tuple[int, ...]
+
+
+INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)  # UTF-8 encodable
+EVERY = st.builds(
+    Every,
+    INT64,
+    TEXT,
+    st.none() | TEXT,
+    st.lists(TEXT, max_size=4).map(tuple),
+    INT64,
+    st.lists(INT64, max_size=4).map(tuple),
+)
+
+
+def codec(frames: list[Any]) -> bytes:
+    """The codec byte of an encoded message (after the magic and the header length)."""
+    first = bytes(frames[0])
+    return first[len(MAGIC) + 4 : len(MAGIC) + 5]
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(EVERY, st.none() | st.binary(max_size=16))
+def test_every_value_comes_back_as_sent(header: Every, body: bytes | None) -> None:
+    payload = None if body is None else Payload(body)
+    frames = encode(header, payload)
+    assert codec(frames) == b"T"
+    envelope = decode(frames)
+    assert envelope.header == header
+    assert type(envelope.header) is Every
+    assert (envelope.payload is None) == (not body)
+    fields = tuple(getattr(header, name) for name in Every.__slots__)  # type: ignore[attr-defined]
+    assert decode(encode_fields(Every, fields, payload)).header == header
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        Every(2**63, "", None, (), 0, ()),  # past 64 bits
+        Every(1, "\ud800", None, (), 0, ()),  # a lone surrogate is no UTF-8
+        Every(1, "", None, ["a"], 0, ()),  # type: ignore[arg-type]
+        Every(True, "", None, (), 0, ()),
+    ],
+    ids=["big int", "surrogate", "list", "bool"],
+)
+def test_a_value_a_binary_header_cannot_hold_still_travels(header: Every) -> None:
+    frames = encode(header)
+    assert codec(frames) != b"T"
+    assert decode(frames).header == header
+
+
+def binary_frame(header: Every) -> bytes:
+    return bytes(encode(header)[0])
+
+
+def reframed(frame: bytes, head: bytes) -> bytes:
+    """`frame` with its header replaced by `head` (the prefix's length follows it)."""
+    prefix = len(MAGIC) + 5
+    return MAGIC + struct.pack("<I", len(head)) + frame[prefix - 1 : prefix] + head
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(EVERY, st.data())
+def test_a_truncated_binary_header_is_malformed(header: Every, data: st.DataObject) -> None:
+    frame = binary_frame(header)
+    head = frame[len(MAGIC) + 5 :]
+    cut = data.draw(st.integers(min_value=0, max_value=len(head) - 1))
+    with pytest.raises(MalformedMessage):
+        decode([reframed(frame, head[:cut])])
+
+
+@settings(max_examples=500, deadline=None, database=None)
+@given(EVERY, st.data())
+def test_a_corrupted_binary_header_is_refused_or_decoded(
+    header: Every, data: st.DataObject
+) -> None:
+    """Bytes overwritten anywhere in the header: MalformedMessage, or an Every whose fields
+    have their declared types (a corrupted int is still an int), never anything else."""
+    frame = binary_frame(header)
+    head = bytearray(frame[len(MAGIC) + 5 :])
+    for _ in range(data.draw(st.integers(min_value=1, max_value=4))):
+        at = data.draw(st.integers(min_value=0, max_value=len(head) - 1))
+        head[at] = data.draw(st.integers(min_value=0, max_value=255))
+    extra = data.draw(st.binary(max_size=8))
+    try:
+        decoded = decode([reframed(frame, bytes(head) + extra)]).header
+    except MalformedMessage:
+        return
+    assert type(decoded) is Every
+    assert wire.invalid_fields(decoded) is None
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"",
+        b"\x01" * 15,  # shorter than the two ints of a reply
+        b"\x01" * 17,  # a byte past them
+    ],
+    ids=["empty", "short", "long"],
+)
+def test_a_malformed_reply_header_is_refused(head: bytes) -> None:
+    frame = bytes(encode(wire.Reply(1, 2))[0])
+    with pytest.raises(MalformedMessage, match="Reply"):
+        decode([reframed(frame, head)])
+
+
+@pytest.mark.timeout(60)
+def test_a_proc_sent_malformed_binary_headers_keeps_serving(make_procs: Any) -> None:
+    exposed = make_procs({"gpus": 1}).spawn("who", actors.Exposed)
+    pid, address, mesh_id = exposed.reach.call_one().get(timeout=T)
+    with raw_peer(address) as peer:
+        call = bytes(encode(ping(mesh_id, peer.inbox.address))[0])
+        head = call[len(MAGIC) + 5 :]
+        assert codec([call]) == b"C"
+        for bad in (
+            head[:10],  # truncated in the ints
+            head[:-3],  # truncated in the last field
+            head[:8] + b"\xff\xff\xff\x7f" + head[12:],  # a reply address of 2 GB
+            head[:8] + b"\x02\x00\x00\x00\xff\xfe" + head[14:],  # not UTF-8
+        ):
+            peer.send([reframed(call, bad)])
+        answer = peer.answer(ping(mesh_id, peer.inbox.address))
+        assert type(answer.header) is wire.Reply and answer.header.rank == 0
+    assert exposed.reach.call_one().get(timeout=T)[0] == pid
+
+
+def test_long_headers_come_back_as_sent_every_time() -> None:
+    """Headers too long to be kept encoded (hundreds of bytes of names) take the slow path
+    each time, with the same result."""
+    header = Every(3, "n" * 600, "é" * 300, ("x" * 200,) * 3, -1, tuple(range(100)))
+    for call_id in range(3):
+        sent = Every(call_id, *(getattr(header, n) for n in Every.__slots__[1:]))  # type: ignore[attr-defined]
+        assert decode(encode(sent)).header == sent

@@ -1,0 +1,229 @@
+"""Binary headers: the hot messages (a call, its reply) packed with `struct`, not marshal.
+
+A binary header has no marshal scan to pass and no tuple of names to build. Its first field
+(an int: the call id, different in every message) leads; the rest of a call's header (reply
+address, actor, endpoint, mesh labels and sizes, rank) is the same for every call to one
+actor's endpoint, so each side encodes or decodes it once and keeps it. Layout, after the
+frame prefix whose codec byte names the message type (see `_frames`)::
+
+    the first field            int64 little-endian
+    then each other field, in the order the class declares them:
+        int                    int64 little-endian
+        str                    u32 length + its UTF-8 bytes
+        str | None             the same, length 0xFFFFFFFF for None (no bytes follow)
+        tuple[str, ...]        u32 count + count times (u32 length + UTF-8 bytes)
+        tuple[int, ...]        u32 count + count times int64
+
+Decoding runs no code and allocates at most about the size of the frame: every length and
+count is checked against the bytes left before anything is read, and bytes that do not fit
+the layout (a length past the end, bad UTF-8, bytes left over) raise MalformedMessage.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from ._errors import MalformedMessage
+
+_U32 = struct.Struct("<I")
+_I64 = struct.Struct("<q")
+_NONE = 0xFFFFFFFF
+#: The declared type of a field (as written in its class) → its kind in a layout.
+_KINDS = {
+    "int": "i",
+    "str": "s",
+    "str | None": "z",
+    "tuple[str, ...]": "S",
+    "tuple[int, ...]": "I",
+}
+#: Distinct variable parts each layout keeps encoded (and decoded) before starting afresh...
+_CACHED = 1024
+#: ... each of at most this many bytes (a call's is about a hundred), so they hold < 1 MiB.
+_CACHED_BYTES = 512
+
+
+def layout_kinds(cls: type, types: tuple[str, ...]) -> str:
+    """One kind letter per field of `cls` (whose declared types are `types`); TypeError for
+    a type a binary header cannot hold."""
+    kinds = []
+    for declared in types:
+        kind = _KINDS.get(declared.replace("Optional[str]", "str | None"))
+        if kind is None:
+            raise TypeError(
+                f"{cls.__qualname__} cannot have a binary header: a field of type {declared} "
+                f"is none of {', '.join(_KINDS)}"
+            )
+        kinds.append(kind)
+    return "".join(kinds)
+
+
+class BinaryLayout:
+    """Encodes and decodes the fields of one message type (see the module's docstring)."""
+
+    def __init__(self, name: str, names: tuple[str, ...], kinds: str) -> None:
+        if kinds[:1] != "i":
+            raise TypeError(f"{name} cannot have a binary header: its first field is no int")
+        self.name, self._names, self._kinds = name, names, kinds
+        self._ints = struct.Struct("<" + "q" * len(kinds)) if set(kinds) == {"i"} else None
+        # a value equal to a kept one (True for 1) is sent as the kept one: of declared type
+        self._encoded: dict[tuple[Any, ...], bytes] = {}
+        self._decoded: dict[bytes, tuple[Any, ...]] = {}
+
+    def encode(self, values: tuple[Any, ...]) -> bytes | None:
+        """The header of a message whose fields are `values`; None when one of them is not
+        of its declared type (the caller then uses another encoding)."""
+        try:
+            if self._ints is not None:  # a reply: ints only
+                for value in values:
+                    if type(value) is not int:
+                        return None
+                return self._ints.pack(*values)
+            if type(values[0]) is not int:
+                return None
+            rest = values[1:]
+            tail = self._encoded.get(rest)
+            if tail is None:
+                tail = self._encode_rest(rest)
+                if tail is None:
+                    return None
+                if len(tail) <= _CACHED_BYTES:
+                    if len(self._encoded) >= _CACHED:
+                        self._encoded.clear()
+                    self._encoded[rest] = tail
+            return _I64.pack(values[0]) + tail
+        except (struct.error, TypeError):  # an int past 64 bits; a value that is unhashable
+            return None
+
+    def _encode_rest(self, rest: tuple[Any, ...]) -> bytes | None:
+        parts: list[bytes] = []
+        for kind, value in zip(self._kinds[1:], rest, strict=True):
+            if kind == "i":
+                if type(value) is not int:
+                    return None
+                parts.append(_I64.pack(value))
+            elif kind == "z" and value is None:
+                parts.append(_U32.pack(_NONE))
+            elif kind in "sz":
+                if type(value) is not str or not _encode_str(value, parts):
+                    return None
+            elif type(value) is not tuple:
+                return None
+            elif kind == "S":
+                parts.append(_U32.pack(len(value)))
+                if not all(type(v) is str and _encode_str(v, parts) for v in value):
+                    return None
+            else:
+                if not all(type(v) is int for v in value):
+                    return None
+                parts.append(struct.pack(f"<I{len(value)}q", len(value), *value))
+        return b"".join(parts)
+
+    def decode(self, data: memoryview) -> tuple[Any, ...]:
+        """The fields (in declaration order) of the header `data`; MalformedMessage if it
+        does not follow this layout."""
+        if self._ints is not None:
+            if len(data) != self._ints.size:
+                raise MalformedMessage(
+                    f"a {self.name} header of {len(data)} bytes: it holds {self._ints.size}"
+                )
+            return self._ints.unpack_from(data)
+        if len(data) < _I64.size:
+            raise MalformedMessage(
+                f"a truncated {self.name} header: {len(data)} bytes, fewer than its first field"
+            )
+        tail = bytes(data[_I64.size :])
+        rest = self._decoded.get(tail)
+        if rest is None:
+            rest = _Reader(self, tail).fields()
+            if len(tail) <= _CACHED_BYTES:
+                if len(self._decoded) >= _CACHED:
+                    self._decoded.clear()
+                self._decoded[tail] = rest
+        return _I64.unpack_from(data) + rest
+
+    def field_name(self, position: int) -> str:
+        return self._names[position]
+
+    def kind(self, position: int) -> str:
+        return self._kinds[position]
+
+    @property
+    def count(self) -> int:
+        return len(self._kinds)
+
+
+def _encode_str(value: str, parts: list[bytes]) -> bool:
+    """Append `value` (length, UTF-8); False if it cannot be UTF-8 (a lone surrogate)."""
+    try:
+        data = value.encode()
+    except UnicodeEncodeError:
+        return False
+    parts.append(_U32.pack(len(data)))
+    parts.append(data)
+    return True
+
+
+class _Reader:
+    """Reads the non-int fields of a binary header, checking each length before using it."""
+
+    def __init__(self, layout: BinaryLayout, data: bytes) -> None:
+        self._layout, self._data, self._at = layout, data, 0
+        self._field = ""
+
+    def fields(self) -> tuple[Any, ...]:
+        values = []
+        layout = self._layout
+        for position in range(1, layout.count):
+            self._field = layout.field_name(position)
+            values.append(self._value(layout.kind(position)))
+        if self._at != len(self._data):
+            raise MalformedMessage(
+                f"a {layout.name} header holds {len(self._data) - self._at} bytes after its "
+                "last field"
+            )
+        return tuple(values)
+
+    def _value(self, kind: str) -> Any:
+        if kind == "i":
+            self._fits(8, "an int")
+            (value,) = _I64.unpack_from(self._data, self._at)
+            self._at += 8
+            return value
+        if kind == "s":
+            return self._str(self._u32())
+        if kind == "z":
+            length = self._u32()
+            return None if length == _NONE else self._str(length)
+        count = self._u32()
+        if kind == "S":
+            self._fits(4 * count, f"{count} strings")
+            return tuple(self._str(self._u32()) for _ in range(count))
+        self._fits(8 * count, f"{count} ints")
+        values = struct.unpack_from(f"<{count}q", self._data, self._at)
+        self._at += 8 * count
+        return values
+
+    def _u32(self) -> int:
+        self._fits(4, "a length")
+        (value,) = _U32.unpack_from(self._data, self._at)
+        self._at += 4
+        return int(value)
+
+    def _str(self, length: int) -> str:
+        self._fits(length, f"a string of {length} bytes")
+        start = self._at
+        self._at += length
+        try:
+            return self._data[start : self._at].decode()
+        except UnicodeDecodeError as exc:
+            raise MalformedMessage(
+                f"field {self._field!r} of a {self._layout.name} header is not UTF-8: {exc}"
+            ) from None
+
+    def _fits(self, size: int, what: str) -> None:
+        if size > len(self._data) - self._at:
+            raise MalformedMessage(
+                f"a truncated {self._layout.name} header: field {self._field!r} declares "
+                f"{what}, more than its {len(self._data) - self._at} remaining bytes hold"
+            )
