@@ -36,6 +36,8 @@ from ._log import reset_logging as reset_logging
 from ._requests import Requester as Requester
 from ._requests import Responder as Responder
 from ._requests import ResponderGone as ResponderGone
+from ._runtime_dirs import private_runtime_dir as private_runtime_dir
+from ._runtime_dirs import runtime_base_dir as runtime_base_dir
 from ._security import KEYS_ENV as KEYS_ENV
 from ._security import CurveKeys as CurveKeys
 from ._security import check_exposure as check_exposure
@@ -54,8 +56,6 @@ from ._sockets import Inbox as Inbox
 from ._sockets import Outbox as Outbox
 from ._sockets import close_context as close_context
 from ._sockets import new_context as new_context
-from ._sockets import private_runtime_dir as private_runtime_dir
-from ._sockets import runtime_base_dir as runtime_base_dir
 from ._sockets import tcp_address as tcp_address
 
 __all__ = (

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -47,8 +46,6 @@ from ._settings import transport_settings
 RECONNECT_INTERVAL_MS = 5
 #: Messages an inbox queues per sender before that sender's further messages wait with it.
 RECEIVE_QUEUE = 1000
-#: Longest base directory for ipc sockets, leaving room for the names meshvisor adds.
-_MAX_BASE_DIR_LEN = 40
 # A plain int: pyzmq's enum flags cost an enum construction per use on the receive path.
 _NOBLOCK = int(zmq.NOBLOCK)
 _zmq_poll = zmq.zmq_poll
@@ -78,22 +75,6 @@ def close_context(context: zmq.Context[Any]) -> None:
             "context_left_open",
             reason=f"a socket was still open after {CONTEXT_TERM_S:g} s; its messages are lost",
         )
-
-
-def runtime_base_dir() -> str:
-    """Where `private_runtime_dir` makes directories: ``XDG_RUNTIME_DIR`` if writable and
-    short (socket paths must stay under ~107 bytes), else the system temp directory."""
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    if not base or not os.access(base, os.W_OK) or len(base) > _MAX_BASE_DIR_LEN:
-        return tempfile.gettempdir()
-    return base
-
-
-def private_runtime_dir(prefix: str = "meshvisor-") -> str:
-    """Create a directory only this user can enter, for ipc socket files."""
-    path = tempfile.mkdtemp(prefix=prefix, dir=runtime_base_dir())
-    os.chmod(path, 0o700)
-    return path
 
 
 def tcp_address(host: str = "127.0.0.1", port: int = 0) -> str:
