@@ -40,8 +40,12 @@ class Exchanger(Actor):
         client = dist.TCPStore(store[0], store[1], is_master=False, timeout=timeout)  # type: ignore[attr-defined]
         prefixed = dist.PrefixStore(tag, client)  # type: ignore[attr-defined]
         group = dist.ProcessGroupGloo(prefixed, rank, world, timeout)
-        averaged = exchange_average(group, gradient(seed, rank, numel), lambda: None)
-        return averaged.clone()
+        local = gradient(seed, rank, numel)
+        averaged = exchange_average(group, local, lambda: None)
+        again = exchange_average(group, local, lambda: None, out=averaged)  # reused memory
+        if again.data_ptr() != averaged.data_ptr():
+            raise RuntimeError("the exchange did not write its result into `out`")
+        return again.clone()
 
 
 class StallingTrainer(Trainer):
