@@ -46,7 +46,9 @@ ALLGATHER_BELOW_BYTES = 256 * 1024
 #: transfer of the next. Float addition is elementwise, so segments change no bits.
 SEGMENT_BYTES = 4 << 20
 
-#: Segments in flight at once; their buffers are reused for the segments after them.
+#: Segments in flight at once; their buffers are reused for the segments after them. Other
+#: sizes (1 to 4 MiB, 4 to 16 in flight) came out ahead in one run and behind in the next at
+#: 336 MB on 3 ranks, here, under load averages of 15 to 40: no better choice stood out.
 WINDOW = 4
 
 #: One standing group a replica forms (`_standing`): (quorum, its first group rank, world).
