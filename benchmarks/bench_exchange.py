@@ -39,8 +39,14 @@ from recovery.testing import StoreClient, StoreServer
 METHODS = ("reduce-scatter+all-gather", "all-gather (old)", "allreduce (floor)")
 
 
+#: The last result of each size, which the next exchange writes into, as a replica's does.
+_RESULTS: dict[int, torch.Tensor] = {}
+
+
 def new_exchange(group: Any, grad: torch.Tensor) -> torch.Tensor:
-    return exchange_average(group, grad, lambda: None)
+    result = exchange_average(group, grad, lambda: None, _RESULTS.get(grad.numel()))
+    _RESULTS[grad.numel()] = result
+    return result
 
 
 def old_allgather(group: Any, grad: torch.Tensor) -> torch.Tensor:

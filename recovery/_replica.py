@@ -108,6 +108,7 @@ class Replica(Actor):
         self._gradient: torch.Tensor | None = None  # reused each step
         self._donor = DonorCache()
         self._update: torch.Tensor | None = None  # the averaged gradient of a prepared step
+        self._reused: torch.Tensor | None = None  # a done update's memory, for the next one
         self._updates = UpdateLog()
         self._standing: dict[int, Any] = {}  # process groups formed for take-overs, by quorum
         self._retired: list[Any] = []  # groups left for a standing one, dropped off the step
@@ -252,7 +253,8 @@ class Replica(Actor):
                 return
             self.on_phase("allreduce", step)
             assert self._aborts is not None and self._gradient is not None  # set by join, above
-            self._update = exchange_average(self._group, self._gradient, self._aborts)
+            reused, self._reused = self._reused, None  # lost if given up: gloo may write it
+            self._update = exchange_average(self._group, self._gradient, self._aborts, reused)
 
     @endpoint
     def commit(self, step: int, with_digest: bool = False, keep_updates: int = 0) -> str | None:
@@ -271,6 +273,8 @@ class Replica(Actor):
             if keep_updates != self._updates.keep:
                 self._updates.resize(keep_updates)
             self._updates.record(step, self._update)
+            if not self._updates.keep:  # no spare will read it: its memory serves the next
+                self._reused = self._update
             self._update = None
             return digest(self.model) if with_digest else None
 
@@ -279,7 +283,7 @@ class Replica(Actor):
         """Drop a prepared step (if any): the parameters are still those of the last commit;
         buffers a forward pass changed, the data position and RNG states go back."""
         with self._stepping, self._changing:
-            self._update, self._computed = None, 0
+            self._update, self._reused, self._computed = None, self._update, 0
             _undo_step(self)
             return self.committed_step
 

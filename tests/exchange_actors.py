@@ -41,8 +41,12 @@ class Exchanger(Actor):
         client = StoreClient(store, 60.0)
         prefixed = dist.PrefixStore(tag, client)  # type: ignore[attr-defined]
         group = dist.ProcessGroupGloo(prefixed, rank, world, timeout)
-        averaged = exchange_average(group, gradient(seed, rank, numel), lambda: None)
-        return averaged.clone()
+        local = gradient(seed, rank, numel)
+        averaged = exchange_average(group, local, lambda: None)
+        again = exchange_average(group, local, lambda: None, out=averaged)  # reused memory
+        if again.data_ptr() != averaged.data_ptr():
+            raise RuntimeError("the exchange did not write its result into `out`")
+        return again.clone()
 
 
 class StallingTrainer(Trainer):

@@ -104,13 +104,15 @@ def test_summing_order_matters_for_these_gradients() -> None:
 
 
 def test_gloo_exchange_of_real_procs_has_the_bits_of_the_whole_average() -> None:
-    """Small gradients go through one all-gather, larger ones through buckets: both bitwise."""
+    """Small gradients go through one all-gather, larger ones through buckets: both bitwise,
+    into fresh memory or into the result of the last exchange (`out`)."""
     store = StoreServer()
     procs = this_host().spawn_procs(per_host={"ranks": 4}, name="exchangers")
     try:
         actors = procs.spawn("exchanger", xa.Exchanger).flatten("rank")
         cases = [(2, 1), (3, 1000), (4, 3), (2, 70_001), (4, 100_003), (3, 2_500_001)]
-        for world, numel in cases:  # the last: several segments, the last one padded
+        cases.append((3, 6_000_001))  # more segments than are in flight: buffers reused
+        for world, numel in cases:  # several segments, the last one padded
             ranks = actors.slice(rank=slice(0, world))
             tag = f"w{world}-n{numel}"
             found = ranks.average.call(store.addresses, tag, world, 7, numel).get(60)
