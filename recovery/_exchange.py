@@ -14,6 +14,9 @@ The collectives are methods of the backend's process group (`alltoall_base`,
 `_allgather_base`): gloo on CPU; NCCL offers the same methods for CUDA tensors (untested here:
 no GPU). Every wait goes through `wait_unless_aborted`, so a survivor gives up as soon as
 supervision says a peer is dead instead of waiting for the backend's timeout.
+
+A replica's process groups are made here too: a step's (`open_group`), and the standing ones
+of take-overs (`form_groups`), which `HeldGroups` forms beside the steps and hands to them.
 """
 
 from __future__ import annotations
