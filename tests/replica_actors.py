@@ -137,9 +137,9 @@ class HeldHeals(Trainer):
 
 
 class HeldStandBy(Trainer):
-    """A spare forms no standing group while the file `hold` exists (at most a minute), so a
-    test decides when the groups of its take-overs form; `hold` + ".asked" says a formation
-    was asked of it, `hold` + ".timed-out" that the hold ran out (nobody released it)."""
+    """A spare forms no standing group while the file `hold` exists (at most two minutes), so
+    a test decides when the groups of its take-overs form; `hold` + ".asked" gets a line per
+    formation asked of a spare, `hold` + ".timed-out" says that the hold ran out."""
 
     def __init__(self, hold: str) -> None:
         self.hold = Path(hold)
@@ -148,8 +148,9 @@ class HeldStandBy(Trainer):
     def on_phase(self, phase: str, step: int) -> None:
         if phase != "stand_by" or self.replica_id >= 0 or not self.hold.exists():
             return
-        self.hold.with_suffix(".asked").touch()
-        deadline = time.monotonic() + 60.0
+        with self.hold.with_suffix(".asked").open("a") as asked:
+            asked.write(f"{os.getpid()}\n")
+        deadline = time.monotonic() + 120.0
         while self.hold.exists():
             if time.monotonic() > deadline:
                 self.hold.with_suffix(".timed-out").touch()
