@@ -196,8 +196,8 @@ class Replica(Actor):
                 pass
         self._rank = context().rank.rank
         self._group, self._quorum = None, -1  # the old group: its peers may be gone
-        if self._aborts is None:
-            self._aborts = AbortWatch(store, timeout_s)
+        if self._aborts is None:  # a standing formation made one already, off the step
+            self._aborts = self._standing.watch or AbortWatch(store, timeout_s)
         self._aborts.quorum = quorum
         self._group = open_group(store, quorum, base + self._rank, world, timeout_s, self._aborts)
         self._quorum = quorum
