@@ -154,11 +154,8 @@ class ReplicaGroup:
         spares = len(self._standbys.meshes)
         while True:
             self._recover()  # first: a spare made ready by the start has no groups asked yet
-            if (
-                len(self.live()) == len(self._members)
-                and self._standbys.ready() == spares
-                and not self._standing.pending()
-            ):
+            live, ready_now = len(self.live()), self._standbys.ready()
+            if live == len(self._members) and ready_now == spares and not self._standing.pending():
                 return
             if time.monotonic() > deadline:
                 ready = f" and {self._standbys.ready()} of {spares} spares" if spares else ""

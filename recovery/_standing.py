@@ -87,13 +87,14 @@ class StandingGroups:
 
     def take(self, procs: Sequence[ProcMesh]) -> int | None:
         """The quorum of the standing group of exactly `procs` (in order), or None (also while
-        that group is being formed)."""
+        that group is being formed): the step then forms a group of its own (`give_up`)."""
         self._settle()
         with self._lock:
             for standing in self._formed:
                 if standing.procs == tuple(procs):
                     self._formed.remove(standing)
                     return standing.quorum
+        self.give_up()
         return None
 
     def drop(self, procs: ProcMesh) -> None:
@@ -106,6 +107,16 @@ class StandingGroups:
             self._tried = {key for key in self._tried if procs not in key}  # re-spawned: anew
         for standing in broken:
             self._notices.abort(standing.quorum, "a participant failed while it was formed")
+
+    def give_up(self) -> None:
+        """A step forms a group of its own (a fresh rendezvous): the formation under way is
+        given up (aborted through the notices), so that its rendezvous do not run beside the
+        step's in the same processes (they did fail each other, under load); it is tried
+        again later."""
+        with self._lock:
+            forming, self._forming = self._forming, []
+        for standing in forming:
+            self._notices.abort(standing.quorum, "a step formed a group of its own meanwhile")
 
     def ensure(
         self,
