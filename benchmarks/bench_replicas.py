@@ -100,6 +100,7 @@ def print_table(result: dict[str, object], every: int, baseline: float, faulty: 
         ("steps/s without faults (baseline)", f"{baseline:.1f}"),
         (f"steps/s with a kill every {every} steps", f"{faulty:.1f} ({faulty / baseline:.2f}x)"),
         ("replicas identical at the end", "yes" if result["consistent"] else "NO"),
+        ("slowest step with kills", f"{result['slowest_step_with_kills_s']:.3f} s"),
     ]
     phases: dict[str, float] = result["phases_median_s"]  # type: ignore[assignment]
     rows += [(f"  median, {k}", f"{v:.3f} s") for k, v in phases.items()]
@@ -161,6 +162,7 @@ def run(args: argparse.Namespace, spares: int) -> dict[str, Any]:
     try:
         steps_per_second(group, 20)  # warm up
         baseline = steps_per_second(group, args.baseline_steps)
+        first_with_kills = len(group.outcomes)
         recovered, lost, faulty, noticed = with_kills(
             group, args.kills, args.every, random.Random(args.seed)
         )
@@ -193,6 +195,8 @@ def run(args: argparse.Namespace, spares: int) -> dict[str, Any]:
         "steps_per_s_without_faults": baseline,
         "steps_per_s_with_faults": faulty,
         "consistent": problem is None,
+        # a step that waited for something off its path (a spare's formation, say) shows here
+        "slowest_step_with_kills_s": max(o.seconds for o in group.outcomes[first_with_kills:]),
         "phases_median_s": {k: statistics.median(v) for k, v in phases.items() if v},
     }
     return result

@@ -14,6 +14,9 @@ The collectives are methods of the backend's process group (`alltoall_base`,
 `_allgather_base`): gloo on CPU; NCCL offers the same methods for CUDA tensors (untested here:
 no GPU). Every wait goes through `wait_unless_aborted`, so a survivor gives up as soon as
 supervision says a peer is dead instead of waiting for the backend's timeout.
+
+A replica's process groups are made here too: a step's (`open_group`), and the standing ones
+of take-overs (`form_groups`), which `HeldGroups` forms beside the steps and hands to them.
 """
 
 from __future__ import annotations
@@ -316,3 +319,45 @@ def form_groups(
                 watch.abort(later, f"a participant could not form it: {type(exc).__name__}")
             raise
     return kept
+
+
+class HeldGroups:
+    """A replica's standing groups, by quorum (`_standing`): formed on the thread of a
+    `stand_by` call while the replica steps (one formation at a time), taken by `prepare`.
+    The step never waits for a formation: it holds the lock of the groups only to take one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._forming = threading.Lock()  # never taken by a step
+        self._groups: dict[int, Any] = {}
+        self._retired: list[Any] = []  # groups left for a standing one
+        self.watch: AbortWatch | None = None  # for a replica entering one before any `join`
+
+    def form(
+        self, groups: Sequence[GroupPlace], rank: int, store: Addresses, timeout_s: float
+    ) -> list[int]:
+        """Keep the held groups `groups` lists (base -1), drop the others and the retired ones
+        (dropping one takes ~10 ms: here, off the step), form the new ones (`form_groups`).
+        Returns the quorums of the groups it formed."""
+        with self._forming:
+            listed = {quorum for quorum, _, _ in groups}
+            with self._lock:
+                dropped = [g for q, g in self._groups.items() if q not in listed] + self._retired
+                self._groups = {q: g for q, g in self._groups.items() if q in listed}
+                self._retired = []
+            del dropped
+            if self.watch is None:
+                self.watch = AbortWatch(store, timeout_s)
+            formed = form_groups({}, groups, rank, store, timeout_s)
+            with self._lock:
+                self._groups.update(formed)
+            return sorted(formed)
+
+    def take(self, quorum: int, current: Any) -> Any | None:
+        """The group of `quorum`, no longer held, or None if none is held; `current` (the
+        group it replaces) is dropped by the next formation."""
+        with self._lock:
+            group = self._groups.pop(quorum, None)
+            if group is not None:
+                self._retired.append(current)
+            return group

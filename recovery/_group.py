@@ -148,11 +148,11 @@ class ReplicaGroup:
         spare ready, with the process groups of its take-overs formed."""
         deadline = time.monotonic() + timeout
         spares = len(self._standbys.meshes)
-        while (
-            len(self.live()) < len(self._members)
-            or self._standbys.ready() < spares
-            or self._standing.pending()
-        ):
+        while True:
+            self._recover()  # first: a spare made ready by the start has no groups asked yet
+            live, ready_now = len(self.live()), self._standbys.ready()
+            if live == len(self._members) and ready_now == spares and not self._standing.pending():
+                return
             if time.monotonic() > deadline:
                 ready = f" and {self._standbys.ready()} of {spares} spares" if spares else ""
                 if self._standing.pending():
@@ -160,7 +160,6 @@ class ReplicaGroup:
                 raise ReplicaGroupError(
                     f"only replicas {self.live()}{ready} are up after {timeout:g} s of waiting"
                 )
-            self._recover()
             time.sleep(0.01)
 
     def step(self) -> StepOutcome:

@@ -38,7 +38,7 @@ from ._arithmetic import (
     save_buffers,
 )
 from ._build import random_init_skipped, warm_up_in_background
-from ._exchange import GroupPlace, exchange_average, form_groups, open_group
+from ._exchange import GroupPlace, HeldGroups, exchange_average, open_group
 from ._follow import (
     Takeover,
     UpdateLog,
@@ -110,8 +110,7 @@ class Replica(Actor):
         self._update: torch.Tensor | None = None  # the averaged gradient of a prepared step
         self._reused: torch.Tensor | None = None  # a done update's memory, for the next one
         self._updates = UpdateLog()
-        self._standing: dict[int, Any] = {}  # process groups formed for take-overs, by quorum
-        self._retired: list[Any] = []  # groups left for a standing one, dropped off the step
+        self._standing = HeldGroups()  # process groups formed for take-overs
         self.last_heal: HealReport | None = None
 
     def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -124,8 +123,10 @@ class Replica(Actor):
         """Called as each phase of a step begins ("join" when the group is formed for it,
         "forward", "allreduce"; then "commit" and "apply" once the step is decided);
         override to instrument a replica (or, in tests, to make it fail at a chosen point).
-        A donor also calls it as it sends each chunk of a heal: ("heal", committed step), and a
-        spare as it starts to follow the group: ("follow", the step it is asked to reach)."""
+        A donor also calls it as it sends each chunk of a heal: ("heal", committed step), a
+        spare as it starts to follow the group: ("follow", the step it is asked to reach), and
+        a replica as it is asked to form standing groups, on that call's thread, beside its
+        steps: ("stand_by", committed step)."""
 
     def data_state(self) -> Any:
         """The position of this replica's data loader after the committed steps: small,
@@ -197,19 +198,21 @@ class Replica(Actor):
                 pass
         self._rank = context().rank.rank
         self._group, self._quorum = None, -1  # the old group: its peers may be gone
-        if self._aborts is None:
-            self._aborts = AbortWatch(store, timeout_s)
+        if self._aborts is None:  # a standing formation made one already, off the step
+            self._aborts = self._standing.watch or AbortWatch(store, timeout_s)
         self._aborts.quorum = quorum
         self._group = open_group(store, quorum, base + self._rank, world, timeout_s, self._aborts)
         self._quorum = quorum
 
-    @endpoint
-    def stand_by(self, groups: Sequence[GroupPlace], store: Addresses, timeout_s: float) -> None:
+    @concurrent_endpoint
+    def stand_by(
+        self, groups: Sequence[GroupPlace], store: Addresses, timeout_s: float
+    ) -> list[int]:
         """Form the process groups of the take-overs this replica would be in, in advance
-        (see `_standing`); `prepare` of one of their quorums enters it without a rendezvous."""
-        self._aborts, self._retired = self._aborts or AbortWatch(store, timeout_s), []
-        rank = context().rank.rank
-        self._standing = form_groups(self._standing, groups, rank, store, timeout_s)
+        (see `_standing`); `prepare` of one of their quorums enters it without a rendezvous.
+        Concurrent: the replica steps meanwhile. Returns the quorums of the groups formed."""
+        self.on_phase("stand_by", self.committed_step)
+        return self._standing.form(groups, context().rank.rank, store, timeout_s)
 
     # -- one step -----------------------------------------------------------------------------
 
@@ -222,11 +225,12 @@ class Replica(Actor):
         the same step, undecided (a spare took a dead participant's place: `_inflight`), it
         keeps its gradient and redoes only the exchange; without `exchange`, it stops there."""
         with self._stepping:
-            if quorum in self._standing:  # a take-over's group, formed in advance
-                self._retired.append(self._group)  # dropping a group takes ~10 ms: later
-                self._group, self._quorum = self._standing.pop(quorum), quorum
+            standing = self._standing.take(quorum, self._group)
+            if standing is not None:  # a take-over's group, formed in advance
+                self._group, self._quorum = standing, quorum
                 self._rank = context().rank.rank
-                assert self._aborts is not None  # set by stand_by
+                self._aborts = self._aborts or self._standing.watch
+                assert self._aborts is not None  # set by stand_by before it formed any
                 self._aborts.quorum = quorum
             if quorum != self._quorum or self._group is None:
                 raise RuntimeError(f"replica {self.replica_id} is not in quorum {quorum}")

@@ -136,6 +136,28 @@ class HeldHeals(Trainer):
         return None if self.last_heal is None else self.last_heal.step
 
 
+class HeldStandBy(Trainer):
+    """A spare forms no standing group while the file `hold` exists (at most two minutes), so
+    a test decides when the groups of its take-overs form; `hold` + ".asked" gets a line per
+    formation asked of a spare, `hold` + ".timed-out" says that the hold ran out."""
+
+    def __init__(self, hold: str) -> None:
+        self.hold = Path(hold)
+        super().__init__()
+
+    def on_phase(self, phase: str, step: int) -> None:
+        if phase != "stand_by" or self.replica_id >= 0 or not self.hold.exists():
+            return
+        with self.hold.with_suffix(".asked").open("a") as asked:
+            asked.write(f"{os.getpid()}\n")
+        deadline = time.monotonic() + 120.0
+        while self.hold.exists():
+            if time.monotonic() > deadline:
+                self.hold.with_suffix(".timed-out").touch()
+                return
+            time.sleep(0.01)
+
+
 class BrokenTrainer(Replica):
     """A replica whose subclass forgot to implement build()."""
 

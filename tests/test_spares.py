@@ -317,6 +317,42 @@ def test_take_overs_in_a_row_leave_the_spare_ready_with_its_groups_formed(
     assert_invariants(group)
 
 
+def test_steps_go_on_while_a_spares_groups_form_and_a_take_over_meanwhile_rendezvouses(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    """The spare's formation of its take-overs' groups is held (its `stand_by` waits for a
+    file; the group gives a formation 160 s): the step that finds the spare ready and the
+    steps after it go on beside the formation, none waits for it. Replica 1 is killed
+    meanwhile: the spare takes its place through a fresh rendezvous (its group is not formed),
+    and the bits equal a fault-free run's. The new spare is ready before the formation ends:
+    no second formation starts meanwhile. Released, the formation ends and the new spare's
+    groups form."""
+    hold, asked = tmp_path / "hold", tmp_path / "hold.asked"
+    hold.touch()
+    group = ReplicaGroup(
+        this_host(), ra.HeldStandBy, str(hold), replicas=3, spares=1, heartbeat_timeout_s=HB,
+        group_timeout_s=40.0,
+    )  # fmt: skip
+    groups.append(group)
+    _wait_for(lambda: (group.step(), group.ready_spares() == 1)[1], "the spare is never ready")
+    _wait_for(asked.exists, "no formation was asked of the spare")
+    train(group, group.committed_steps + 3)
+    os.kill(pid_of(group, 1), signal.SIGKILL)
+    _wait_for(lambda: len(group.recoveries) == 1, "the kill is noticed")
+    train(group, group.committed_steps + 3)
+    _wait_for(lambda: (group.step(), group.ready_spares() == 1)[1], "no new spare is ready")
+    train(group, group.committed_steps + 3)
+    assert not hold.with_suffix(".timed-out").exists(), "a step waited for the formation"
+    assert len(asked.read_text().split()) == 1, "a formation started beside the one under way"
+    assert [(r.replica, r.by_spare) for r in group.recoveries] == [(1, True)], group.recoveries
+    assert all(members == (0, 1, 2) for _, members in group.history), group.history
+    assert_invariants(group)
+    hold.unlink()
+    group.wait_for_all()  # the held formation ends, the new spare's groups form
+    train(group, group.committed_steps + 2)
+    assert_invariants(group)
+
+
 def test_a_formation_given_up_ends_at_once_and_a_failed_one_releases_its_peers() -> None:
     """A participant that comes late to a standing formation the controller gave up (its
     queue held an older call) skips it without waiting; one whose rendezvous fails marks the
