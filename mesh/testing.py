@@ -120,8 +120,9 @@ def hand_out_widest_address() -> Iterator[None]:
 def fan_out_from(recipients: int) -> Iterator[None]:
     """Inside the block, this process sends a call through a host agent from `recipients`
     recipients on that host (`sys.maxsize`: never): both paths, in tests and benchmarks. The
-    setting `fanout_min_recipients` for the block (`mesh.configured`)."""
-    with settings(fanout_min_recipients=recipients):
+    settings `fanout_min_recipients` and `fanout_min_shared_recipients` for the block
+    (`mesh.configured`)."""
+    with settings(fanout_min_recipients=recipients, fanout_min_shared_recipients=recipients):
         yield
 
 

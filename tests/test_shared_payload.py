@@ -140,6 +140,21 @@ def test_a_payload_too_large_for_the_arena_gets_a_memory_file_of_its_own(
     wait_until(lambda: _segments_held(agent) == 0, timeout=T, what="the memory file closed")
 
 
+@pytest.mark.timeout(90)
+def test_a_large_argument_fans_out_from_a_few_recipients_by_default(make_procs: Any) -> None:
+    """Under `fanout_min_recipients`, a call whose payload the agent would share still goes
+    through it (from `fanout_min_shared_recipients`); the next small call goes straight."""
+    receivers = make_procs({"gpus": 4}).spawn("receivers", spa.Receiver)
+    receivers.pid.call().get(timeout=T)
+    assert fanned_out(receivers) == [False] * 4
+    tensor = torch.ones(sp.SHARED_PAYLOAD_MIN_BYTES, dtype=torch.uint8)
+    digest = hashlib.sha256(tensor.numpy().tobytes()).hexdigest()
+    assert list(receivers.digest.call(tensor).get(timeout=T).values()) == [(digest, False)] * 4
+    assert fanned_out(receivers) == [True] * 4
+    receivers.pid.call().get(timeout=T)
+    assert fanned_out(receivers) == [False] * 4
+
+
 _PARTS = st.tuples(st.binary(max_size=64), st.lists(st.binary(max_size=4096), max_size=4))
 
 
