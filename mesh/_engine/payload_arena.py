@@ -22,6 +22,7 @@ import os
 import pickle
 import stat
 import struct
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -143,6 +144,7 @@ class ArenaMaps:
 
     def __init__(self) -> None:
         self._maps: dict[tuple[int, int, int], memoryview] = {}
+        self._lock = threading.Lock()  # calls arrive on the loop or on a receiver thread
 
     def payload(self, call: ArenaCall) -> Payload:
         """The payload `call` names, as views of the arena. Raises ValueError when the header
@@ -172,12 +174,14 @@ class ArenaMaps:
     def _arena(self, call: ArenaCall) -> memoryview:
         key = (call.owner_pid, call.fd, call.arena_id)
         found = self._maps.get(key)
-        if found is None:
-            found = _map_arena(*key)
-            if len(self._maps) >= _MAPS_KEPT:  # the oldest: most likely a gone agent's
-                del self._maps[next(iter(self._maps))]
-            found = self._maps.setdefault(key, found)
-        return found
+        if found is not None:
+            return found
+        with self._lock:
+            if key not in self._maps:
+                if len(self._maps) >= _MAPS_KEPT:  # the oldest: most likely a gone agent's
+                    del self._maps[next(iter(self._maps))]
+                self._maps[key] = _map_arena(*key)
+            return self._maps[key]
 
 
 def _map_arena(owner_pid: int, fd: int, arena_id: int) -> memoryview:
