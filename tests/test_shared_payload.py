@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import hashlib
 import os
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -57,28 +58,26 @@ def _arena(pid: int) -> tuple[int, int, int]:
 def test_a_shared_payload_reaches_every_rank_and_outlives_no_receiver(
     make_procs: Any, stack: Any, tmp_path: Path, root_events: list[Any]
 ) -> None:
-    """Every rank gets the argument intact, a write by one stays its own; a receiver
-    SIGKILLed while the payload is shared leaves no slot in use, no memory file open and
-    nothing in /dev/shm."""
+    """Through the arena (a bytearray): every rank gets the argument intact, a write by one
+    stays its own; a receiver SIGKILLed while the payload is shared leaves no slot in use
+    and nothing in /dev/shm."""
     stack.enter_context(fan_out_from(2))
     receivers = make_procs({"gpus": 3}).spawn("receivers", spa.Receiver)
     pids = receivers.pid.call().get(timeout=T)  # ready: calls fan out from now on
     agent = mesh.testing.local_agent().process.pid
     shm_before = set(os.listdir("/dev/shm"))
-    generator = torch.Generator().manual_seed(0)
 
     @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(st.integers(-512, 512))
-    def reaches_every_rank(offset: int) -> None:
-        size = sp.SHARED_PAYLOAD_MIN_BYTES + offset
-        tensor = torch.randint(0, 255, (size,), dtype=torch.uint8, generator=generator)
-        expected = hashlib.sha256(tensor.numpy().tobytes()).hexdigest()
-        shared = Payload.dump(((tensor,), {})).nbytes >= sp.SHARED_PAYLOAD_MIN_BYTES
+    @given(st.integers(-512, 512), st.integers(0, 1 << 32))
+    def reaches_every_rank(offset: int, seed: int) -> None:
+        value = bytearray(random.Random(seed).randbytes(sp.SHARED_PAYLOAD_MIN_BYTES + offset))
+        expected = hashlib.sha256(value).hexdigest()
+        shared = Payload.dump(((value,), {})).nbytes >= sp.SHARED_PAYLOAD_MIN_BYTES
         placed = _arena(agent)[2]
-        answers = receivers.digest.call(tensor).get(timeout=T)
+        answers = receivers.digest.call(value).get(timeout=T)
         assert list(answers.values()) == [(expected, False)] * 3, "ranks see no one's writes"
         assert fanned_out(receivers) == [True] * 3
-        assert hashlib.sha256(tensor.numpy().tobytes()).hexdigest() == expected
+        assert hashlib.sha256(value).hexdigest() == expected
         assert _arena(agent)[2] == placed + shared, "shared through the arena, once"
         wait_until(lambda: _arena(agent)[:2] == (0, 0), timeout=T, what="the slot freed")
 
@@ -92,8 +91,8 @@ def _a_receiver_dies_holding_it(
 ) -> None:
     """Rank 2 is SIGKILLed while the three hold the payload: the others answer, it fails,
     and the slot is freed."""
-    tensor = torch.ones(sp.SHARED_PAYLOAD_MIN_BYTES, dtype=torch.uint8)
-    futures = list(receivers.hold.stream(tensor, str(release)))
+    value = bytearray(sp.SHARED_PAYLOAD_MIN_BYTES)
+    futures = list(receivers.hold.stream(value, str(release)))
     wait_until(lambda: _arena(agent)[1] == 1, timeout=T, what="the agent sharing it")
     os.kill(pids.item(gpus=2), 9)
     release.touch()
@@ -110,22 +109,27 @@ def _a_receiver_dies_holding_it(
 
 
 @pytest.mark.timeout(150)
-def test_a_payload_too_large_for_the_arena_gets_a_memory_file_of_its_own(
+def test_tensors_and_the_largest_payloads_get_a_memory_file_each(
     make_procs: Any, stack: Any, tmp_path: Path, root_events: list[Any]
 ) -> None:
-    """Above the arena's limit the payload is mapped, not copied (a write stays private),
-    and its file is closed once every recipient answered or died."""
+    """A tensor, and any payload above the arena's limit, is mapped from a memory file of its
+    own (a tensor without a copy; a write stays private); the file is closed once every
+    recipient answered or died, and nothing is left in /dev/shm."""
     stack.enter_context(fan_out_from(2))
     receivers = make_procs({"gpus": 3}).spawn("receivers", spa.Receiver)
     pids = receivers.pid.call().get(timeout=T)
     agent = mesh.testing.local_agent().process.pid
-    size = arena_wire.ARENA_MAX_PAYLOAD + 1
-    tensor = torch.randint(0, 255, (size,), dtype=torch.uint8, generator=torch.Generator())
-    expected = hashlib.sha256(tensor.numpy().tobytes()).hexdigest()
-    answers = receivers.digest.call(tensor).get(timeout=T)
-    assert list(answers.values()) == [(expected, True)] * 3, "mapped, and writes stay private"
-    assert hashlib.sha256(tensor.numpy().tobytes()).hexdigest() == expected
-    wait_until(lambda: _segments_held(agent) == 0, timeout=T, what="the memory file closed")
+    shm_before = set(os.listdir("/dev/shm"))
+    generator = torch.Generator().manual_seed(0)
+    size = (sp.SHARED_PAYLOAD_MIN_BYTES,)
+    tensor = torch.randint(0, 255, size, dtype=torch.uint8, generator=generator)
+    large = bytearray(os.urandom(arena_wire.ARENA_MAX_PAYLOAD + 1))
+    for value in (tensor, large):
+        expected = hashlib.sha256(spa.contents(value)).hexdigest()
+        answers = receivers.digest.call(value).get(timeout=T)
+        assert list(answers.values()) == [(expected, True)] * 3, "mapped, writes stay private"
+        assert hashlib.sha256(spa.contents(value)).hexdigest() == expected
+        wait_until(lambda: _segments_held(agent) == 0, timeout=T, what="the file closed")
     release = tmp_path / "release"
     futures = list(receivers.hold.stream(tensor, str(release)))
     wait_until(lambda: _segments_held(agent) == 1, timeout=T, what="the agent sharing it")
@@ -138,6 +142,7 @@ def test_a_payload_too_large_for_the_arena_gets_a_memory_file_of_its_own(
     assert outcomes == [tensor.numel()] * 2
     wait_until(lambda: root_events, timeout=T, what="the kill reaching the root")
     wait_until(lambda: _segments_held(agent) == 0, timeout=T, what="the memory file closed")
+    assert set(os.listdir("/dev/shm")) <= shm_before
 
 
 @pytest.mark.timeout(90)
@@ -147,9 +152,9 @@ def test_a_large_argument_fans_out_from_a_few_recipients_by_default(make_procs: 
     receivers = make_procs({"gpus": 4}).spawn("receivers", spa.Receiver)
     receivers.pid.call().get(timeout=T)
     assert fanned_out(receivers) == [False] * 4
-    tensor = torch.ones(sp.SHARED_PAYLOAD_MIN_BYTES, dtype=torch.uint8)
-    digest = hashlib.sha256(tensor.numpy().tobytes()).hexdigest()
-    assert list(receivers.digest.call(tensor).get(timeout=T).values()) == [(digest, False)] * 4
+    value = bytearray(sp.SHARED_PAYLOAD_MIN_BYTES)
+    digest = hashlib.sha256(value).hexdigest()
+    assert list(receivers.digest.call(value).get(timeout=T).values()) == [(digest, False)] * 4
     assert fanned_out(receivers) == [True] * 4
     receivers.pid.call().get(timeout=T)
     assert fanned_out(receivers) == [False] * 4

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,10 @@ from mesh._engine.shared_payload import (
 from transport import Payload
 
 _SHARING = can_share()
+#: Names in a pickle body of the rebuilders of tensors and numpy arrays, which map a memory
+#: file of the call without copying it; the arena would copy them (a routing hint only: the
+#: agent never unpickles, and either way the proc gets the same value).
+_ZERO_COPY_REBUILDERS = re.compile(rb"_rebuild_tensor|_rebuild_parameter|_frombuffer")
 
 
 class SharedSegments:
@@ -66,9 +71,12 @@ class SharedSegments:
         return shared
 
     def _in_arena(self, message: CallActor, payload: Payload) -> ArenaCall | None:
-        """`payload` written into the arena (made on first use), or None: too large, no room
-        left now, or no arena to be had."""
+        """`payload` written into the arena (made on first use), or None: too large, holding
+        tensors or arrays (not copied from a file of their own), no room left now, or no
+        arena to be had."""
         if payload.nbytes > ARENA_MAX_PAYLOAD or self._arena_failed:
+            return None
+        if _ZERO_COPY_REBUILDERS.search(payload.body):  # any bytes-like body, without a copy
             return None
         if self._arena is None:
             try:
