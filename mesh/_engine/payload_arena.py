@@ -149,7 +149,7 @@ class ArenaMaps:
     def payload(self, call: ArenaCall) -> Payload:
         """The payload `call` names, as views of the arena. Raises ValueError when the header
         is malformed or names no arena of this user, or a slot that is not this call's."""
-        reason = invalid_fields(call) or invalid_fields(call.message)
+        reason = invalid_fields(call)  # the message too: a field of a message type
         if reason is None and min(call.body_bytes, call.offset, *call.buffer_bytes) < 0:
             reason = "negative sizes or offset"
         if reason is not None:

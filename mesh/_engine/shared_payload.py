@@ -96,7 +96,7 @@ def _write_all(fd: int, parts: list[Any], total: int) -> None:
 def mapped_payload(shared: SharedCall) -> Payload:
     """The payload `shared` names, as views of a private mapping of the agent's memory file.
     Raises ValueError when the header is malformed or the file is not the one it names."""
-    reason = invalid_fields(shared) or invalid_fields(shared.message)
+    reason = invalid_fields(shared)  # the message too: a field of a message type
     if reason is None and (shared.body_bytes < 0 or any(n < 0 for n in shared.buffer_bytes)):
         reason = "negative sizes"
     if reason is not None:
