@@ -37,6 +37,7 @@ ENV_NAMES = {
     "home": "MESHVISOR_HOME",
     "host_name": "MESHVISOR_HOST_NAME",
     "fanout_min_recipients": "MESHVISOR_FANOUT_MIN_RECIPIENTS",
+    "fanout_min_shared_recipients": "MESHVISOR_FANOUT_MIN_SHARED_RECIPIENTS",
 }
 #: The busy timeout when none is set: this long, or the heartbeat timeout where that is longer.
 DEFAULT_BUSY_TIMEOUT_S = 60.0
@@ -45,7 +46,7 @@ _DURATIONS = tuple(name for name in ENV_NAMES if name.endswith("_s"))
 _MAY_BE_ZERO = ("orphan_timeout_s",)
 #: Durations that may be None (busy: derived from the heartbeat timeout; call limit: none).
 _OPTIONAL = ("busy_timeout_s", "call_limit_s")
-_COUNTS = ("fanout_min_recipients",)
+_COUNTS = ("fanout_min_recipients", "fanout_min_shared_recipients")
 _HEARTBEATS = ("heartbeat_interval_s", "heartbeat_timeout_s", "busy_timeout_s")
 
 
@@ -84,6 +85,10 @@ class Settings:
     #: once to that host's agent instead of to each proc (docs/fan-out.md); below it the extra
     #: hop costs more than the messages it saves (benchmarks/bench_fanout.py measured 32).
     fanout_min_recipients: int = 32
+    #: The same for a call whose payload the host agent shares rather than copies to each
+    #: proc (1 MiB and more, answers awaited; docs/fan-out.md): the payload then travels once
+    #: to the host, which saves more than the hop costs from a few recipients on.
+    fanout_min_shared_recipients: int = 4
 
     def __post_init__(self) -> None:
         for name in _DURATIONS:
@@ -100,7 +105,8 @@ class Settings:
             raise TypeError(f"home must be a directory path (str), not {self.home!r}")
         if not isinstance(self.host_name, str) or not self.host_name.strip():
             raise ValueError(f"host_name must be a non-empty name (str), not {self.host_name!r}")
-        _check_count("fanout_min_recipients", self.fanout_min_recipients)
+        for name in _COUNTS:
+            _check_count(name, getattr(self, name))
         self.heartbeats(None, None, None)
 
     @classmethod

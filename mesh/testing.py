@@ -14,9 +14,10 @@ aggregate proc lines without procs (`RankLog`, `LogFileConfig`, `line_level`, `A
 (and `detached_wire`, those of detached meshes; `debug_wire`, those of the distributed
 debugger; `workspace_wire`, those of workspace sync, whose paths an agent checks with
 `workspace_path_problem`; `fanout_wire`, those of fanned-out calls; `shared_payload_wire`,
-the memory files of shared payloads; `FanOutRelay`, an agent's half of fanned-out calls, over
-a `ProcTable` of `ProcRecord`s; `Watchdog`, an agent's
-heartbeat deadlines over such a table). `fan_out_from` sets when calls go through host agents,
+the memory files of shared payloads; `arena_wire`, the payload arena procs read them from,
+and `PayloadArena`, an agent's half of it; `FanOutRelay`, an agent's half of fanned-out calls,
+over a `ProcTable` of `ProcRecord`s; `Watchdog`, an agent's heartbeat deadlines over such a
+table). `fan_out_from` sets when calls go through host agents,
 and `fanned_out` tells which path an actor mesh's last messages took. Each reads the engine
 in one place, here.
 """
@@ -32,6 +33,7 @@ from typing import Any
 from mesh._agent.log_files import LogFileConfig as LogFileConfig
 from mesh._agent.log_files import RankLog as RankLog
 from mesh._agent.log_records import line_level as line_level
+from mesh._agent.payload_arena import PayloadArena as PayloadArena
 from mesh._agent.procs import ProcRecord as ProcRecord
 from mesh._agent.procs import ProcTable as ProcTable
 from mesh._agent.relay import FanOutRelay as FanOutRelay
@@ -49,6 +51,7 @@ from mesh._engine import debug_messages as debug_wire
 from mesh._engine import detached_messages as detached_wire
 from mesh._engine import fanout_messages as fanout_wire
 from mesh._engine import messages as wire
+from mesh._engine import payload_arena as arena_wire
 from mesh._engine import session as _session
 from mesh._engine import shared_payload as shared_payload_wire
 from mesh._engine import workspace_messages as workspace_wire
@@ -65,12 +68,14 @@ __all__ = (
     "LocalAgent",
     "LogFileConfig",
     "Party",
+    "PayloadArena",
     "ProcRecord",
     "ProcTable",
     "RankLog",
     "RankedLine",
     "Region",
     "Watchdog",
+    "arena_wire",
     "bookkeeping",
     "break_links",
     "call_watchdog_suspended",
@@ -118,8 +123,9 @@ def hand_out_widest_address() -> Iterator[None]:
 def fan_out_from(recipients: int) -> Iterator[None]:
     """Inside the block, this process sends a call through a host agent from `recipients`
     recipients on that host (`sys.maxsize`: never): both paths, in tests and benchmarks. The
-    setting `fanout_min_recipients` for the block (`mesh.configured`)."""
-    with settings(fanout_min_recipients=recipients):
+    settings `fanout_min_recipients` and `fanout_min_shared_recipients` for the block
+    (`mesh.configured`)."""
+    with settings(fanout_min_recipients=recipients, fanout_min_shared_recipients=recipients):
         yield
 
 

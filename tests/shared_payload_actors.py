@@ -18,15 +18,24 @@ def _mapped() -> bool:
     return _SEGMENT in Path("/proc/self/maps").read_text()
 
 
+def contents(value: Any) -> bytes:
+    """The bytes of a tensor or a bytearray."""
+    return bytes(value) if isinstance(value, bytearray) else value.numpy().tobytes()
+
+
 class Receiver(Actor):
     """Digests its tensor argument, then overwrites it: a write must stay private to it."""
 
     @endpoint
-    def digest(self, tensor: Any) -> tuple[str, bool]:
-        """(sha256 of the tensor's bytes, whether it lies in a shared payload now)."""
-        found = hashlib.sha256(tensor.numpy().tobytes()).hexdigest()
+    def digest(self, value: Any) -> tuple[str, bool]:
+        """(sha256 of the tensor's or bytearray's bytes, whether it lies in a shared payload
+        file now)."""
+        found = hashlib.sha256(contents(value)).hexdigest()
         mapped = _mapped()
-        tensor.fill_(0xFF)  # copy-on-write: the other ranks must not see this
+        if isinstance(value, bytearray):
+            value[:] = b"\xff" * len(value)  # its own copy: no other rank may see this
+        else:
+            value.fill_(0xFF)  # copy-on-write: the other ranks must not see this
         return found, mapped
 
     @endpoint
@@ -39,4 +48,4 @@ class Receiver(Actor):
         deadline = time.monotonic() + 30
         while not os.path.exists(until) and time.monotonic() < deadline:
             time.sleep(0.01)
-        return int(tensor.numel())
+        return len(tensor) if isinstance(tensor, bytearray) else int(tensor.numel())

@@ -27,7 +27,7 @@ def test_the_defaults_are_those_the_readme_documents() -> None:
     assert (defaults.orphan_timeout_s, defaults.agent_timeout_s) == (1.0, 2.0)
     assert (defaults.restart_wait_s, defaults.owner_alive_interval_s) == (30.0, 0.5)
     assert defaults.preload == () and defaults.allocations_home == Path.home() / ".meshvisor"
-    assert defaults.fanout_min_recipients == 32
+    assert (defaults.fanout_min_recipients, defaults.fanout_min_shared_recipients) == (32, 4)
     assert TransportSettings() == TransportSettings(1 << 30, "warning", "console", None)
     assert (
         Settings.from_env({}) == defaults and TransportSettings.from_env({}) == TransportSettings()
@@ -54,6 +54,7 @@ def test_every_variable_is_read() -> None:
         "MESHVISOR_PRELOAD": "json, decimal,",
         "MESHVISOR_HOME": "/srv/meshvisor",
         "MESHVISOR_FANOUT_MIN_RECIPIENTS": "4",
+        "MESHVISOR_FANOUT_MIN_SHARED_RECIPIENTS": "3",
         "MESHVISOR_MAX_MESSAGE_BYTES": "65536",
         "MESHVISOR_LOG_LEVEL": "INFO",
         "MESHVISOR_LOG_FORMAT": "json",
@@ -70,6 +71,7 @@ def test_every_variable_is_read() -> None:
         preload=("json", "decimal"),
         home="/srv/meshvisor",
         fanout_min_recipients=4,
+        fanout_min_shared_recipients=3,
     )
     assert TransportSettings.from_env(environ) == TransportSettings(
         65536, "info", "json", "/srv/keys"
@@ -126,6 +128,10 @@ def test_heartbeat_variables_that_disagree_are_refused_naming_them() -> None:
         ({"preload": "torch"}, "preload must be a tuple of module names"),
         ({"fanout_min_recipients": 0}, "fanout_min_recipients must be at least 1, not 0"),
         ({"fanout_min_recipients": 2.0}, "fanout_min_recipients must be a whole number"),
+        (
+            {"fanout_min_shared_recipients": 0},
+            "fanout_min_shared_recipients must be at least 1, not 0",
+        ),
         ({"max_message_bytes": 0}, "max_message_bytes must be a number of bytes > 0"),
         ({"log_level": "loud"}, "log_level must be one of debug"),
         ({"restart_wait": 1.0}, "unknown setting(s) restart_wait: the settings are "),
@@ -216,6 +222,7 @@ def valid_settings(draw: st.DrawFn) -> Settings:
         preload=tuple(draw(_modules)),
         home=draw(_paths),
         fanout_min_recipients=draw(st.integers(1, 1 << 40)),
+        fanout_min_shared_recipients=draw(st.integers(1, 1 << 40)),
     )
 
 

@@ -1,6 +1,8 @@
-"""A large argument fanned out to several procs of one host travels once, in one memory file
-the procs map (`mesh/_engine/shared_payload.py`): every rank gets it intact, a write by one
-rank stays its own, and the file is freed once every recipient answered or died."""
+"""A large argument fanned out to several procs of one host travels once: into a slot of the
+agent's payload arena, which procs map once (`mesh/_engine/payload_arena.py`), or for the
+largest into a memory file of its own (`mesh/_engine/shared_payload.py`). Every rank gets it
+intact, a write by one rank stays its own, and the slot or file is let go once every
+recipient answered or died."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import contextlib
 import dataclasses
 import hashlib
 import os
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,56 +23,77 @@ from hypothesis import strategies as st
 from polling import wait_until
 
 import mesh.testing
-from mesh.testing import fan_out_from, fanned_out, wire
+from mesh.testing import arena_wire, fan_out_from, fanned_out, wire
 from mesh.testing import shared_payload_wire as sp
 from supervision import SupervisionError
 from transport import Payload
 
 T = 30  # seconds: the bound on every wait in this module (never reached when things work)
 _SEGMENT = "memfd:meshvisor-payload"
+_ARENA = f"memfd:{arena_wire.ARENA_NAME}"
+
+
+def _held(pid: int, kind: str) -> list[str]:
+    """The paths of the descriptors of process `pid` open on memory files named `kind`."""
+    held = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):  # closed meanwhile
+            if kind in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                held.append(f"/proc/{pid}/fd/{fd}")
+    return held
 
 
 def _segments_held(pid: int) -> int:
-    """How many shared payloads process `pid` holds open."""
-    held = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        with contextlib.suppress(OSError):  # closed meanwhile
-            held += _SEGMENT in os.readlink(f"/proc/{pid}/fd/{fd}")
-    return held
+    """How many per-call memory files of shared payloads process `pid` holds open."""
+    return len(_held(pid, _SEGMENT))
+
+
+def _arena(pid: int) -> tuple[int, int, int]:
+    """(bytes in use, slots in use, payloads placed) of the payload arena of agent `pid`."""
+    arenas = _held(pid, _ARENA)
+    return arena_wire.read_header(arenas[0]) if arenas else (0, 0, 0)
 
 
 @pytest.mark.timeout(150)
 def test_a_shared_payload_reaches_every_rank_and_outlives_no_receiver(
     make_procs: Any, stack: Any, tmp_path: Path, root_events: list[Any]
 ) -> None:
-    """Every rank gets the argument intact, a write by one stays its own; a receiver
-    SIGKILLed while the payload is shared leaves no memory file open and nothing in /dev/shm."""
+    """Through the arena (a bytearray): every rank gets the argument intact, a write by one
+    stays its own; a receiver SIGKILLed while the payload is shared leaves no slot in use
+    and nothing in /dev/shm."""
     stack.enter_context(fan_out_from(2))
     receivers = make_procs({"gpus": 3}).spawn("receivers", spa.Receiver)
     pids = receivers.pid.call().get(timeout=T)  # ready: calls fan out from now on
     agent = mesh.testing.local_agent().process.pid
     shm_before = set(os.listdir("/dev/shm"))
-    generator = torch.Generator().manual_seed(0)
 
     @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(st.integers(-512, 512))
-    def reaches_every_rank(offset: int) -> None:
-        size = sp.SHARED_PAYLOAD_MIN_BYTES + offset
-        tensor = torch.randint(0, 255, (size,), dtype=torch.uint8, generator=generator)
-        expected = hashlib.sha256(tensor.numpy().tobytes()).hexdigest()
-        shared = Payload.dump(((tensor,), {})).nbytes >= sp.SHARED_PAYLOAD_MIN_BYTES
-        answers = receivers.digest.call(tensor).get(timeout=T)
-        assert list(answers.values()) == [(expected, shared)] * 3, "ranks see no one's writes"
+    @given(st.integers(-512, 512), st.integers(0, 1 << 32))
+    def reaches_every_rank(offset: int, seed: int) -> None:
+        value = bytearray(random.Random(seed).randbytes(sp.SHARED_PAYLOAD_MIN_BYTES + offset))
+        expected = hashlib.sha256(value).hexdigest()
+        shared = Payload.dump(((value,), {})).nbytes >= sp.SHARED_PAYLOAD_MIN_BYTES
+        placed = _arena(agent)[2]
+        answers = receivers.digest.call(value).get(timeout=T)
+        assert list(answers.values()) == [(expected, False)] * 3, "ranks see no one's writes"
         assert fanned_out(receivers) == [True] * 3
-        assert hashlib.sha256(tensor.numpy().tobytes()).hexdigest() == expected
-        wait_until(lambda: _segments_held(agent) == 0, timeout=T, what="the segment closed")
+        assert hashlib.sha256(value).hexdigest() == expected
+        assert _arena(agent)[2] == placed + shared, "shared through the arena, once"
+        wait_until(lambda: _arena(agent)[:2] == (0, 0), timeout=T, what="the slot freed")
 
     reaches_every_rank()
+    _a_receiver_dies_holding_it(receivers, pids, agent, tmp_path / "release", root_events)
+    assert set(os.listdir("/dev/shm")) <= shm_before
 
-    release = tmp_path / "release"
-    tensor = torch.ones(sp.SHARED_PAYLOAD_MIN_BYTES, dtype=torch.uint8)
-    futures = list(receivers.hold.stream(tensor, str(release)))
-    wait_until(lambda: _segments_held(agent) == 1, timeout=T, what="the agent sharing it")
+
+def _a_receiver_dies_holding_it(
+    receivers: Any, pids: Any, agent: int, release: Path, root_events: list[Any]
+) -> None:
+    """Rank 2 is SIGKILLed while the three hold the payload: the others answer, it fails,
+    and the slot is freed."""
+    value = bytearray(sp.SHARED_PAYLOAD_MIN_BYTES)
+    futures = list(receivers.hold.stream(value, str(release)))
+    wait_until(lambda: _arena(agent)[1] == 1, timeout=T, what="the agent sharing it")
     os.kill(pids.item(gpus=2), 9)
     release.touch()
     outcomes: list[Any] = []
@@ -81,8 +105,59 @@ def test_a_shared_payload_reaches_every_rank_and_outlives_no_receiver(
     assert sorted(outcomes, key=str) == [sp.SHARED_PAYLOAD_MIN_BYTES] * 2 + [SupervisionError]
     # the kill also reaches the root, which records it (it raises in no unrelated line then)
     wait_until(lambda: root_events, timeout=T, what="the kill reaching the root")
-    wait_until(lambda: _segments_held(agent) == 0, timeout=T, what="the segment closed")
+    wait_until(lambda: _arena(agent)[:2] == (0, 0), timeout=T, what="the slot freed")
+
+
+@pytest.mark.timeout(150)
+def test_tensors_and_the_largest_payloads_get_a_memory_file_each(
+    make_procs: Any, stack: Any, tmp_path: Path, root_events: list[Any]
+) -> None:
+    """A tensor, and any payload above the arena's limit, is mapped from a memory file of its
+    own (a tensor without a copy; a write stays private); the file is closed once every
+    recipient answered or died, and nothing is left in /dev/shm."""
+    stack.enter_context(fan_out_from(2))
+    receivers = make_procs({"gpus": 3}).spawn("receivers", spa.Receiver)
+    pids = receivers.pid.call().get(timeout=T)
+    agent = mesh.testing.local_agent().process.pid
+    shm_before = set(os.listdir("/dev/shm"))
+    generator = torch.Generator().manual_seed(0)
+    size = (sp.SHARED_PAYLOAD_MIN_BYTES,)
+    tensor = torch.randint(0, 255, size, dtype=torch.uint8, generator=generator)
+    large = bytearray(os.urandom(arena_wire.ARENA_MAX_PAYLOAD + 1))
+    for value in (tensor, large):
+        expected = hashlib.sha256(spa.contents(value)).hexdigest()
+        answers = receivers.digest.call(value).get(timeout=T)
+        assert list(answers.values()) == [(expected, True)] * 3, "mapped, writes stay private"
+        assert hashlib.sha256(spa.contents(value)).hexdigest() == expected
+        wait_until(lambda: _segments_held(agent) == 0, timeout=T, what="the file closed")
+    release = tmp_path / "release"
+    futures = list(receivers.hold.stream(tensor, str(release)))
+    wait_until(lambda: _segments_held(agent) == 1, timeout=T, what="the agent sharing it")
+    os.kill(pids.item(gpus=0), 9)
+    release.touch()
+    outcomes = []
+    for future in futures:
+        with contextlib.suppress(SupervisionError):
+            outcomes.append(future.get(timeout=T))
+    assert outcomes == [tensor.numel()] * 2
+    wait_until(lambda: root_events, timeout=T, what="the kill reaching the root")
+    wait_until(lambda: _segments_held(agent) == 0, timeout=T, what="the memory file closed")
     assert set(os.listdir("/dev/shm")) <= shm_before
+
+
+@pytest.mark.timeout(90)
+def test_a_large_argument_fans_out_from_a_few_recipients_by_default(make_procs: Any) -> None:
+    """Under `fanout_min_recipients`, a call whose payload the agent would share still goes
+    through it (from `fanout_min_shared_recipients`); the next small call goes straight."""
+    receivers = make_procs({"gpus": 4}).spawn("receivers", spa.Receiver)
+    receivers.pid.call().get(timeout=T)
+    assert fanned_out(receivers) == [False] * 4
+    value = bytearray(sp.SHARED_PAYLOAD_MIN_BYTES)
+    digest = hashlib.sha256(value).hexdigest()
+    assert list(receivers.digest.call(value).get(timeout=T).values()) == [(digest, False)] * 4
+    assert fanned_out(receivers) == [True] * 4
+    receivers.pid.call().get(timeout=T)
+    assert fanned_out(receivers) == [False] * 4
 
 
 _PARTS = st.tuples(st.binary(max_size=64), st.lists(st.binary(max_size=4096), max_size=4))

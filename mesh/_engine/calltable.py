@@ -74,7 +74,7 @@ class CallTable:
                     busy.add(peer.proc_id)
                 if sink is not None:
                     peer.calls.add(call_id)
-            routed = route(live, pending is not None)
+            routed = route(live, pending is not None, payload)
             if pending is not None:
                 pending.sequence = routed.sequence
             batched = self._send_direct(routed.direct, payload, busy)

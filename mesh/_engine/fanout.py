@@ -19,6 +19,7 @@ from mesh._engine.calls import PendingCall
 from mesh._engine.fanout_messages import FanOut
 from mesh._engine.messages import CallActor, StopActor
 from mesh._engine.peers import ProcPeer, Route
+from mesh._engine.shared_payload import SHARED_PAYLOAD_MIN_BYTES
 from mesh._settings import current_settings
 from transport import Payload, encode, network_faults
 
@@ -36,11 +37,14 @@ class Routed:
     sequence: dict[int, tuple[Route, int]] = field(default_factory=dict)
 
 
-def route(messages: list[tuple[ProcPeer, Any]], answered: bool) -> Routed:
+def route(
+    messages: list[tuple[ProcPeer, Any]], answered: bool, payload: Payload | None = None
+) -> Routed:
     """Choose each message's path (caller holds the ownership lock); `answered`: whether
-    answers to these messages are awaited (then `Routed.sequence` is filled)."""
+    answers to these messages are awaited (then `Routed.sequence` is filled); `payload`:
+    theirs, a large one fans out from fewer recipients (the agent shares it)."""
     routed = Routed()
-    fanned = _hosts_worth_fanning_out(messages)
+    fanned = _hosts_worth_fanning_out(messages, answered, payload)
     for peer, header in messages:
         actor_id = getattr(header, "actor_id", None)
         if actor_id is None:  # no actor's mailbox: no order to keep
@@ -101,11 +105,17 @@ def fan_out_frames(group: list[tuple[ProcPeer, Any]], payload: Payload | None) -
     return encode(FanOut(group[0][1], targets), payload)
 
 
-def _hosts_worth_fanning_out(messages: list[tuple[ProcPeer, Any]]) -> set[str]:
+def _hosts_worth_fanning_out(
+    messages: list[tuple[ProcPeer, Any]], answered: bool, payload: Payload | None
+) -> set[str]:
     """The agents with at least `Settings.fanout_min_recipients` ready recipients of these
-    messages. None while this process's sends go through fault rules: chaos rules name the
-    procs' addresses."""
-    least = current_settings().fanout_min_recipients
+    messages (`fanout_min_shared_recipients` for a payload the agents share). None while this
+    process's sends go through fault rules: chaos rules name the procs' addresses."""
+    settings = current_settings()
+    least = settings.fanout_min_recipients
+    shared_least = min(least, settings.fanout_min_shared_recipients)
+    if shared_least <= len(messages) < least and _shared_by_agents(answered, payload):
+        least = shared_least
     if _FAULTS.active or len(messages) < least:
         return set()
     count: dict[str, int] = {}
@@ -113,3 +123,9 @@ def _hosts_worth_fanning_out(messages: list[tuple[ProcPeer, Any]]) -> set[str]:
         if peer.agent is not None and peer.address is not None and type(header) in _RELAYABLE:
             count[peer.agent] = count.get(peer.agent, 0) + 1
     return {agent for agent, n in count.items() if n >= least}
+
+
+def _shared_by_agents(answered: bool, payload: Payload | None) -> bool:
+    """Whether a host agent would share `payload` among its procs rather than copy it to
+    each (`mesh/_agent/shared_segments.py`): large, and answers awaited."""
+    return answered and payload is not None and payload.nbytes >= SHARED_PAYLOAD_MIN_BYTES

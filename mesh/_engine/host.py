@@ -28,10 +28,11 @@ from mesh._engine.host_services import HostServices
 from mesh._engine.hosted_actor import ALIVE, HostedActor
 from mesh._engine.lanes import Lanes, SyncRunner
 from mesh._engine.messages import ActorFailed, CallActor, SpawnActor, StopActor
+from mesh._engine.payload_arena import ArenaCall, ArenaMaps
 from mesh._engine.proc_faults import die_if_out_of_memory
 from mesh._engine.replying import Replier, clip, format_traceback
 from mesh._engine.response_port import NO_REPLY, with_response_port
-from mesh._engine.shared_payload import SharedCall, on_shared_call
+from mesh._engine.shared_payload import SharedCall, mapped_payload, on_shared_call
 from mesh._engine.supervising import ChildFailures
 from mesh._engine.work import Kind, Work, call_work
 from mesh._engine.workers import Workers
@@ -53,6 +54,7 @@ class ActorHost:
         self._early_lock = threading.Lock()  # messages arrive on the loop or a receiver thread
         self._injected = InjectedFailures()
         self._replier = Replier(services)
+        self._arenas = ArenaMaps()  # the host agent's payload arena, mapped once
         self.workers = workers = Workers(f"meshvisor-actors-{services.proc_id}")
         sync_runners: dict[Kind, SyncRunner] = {
             "construct": self._construct,
@@ -69,9 +71,11 @@ class ActorHost:
 
     def message_handlers(self) -> dict[type, Callable[[Envelope], None]]:
         """The runtime's table entries for the messages actors take (called on the loop thread)."""
+        shared, replier = on_shared_call, self._replier
         return {
             CallActor: self._on_call,
-            SharedCall: functools.partial(on_shared_call, self._on_call, self._replier),
+            SharedCall: functools.partial(shared, mapped_payload, self._on_call, replier),
+            ArenaCall: functools.partial(shared, self._arenas.payload, self._on_call, replier),
             SpawnActor: self._on_spawn,
             StopActor: self._on_stop,
         }

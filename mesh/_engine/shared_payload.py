@@ -67,6 +67,7 @@ def share_payload(message: CallActor, payload: Payload) -> tuple[int, SharedCall
     token = secrets.token_bytes(_TOKEN_BYTES)
     fd = os.memfd_create("meshvisor-payload", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
+        os.fchmod(fd, 0o600)  # reachable only through /proc/<agent>/fd (same user) anyway
         _write_all(fd, [token, body, *buffers], total)
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
     except BaseException:
@@ -95,7 +96,7 @@ def _write_all(fd: int, parts: list[Any], total: int) -> None:
 def mapped_payload(shared: SharedCall) -> Payload:
     """The payload `shared` names, as views of a private mapping of the agent's memory file.
     Raises ValueError when the header is malformed or the file is not the one it names."""
-    reason = invalid_fields(shared) or invalid_fields(shared.message)
+    reason = invalid_fields(shared)  # the message too: a field of a message type
     if reason is None and (shared.body_bytes < 0 or any(n < 0 for n in shared.buffer_bytes)):
         reason = "negative sizes"
     if reason is not None:
@@ -119,12 +120,16 @@ def mapped_payload(shared: SharedCall) -> Payload:
 
 
 def on_shared_call(
-    deliver: Callable[[Envelope], None], replier: Replier, envelope: Envelope
+    read: Callable[[Any], Payload],
+    deliver: Callable[[Envelope], None],
+    replier: Replier,
+    envelope: Envelope,
 ) -> None:
-    """A proc's handler of `SharedCall`: `deliver` the call with its mapped payload, or tell
-    its caller why it cannot run (never a crash: the agent may have sent something stale)."""
+    """A proc's handler of `SharedCall` and `ArenaCall`: `deliver` the call with the payload
+    that `read` finds for its header, or tell its caller why it cannot run (never a crash:
+    the agent may have sent something stale)."""
     try:
-        payload = mapped_payload(envelope.header)
+        payload = read(envelope.header)
     except ValueError as exc:
         get_logger("mesh.actor").warning("shared_payload_unreadable", reason=safe_str(exc))
         message = getattr(envelope.header, "message", None)

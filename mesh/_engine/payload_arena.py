@@ -1,0 +1,205 @@
+"""The payload arena: one memory file per host agent holding the large payloads of fanned-out
+calls, which its procs map once and reuse (the agent's half is `mesh/_agent/payload_arena.py`).
+
+A per-call memory file (`shared_payload.py`) costs each proc an open, a mapping and a page
+fault per page touched; the arena costs it one copy, out of pages it has mapped already. A
+slot holds one call's payload from the moment the agent writes it until every recipient has
+answered or exited, so nothing in a proc may keep a view of it past its call: bytes,
+bytearrays and tensors are rebuilt from read-only views as private copies (one copy each,
+as a direct call's are), anything else gets a private, writable copy of its buffer.
+
+Layout: a header page (`ARENA_HEADER`: bytes and slots in use, payloads placed so far; for
+tests and tools), then slots, each `token`, the pickle body, then each out-of-band buffer.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import io
+import mmap
+import os
+import pickle
+import stat
+import struct
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mesh._engine.messages import CallActor, invalid_fields
+from transport import Payload, loads, message_type
+
+#: The name of the arena's memory file, as /proc/<pid>/fd and /proc/<pid>/maps show it.
+ARENA_NAME = "meshvisor-arena"
+#: The header page: three little-endian u64 counters, then nothing.
+ARENA_HEADER = struct.Struct("<QQQ")
+ARENA_HEADER_BYTES = 4096
+TOKEN_BYTES = 16
+#: The largest payload an arena takes; larger ones get a memory file each, which procs map
+#: without copying (a tensor of 64 MB is not copied at all).
+ARENA_MAX_PAYLOAD = 16 << 20
+#: The seals a proc needs before it maps an arena: it cannot shrink under a mapping (a read past
+#: its end would kill the proc with SIGBUS) nor lose its seals.
+_NEEDED_SEALS = getattr(fcntl, "F_SEAL_SHRINK", 2) | getattr(fcntl, "F_SEAL_SEAL", 1)
+_MAPS_KEPT = 4  # arenas of agents this proc heard from (one, but for a re-attached agent)
+
+
+@message_type
+@dataclass(frozen=True, slots=True)
+class ArenaCall:
+    """Host agent → proc: `message`, whose payload lies at `offset` of the payload arena that
+    is file descriptor `fd` of process `owner_pid` (inode `arena_id`): `token`, then the pickle
+    body (`body_bytes`), then each out-of-band buffer (`buffer_bytes`), with no gaps."""
+
+    message: CallActor
+    owner_pid: int
+    fd: int
+    arena_id: int
+    offset: int
+    token: bytes
+    body_bytes: int
+    buffer_bytes: tuple[int, ...]
+
+
+def slot_bytes(payload: Payload) -> int:
+    """How many bytes of a slot `payload` fills (token included)."""
+    return TOKEN_BYTES + payload.nbytes
+
+
+def read_header(path: str) -> tuple[int, int, int]:
+    """(bytes in use, slots in use, payloads placed so far) of the arena at `path`."""
+    with open(path, "rb") as arena:
+        return ARENA_HEADER.unpack(arena.read(ARENA_HEADER.size))  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaPayload(Payload):
+    """A payload that lies in a payload arena, valid only until its call is answered."""
+
+    def load(self) -> Any:
+        """Unpickle, leaving no view of the arena behind (see `_ArenaUnpickler`)."""
+        if not self.buffers:
+            return loads(self.body)
+        tally = _Tally()
+        value = _ArenaUnpickler(self.body, self.buffers, tally).load()
+        if tally.viewed == tally.copied:
+            return value
+        del value  # a view went where no rebuilder copied it: rebuild from copies of our own
+        return loads(bytes(self.body), [bytearray(buffer) for buffer in self.buffers])
+
+
+#: The rebuilders of out-of-band buffers that copy a read-only buffer (see transport._serialize).
+_COPYING = frozenset(
+    ("transport._serialize", name)
+    for name in ("_rebuild_bytes", "_rebuild_bytearray", "_rebuild_tensor", "_rebuild_parameter")
+)
+
+
+class _Tally:
+    """What an `_ArenaUnpickler` handed out: kept apart from it, so that no reference cycle
+    holds the unpickler (and the values in its memo) alive after the call."""
+
+    __slots__ = ("copied", "trusted", "viewed")
+
+    def __init__(self) -> None:
+        self.viewed = self.copied = 0  # views handed out, views the rebuilders took
+        self.trusted = True  # no global but the copying rebuilders seen so far
+
+
+class _ArenaUnpickler(pickle.Unpickler):
+    """Hands out an out-of-band buffer as a read-only view of the arena only to the rebuilders
+    that copy it (bytes, bytearray, tensors: one copy each, into this proc's own memory), and
+    a private, writable copy to everything else (a numpy array, say, would keep a view):
+    from the first global that is not one of them on, every buffer is a copy."""
+
+    def __init__(self, body: Any, buffers: Sequence[Any], tally: _Tally) -> None:
+        self._tally = tally
+        super().__init__(io.BytesIO(body), buffers=_handed_out(buffers, tally))
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = super().find_class(module, name)
+        if (module, name) in _COPYING:
+            return functools.partial(_counted, found, self._tally)
+        self._tally.trusted = False
+        return found
+
+
+def _counted(rebuild: Callable[..., Any], tally: _Tally, buffer: Any, *args: Any) -> Any:
+    tally.copied += isinstance(buffer, memoryview) and isinstance(buffer.obj, mmap.mmap)
+    return rebuild(buffer, *args)
+
+
+def _handed_out(sources: Sequence[Any], tally: _Tally) -> Iterator[Any]:
+    for source in sources:  # asked for lazily, as each buffer is unpickled
+        if tally.trusted:
+            tally.viewed += 1
+            yield source
+        else:
+            yield bytearray(source)
+
+
+class ArenaMaps:
+    """A proc's mappings of the payload arenas it was sent calls in: each mapped once."""
+
+    def __init__(self) -> None:
+        self._maps: dict[tuple[int, int, int], memoryview] = {}
+        self._lock = threading.Lock()  # calls arrive on the loop or on a receiver thread
+
+    def payload(self, call: ArenaCall) -> Payload:
+        """The payload `call` names, as views of the arena. Raises ValueError when the header
+        is malformed or names no arena of this user, or a slot that is not this call's."""
+        reason = invalid_fields(call)  # the message too: a field of a message type
+        if reason is None and min(call.body_bytes, call.offset, *call.buffer_bytes) < 0:
+            reason = "negative sizes or offset"
+        if reason is not None:
+            raise ValueError(f"a host agent sent a malformed ArenaCall: {reason}")
+        arena = self._arena(call)
+        end = call.offset + TOKEN_BYTES + call.body_bytes + sum(call.buffer_bytes)
+        if call.offset < ARENA_HEADER_BYTES or end > arena.nbytes:
+            raise ValueError(
+                f"an ArenaCall names bytes {call.offset} to {end} of a payload arena of "
+                f"{arena.nbytes} bytes: outside its slots"
+            )
+        start = call.offset + TOKEN_BYTES
+        if arena[call.offset : start] != call.token:
+            raise ValueError("the payload arena's slot holds another call's payload (wrong token)")
+        body, buffers = arena[start : start + call.body_bytes], []
+        start += call.body_bytes
+        for size in call.buffer_bytes:
+            buffers.append(arena[start : start + size])
+            start += size
+        return ArenaPayload(body, buffers)
+
+    def _arena(self, call: ArenaCall) -> memoryview:
+        key = (call.owner_pid, call.fd, call.arena_id)
+        found = self._maps.get(key)
+        if found is not None:
+            return found
+        with self._lock:
+            if key not in self._maps:
+                if len(self._maps) >= _MAPS_KEPT:  # the oldest: most likely a gone agent's
+                    del self._maps[next(iter(self._maps))]
+                self._maps[key] = _map_arena(*key)
+            return self._maps[key]
+
+
+def _map_arena(owner_pid: int, fd: int, arena_id: int) -> memoryview:
+    """A read-only view of the whole arena, after checking it is one: the size comes from the
+    file, never from a header, and the file must be private to this user and sealed."""
+    path = f"/proc/{owner_pid}/fd/{fd}"
+    try:  # non-blocking: a stale number could name a pipe now
+        opened = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ValueError(f"the payload arena {path} is gone: {exc.strerror}") from exc
+    try:
+        info = os.fstat(opened)
+        private = info.st_uid == os.getuid() and not info.st_mode & 0o077
+        if not stat.S_ISREG(info.st_mode) or info.st_ino != arena_id or not private:
+            raise ValueError(f"{path} is not a payload arena of this user (mode, owner, inode)")
+        if fcntl.fcntl(opened, fcntl.F_GET_SEALS) & _NEEDED_SEALS != _NEEDED_SEALS:
+            raise ValueError(f"{path} is not sealed against shrinking: it cannot be mapped safely")
+        mapped = mmap.mmap(opened, info.st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    finally:
+        os.close(opened)
+    return memoryview(mapped)
