@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -315,6 +316,34 @@ def test_process_death_fails_calls_at_once(watched: Callable[..., Watched], how:
     assert reported.mesh_name == "workers"
     assert_told_about_the_actor(event, reported, "workers-actors", 1)
     assert not pid_alive(w.pids[1])
+
+
+def test_a_sync_get_with_no_timeout_fails_when_its_proc_is_killed(
+    watched: Callable[..., Watched],
+) -> None:
+    """A thread's get() with no timeout waits in one blocking receive on its reply inbox: the
+    death of the called proc still ends it, as soon as the agent reaps the proc."""
+    w = watched()
+    sent, outcome = threading.Event(), []
+
+    def call_and_wait() -> None:
+        in_flight = w.actors.slice(gpus=1).park.call_one(T)  # only a failure can end it early
+        sent.set()
+        try:
+            outcome.append(in_flight.get())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call_and_wait, daemon=True)
+    caller.start()
+    assert sent.wait(T)
+    time.sleep(0.5)  # let the thread reach its blocking receive (the test passes either way)
+    os.kill(w.pids[1], signal.SIGKILL)
+    caller.join(T / 3)
+    assert not caller.is_alive(), "get() still waits after its proc was killed"
+    (error,) = outcome
+    assert isinstance(error, SupervisionError) and error.event.signal == "SIGKILL"
+    w.recorder.wait(1)
 
 
 def test_death_of_an_idle_process_is_reported(watched: Callable[..., Watched]) -> None:

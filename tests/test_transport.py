@@ -569,6 +569,27 @@ def test_inbox_drops_garbage_and_receives_the_next_valid_message(
     assert f"unknown type ('{__name__}.NotRegistered',)" in err  # it names the type
 
 
+def test_a_waiting_receive_ends_with_a_message_or_its_timeout(
+    ipc_dir: str, zmq_context: zmq.Context[Any]
+) -> None:
+    """`receive_nowait(wait_ms)` blocks in one receive: None when nothing came in time, else
+    the message (from a batch, the first; the rest wait for `receive_received`)."""
+    inbox = Inbox(zmq_context, f"ipc://{ipc_dir}/inbox")
+    outbox = Outbox(zmq_context)
+    try:
+        assert inbox.receive_nowait(1) is None
+        for n in range(3):
+            assert outbox.send_soon(inbox.address, encode(Header(n), Payload.dump(n))) == (n == 0)
+        threading.Timer(0.2, outbox.flush).start()  # arrives while the receive waits
+        first = inbox.receive_nowait(30_000)
+        rest = [inbox.receive_received(), inbox.receive_received()]
+        assert [e.header for e in (first, *rest) if e is not None] == [Header(n) for n in range(3)]
+        assert inbox.receive_received() is None and inbox.receive_nowait(1) is None
+    finally:
+        outbox.close(linger_ms=0)
+        inbox.close()
+
+
 def test_inbox_drops_oversized_message_and_receives_the_next(
     ipc_dir: str, zmq_context: zmq.Context[Any]
 ) -> None:

@@ -106,6 +106,7 @@ class Inbox:
         self._poll_items = [(self._socket, zmq.POLLIN)]
         self._split: deque[Envelope] = deque()  # the messages of a batch not yet taken
         self._polled = False  # the last `poll` saw a message that no receive has taken yet
+        self._wait_ms = -1  # RCVTIMEO as set on the socket
 
     def listen_also(self, address: str) -> str:
         """Also receive on `address` (e.g. tcp next to ipc); returns the address as bound."""
@@ -135,18 +136,26 @@ class Inbox:
         self._polled = bool(ready) and ready[0][0] is self._socket
         return bool(ready)
 
-    def receive_nowait(self) -> Envelope | None:
-        """The next valid message, or None when none is waiting. Invalid ones are logged."""
+    def receive_nowait(self, wait_ms: int = 0) -> Envelope | None:
+        """The next valid message, or None when none is waiting. Invalid ones are logged.
+        With `wait_ms` (-1: forever), the first receive blocks up to that long: one blocking
+        receive costs fewer system calls than a `poll` and a receive after it."""
         if self._split:
             return self._split.popleft()
         socket, ready, polled = self._socket, self._poll_items, self._polled
-        self._polled = False
+        self._polled, flags = False, _NOBLOCK
+        if wait_ms:
+            if wait_ms != self._wait_ms:  # kept in libzmq: no system call
+                socket.setsockopt(zmq.RCVTIMEO, wait_ms)
+                self._wait_ms = wait_ms
+            polled, flags = True, 0
         # a poll, not `getsockopt(EVENTS)`, which builds an enum (Python code) for its option;
         # and either is cheaper than a receive raising zmq.Again
         while polled or _zmq_poll(ready, 0):
             polled = False
             try:
-                frames = [socket.recv(_NOBLOCK, copy=False)]
+                frames = [socket.recv(flags, copy=False)]
+                flags = _NOBLOCK
                 while frames[-1].more:  # the parts of one message arrive together
                     frames.append(socket.recv(_NOBLOCK, copy=False))
             except zmq.Again:

@@ -130,10 +130,9 @@ class ReplyInbox:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return
-            # wait first: right after a call, the reply is almost never there yet
-            if not self.inbox.poll(None if left is None else max(1, int(left * 1000))):
-                continue
-            envelope = self.inbox.receive_nowait()
+            # one blocking receive, no poll before it: a Wake (`wake`) ends it when another
+            # thread settles the future (a supervision event, a lost reply)
+            envelope = self.inbox.receive_nowait(-1 if left is None else max(1, int(left * 1000)))
             while envelope is not None:  # the rest of a batch of replies settles now too, so
                 self._handle(envelope)  # that the get() of each of their futures returns at once
                 envelope = self.inbox.receive_received()
