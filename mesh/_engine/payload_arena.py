@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mesh._engine.messages import CallActor, invalid_fields
+from mesh._engine.shared_payload import open_agent_file
 from transport import Payload, loads, message_type
 
 #: The name of the arena's memory file, as /proc/<pid>/fd and /proc/<pid>/maps show it.
@@ -188,10 +189,7 @@ def _map_arena(owner_pid: int, fd: int, arena_id: int) -> memoryview:
     """A read-only view of the whole arena, after checking it is one: the size comes from the
     file, never from a header, and the file must be private to this user and sealed."""
     path = f"/proc/{owner_pid}/fd/{fd}"
-    try:  # non-blocking: a stale number could name a pipe now
-        opened = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ValueError(f"the payload arena {path} is gone: {exc.strerror}") from exc
+    opened = open_agent_file(path, "the payload arena")
     try:
         info = os.fstat(opened)
         private = info.st_uid == os.getuid() and not info.st_mode & 0o077

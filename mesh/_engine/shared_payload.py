@@ -28,6 +28,16 @@ from mesh._engine.replying import Replier
 from supervision import ActorError
 from transport import Envelope, Payload, get_logger, message_type, safe_str
 
+
+def open_agent_file(path: str, what: str) -> int:
+    """A read-only descriptor of `path`, a host agent's file (``/proc/PID/fd/N``), opened
+    without blocking (a stale number could name a pipe now); ValueError if it is gone."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ValueError(f"{what} {path} is gone: {exc.strerror}") from exc
+
+
 #: The smallest payload a host agent shares rather than copies to each proc: below it, making
 #: and mapping a memory file costs more than the copies it saves.
 SHARED_PAYLOAD_MIN_BYTES = 1 << 20
@@ -103,10 +113,7 @@ def mapped_payload(shared: SharedCall) -> Payload:
         raise ValueError(f"a host agent sent a malformed SharedCall: {reason}")
     total = _TOKEN_BYTES + shared.body_bytes + sum(shared.buffer_bytes)
     path = f"/proc/{shared.owner_pid}/fd/{shared.fd}"
-    try:  # non-blocking: a stale number could name a pipe now
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ValueError(f"the shared payload {path} is gone: {exc.strerror}") from exc
+    fd = open_agent_file(path, "the shared payload")
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size != total:
