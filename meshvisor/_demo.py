@@ -101,12 +101,18 @@ def _summary(group: ReplicaGroup, discarded: int, seconds: float) -> dict[str, A
         for r in group.recoveries
         if r.first_commit_at is not None
     ]
+    later = [r.replica for r in group.recoveries]
+    lost_again = sum(  # a replacement that failed in its turn before it committed
+        r.first_commit_at is None and r.replica in later[i + 1 :]
+        for i, r in enumerate(group.recoveries)
+    )
     return {
         "committed_steps": group.committed_steps,
         "discarded_steps": discarded,
         "steps_per_s": round(group.committed_steps / seconds, 1) if seconds else 0.0,
         "replicas_lost": len(group.recoveries),
         "kill_to_first_commit_s": recoveries,
+        "replacements_lost_before_committing": lost_again,
     }
 
 

@@ -43,6 +43,11 @@ def test_meshvisor_demo_survives_its_kills(tmp_path: Path) -> None:
         assert held[name], name
     training = data["workload_stats"]["training"]
     assert training["replicas_lost"] == 3
-    assert len(training["kill_to_first_commit_s"]) == 3  # every replacement committed again
+    # Every replacement committed again, unless it failed in its turn before that (the seed's
+    # first two faults hit one replica 1.5 s apart: on a loaded machine its replacement may
+    # still be healing when the second comes); the last one of each replica always did.
+    lost_again = training["replacements_lost_before_committing"]
+    assert lost_again <= 1, training
+    assert len(training["kill_to_first_commit_s"]) + lost_again == 3, training
     assert training["committed_steps"] > 0
     assert training["discarded_steps"] <= 3  # at most the step in flight per kill
