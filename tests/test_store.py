@@ -230,6 +230,16 @@ def test_bad_requests_get_an_error_and_the_server_goes_on(
     assert client.get("bad/text") == b"abc"  # still serving
 
 
+def test_an_add_whose_sum_is_too_long_to_write_is_refused_and_the_server_goes_on(
+    client: StoreClient,
+) -> None:
+    longest = "9" * 4300  # the most digits Python converts by default
+    client.set("bad/long-number", longest)
+    with pytest.raises(ValueError, match="bad/long-number"):
+        client.add("bad/long-number", 1)  # 4301 digits
+    assert client.get("bad/long-number") == longest.encode()  # still serving, unchanged
+
+
 def test_a_tcp_peer_without_the_allocations_keys_is_never_answered(
     server: StoreServer, client: StoreClient, tmp_path: Path
 ) -> None:
