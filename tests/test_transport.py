@@ -585,6 +585,9 @@ def test_a_waiting_receive_ends_with_a_message_or_its_timeout(
         rest = [inbox.receive_received(), inbox.receive_received()]
         assert [e.header for e in (first, *rest) if e is not None] == [Header(n) for n in range(3)]
         assert inbox.receive_received() is None and inbox.receive_nowait(1) is None
+        outbox.send(inbox.address, encode(Header(3), Payload.dump(3)))
+        late = inbox.receive_nowait(10**12)  # longer than a socket's timeout holds: no error
+        assert late is not None and late.header == Header(3)
     finally:
         outbox.close(linger_ms=0)
         inbox.close()

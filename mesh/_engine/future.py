@@ -142,7 +142,8 @@ class Future(Generic[T]):
 
     def wait_briefly(self, timeout: float | None) -> None:
         """Block until done or `timeout`, without receiving anything."""
-        if self._ready.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+        wait = -1 if timeout is None else min(max(timeout, 0), threading.TIMEOUT_MAX)
+        if self._ready.acquire(timeout=wait):
             self._ready.release()
 
     def exception(self) -> BaseException | None:

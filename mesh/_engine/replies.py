@@ -31,6 +31,8 @@ from transport import Addresses, Envelope, Inbox, Outbox, Payload, check_fd_head
 
 #: How long a thread waits on a future before checking again whether it can pump its inbox.
 _RETRY_S = 0.01
+#: The longest one receive waits (a longer timeout, infinity even, takes several).
+_LONGEST_RECEIVE_S = 86_400.0
 
 
 class ReplySettler(Protocol):
@@ -132,7 +134,8 @@ class ReplyInbox:
                 return
             # one blocking receive, no poll before it: a Wake (`wake`) ends it when another
             # thread settles the future (a supervision event, a lost reply)
-            envelope = self.inbox.receive_nowait(-1 if left is None else max(1, int(left * 1000)))
+            wait_ms = -1 if left is None else max(1, int(min(left, _LONGEST_RECEIVE_S) * 1000))
+            envelope = self.inbox.receive_nowait(wait_ms)
             while envelope is not None:  # the rest of a batch of replies settles now too, so
                 self._handle(envelope)  # that the get() of each of their futures returns at once
                 envelope = self.inbox.receive_received()
