@@ -48,8 +48,9 @@ RECONNECT_INTERVAL_MS = 5
 RECEIVE_QUEUE = 1000
 # A plain int: pyzmq's enum flags cost an enum construction per use on the receive path.
 _NOBLOCK = int(zmq.NOBLOCK)
-#: The longest receive timeout a socket holds (a C int of milliseconds: about 24 days).
-_LONGEST_WAIT_MS = (1 << 31) - 1
+#: The longest wait zmq takes (a C int of milliseconds: about 24 days); a longer one is cut
+#: to it, and its caller waits again.
+LONGEST_WAIT_MS = (1 << 31) - 1
 _zmq_poll = zmq.zmq_poll
 #: pyzmq's compiled send, under the Python layer its sockets add (for options unused here).
 _send_one_frame = zmq.backend.Socket.send
@@ -147,7 +148,7 @@ class Inbox:
         socket, ready, polled = self._socket, self._poll_items, self._polled
         self._polled, flags = False, _NOBLOCK
         if wait_ms:
-            wait_ms = min(wait_ms, _LONGEST_WAIT_MS)  # a longer wait ends early, as None
+            wait_ms = min(wait_ms, LONGEST_WAIT_MS)  # a longer wait ends early, as None
             if wait_ms != self._wait_ms:  # kept in libzmq: no system call
                 socket.setsockopt(zmq.RCVTIMEO, wait_ms)
                 self._wait_ms = wait_ms
