@@ -134,7 +134,7 @@ class Inbox:
         if self._split:
             return True
         items = self._poll_items if wake_fd is None else [*self._poll_items, (wake_fd, zmq.POLLIN)]
-        ready = _zmq_poll(items, -1 if timeout_ms is None else timeout_ms)
+        ready = _zmq_poll(items, -1 if timeout_ms is None else min(timeout_ms, LONGEST_WAIT_MS))
         # the next receive skips its own poll (two system calls) when this one saw a message
         self._polled = bool(ready) and ready[0][0] is self._socket
         return bool(ready)

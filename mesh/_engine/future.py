@@ -18,6 +18,9 @@ T = TypeVar("T")
 _MAIN_THREAD = threading.main_thread().ident
 _PENDING = object()
 _callbacks_lock = threading.Lock()  # held only for a few list operations
+#: The longest one wait on a socket lasts while a future's `get` waits (zmq takes up to about
+#: 24 days at once): a longer timeout, infinity even, waits again.
+LONGEST_SOCKET_WAIT_S = 86_400.0
 
 
 class LoopPump(Protocol):

@@ -21,7 +21,7 @@ import sniffio
 
 from mesh._engine.fanout_messages import RelayedReplies
 from mesh._engine.fork import check_not_forked
-from mesh._engine.future import Future
+from mesh._engine.future import LONGEST_SOCKET_WAIT_S, Future
 from mesh._engine.messages import Failure, InboxClosed, Reply, ReplyLost, Wake
 from mesh._engine.ownership import Ownership
 from mesh._engine.peers import ProcPeer
@@ -31,8 +31,6 @@ from transport import Addresses, Envelope, Inbox, Outbox, Payload, check_fd_head
 
 #: How long a thread waits on a future before checking again whether it can pump its inbox.
 _RETRY_S = 0.01
-#: The longest one receive waits (a longer timeout, infinity even, takes several).
-_LONGEST_RECEIVE_S = 86_400.0
 
 
 class ReplySettler(Protocol):
@@ -134,7 +132,7 @@ class ReplyInbox:
                 return
             # one blocking receive, no poll before it: a Wake (`wake`) ends it when another
             # thread settles the future (a supervision event, a lost reply)
-            wait_ms = -1 if left is None else max(1, int(min(left, _LONGEST_RECEIVE_S) * 1000))
+            wait_ms = -1 if left is None else max(1, int(min(left, LONGEST_SOCKET_WAIT_S) * 1000))
             envelope = self.inbox.receive_nowait(wait_ms)
             while envelope is not None:  # the rest of a batch of replies settles now too, so
                 self._handle(envelope)  # that the get() of each of their futures returns at once
