@@ -122,8 +122,14 @@ class StoreState:
             raise BadRequest(
                 request.request_id, f"cannot add to key {key!r}: its value is not a number"
             ) from None
-        self._put(key, str(total).encode())
-        return str(total).encode()
+        try:
+            text = str(total).encode()
+        except ValueError:  # more digits than Python writes (4300 by default)
+            raise BadRequest(
+                request.request_id, f"cannot add to key {key!r}: the sum has too many digits"
+            ) from None
+        self._put(key, text)
+        return text
 
     def _compare_set(self, key: bytes, expected: bytes, desired: bytes) -> bytes:
         current = self._values.get(key)

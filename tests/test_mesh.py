@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -172,6 +173,15 @@ def test_timeout_leaves_the_call_running(procs: ProcMesh) -> None:
     gate.slice(gpus=0).open.call_one(name).get(timeout=T)
     assert future.get(timeout=T) == "done"
     assert future.done() and future.exception() is None
+
+
+@pytest.mark.parametrize("timeout", [1e7, math.inf])
+def test_a_get_with_a_timeout_of_months_or_infinite_waits_for_the_answer(
+    procs: ProcMesh, timeout: float
+) -> None:
+    """A timeout longer than a socket's receive timeout holds (about 24 days) is no error."""
+    echo = procs.spawn("echo", actors.Echo)
+    assert echo.slice(gpus=0).echo.call_one("here").get(timeout=timeout) == "here"
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])

@@ -230,6 +230,39 @@ def test_bad_requests_get_an_error_and_the_server_goes_on(
     assert client.get("bad/text") == b"abc"  # still serving
 
 
+def test_an_add_whose_sum_is_too_long_to_write_is_refused_and_the_server_goes_on(
+    client: StoreClient,
+) -> None:
+    longest = "9" * 4300  # the most digits Python converts by default
+    client.set("bad/long-number", longest)
+    with pytest.raises(ValueError, match="bad/long-number"):
+        client.add("bad/long-number", 1)  # 4301 digits
+    assert client.get("bad/long-number") == longest.encode()  # still serving, unchanged
+
+
+def test_waits_of_months_are_served_and_the_server_goes_on(
+    server: StoreServer, client: StoreClient
+) -> None:
+    """A timeout longer than zmq waits at once (a C int of milliseconds, about 24 days)."""
+    header = struct.Struct("!4sBQI")
+    months = datetime.timedelta(days=60)
+    client.set("months/there", b"1")
+    client.wait(["months/there"], months)  # (no error from the client's own wait)
+    requester = transport.Requester(
+        zmq.Context.instance(), str(server.addresses.ipc), max_bytes=1 << 21
+    )
+    try:
+        assert requester.send([header.pack(b"MVS1", 2, 1, (1 << 32) - 1), b"months/key"], 5000)
+        assert requester.send([header.pack(b"MVS1", 5, 2, 0), b"months/there"], 5000)
+        checked = requester.receive(5000)  # answered after the GET began to wait: the server
+        assert checked is not None and checked[0][:8] == struct.pack("!Q", 2)  # planned its
+        client.set("months/key", b"v")  # next wake-up before it reads this set
+        got = requester.receive(5000)
+        assert got is not None and got[0] == struct.pack("!QB", 1, 0) and got[1:] == [b"v"]
+    finally:
+        requester.close()
+
+
 def test_a_tcp_peer_without_the_allocations_keys_is_never_answered(
     server: StoreServer, client: StoreClient, tmp_path: Path
 ) -> None:

@@ -585,6 +585,13 @@ def test_a_waiting_receive_ends_with_a_message_or_its_timeout(
         rest = [inbox.receive_received(), inbox.receive_received()]
         assert [e.header for e in (first, *rest) if e is not None] == [Header(n) for n in range(3)]
         assert inbox.receive_received() is None and inbox.receive_nowait(1) is None
+        outbox.send(inbox.address, encode(Header(3), Payload.dump(3)))
+        late = inbox.receive_nowait(10**12)  # longer than a socket's timeout holds: no error
+        assert late is not None and late.header == Header(3)
+        outbox.send(inbox.address, encode(Header(4), Payload.dump(4)))
+        assert inbox.poll(10**12)  # nor a poll's
+        polled = inbox.receive_nowait()
+        assert polled is not None and polled.header == Header(4)
     finally:
         outbox.close(linger_ms=0)
         inbox.close()

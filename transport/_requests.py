@@ -22,7 +22,7 @@ from ._addresses import Addresses, check_address
 from ._errors import TransportError
 from ._handshakes import unbounded_monitor
 from ._security import required_keys, secure_client
-from ._sockets import bind_secured
+from ._sockets import LONGEST_WAIT_MS, bind_secured
 
 _NOBLOCK = int(zmq.NOBLOCK)
 
@@ -56,7 +56,8 @@ class Responder:
 
     def poll(self, timeout_ms: int, wake_fd: int) -> bool:
         """Wait up to `timeout_ms` for a request or for `wake_fd`; True if a request waits."""
-        ready = zmq.zmq_poll([(self._socket, zmq.POLLIN), (wake_fd, zmq.POLLIN)], timeout_ms)
+        items = [(self._socket, zmq.POLLIN), (wake_fd, zmq.POLLIN)]
+        ready = zmq.zmq_poll(items, min(timeout_ms, LONGEST_WAIT_MS))
         return any(item is self._socket for item, _ in ready)
 
     def receive_nowait(self) -> tuple[bytes, list[bytes]] | None:
@@ -105,7 +106,7 @@ class Requester:
     def send(self, frames: Sequence[bytes], timeout_ms: int) -> bool:
         """Send a request; False if no connection to the responder opened in `timeout_ms`."""
         try:
-            if self._socket.poll(timeout_ms, zmq.POLLOUT):
+            if self._socket.poll(min(timeout_ms, LONGEST_WAIT_MS), zmq.POLLOUT):
                 self._socket.send_multipart(frames, _NOBLOCK)
                 return True
         except zmq.Again:
@@ -119,7 +120,7 @@ class Requester:
         to the responder closed meanwhile."""
         assert self._monitor is not None
         items = [(self._socket, zmq.POLLIN), (self._monitor, zmq.POLLIN)]
-        ready = dict(zmq.zmq_poll(items, timeout_ms))
+        ready = dict(zmq.zmq_poll(items, min(timeout_ms, LONGEST_WAIT_MS)))
         if self._socket in ready:
             frames: list[bytes] = self._socket.recv_multipart(_NOBLOCK)
             return frames

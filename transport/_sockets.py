@@ -48,6 +48,9 @@ RECONNECT_INTERVAL_MS = 5
 RECEIVE_QUEUE = 1000
 # A plain int: pyzmq's enum flags cost an enum construction per use on the receive path.
 _NOBLOCK = int(zmq.NOBLOCK)
+#: The longest wait zmq takes (a C int of milliseconds: about 24 days); a longer one is cut
+#: to it, and its caller waits again.
+LONGEST_WAIT_MS = (1 << 31) - 1
 _zmq_poll = zmq.zmq_poll
 #: pyzmq's compiled send, under the Python layer its sockets add (for options unused here).
 _send_one_frame = zmq.backend.Socket.send
@@ -131,7 +134,7 @@ class Inbox:
         if self._split:
             return True
         items = self._poll_items if wake_fd is None else [*self._poll_items, (wake_fd, zmq.POLLIN)]
-        ready = _zmq_poll(items, -1 if timeout_ms is None else timeout_ms)
+        ready = _zmq_poll(items, -1 if timeout_ms is None else min(timeout_ms, LONGEST_WAIT_MS))
         # the next receive skips its own poll (two system calls) when this one saw a message
         self._polled = bool(ready) and ready[0][0] is self._socket
         return bool(ready)
@@ -145,6 +148,7 @@ class Inbox:
         socket, ready, polled = self._socket, self._poll_items, self._polled
         self._polled, flags = False, _NOBLOCK
         if wait_ms:
+            wait_ms = min(wait_ms, LONGEST_WAIT_MS)  # a longer wait ends early, as None
             if wait_ms != self._wait_ms:  # kept in libzmq: no system call
                 socket.setsockopt(zmq.RCVTIMEO, wait_ms)
                 self._wait_ms = wait_ms

@@ -18,6 +18,9 @@ T = TypeVar("T")
 _MAIN_THREAD = threading.main_thread().ident
 _PENDING = object()
 _callbacks_lock = threading.Lock()  # held only for a few list operations
+#: The longest one wait on a socket lasts while a future's `get` waits (zmq takes up to about
+#: 24 days at once): a longer timeout, infinity even, waits again.
+LONGEST_SOCKET_WAIT_S = 86_400.0
 
 
 class LoopPump(Protocol):
@@ -142,7 +145,8 @@ class Future(Generic[T]):
 
     def wait_briefly(self, timeout: float | None) -> None:
         """Block until done or `timeout`, without receiving anything."""
-        if self._ready.acquire(timeout=-1 if timeout is None else max(timeout, 0)):
+        wait = -1 if timeout is None else min(max(timeout, 0), threading.TIMEOUT_MAX)
+        if self._ready.acquire(timeout=wait):
             self._ready.release()
 
     def exception(self) -> BaseException | None:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from mesh._engine.future import Future
+from mesh._engine.future import LONGEST_SOCKET_WAIT_S, Future
 from transport import Envelope, Inbox
 
 _RECEIVE_BATCH = 256
@@ -187,7 +187,8 @@ class EventLoop:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     break
-                self._inbox.poll(None if remaining is None else max(1, int(remaining * 1000)))
+                wait_s = None if remaining is None else min(remaining, LONGEST_SOCKET_WAIT_S)
+                self._inbox.poll(None if wait_s is None else max(1, int(wait_s * 1000)))
             self._drain(1 << 30)  # leave nothing behind the edge-triggered descriptor
         finally:
             self._nested -= 1

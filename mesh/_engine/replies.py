@@ -21,7 +21,7 @@ import sniffio
 
 from mesh._engine.fanout_messages import RelayedReplies
 from mesh._engine.fork import check_not_forked
-from mesh._engine.future import Future
+from mesh._engine.future import LONGEST_SOCKET_WAIT_S, Future
 from mesh._engine.messages import Failure, InboxClosed, Reply, ReplyLost, Wake
 from mesh._engine.ownership import Ownership
 from mesh._engine.peers import ProcPeer
@@ -132,7 +132,8 @@ class ReplyInbox:
                 return
             # one blocking receive, no poll before it: a Wake (`wake`) ends it when another
             # thread settles the future (a supervision event, a lost reply)
-            envelope = self.inbox.receive_nowait(-1 if left is None else max(1, int(left * 1000)))
+            wait_ms = -1 if left is None else max(1, int(min(left, LONGEST_SOCKET_WAIT_S) * 1000))
+            envelope = self.inbox.receive_nowait(wait_ms)
             while envelope is not None:  # the rest of a batch of replies settles now too, so
                 self._handle(envelope)  # that the get() of each of their futures returns at once
                 envelope = self.inbox.receive_received()
