@@ -15,12 +15,13 @@ from transport import get_logger
 pytestmark = pytest.mark.timeout(30)
 
 HEARTBEAT_S = 0.2
+BUSY_S = 0.8
 
 
-def watched_proc() -> tuple[Watchdog, ProcRecord]:
+def watched_proc(busy_s: float = 10.0) -> tuple[Watchdog, ProcRecord]:
     table = ProcTable()
     spec = wire.ProcSpec("p0", "m", ("gpus",), (1,), 0)
-    proc = ProcRecord(spec, "ipc://owner", "ipc://p0", HEARTBEAT_S, 10.0, pid=os.getpid())
+    proc = ProcRecord(spec, "ipc://owner", "ipc://p0", HEARTBEAT_S, busy_s, pid=os.getpid())
     table.add(proc)
     dog = Watchdog(table, owner_timeout_s=10.0, log=get_logger("test.watchdog"))
     dog.heartbeat(proc)
@@ -68,3 +69,14 @@ def test_after_a_pause_every_deadline_restarts_from_now(where: str) -> None:
         dog.waiting(0.0)
     assert proc.heartbeat_due >= time.monotonic() + HEARTBEAT_S / 2
     assert not list(dog.overdue(time.monotonic()))
+
+
+def test_an_agent_paused_again_and_again_still_reaches_a_silent_proc() -> None:
+    """Pauses are forgiven up to the busy limit in all, not forever."""
+    dog, proc = watched_proc(busy_s=BUSY_S)
+    for _ in range(10):
+        serve_once(dog, 0.0, overslept_s=0.6)
+        if list(dog.overdue(time.monotonic())):
+            break
+    assert [p for p, _ in dog.overdue(time.monotonic())] == [proc]
+    assert proc.forgiven_s == pytest.approx(BUSY_S)

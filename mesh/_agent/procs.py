@@ -42,6 +42,7 @@ class ProcRecord:
     failure: str | None = None  # why it could not start, as it said before exiting
     heartbeat_due: float = 0.0
     silent_since: float = 0.0  # the last heartbeat (or the spawn)
+    forgiven_s: float = 0.0  # how far the agent's pauses moved its deadline since then
     cpu: CpuSample | None = None  # sampled with the last heartbeat, or the last check
     cpu_at: float = 0.0
     owned_by_proc: set[str] = field(default_factory=set)
@@ -82,6 +83,7 @@ class ProcRecord:
         gets a start-up grace."""
         self.silent_since = time.monotonic() + _STARTUP_GRACE_S
         self.heartbeat_due = self.silent_since + self.heartbeat_timeout_s
+        self.forgiven_s = 0.0
 
 
 class ProcTable:

@@ -38,6 +38,7 @@ class Watchdog:
         """`proc` is alive: its next heartbeat is due a timeout from now."""
         proc.silent_since = now = time.monotonic()
         proc.heartbeat_due = now + proc.heartbeat_timeout_s
+        proc.forgiven_s = 0.0
         if proc.pid is not None:  # the baseline for judging a later silence
             proc.cpu, proc.cpu_at = sample_cpu(proc.pid), now
 
@@ -107,16 +108,20 @@ class Watchdog:
 
     def _forgive(self, absent_s: float, now: float) -> None:
         """Move every deadline by `absent_s`; after a real pause, when messages sent meanwhile
-        may still be on their way in, each restarts from now."""
+        may still be on their way in, each restarts from now. A proc's silence is forgiven at
+        most `busy_timeout_s` in all: an agent starved for good still judges a hung proc."""
         paused = absent_s > _PAUSE_S
         if paused:
             self._log.info("agent_was_paused", seconds=round(absent_s, 3))
         for proc in self._procs:
-            proc.heartbeat_due += absent_s
-            proc.silent_since += absent_s
+            due = proc.heartbeat_due + absent_s
             if paused:
-                proc.silent_since = max(proc.silent_since, now)
-                proc.heartbeat_due = max(proc.heartbeat_due, now + proc.heartbeat_timeout_s)
+                due = max(due, now + proc.heartbeat_timeout_s)
+            moved = min(due - proc.heartbeat_due, proc.busy_timeout_s - proc.forgiven_s)
+            if moved > 0:
+                proc.heartbeat_due += moved
+                proc.silent_since += moved
+                proc.forgiven_s += moved
         for owner, seen in self._owners_seen.items():
             self._owners_seen[owner] = max(seen + absent_s, now) if paused else seen + absent_s
 
