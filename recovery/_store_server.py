@@ -110,7 +110,12 @@ class StoreServer:
         except BadRequest as exc:
             self._log.warning("store_request_refused", reason=str(exc))
             return [(asker, encode_reply(exc.request_id, Status.ERROR, [str(exc).encode()]))]
-        return self._state.answer(asker, request, time.monotonic())
+        try:
+            return self._state.answer(asker, request, time.monotonic())
+        except Exception as exc:  # a bug answering one request must not end the store
+            self._log.exception("store_request_failed", reason=repr(exc))
+            why = f"the store could not answer this request: {exc!r}"
+            return [(asker, encode_reply(request.request_id, Status.ERROR, [why.encode()]))]
 
     def _send(self, answers: list[Answer]) -> None:
         for asker, frames in answers:
