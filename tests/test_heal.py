@@ -138,7 +138,10 @@ def test_a_replacement_goes_on_with_the_groups_batches_and_random_numbers(
     for (replica, step), read in reads.items():
         assert read == expected[(replica, step)], (replica, step, read)
     steps_read = {r: sorted(s for q, s in reads if q == r) for r in (0, 1, 2)}
-    assert steps_read == {0: [1, 2, 3, 4, 5, 6, 7], 1: [4, 5, 6, 7], 2: [5, 6, 7]}, steps_read
+    # Replica 1's replacement takes part from step 3 when its death was heard only once step 3
+    # had started (step 3 is then discarded and tried again) and it healed before the retry.
+    assert steps_read[1] in ([3, 4, 5, 6, 7], [4, 5, 6, 7]), steps_read
+    assert steps_read == {0: [1, 2, 3, 4, 5, 6, 7], 1: steps_read[1], 2: [5, 6, 7]}, steps_read
     retried = [e for e in group.replicas[0].seen_batches.call_one().get(60) if e[0] == 4]
     assert len(retried) == 2 and retried[0] == retried[1], retried  # same batch, same noise
 

@@ -74,6 +74,7 @@ class Receiver:
         self._armed = False  # the alarm will go off (the watch has not seen it go off yet)
         self._stopping = False
         self._alarm = new_alarm()  # expires when the holder's task has run HAND_OVER_S
+        self._alarm_open = True  # until the watch closes it (under `_lock`)
         self._wake_read, self._wake_write = os.pipe()  # wakes a waiting receiver to stop
         self._log = get_logger("mesh.receiver")
 
@@ -89,7 +90,8 @@ class Receiver:
             if self._role.wait_for(lambda: not self._in_pass, timeout=10):
                 os.close(self._wake_read)
                 os.close(self._wake_write)
-            self._alarm.ring()  # the watch sees `_stopping`, closes the alarm and ends
+            if self._alarm_open:  # (the watch, woken meanwhile, may have closed it)
+                self._alarm.ring()  # the watch sees `_stopping`, closes the alarm and ends
 
     def step_aside(self) -> None:
         """The calling thread is about to block: if it holds the inbox (it runs a call it
@@ -192,6 +194,7 @@ class Receiver:
                 self._armed = False
                 if self._stopping:
                     alarm.close()
+                    self._alarm_open = False
                     return
                 since = self._task_since
                 if since is None or self._in_pass:  # the next task arms it
