@@ -65,6 +65,14 @@ class StoreState:
         self._waiting = [waiting for waiting in self._waiting if waiting.deadline > now]
         return [(w.asker, _timed_out(w.request)) for w in expired]
 
+    def forget(self, askers: set[bytes]) -> None:
+        """Drop the waiting requests of `askers`, gone: no one would read their answers."""
+        if askers:
+            self._waiting = [waiting for waiting in self._waiting if waiting.asker not in askers]
+
+    def waiting(self) -> int:
+        return len(self._waiting)
+
     def next_deadline(self) -> float | None:
         return min((waiting.deadline for waiting in self._waiting), default=None)
 
