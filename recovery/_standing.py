@@ -97,6 +97,11 @@ class StandingGroups:
         self.give_up()
         return None
 
+    def quorums(self) -> set[int]:
+        """The quorums of the groups formed or being formed (their store keys are in use)."""
+        with self._lock:
+            return {standing.quorum for standing in (*self._formed, *self._forming)}
+
     def drop(self, procs: ProcMesh) -> None:
         """`procs` failed (any thread): the groups it is in are broken; one it is joining
         gives up."""

@@ -160,6 +160,11 @@ class StoreClient(dist.Store):  # type: ignore[misc,name-defined]
     def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
         return self._ask(Op.COMPARE_SET, [_bytes(key), _bytes(expected), _bytes(desired)])[0]
 
+    def delete_prefixes(self, prefixes: list[str]) -> int:
+        """Delete every key that starts with one of `prefixes` (not c10d's: the group's own
+        clean-up, see `_aborts.QuorumKeys`); how many keys went."""
+        return int(self._ask(Op.DELETE_PREFIXES, [_bytes(prefix) for prefix in prefixes])[0])
+
     def num_keys(self) -> int:
         return int(self._ask(Op.NUM_KEYS, [])[0])
 
