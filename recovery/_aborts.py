@@ -75,13 +75,16 @@ class QuorumKeys:
 
     def __init__(self, notices: AbortNotices) -> None:
         self._notices = notices
-        self._below = 1  # the quorums below it are forgotten or in `_kept`
+        self._latest = 0  # the quorum formed last; those before it are forgotten or `_kept`
         self._kept: set[int] = set()
         self._last: set[int] = set()
 
     def formed(self, quorum: int, in_use: Collection[int]) -> None:
-        old = self._kept | set(range(self._below, quorum))
-        self._below = max(self._below, quorum)
+        """The group of `quorum` formed; `in_use`: the quorums of other groups still used."""
+        if quorum <= self._latest:
+            return  # (told again, or an older standing group taken: nothing new to forget)
+        old = self._kept | set(range(max(self._latest, 1), quorum))
+        self._latest = quorum
         self._kept = {q for q in old if q in in_use}
         forgotten = old - self._kept
         self._notices.forget(forgotten | self._last)

@@ -26,7 +26,7 @@ from mesh import ActorMesh, Future, HostMesh, ProcMesh
 from supervision import ActorError, SupervisionError, SupervisionEvent
 from transport import get_logger
 
-from ._aborts import AbortNotices, QuorumKeys
+from ._aborts import AbortNotices
 from ._group_stop import stop_group
 from ._inflight import InFlight
 from ._members import PRELOAD, Member, ReplicaSpawner, failures, gather
@@ -102,7 +102,6 @@ class ReplicaGroup:
     ) -> None:  # fmt: skip
         """Spawn the replicas and spares, and start them (`_start`)."""
         self._aborts = AbortNotices(self._store.addresses, self.group_timeout_s)
-        self._keys = QuorumKeys(self._aborts)  # a quorum's keys go once no one needs them
         self._standing = StandingGroups(
             self._store.addresses, self._aborts, self.ranks_per_replica, self.group_timeout_s,
             self._next_quorum, self.name,
@@ -335,7 +334,9 @@ class ReplicaGroup:
         if any(self._members[i].state != "live" for i in members):
             return False  # one failed since it was counted (its abort notice may be missed)
         if standing is not None:  # formed in advance: no rendezvous
-            return self._formed(members)
+            self._quorum_members = members
+            self._standing.formed(self._current[0])
+            return True
         world = len(members) * self.ranks_per_replica
         args = (self._current[0], None, world, self._store.addresses, self.group_timeout_s, step)
         joined = self._call_all(members, "join", *args)  # None: the base, filled per member
@@ -346,12 +347,8 @@ class ReplicaGroup:
                     self._failed(index, short(error), host_lost(error))
             self._quorum_members = None
             return False
-        return self._formed(members)
-
-    def _formed(self, members: tuple[int, ...]) -> bool:
-        """The group of `members` formed: it is used until they change; older keys go."""
         self._quorum_members = members
-        self._keys.formed(self._current[0], self._standing.quorums())
+        self._standing.formed(self._current[0])
         return True
 
     # -- calls ---------------------------------------------------------------------------------
