@@ -134,7 +134,8 @@ class StoreClient(dist.Store):  # type: ignore[misc,name-defined]
         self._closer = weakref.finalize(self, self._connections.close)
 
     def close(self) -> None:
-        """Close this process's connections to the store (every thread's)."""
+        """Close this process's connections to the store (every thread's; any thread may):
+        the idle ones now, one in a call when that call ends."""
         self._closer()
 
     def set(self, key: str, value: str | bytes) -> None:

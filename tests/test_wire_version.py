@@ -7,6 +7,7 @@ header encoding". Version 4 brought them, so a version-3 peer must not be read a
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import actors
@@ -40,6 +41,13 @@ def test_every_other_version_is_a_mismatch(version: int) -> None:
     frame = bytes(encode(wire.Reply(7, 0))[0])
     with pytest.raises(WireVersionMismatch, match=f"wire version {version},"):
         decode([of_version(frame, version)])
+
+
+def test_a_batch_of_another_version_is_a_mismatch() -> None:
+    frame = bytes(encode(wire.Reply(7, 0))[0])
+    batch = b"MB\x09" + struct.pack("<I", 1) + struct.pack("<I", len(frame)) + frame
+    with pytest.raises(WireVersionMismatch, match=r"a batch of wire version 9, .* version 1"):
+        decode([batch])
 
 
 def test_a_frame_without_the_magic_letters_is_no_version_mismatch() -> None:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import _serialize, _settings
+from ._batches import BATCH_MAGIC
 from ._binary import BinaryLayout, layout_kinds
 from ._errors import MalformedMessage, MessageTooLarge, SerializationError, WireVersionMismatch
 from ._marshal_scan import check_marshal
@@ -166,12 +167,13 @@ def _plain(value: Any) -> Any:
 
 def _refuse_prefix(first: memoryview) -> None:
     """Raise why a first frame without this version's magic is refused."""
-    if first.nbytes >= len(MAGIC) and first[:2] == MAGIC[:2]:
-        raise WireVersionMismatch(
-            f"received a message of wire version {first[2]}, but this process speaks version "
-            f"{WIRE_VERSION}: every process of an allocation must run the same meshvisor "
-            "release (upgrade the older one)"
-        )
+    for magic, what in ((MAGIC, "a message"), (BATCH_MAGIC, "a batch")):
+        if first.nbytes >= len(magic) and first[:2] == magic[:2] and first[2] != magic[2]:
+            raise WireVersionMismatch(
+                f"received {what} of wire version {first[2]}, but this process speaks version "
+                f"{magic[2]}: every process of an allocation must run the same meshvisor "
+                "release (upgrade the older one)"
+            )
     raise MalformedMessage(
         f"received a frame without the meshvisor header (starts with {bytes(first[:8])!r})"
     )
