@@ -3,6 +3,7 @@ and spares alike, the same way) and what the group tracks about each member."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -69,7 +70,12 @@ class ReplicaSpawner:
             env={"MESHVISOR_PRELOAD": ",".join(self.preload)} if self.preload else None,
             heartbeat_timeout_s=self.heartbeat_timeout_s,
         )
-        actors = procs.spawn(name, self.replica_class, *self.args, **self.kwargs)
+        try:
+            actors = procs.spawn(name, self.replica_class, *self.args, **self.kwargs)
+        except BaseException:  # (an argument that cannot be sent, say): its procs go too
+            with contextlib.suppress(Exception):
+                procs.stop(grace_s=1.0).get(timeout=10.0)
+            raise
         handler = _Routed(self.on_failure, procs)
         procs.on_failure(handler)
         actors.on_failure(handler)

@@ -12,6 +12,7 @@ from ._errors import MalformedMessage as MalformedMessage
 from ._errors import MessageTooLarge as MessageTooLarge
 from ._errors import SerializationError as SerializationError
 from ._errors import TransportError as TransportError
+from ._errors import WireVersionMismatch as WireVersionMismatch
 from ._errors import safe_str as safe_str
 from ._faults import FaultRule as FaultRule
 from ._faults import NetworkFaults as NetworkFaults
@@ -22,6 +23,7 @@ from ._flusher import Flusher as Flusher
 from ._frames import DEFAULT_MAX_MESSAGE_BYTES as DEFAULT_MAX_MESSAGE_BYTES
 from ._frames import MAGIC as MAGIC
 from ._frames import MAX_HEADER_BYTES as MAX_HEADER_BYTES
+from ._frames import WIRE_VERSION as WIRE_VERSION
 from ._frames import Envelope as Envelope
 from ._frames import Payload as Payload
 from ._frames import binary_header as binary_header
@@ -67,6 +69,7 @@ __all__ = (
     "MAX_BATCH_MESSAGES",
     "MAX_HEADER_BYTES",
     "OUT_OF_BAND_MIN_BYTES",
+    "WIRE_VERSION",
     "Addresses",
     "CurveKeys",
     "Envelope",
@@ -85,6 +88,7 @@ __all__ = (
     "SerializationError",
     "TransportError",
     "TransportSettings",
+    "WireVersionMismatch",
     "binary_header",
     "check_exposure",
     "check_fd_headroom",
