@@ -113,7 +113,7 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
         runtime = self._runtime
         extent, ranks = self._region.extent, self._region.ranks
         peer = state.peers[ranks[index]]
-        reply_to = runtime.address_for(peer.location, home)
+        reply_to = runtime.address_for(peer.address or peer.agent, home)  # `peer.location`
         fields = (reply_to, state.actor_id, endpoint, extent.labels, extent.sizes, index)
         runtime.calls.send_one(peer, fields, payload, sink, home, state.view)
 

@@ -95,16 +95,16 @@ class EndpointRef(Generic[P, R]):
                 "down to one actor first or use call()."
             )
         home = mesh._runtime.replies.for_current_thread()
-        future: Future[R] = Future(mesh._runtime, self._describe("call_one"), home, mesh._covers)
-        mesh._invoke_one(self.name, args, kwargs, 0, OneSink(future), home)
+        future = OneSink(mesh._runtime, self._describe("call_one"), home, mesh._covers)
+        mesh._invoke_one(self.name, args, kwargs, 0, future, home)
         return future
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one actor picked at random."""
         mesh = self._mesh
         home = mesh._runtime.replies.for_current_thread()
-        future: Future[R] = Future(mesh._runtime, self._describe("choose"), home, mesh._covers)
-        mesh._invoke_one(self.name, args, kwargs, pick_one(len(mesh)), OneSink(future), home)
+        future = OneSink(mesh._runtime, self._describe("choose"), home, mesh._covers)
+        mesh._invoke_one(self.name, args, kwargs, pick_one(len(mesh)), future, home)
         return future
 
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> Iterator[Future[R]]:

@@ -77,8 +77,9 @@ class Future(Generic[T]):
         self._description = description
         self._value: Any = _PENDING
         self._error: BaseException | None = None
-        self._ready = threading.Lock()
-        self._ready.acquire()
+        # made (held) by the first `wait_briefly`: most futures are received by the thread
+        # that waits on them and never need one
+        self._ready: threading.Lock | None = None
         # made on the first callback: most futures never get one, and one object fewer per
         # call makes the garbage collector run less often while many calls are in flight
         self._callbacks: list[Callable[[Future[T]], None]] | None = None
@@ -102,10 +103,14 @@ class Future(Generic[T]):
         if self._value is _PENDING and self._error is None:  # `finished()`, inlined: per call
             if self._loop is not None:  # waiting in a forked child would never end
                 check_not_forked(self._loop.pid)
-            if threading.get_ident() == _MAIN_THREAD:
-                self._wait_in_main_thread(timeout)
-            else:
+            if threading.get_ident() != _MAIN_THREAD:
                 self._wait(timeout)
+            else:  # failures this call will raise need no interruption of the main thread
+                FAIL_FAST.enter_wait(self)
+                try:
+                    self._wait(timeout)
+                finally:
+                    FAIL_FAST.exit_wait(self, self._error)
         if self._error is not None:
             if threading.get_ident() == _MAIN_THREAD:  # delivered: fail-fast must not raise
                 FAIL_FAST.raised_in_main(self._error)  # it a second time
@@ -131,14 +136,6 @@ class Future(Generic[T]):
                 "it is still running, call get() again to keep waiting."
             )
 
-    def _wait_in_main_thread(self, timeout: float | None) -> None:
-        """Wait, telling fail-fast that failures this call will raise need no interruption."""
-        FAIL_FAST.enter_wait(self)
-        try:
-            self._wait(timeout)
-        finally:
-            FAIL_FAST.exit_wait(self, self._error)
-
     def covers(self, event: SupervisionEvent) -> bool:
         """Whether `event` fails the call behind this future (so get() will raise it)."""
         return self._covers is not None and self._covers(event)
@@ -146,8 +143,15 @@ class Future(Generic[T]):
     def wait_briefly(self, timeout: float | None) -> None:
         """Block until done or `timeout`, without receiving anything."""
         wait = -1 if timeout is None else min(max(timeout, 0), threading.TIMEOUT_MAX)
-        if self._ready.acquire(timeout=wait):
-            self._ready.release()
+        with _callbacks_lock:
+            if self.finished():
+                return
+            ready = self._ready
+            if ready is None:
+                ready = self._ready = threading.Lock()
+                ready.acquire()
+        if ready.acquire(timeout=wait):
+            ready.release()
 
     def exception(self) -> BaseException | None:
         """The error this future failed with, or None (only valid once done)."""
@@ -207,7 +211,9 @@ class Future(Generic[T]):
                 return
             self._value, self._error = value, error
             callbacks, self._callbacks = self._callbacks, None
-        self._ready.release()
+            ready = self._ready
+        if ready is not None:
+            ready.release()
         if callbacks is not None:
             for callback in callbacks:
                 callback(self)
