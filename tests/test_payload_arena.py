@@ -97,9 +97,10 @@ def test_a_proc_refuses_headers_and_files_that_are_not_its_arenas() -> None:
     call = arena.put(_CALL, Payload(b"body", [b"x" * 3000]))
     assert call is not None
     bad = {
-        "wrong token": dataclasses.replace(call, token=bytes(16)),
+        "wrong token": dataclasses.replace(call, call_id=call.call_id + 1),
         "outside its slots": dataclasses.replace(call, offset=(1 << 20) - 100),
         "malformed": dataclasses.replace(call, body_bytes=-1),
+        "must be ints": dataclasses.replace(call, offset="4096"),
     }
     for reason, header in bad.items():
         with pytest.raises(ValueError, match=reason):
