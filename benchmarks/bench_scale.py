@@ -61,7 +61,7 @@ class Echo(Actor):
         return x
 
     @endpoint
-    def size(self, data: bytes) -> int:
+    def length(self, data: bytes) -> int:
         return len(data)
 
 
@@ -137,7 +137,7 @@ class MeshSide:
             future.get(timeout=T)
 
     def one_megabyte(self) -> None:
-        self.actors.size.call(MEGABYTE).get(timeout=T)
+        self.actors.length.call(MEGABYTE).get(timeout=T)
 
 
 def copies(n: int, fresh: bool) -> Callable[[], None]:
