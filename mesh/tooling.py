@@ -22,6 +22,7 @@ from mesh._engine.debug_messages import DebugSessions as DebugSessions
 from mesh._engine.debug_messages import ListProcs as ListProcs
 from mesh._engine.debug_messages import PausedCall as PausedCall
 from mesh._engine.debug_messages import ProcList as ProcList
+from mesh._engine.future import any_done as any_done
 from mesh._engine.messages import invalid_fields as invalid_fields
 from mesh._engine.run_dirs import OWNER_FILE as OWNER_FILE
 from mesh._engine.run_dirs import sweep_stale_run_dirs as sweep_stale_run_dirs
@@ -50,6 +51,7 @@ __all__ = [
     "ProcView",
     "SnapshotQuery",
     "allocation_keys_dir",
+    "any_done",
     "current_session",
     "invalid_fields",
     "level_at_least",
