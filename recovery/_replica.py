@@ -276,9 +276,7 @@ class Replica(Actor):
             self.committed_step = step
             if keep_updates != self._updates.keep:
                 self._updates.resize(keep_updates)
-            self._updates.record(step, self._update)
-            if not self._updates.keep:  # no spare will read it: its memory serves the next
-                self._reused = self._update
+            self._reused = self._updates.record(step, self._update)  # memory for the next
             self._update = None
             return digest(self.model) if with_digest else None
 

@@ -207,6 +207,41 @@ def test_lent_updates_arrive_bit_for_bit(dtype: torch.dtype, numel: int, first: 
         assert torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8))
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    keep=st.integers(1, 4),
+    actions=st.lists(st.sampled_from(["commit", "commit", "let go", 0, 1, 2, 3]), max_size=30),
+)
+def test_the_update_log_hands_back_exactly_the_memory_no_one_reads(
+    keep: int, actions: list[str | int]
+) -> None:
+    """`record` hands back, for the next step's update to be written into, the update that
+    left the log, exactly when no lend of it to the transport is still held (a spare may be
+    reading it): so no fresh memory per step, and never memory a spare still reads."""
+    log = UpdateLog()
+    log.resize(keep)
+    updates: dict[int, torch.Tensor] = {}
+    held: list[tuple[object, list[torch.Tensor]]] = []  # (what the transport holds, its updates)
+    for action in actions:
+        if action == "commit":
+            step = len(updates) + 1
+            updates[step] = torch.full((4,), float(step))
+            handed = log.record(step, updates[step])
+            left = updates.get(step - keep)
+            read = any(left is t for _, tensors in held for t in tensors)
+            if left is None or read:
+                assert handed is None
+            else:
+                assert handed is left, "the update that left the log, no one reading it"
+        elif action == "let go":
+            held.clear()  # the transport sent them
+        elif isinstance(action, int) and updates:
+            last = len(updates)
+            first = max(1, last - action)
+            lent = [updates[s] for s in range(first, last + 1)] if first > last - keep else []
+            held.append((dumps(log.lend(first, last)), lent))  # held by the frames only
+
+
 class FollowsTooRarely(ra.Trainer):
     standby_updates = 4
     standby_follow_every = 3  # its peers would no longer keep what it lacks
