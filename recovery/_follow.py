@@ -11,9 +11,11 @@ replica keeps the averaged gradients of its last `Replica.standby_updates` commi
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +40,78 @@ class Takeover:
     step: int
     updates: int
     healed: bool
+
+
+#: The nice value a spare applies committed updates at: it runs on the CPU the replicas leave
+#: idle, instead of taking its share of theirs (on a machine they fill, a third of a step).
+FOLLOW_NICE = 19
+
+
+class Lowered:
+    """The priority of the thread a spare follows its group on: lowered while it applies the
+    committed updates, and raised back at once when the spare must take a place (`first`).
+    Only where this process may raise a thread's priority back (CAP_SYS_NICE, or an
+    RLIMIT_NICE that allows it): elsewhere a spare follows at its normal priority."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._busy = threading.Lock()  # held by the follow under way
+        self._thread: tuple[int, int] | None = None  # lowered: (native id, its own nice value)
+        self._waiting = 0  # take-overs waiting for the follow under way
+        self.enabled = may_raise_priority()
+
+    @contextmanager
+    def following(self) -> Iterator[None]:
+        """The calling thread runs at `FOLLOW_NICE` inside (unless a take-over waits), at its
+        own priority after."""
+        with self._busy:
+            thread = threading.get_native_id()
+            own = os.getpriority(os.PRIO_PROCESS, thread)
+            with self._lock:
+                if self.enabled and not self._waiting:
+                    os.setpriority(os.PRIO_PROCESS, thread, max(own, FOLLOW_NICE))
+                    self._thread = (thread, own)
+            try:
+                yield
+            finally:
+                self._raise()
+
+    @contextmanager
+    def first(self) -> Iterator[None]:
+        """Inside: no follow runs. A follow under way goes on at its own priority, and is
+        waited for (a take-over must not wait for a thread the replicas' CPU starves)."""
+        with self._lock:
+            self._waiting += 1
+        try:
+            self._raise()
+            with self._busy:
+                yield
+        finally:
+            with self._lock:
+                self._waiting -= 1
+
+    def _raise(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+            if thread is not None:
+                os.setpriority(os.PRIO_PROCESS, *thread)
+
+
+def may_raise_priority() -> bool:
+    """Whether this process may give a thread whose nice value it raised to `FOLLOW_NICE`
+    its own back: with CAP_SYS_NICE, or an RLIMIT_NICE reaching this process's nice value."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_NICE)[0]
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    if limit == resource.RLIM_INFINITY or 20 - own <= limit:
+        return True
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            effective = next(line for line in status if line.startswith("CapEff:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(effective.split()[1], 16) >> 23 & 1)  # CAP_SYS_NICE
 
 
 class UpdateLog:
