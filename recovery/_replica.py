@@ -112,7 +112,6 @@ class Replica(Actor):
         self._reused: torch.Tensor | None = None  # a done update's memory, for the next one
         self._updates = UpdateLog()
         self._lowered = Lowered()  # a spare's priority while it follows
-        self._following: list[ActorMesh[Replica]] = []  # the peers a spare follows
         self._standing = HeldGroups()  # process groups formed for take-overs
         self.last_heal: HealReport | None = None
 
@@ -349,15 +348,12 @@ class Replica(Actor):
         return self._updates.lend(first, last)
 
     @endpoint
-    def follow(self, step: int, peers: Sequence[ActorMesh[Replica]] | None) -> tuple[int, str]:
+    def follow(self, step: int, peers: Sequence[ActorMesh[Replica]]) -> tuple[int, str]:
         """A spare: apply the committed updates after its own step up to `step`, from the
-        first of `peers` (None: those of the last call) that keeps them. Returns the step it
-        holds and its digest."""
+        first of `peers` that keeps them. Returns the step it holds and its digest."""
         self.on_phase("follow", step)
-        if peers is not None:  # (the controller sends them only when they change)
-            self._following = [rank_match(peer, context().rank.rank) for peer in peers]
         with self._lowered.following():  # off the replicas' CPU, unless a take-over waits
-            catch_up(self, step, self._following)
+            catch_up(self, step, [rank_match(peer, context().rank.rank) for peer in peers])
             return self.committed_step, digest(self.model)
 
     @concurrent_endpoint

@@ -62,7 +62,6 @@ class Spare:
     up: Future[Any] | None = None  # done once its procs run (configured)
     follow: Future[Any] | None = None  # its latest follow call
     following: int = -1  # the step that call asked it to reach
-    peers: tuple[ActorMesh[Replica], ...] = ()  # the peers it was last told to follow
     verified: int = -1  # the last committed step its digest was found equal to the group's
     host_lost: bool = False
 
@@ -200,10 +199,8 @@ class Standbys:
                 self._check(spare)
             if spare.state == "ready" and step - spare.verified >= self._follow_every:
                 # the last participant first: the first one hashes for the spares' checks
-                peers = tuple(reversed(donors))
-                told = None if peers == spare.peers else list(peers)  # None: the same peers
-                spare.follow = spare.actors.follow.call(step, told)
-                spare.following, spare.peers = step, peers
+                spare.follow = spare.actors.follow.call(step, list(reversed(donors)))
+                spare.following = step
 
     def close(self) -> None:
         """Stop every spare, and what is left of the replicas they replaced."""
@@ -241,7 +238,7 @@ class Standbys:
 
     def _respawn(self, spare: Spare) -> None:
         lost, spare.host_lost = spare.host_lost, False
-        spare.follow, spare.peers = None, ()
+        spare.follow = None
         spare.procs.respawn(on=self._spawner.spare_hosts.take() if lost else None)
         spare.up = spare.actors.configure.call(-1, *self._configure_args)
         self._set(spare, "starting")
