@@ -91,10 +91,18 @@ class Lowered:
                 self._waiting -= 1
 
     def _raise(self) -> None:
+        """The lowered thread back to its own priority, and the threads it started meanwhile
+        (they inherited its low priority, and may serve the replica later)."""
         with self._lock:
             thread, self._thread = self._thread, None
-            if thread is not None:
-                os.setpriority(os.PRIO_PROCESS, *thread)
+            if thread is None:
+                return
+            for name in os.listdir("/proc/self/task"):
+                try:
+                    if os.getpriority(os.PRIO_PROCESS, int(name)) == FOLLOW_NICE != thread[1]:
+                        os.setpriority(os.PRIO_PROCESS, int(name), thread[1])
+                except ProcessLookupError:
+                    pass  # it ended meanwhile
 
 
 def may_raise_priority() -> bool:

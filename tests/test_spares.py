@@ -113,6 +113,31 @@ def test_a_spare_killed_while_following_is_replaced_and_no_step_waits(
     assert_spares_follow(group)
 
 
+def test_a_spare_a_whole_log_behind_takes_over_at_exactly_the_groups_state(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    """The spare follows at nice 19 (where the process may raise it back) and lags: asked to
+    reach step 8 as of step 4, it is still at it when replica 1 dies after step 12, 8
+    updates (its peers' whole log) behind. The take-over raises the follow under way to its
+    own priority, waits for it, applies the rest, and the group goes on with the replay's
+    bits; no thread of the new replica stays at a low priority."""
+    group = _with_a_ready_spare(groups, ra.LagsFollowing, {}, tmp_path)
+    spare = group.spare_replicas[0]
+    train(group, 12)
+    _wait_for(lambda: (tmp_path / "following-8").exists(), "the spare never followed step 8")
+    os.kill(pid_of(group, 1), signal.SIGKILL)
+    train_until_recovered(group)
+    train(group, group.committed_steps + 2)
+    assert [(r.replica, r.by_spare) for r in group.recoveries] == [(1, True)], group.recoveries
+    assert group.replicas[1] is spare
+    assert_invariants(group)
+    pid = _pid(spare)
+    threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    assert {os.getpriority(os.PRIO_PROCESS, tid) for tid in threads} == {0}
+    noted = set((tmp_path / "follow-nice").read_text().split())
+    assert noted == ({"19"} if os.geteuid() == 0 else noted & {"0", "19"}), noted
+
+
 def test_a_spare_that_cannot_follow_is_healed_never_trusted(groups: list[ReplicaGroup]) -> None:
     """The replicas' state changes outside the updates a spare applies: its digest never
     matches the group's, so it is healed whole again and again. A replica's failure is then
