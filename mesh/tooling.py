@@ -1,5 +1,6 @@
 """What meshvisor's own tools read of running meshes: the parts of the engine that `observe`
-(the live view, logs and the debugger) and `job` (SLURM jobs) build on.
+(the live view, logs and the debugger) and `job` (SLURM jobs) build on; and `any_done`, with
+which `recovery` waits for the first of several calls to end.
 
 Users' scripts do not need these; they are public so that those packages depend on named,
 stable entry points rather than on the engine's private modules (an import-linter contract

@@ -61,14 +61,14 @@ class Lowered:
         self.enabled = may_raise_priority()
 
     @contextmanager
-    def following(self) -> Iterator[None]:
-        """The calling thread runs at `FOLLOW_NICE` inside (unless a take-over waits), at its
-        own priority after."""
+    def following(self, lower: bool = True) -> Iterator[None]:
+        """The calling thread runs at `FOLLOW_NICE` inside if `lower` (and no take-over
+        waits), at its own priority after."""
         with self._busy:
             thread = threading.get_native_id()
             own = os.getpriority(os.PRIO_PROCESS, thread)
             with self._lock:
-                if self.enabled and not self._waiting:
+                if self.enabled and lower and not self._waiting:
                     os.setpriority(os.PRIO_PROCESS, thread, max(own, FOLLOW_NICE))
                     self._thread = (thread, own)
             try:

@@ -351,7 +351,8 @@ class Replica(Actor):
     def follow(self, step: int, peers: Sequence[ActorMesh[Replica]]) -> tuple[int, str]:
         """A spare: apply the committed updates after its own step up to `step`, from the
         first of `peers` that keeps them. Returns the step it holds and its digest."""
-        with self._lowered.following():  # off the replicas' CPU, unless a take-over waits
+        # off the replicas' CPU, unless a take-over waits or it lags (idle CPU was too scarce)
+        with self._lowered.following(step - self.committed_step <= self.standby_follow_every):
             self.on_phase("follow", step)
             catch_up(self, step, [rank_match(peer, context().rank.rank) for peer in peers])
             return self.committed_step, digest(self.model)

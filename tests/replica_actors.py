@@ -78,10 +78,10 @@ class DiesFollowing(DyingTrainer):
 
 
 class LagsFollowing(DyingTrainer):
-    """`DyingTrainer` keeping 8 updates, whose spare follows every 4 steps and, asked to
-    reach step 8, takes 3 s to start applying (on its following thread, `following-8` in
-    `marks` says when): it lags by up to the whole log. Each follow notes its thread's nice
-    value in `follow-nice`."""
+    """`DyingTrainer` keeping 8 updates, whose spare follows every 4 steps and, the first time
+    it is asked to reach step 8 or later, takes 3 s to start applying (on its following
+    thread; `following` in `marks` says when): it lags by up to the whole log. Each follow
+    notes its thread's nice value in `follow-nice`."""
 
     standby_updates = 8
     standby_follow_every = 4
@@ -91,8 +91,8 @@ class LagsFollowing(DyingTrainer):
             nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
             with open(self.marks / "follow-nice", "a") as noted:
                 noted.write(f"{nice}\n")
-            if step == 8:
-                (self.marks / "following-8").touch()
+            if step >= 8 and not (self.marks / "following").exists():
+                (self.marks / "following").touch()
                 time.sleep(3.0)
         super().on_phase(phase, step)
 
