@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from supervision import ActorError, SupervisionError
-from transport import Lent
+from transport import Lent, get_logger
 
 from ._arithmetic import apply_average
 from ._heal_state import StateLayout, flat_bytes, memory_of
+from ._outcomes import short
 from ._position import Position
 
 if TYPE_CHECKING:
@@ -274,11 +275,20 @@ def fetch_updates(
     for peer in peers:
         try:
             updates = peer.committed_updates.call_one(first, last).get(timeout=timeout_s)
-        except (SupervisionError, ActorError, TimeoutError):
+        except (SupervisionError, ActorError, TimeoutError) as exc:
+            _log_miss(peer, first, last, short(exc))
             continue
         if updates is not None and _well_formed(updates, last - first + 1, numel):
             return list(updates)
+        _log_miss(peer, first, last, "not kept" if updates is None else "malformed")
     return None
+
+
+def _log_miss(peer: ActorMesh[Any], first: int, last: int, why: str) -> None:
+    """Say why a peer did not give the updates a spare asked for (it is healed whole then)."""
+    get_logger("recovery.spares").warning(
+        "updates_not_fetched", peer=peer.name, first=first, last=last, reason=why
+    )
 
 
 def _well_formed(updates: Any, count: int, numel: int) -> bool:
