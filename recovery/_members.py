@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mesh import ActorMesh, Future, HostMesh, ProcMesh, ValueMesh
+from mesh.tooling import any_done
 from supervision import ActorError, SupervisionError, SupervisionEvent
 
 from ._outcomes import Recovery
@@ -113,15 +114,15 @@ def gather(
     returns at once with those (the calls under way are left out)."""
     deadline = time.monotonic() + timeout_s
     if until is not None:
-        ended = threading.Event()
-        for future in calls.values():
-            future.add_done_callback(lambda _: ended.set())
         while time.monotonic() < deadline:
-            ended.clear()
             done = {i: _outcome(f, 0.0) for i, f in calls.items() if f.done()}
             if len(done) == len(calls) or until(done):
                 return done
-            ended.wait(UNTIL_POLL_S)
+            pending = [f for f in calls.values() if not f.finished()]
+            try:  # receives the replies meanwhile: wakes as one of the calls ends
+                any_done(pending, "one of the calls").get(timeout=UNTIL_POLL_S)
+            except TimeoutError:
+                pass
     results: dict[int, Any] = {}
     for index, future in calls.items():
         results[index] = _outcome(future, max(0.0, deadline - time.monotonic()))

@@ -40,6 +40,7 @@ from ._arithmetic import (
 from ._build import random_init_skipped, warm_up_in_background
 from ._exchange import GroupPlace, HeldGroups, exchange_average, open_group
 from ._follow import (
+    Lowered,
     Takeover,
     UpdateLog,
     catch_up,
@@ -110,6 +111,7 @@ class Replica(Actor):
         self._update: torch.Tensor | None = None  # the averaged gradient of a prepared step
         self._reused: torch.Tensor | None = None  # a done update's memory, for the next one
         self._updates = UpdateLog()
+        self._lowered = Lowered()  # a spare's priority while it follows
         self._standing = HeldGroups()  # process groups formed for take-overs
         self.last_heal: HealReport | None = None
 
@@ -276,9 +278,7 @@ class Replica(Actor):
             self.committed_step = step
             if keep_updates != self._updates.keep:
                 self._updates.resize(keep_updates)
-            self._updates.record(step, self._update)
-            if not self._updates.keep:  # no spare will read it: its memory serves the next
-                self._reused = self._update
+            self._reused = self._updates.record(step, self._update)  # memory for the next
             self._update = None
             return digest(self.model) if with_digest else None
 
@@ -351,28 +351,32 @@ class Replica(Actor):
     def follow(self, step: int, peers: Sequence[ActorMesh[Replica]]) -> tuple[int, str]:
         """A spare: apply the committed updates after its own step up to `step`, from the
         first of `peers` that keeps them. Returns the step it holds and its digest."""
-        self.on_phase("follow", step)
-        catch_up(self, step, [rank_match(peer, context().rank.rank) for peer in peers])
-        return self.committed_step, digest(self.model)
+        # off the replicas' CPU, unless a take-over waits or it lags (idle CPU was too scarce)
+        with self._lowered.following(step - self.committed_step <= self.standby_follow_every):
+            self.on_phase("follow", step)
+            catch_up(self, step, [rank_match(peer, context().rank.rank) for peer in peers])
+            return self.committed_step, digest(self.model)
 
-    @endpoint
+    @concurrent_endpoint
     def take_place(
         self, replica_id: int, step: int, expected: str | None, peers: Sequence[ActorMesh[Replica]]
     ) -> Takeover:
         """A spare becomes replica `replica_id` at committed `step`: it catches up from
         `peers`' updates and takes their data position and RNG states; it heals its whole
         state from them instead if it cannot, or if its parameters do not match `expected`
-        (the digest of `step`; None: already checked)."""
-        self.replica_id = replica_id
-        ranks = [rank_match(peer, context().rank.rank) for peer in peers]
-        applied = catch_up(self, step, ranks)
-        position = peer_position(ranks, step, self.heal_timeout_s)
-        matches = expected is None or digest(self.model) == expected
-        if self.committed_step == step and matches and position is not None:
-            restore_position(self, position)
-            return Takeover(step, applied, healed=False)
-        self._heal(list(peers))
-        return Takeover(self.committed_step, applied, healed=True)
+        (the digest of `step`; None: already checked). Concurrent: a follow under way (at a
+        low priority) is raised to its own and waited for, not queued behind."""
+        with self._lowered.first():
+            self.replica_id = replica_id
+            ranks = [rank_match(peer, context().rank.rank) for peer in peers]
+            applied = catch_up(self, step, ranks)
+            position = peer_position(ranks, step, self.heal_timeout_s)
+            matches = expected is None or digest(self.model) == expected
+            if self.committed_step == step and matches and position is not None:
+                restore_position(self, position)
+                return Takeover(step, applied, healed=False)
+            self._heal(list(peers))
+            return Takeover(self.committed_step, applied, healed=True)
 
     @endpoint
     def status(self) -> tuple[int, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -73,6 +74,26 @@ class DiesFollowing(DyingTrainer):
             except FileExistsError:
                 return
             os.kill(os.getpid(), signal.SIGKILL)
+        super().on_phase(phase, step)
+
+
+class LagsFollowing(DyingTrainer):
+    """`DyingTrainer` keeping 8 updates, whose spare follows every 4 steps and, the first time
+    it is asked to reach step 8 or later, takes 3 s to start applying (on its following
+    thread; `following` in `marks` says when): it lags by up to the whole log. Each follow
+    notes its thread's nice value in `follow-nice`."""
+
+    standby_updates = 8
+    standby_follow_every = 4
+
+    def on_phase(self, phase: str, step: int) -> None:
+        if phase == "follow":
+            nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            with open(self.marks / "follow-nice", "a") as noted:
+                noted.write(f"{nice}\n")
+            if step >= 8 and not (self.marks / "following").exists():
+                (self.marks / "following").touch()
+                time.sleep(3.0)
         super().on_phase(phase, step)
 
 

@@ -252,6 +252,18 @@ def resolved(value: T) -> Future[T]:
     return future
 
 
+def any_done(futures: list[Future[Any]], what: str) -> Future[None]:
+    """A future done once one of `futures` is done (at once if one is). Waiting on it receives
+    the replies to the calls behind them (made by the waiting thread), so it wakes as soon as
+    one of them is answered, or failed from another thread."""
+    home = next((future._home for future in futures if future._home is not None), None)
+    loop = next((future._loop for future in futures if future._loop is not None), None)
+    done: Future[None] = Future(loop, what, home)
+    for future in futures:
+        future.add_done_callback(lambda _: done.set_result(None))
+    return done
+
+
 def all_done(futures: list[Future[Any]], loop: LoopPump | None, what: str) -> Future[None]:
     """A future done once every one of `futures` is done (whatever their outcome)."""
     done: Future[None] = Future(loop, what)
