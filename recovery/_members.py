@@ -3,7 +3,6 @@ and spares alike, the same way) and what the group tracks about each member."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,12 +20,6 @@ from ._spares import SparePool
 #: host): torch, torch._dynamo that the optimizers import on their first step, and this
 #: package, which a `Replica` subclass's module imports (~0.3 s of a replacement's start).
 PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "recovery")
-
-#: Torch's switch for transparent huge pages (2 MB) under its large CPU tensors: at 1 GB of
-#: state, Adam's step and the forward and backward passes take half the CPU time, a fresh
-#: tensor (a heal's) faults 4.7x faster, and a killed replica's memory is freed (its death
-#: seen) 5x sooner. Set for replica procs unless the environment sets it (to "0": off).
-HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"
 
 #: Told of every failure of a replica's meshes, with the proc mesh it concerns.
 FailureHandler = Callable[[ProcMesh, SupervisionEvent], bool]
@@ -73,7 +66,7 @@ class ReplicaSpawner:
         procs = where.spawn_procs(
             per_host=dict(self.per_replica),
             name=f"{name}-procs",
-            env=replica_env(self.preload),
+            env={"MESHVISOR_PRELOAD": ",".join(self.preload)} if self.preload else None,
             heartbeat_timeout_s=self.heartbeat_timeout_s,
         )
         actors = procs.spawn(name, self.replica_class, *self.args, **self.kwargs)
@@ -81,14 +74,6 @@ class ReplicaSpawner:
         procs.on_failure(handler)
         actors.on_failure(handler)
         return procs, actors
-
-
-def replica_env(preload: Sequence[str]) -> dict[str, str]:
-    """The environment variables a replica's procs get (see `PRELOAD`, `HUGE_PAGES`)."""
-    env = {HUGE_PAGES: os.environ.get(HUGE_PAGES, "1")}
-    if preload:
-        env["MESHVISOR_PRELOAD"] = ",".join(preload)
-    return env
 
 
 @dataclass(frozen=True)

@@ -27,14 +27,6 @@ class Trainer(Replica):
         return torch.nn.functional.mse_loss(model(inputs), inputs.sum(1, keepdim=True).cos())
 
 
-class ReportsEnvironment(Trainer):
-    """`Trainer` that tells the value of an environment variable in its proc."""
-
-    @endpoint
-    def environment(self, name: str) -> str | None:
-        return os.environ.get(name)
-
-
 class DyingTrainer(Trainer):
     """Kills its own process at chosen (step, phase) points, once each (a marker file in
     `marks` remembers that it happened, so the replacement does not die again)."""

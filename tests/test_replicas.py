@@ -197,20 +197,6 @@ def test_replicas_of_several_ranks(groups: list[ReplicaGroup]) -> None:
     assert_invariants(group, ranks_per_replica=2)
 
 
-@pytest.mark.parametrize("setting", [None, "0"])
-def test_replicas_use_huge_pages_unless_the_environment_says_otherwise(
-    groups: list[ReplicaGroup], monkeypatch: pytest.MonkeyPatch, setting: str | None
-) -> None:
-    if setting is None:
-        monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
-    else:
-        monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", setting)
-    group = ReplicaGroup(this_host(), ra.ReportsEnvironment, replicas=1, min_replicas=1)
-    groups.append(group)
-    told = group.replicas[0].environment.call_one("THP_MEM_ALLOC_ENABLE").get(timeout=60)
-    assert told == (setting or "1")
-
-
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="min_replicas"):
         ReplicaGroup(this_host(), ra.Trainer, replicas=2, min_replicas=3)
