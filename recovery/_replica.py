@@ -284,20 +284,27 @@ class Replica(Actor):
 
     @endpoint
     def abort(self, step: int) -> int:
-        """Drop a prepared step (if any): the parameters are still those of the last commit;
-        buffers a forward pass changed, the data position and RNG states go back."""
+        """Drop a prepared step (if any): the parameters are still those of the last commit.
+        Its local gradient, if computed, is kept (with the buffers, data position and RNG
+        states its forward pass moved on): the group retries the step with the members left,
+        and the retry only exchanges it (its bits are those of a gradient computed anew)."""
         with self._stepping, self._changing:
-            self._update, self._reused, self._computed = None, self._update, 0
-            _undo_step(self)
+            self._update, self._reused = None, self._update
+            if self._computed != step or step != self.committed_step + 1:
+                self._computed = 0
+                _undo_step(self)  # else put back by a later abort, or a heal
             return self.committed_step
 
     # -- state ----------------------------------------------------------------------------------
 
     @endpoint
     def state(self) -> dict[str, Any]:
-        """The committed state, for a replacement to heal from (tensors go out of band)."""
-        if self._started is not None:
-            raise RuntimeError("a step is prepared but not committed: its state is not final")
+        """The committed state (tensors go out of band); a discarded step's gradient is dropped."""
+        with self._stepping, self._changing:
+            if self._update is not None:
+                raise RuntimeError("a step is prepared but not committed: its state is not final")
+            self._computed = 0
+            _undo_step(self)
         return {
             "step": self.committed_step,
             "model": self.model.state_dict(),

@@ -48,6 +48,17 @@ class DyingTrainer(Trainer):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class CountsForwards(DyingTrainer):
+    """`DyingTrainer` that also notes each forward pass it makes: a line with the step in the
+    file `forwards-<replica id>` of `marks`."""
+
+    def on_phase(self, phase: str, step: int) -> None:
+        if phase == "forward":
+            with open(self.marks / f"forwards-{self.replica_id}", "a") as noted:
+                noted.write(f"{step}\n")
+        super().on_phase(phase, step)
+
+
 class DriftsOutsideGradient(Trainer):
     """`Trainer` whose forward pass also counts itself in a buffer: its state changes outside
     the averaged gradient (as with running statistics), so a spare cannot follow it by
