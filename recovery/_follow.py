@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 from supervision import ActorError, SupervisionError
 from transport import Lent, get_logger
 
-from ._arithmetic import apply_average
+from ._arithmetic import apply_average, digest
 from ._heal_state import StateLayout, flat_bytes, memory_of
 from ._outcomes import short
-from ._position import Position
+from ._position import Position, restore_position
 
 if TYPE_CHECKING:
     import torch
@@ -331,3 +331,21 @@ def catch_up(replica: Any, step: int, ranks: Sequence[ActorMesh[Any]]) -> int:
         replica.committed_step = first + offset
         replica._updates.record(replica.committed_step, update)
     return len(updates or ())
+
+
+def take_over(
+    replica: Any, step: int, expected: str | None, peers: Sequence[ActorMesh[Any]], rank: int
+) -> Takeover:
+    """A spare (`replica`, of `rank`) catches up to committed `step` from `peers`' updates and
+    takes their data position and RNG states; it heals its whole state from them instead if
+    it cannot, or if its parameters do not match `expected` (the digest of `step`; None:
+    already checked)."""
+    ranks = [rank_match(peer, rank) for peer in peers]
+    applied = catch_up(replica, step, ranks)
+    position = peer_position(ranks, step, replica.heal_timeout_s)
+    matches = expected is None or digest(replica.model) == expected
+    if replica.committed_step == step and matches and position is not None:
+        restore_position(replica, position)
+        return Takeover(step, applied, healed=False)
+    replica._heal(list(peers))
+    return Takeover(replica.committed_step, applied, healed=True)

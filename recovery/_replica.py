@@ -44,8 +44,8 @@ from ._follow import (
     Takeover,
     UpdateLog,
     catch_up,
-    peer_position,
     rank_match,
+    take_over,
     warm_up_autograd,
     warm_up_gloo,
 )
@@ -375,15 +375,7 @@ class Replica(Actor):
         low priority) is raised to its own and waited for, not queued behind."""
         with self._lowered.first():
             self.replica_id = replica_id
-            ranks = [rank_match(peer, context().rank.rank) for peer in peers]
-            applied = catch_up(self, step, ranks)
-            position = peer_position(ranks, step, self.heal_timeout_s)
-            matches = expected is None or digest(self.model) == expected
-            if self.committed_step == step and matches and position is not None:
-                restore_position(self, position)
-                return Takeover(step, applied, healed=False)
-            self._heal(list(peers))
-            return Takeover(self.committed_step, applied, healed=True)
+            return take_over(self, step, expected, peers, context().rank.rank)
 
     @endpoint
     def status(self) -> tuple[int, str]:
