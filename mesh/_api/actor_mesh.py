@@ -141,8 +141,8 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
         the constructors end, not after the calls already queued behind them."""
         runtime, what = self._runtime, f"initialized of {self._state.name}"
         home = runtime.replies.for_current_thread()
-        gathered: Future[Any] = Future(runtime, what, home, self._covers)
-        done: Future[None] = Future(runtime, what, home, self._covers)
+        gathered: Future[Any] = Future(runtime, what, home, self)
+        done: Future[None] = Future(runtime, what, home, self)
         gathered.add_done_callback(functools.partial(_settle_initialized, done))
         sink = GatherSink(gathered, self.extent)
         self._invoke(INITIALIZED, (), {}, range(len(self)), sink, home)
