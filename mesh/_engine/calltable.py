@@ -100,8 +100,9 @@ class CallTable:
     ) -> None:
         """Send a call to one actor: `fields` are those of its `CallActor` after `call_id`.
         The common case (a ready proc reached straight) skips the machinery of calls to many
-        and builds no header object; anything else goes through `send_to_procs`."""
-        check_not_forked(self._pid)
+        and builds no header object; anything else goes through `send_to_procs`. The caller
+        found its reply inbox first (`ReplyRoutes.for_current_thread`), which checked that
+        this is not a forked child."""
         note_call(peer.mesh_key)
         call_id, rank = next(self._ids), fields[-1]
         frames = encode_fields(CallActor, (call_id, *fields), payload)
