@@ -126,11 +126,11 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
         extent, ranks = self._region.extent, self._region.ranks
         peer = state.peers[ranks[index]]
         reply_to = runtime.address_for(peer.address or peer.agent, home)  # `peer.location`
-        labels, sizes = extent.labels, extent.sizes
-        # the header but for its call id, kept per endpoint while the same handle calls it
+        # the header but for its call id, kept per endpoint: made again for another reply
+        # address (another thread), slice or rank
         kept = state.prepared.get(endpoint)
         if kept is None or kept[0] != reply_to or kept[1] is not extent or kept[2] != index:
-            fields = (reply_to, state.actor_id, endpoint, labels, sizes, index)
+            fields = (reply_to, state.actor_id, endpoint, extent.labels, extent.sizes, index)
             kept = state.prepared[endpoint] = (
                 reply_to,
                 extent,
