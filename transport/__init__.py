@@ -35,6 +35,9 @@ from ._lending import LEND_MIN_BYTES as LEND_MIN_BYTES
 from ._lending import Lent as Lent
 from ._log import get_logger as get_logger
 from ._log import reset_logging as reset_logging
+from ._prepared import PreparedHeader as PreparedHeader
+from ._prepared import encode_prepared as encode_prepared
+from ._prepared import prepare_header as prepare_header
 from ._requests import Requester as Requester
 from ._requests import Responder as Responder
 from ._requests import ResponderGone as ResponderGone
@@ -82,6 +85,7 @@ __all__ = (
     "NetworkFaults",
     "Outbox",
     "Payload",
+    "PreparedHeader",
     "Requester",
     "Responder",
     "ResponderGone",
@@ -98,6 +102,7 @@ __all__ = (
     "dumps",
     "encode",
     "encode_fields",
+    "encode_prepared",
     "follow_keys_pointer",
     "get_logger",
     "is_address",
@@ -106,6 +111,7 @@ __all__ = (
     "network_faults",
     "new_context",
     "point_to_keys",
+    "prepare_header",
     "private_runtime_dir",
     "raise_open_file_limit",
     "reset_logging",

@@ -47,6 +47,13 @@ class ReplyPump(Protocol):
     def pump_until(self, future: Future[Any], timeout: float | None) -> None: ...
 
 
+class Reaching(Protocol):
+    """What a call reaches (an actor mesh): whether a failure concerns it. The future keeps
+    the mesh itself, not a bound method made anew for every call."""
+
+    def _covers(self, event: SupervisionEvent) -> bool: ...
+
+
 class Future(Generic[T]):
     """A value that arrives later. ``get(timeout)`` blocks; ``await`` suspends the task.
 
@@ -55,11 +62,11 @@ class Future(Generic[T]):
 
     __slots__ = (
         "_callbacks",
-        "_covers",
         "_description",
         "_error",
         "_home",
         "_loop",
+        "_reaches",
         "_ready",
         "_value",
     )
@@ -69,11 +76,11 @@ class Future(Generic[T]):
         loop: LoopPump | None = None,
         description: str = "the call",
         home: ReplyPump | None = None,
-        covers: Callable[[SupervisionEvent], bool] | None = None,
+        reaches: Reaching | None = None,
     ) -> None:
         self._loop = loop
         self._home = home
-        self._covers = covers
+        self._reaches = reaches
         self._description = description
         self._value: Any = _PENDING
         self._error: BaseException | None = None
@@ -138,7 +145,7 @@ class Future(Generic[T]):
 
     def covers(self, event: SupervisionEvent) -> bool:
         """Whether `event` fails the call behind this future (so get() will raise it)."""
-        return self._covers is not None and self._covers(event)
+        return self._reaches is not None and self._reaches._covers(event)
 
     def wait_briefly(self, timeout: float | None) -> None:
         """Block until done or `timeout`, without receiving anything."""
