@@ -19,6 +19,7 @@ import shutil
 import threading
 import time
 
+from mesh.tooling import write_owner_file
 from transport import (
     Addresses,
     Responder,
@@ -42,6 +43,7 @@ class StoreServer:
     def __init__(self, host: str = "127.0.0.1", name: str = "store") -> None:
         self._context = new_context()
         self._directory = private_runtime_dir("meshvisor-store-")
+        write_owner_file(self._directory)  # a later client sweeps it if this process is killed
         tcp = f"tcp://{host}:*" if configured_keys() is not None else None
         self._wake_read, self._wake_write = os.pipe()
         try:

@@ -26,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import transport
+from mesh.tooling import sweep_stale_run_dirs
 from recovery.testing import StoreClient, StoreServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -332,6 +333,11 @@ def test_the_death_of_the_servers_process_ends_a_blocked_wait() -> None:
             store.get("death/never")
         assert time.monotonic() - started < 30.0, "the wait lasted until its timeout"
         store.close()
+        process.wait(30.0)
+        directory = os.path.dirname(address[len("ipc://") :])
+        assert os.path.isdir(directory), "a SIGKILLed process cannot remove its store's directory"
+        sweep_stale_run_dirs(os.path.dirname(directory))  # what the next client does as it starts
+        assert not os.path.exists(directory), "the dead process's store directory was not swept"
     finally:
         process.kill()
         process.wait()
