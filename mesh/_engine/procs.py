@@ -117,11 +117,11 @@ class ProcLifecycle:
         kind: EventKind
         if peer.state == "stopping":
             kind, message = "stopped", "by its owner"
-        elif header.out_of_memory:  # the true cause, even when a watchdog fired meanwhile
-            kind, message = "oom", header.out_of_memory + _also_declared(header, stuck)
-        elif stuck is not None:
+        elif stuck is not None:  # already its callers' event: one failure, one event
             self.mark_peer_gone(peer, _about_proc(stuck, peer), "failed")
             return
+        elif header.out_of_memory:  # the true cause, even when the agent declared it hung
+            kind, message = "oom", header.out_of_memory + _also_hung(header)
         elif header.requested:
             kind, message = "stopped", "by its owner"
         elif header.hung:
@@ -286,11 +286,9 @@ def _how(signame: str | None) -> str:
     return str(signame)
 
 
-def _also_declared(header: ProcExited, stuck: SupervisionEvent | None) -> str:
-    """What a proc that ran out of memory was also declared before it died, slowed down by
-    its memory use: stuck (its call limit passed) or hung (its heartbeats late), or ""."""
-    if stuck is not None:
-        return "; a call of it had also run past its call limit meanwhile (declared stuck)"
+def _also_hung(header: ProcExited) -> str:
+    """That a proc which ran out of memory had also been declared hung before it died (slowed
+    down by its memory use), or ""."""
     if header.hung:
         return f"; its host agent had also declared it hung meanwhile: {header.why_hung}"
     return ""
