@@ -185,6 +185,13 @@ class Fragile(Actor):
         return current_rank().rank
 
     @endpoint
+    def stop_then_allocate(self, mib: int) -> int:
+        """Stop this proc (SIGSTOP: its agent declares it hung), then, once continued,
+        allocate `mib` MiB at once (zeroed by the kernel, not touched), past its memory limit."""
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return len(bytes(mib << 20))
+
+    @endpoint
     def ignore_signal(self, signum: int) -> None:
         """Ignore `signum` from now on, at the C level (Python's signal() is main-thread only)."""
         libc = ctypes.CDLL(None)

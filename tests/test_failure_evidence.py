@@ -233,6 +233,25 @@ def test_a_proc_over_its_memory_limit_fails_as_oom(make_procs: Callable[..., Any
     wait_gone([pid])
 
 
+def test_a_proc_declared_hung_that_then_runs_out_of_memory_fails_as_oom(
+    make_procs: Callable[..., Any],
+) -> None:
+    """The true cause wins: a proc that its agent declared hung (stopped; here it ignores the
+    dump signal, so it is only continued) and that then fails an allocation at its memory
+    limit before the agent's kill is reported out of memory, and the event says it was also
+    declared hung."""
+    actors, recorder, pid = spawn_fragile(make_procs, memory_limit="256MiB", **FAST_HB)
+    actors.ignore_signal.call_one(signal.SIGRTMIN + 8).get(timeout=T)
+    event = failure_of(actors.stop_then_allocate.call(512))
+    assert (event.kind, event.pid, event.signal) == ("oom", pid, "SIGKILL"), event
+    assert "memory limit of 256.0 MiB" in event.message
+    assert "also declared it hung" in event.message and "it is stopped" in event.message
+    assert event.traceback is not None and "in stop_then_allocate" in event.traceback
+    (told,) = recorder.wait(1)
+    assert told.kind == "oom"
+    wait_gone([pid])
+
+
 def test_the_kernel_oom_killer_is_reported_as_such(
     make_procs: Callable[..., Any], memory_cgroup: Callable[[int], str]
 ) -> None:

@@ -8,7 +8,9 @@
   the dump; one that does not die within `DUMP_WAIT_S` is SIGKILLed, and its report says that
   no stack could be read.
 - Out of memory: a proc over its own memory limit leaves a note (`proc_faults`); a proc the
-  kernel's OOM killer SIGKILLed is told by its cgroup's oom_kill counter (`oom_kills`).
+  kernel's OOM killer SIGKILLed is told by its cgroup's oom_kill counter (`oom_kills`). Both
+  count for a proc the agent had declared hung: slowed down by its memory, it may pass its
+  limit or be OOM-killed before the agent's kill lands, and that is the cause to report.
 """
 
 from __future__ import annotations
@@ -68,9 +70,10 @@ def take_evidence(rundir: str, proc: ProcRecord, signame: str | None) -> tuple[s
     files are removed."""
     stacks = relevant_first(_take_text(stacks_path(rundir, proc.proc_id)))
     out_of_memory = _take_text(oom_note_path(rundir, proc.proc_id))
-    if not out_of_memory and signame == "SIGKILL" and not proc.stop_requested:
+    killed_by_others = proc.stop_requested and not proc.hung  # a hung one may die of memory
+    if not out_of_memory and signame == "SIGKILL" and not killed_by_others:
         out_of_memory = _kernel_oom(proc.memory)
-    if proc.hung:
+    if proc.hung and not out_of_memory:  # else the stacks are where it ran out of memory
         proc.why_hung += _dump_outcome(proc, stacks, signame)
     return stacks, out_of_memory
 

@@ -114,18 +114,20 @@ class ProcLifecycle:
         if peer is None:
             return
         stuck = self._stuck.pop(header.proc_id, None)
-        if stuck is not None and peer.state != "stopping":
+        kind: EventKind
+        if peer.state == "stopping":
+            kind, message = "stopped", "by its owner"
+        elif stuck is not None:  # already its callers' event: one failure, one event
             self.mark_peer_gone(peer, _about_proc(stuck, peer), "failed")
             return
-        kind: EventKind
-        if header.requested or peer.state == "stopping":
+        elif header.out_of_memory:  # the true cause, even when the agent declared it hung
+            kind, message = "oom", header.out_of_memory + _also_hung(header)
+        elif header.requested:
             kind, message = "stopped", "by its owner"
         elif header.hung:
             kind, message = "hung", f"it was killed by the host agent ({_how(header.signal)})"
             if header.why_hung:
                 message = f"{header.why_hung}; {message}"
-        elif header.out_of_memory:
-            kind, message = "oom", header.out_of_memory
         elif header.signal is not None:
             kind, message = "signal", ""
         else:
@@ -136,7 +138,7 @@ class ProcLifecycle:
             host=header.host,
             pid=header.pid,
             exit_code=header.exit_code,
-            signal=None if header.hung else header.signal,
+            signal=None if kind == "hung" else header.signal,
             traceback=header.traceback or None if kind != "stopped" else None,
         )
         self.mark_peer_gone(peer, event, "stopped" if kind == "stopped" else "failed")
@@ -282,6 +284,14 @@ def _how(signame: str | None) -> str:
     if DUMP_SIGNAL is not None and signame == f"SIGRTMIN+{DUMP_SIGNAL - signal.SIGRTMIN}":
         return f"{signame}, its stack-dump signal"
     return str(signame)
+
+
+def _also_hung(header: ProcExited) -> str:
+    """That a proc which ran out of memory had also been declared hung before it died (slowed
+    down by its memory use), or ""."""
+    if header.hung:
+        return f"; its host agent had also declared it hung meanwhile: {header.why_hung}"
+    return ""
 
 
 def _about_proc(event: SupervisionEvent, peer: ProcPeer) -> SupervisionEvent:
