@@ -22,16 +22,19 @@ and a call costs no system call for the watch (arming and disarming for each cos
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from mesh._engine.alarm import new_alarm
+from mesh._engine.hand_over import HolderCheck
 from mesh._engine.workers import Workers, run_task
 from transport import Envelope, Inbox, get_logger
 
-#: How long a call may run on the receiver before another thread takes over the inbox.
+#: How long a task may run on the receiver before the watch looks whether it is stuck; also the
+#: CPU time a task may use with no call ending before another thread takes over the inbox.
 HAND_OVER_S = 0.005
 #: The most messages taken in one pass before the receiver runs what the pass asked for.
 _PASS_MESSAGES = 256
@@ -69,6 +72,11 @@ class Receiver:
         self._lock = threading.Lock()
         self._role = threading.Condition(self._lock)
         self._holder: int | None = None  # the thread that may read the inbox
+        self._holder_native = 0  # its kernel thread id
+        self._check: HolderCheck | None = None  # the watch's look at the holder's current task
+        self._check_for: float | None = None  # (the `_task_since` of that task)
+        #: How many times the watch gave the inbox to another thread (a stuck task).
+        self.hand_overs = 0
         self._in_pass = False  # the holder is reading the inbox now
         self._task_since: float | None = None  # when the holder's current task started
         self._armed = False  # the alarm will go off (the watch has not seen it go off yet)
@@ -116,7 +124,7 @@ class Receiver:
         with self._lock:
             if self._holder is not None or self._stopping:
                 return
-            self._holder = me
+            self._holder, self._holder_native = me, threading.get_native_id()
         while self._begin_pass(me):
             task = None
             try:
@@ -200,9 +208,30 @@ class Receiver:
                 if since is None or self._in_pass:  # the next task arms it
                     continue
                 left = since + HAND_OVER_S - time.monotonic()
-                if left > 0:  # the task running started after the alarm was armed
+                if left <= 0:  # the task has run HAND_OVER_S: is it stuck?
+                    stuck = self._look_at_holder(since)
+                    if not stuck:
+                        left = _look_window()
+                if left > 0:  # (or the task running started after the alarm was armed)
                     alarm.arm(left)
                     self._armed = True
                     continue
                 self._holder, self._task_since = None, None
+                self.hand_overs += 1
             self._workers.submit(self._serve)
+
+    def _look_at_holder(self, since: float) -> bool | None:
+        """Whether the holder's task that started at `since` is stuck (see `HolderCheck`)."""
+        if self._check_for != since or self._check is None:
+            assert self._holder is not None
+            steps = self._workers.steps_done
+            self._check = HolderCheck(self._holder, self._holder_native, steps, HAND_OVER_S)
+            self._check_for = since
+        return self._check.stuck()
+
+
+def _look_window() -> float:
+    """How long the watch waits between two looks at a task: longer than the GIL's switch
+    interval, so that a thread waiting for the GIL shows some CPU time (it wakes at each
+    interval) and only a thread asleep on something else shows none."""
+    return 1.5 * max(HAND_OVER_S, sys.getswitchinterval())
