@@ -95,10 +95,10 @@ class Lanes:
                 if actor.concurrent and _must_wait(actor, head):
                     actor.parked = True
                     return None
-                concurrent = actor.is_concurrent(head)
+                head_in_task, concurrent = actor.lane(head)
                 if concurrent:
                     actor.concurrent += 1
-                elif actor.runs_in_task(head) != in_task:
+                elif head_in_task != in_task:
                     break
                 actor.mailbox.popleft()
             if not concurrent:

@@ -173,13 +173,16 @@ class Receiver:
             return None
         loop, inbox, direct = self._loop, self._inbox, self._direct
         to_loop: list[Envelope] = []
+        # only this thread hands the loop messages: once it has none left, none come mid-pass
+        handing = loop.handing()
         self._workers.hold_first()
         try:
             for _ in range(_PASS_MESSAGES):
                 envelope = inbox.receive_nowait()
                 if envelope is None:
                     break
-                if to_loop or type(envelope.header) not in direct or loop.handing():
+                if handing or type(envelope.header) not in direct:
+                    handing = True  # what follows goes the same way, to keep the order
                     to_loop.append(envelope)
                 else:
                     self._dispatch(envelope)
