@@ -21,7 +21,9 @@ class HolderCheck:
     """Looks at one thread while it runs one task (make a new one for the next task)."""
 
     def __init__(self, ident: int, native_id: int, steps: Callable[[], int], busy_s: float):
-        self._ident = ident
+        # made while the thread runs its task: a clock of a thread gone fails (EINVAL), where
+        # asking a gone thread's clock would be undefined
+        self._clock = time.pthread_getcpuclockid(ident)
         self._stat = f"/proc/self/task/{native_id}/stat"
         self._steps = steps  # how many calls the proc's worker threads have ended
         self._busy_s = busy_s  # CPU time a thread may use with no call ending
@@ -33,7 +35,7 @@ class HolderCheck:
         CPU); False: keep it; None: the first look, nothing to compare with yet."""
         runnable = self._runnable()  # before the CPU time: see `_blocked`
         try:
-            cpu = time.clock_gettime(time.pthread_getcpuclockid(self._ident))
+            cpu = time.clock_gettime(self._clock)
         except OSError:  # the thread has ended
             return True
         steps = self._steps()

@@ -10,13 +10,15 @@ it hands to the event loop in arrival order (`EventLoop.hand`), and while the lo
 finished those, messages for actors go the same way, so nothing overtakes what came before it.
 
 A receiver busy with a call still holds the inbox. The watch thread hands the inbox to another
-worker thread when a call has run for `HAND_OVER_S`, so a long or blocking sync endpoint (a
-`get()` on an actor of this proc, `breakpoint()`, a collective) never stops the proc from
-receiving. The receiver notes when each task starts and arms the watch's alarm only when it is
-not armed already (`mesh/_engine/alarm.py`: no thread wakes for that); when it goes off, the
-watch arms it again for what is left of the current task's `HAND_OVER_S`, if a task runs. So
-the watch wakes at most once per `HAND_OVER_S` while calls keep coming, never once per call,
-and a call costs no system call for the watch (arming and disarming for each cost two).
+worker thread when the task has run `HAND_OVER_S` and is stuck (`HolderCheck`: asleep, or
+computing with no call ending), so a long or blocking sync endpoint (a `get()` on an actor of
+this proc, `breakpoint()`, a collective) never stops the proc from receiving, while a long
+drain of short calls keeps the inbox. The receiver notes when each task starts and arms the
+watch's alarm only when it is not armed already (`mesh/_engine/alarm.py`: no thread wakes
+for that); when it goes off, the watch arms it again for what is left of the current task's
+`HAND_OVER_S`, or looks at the task, if a task runs. So the watch wakes at most once per
+`HAND_OVER_S` while calls keep coming, never once per call, and a call costs no system call
+for the watch (arming and disarming for each cost two).
 """
 
 from __future__ import annotations
