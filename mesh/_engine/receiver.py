@@ -23,7 +23,6 @@ for the watch (arming and disarming for each cost two).
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -32,6 +31,7 @@ from typing import Any, Protocol
 
 from mesh._engine.alarm import new_alarm
 from mesh._engine.hand_over import HolderCheck
+from mesh._engine.messages import Wake
 from mesh._engine.workers import Workers, run_task
 from transport import Envelope, Inbox, get_logger
 
@@ -40,6 +40,8 @@ from transport import Envelope, Inbox, get_logger
 HAND_OVER_S = 0.005
 #: The most messages taken in one pass before the receiver runs what the pass asked for.
 _PASS_MESSAGES = 256
+#: The longest the receiver waits in one receive (`stop` wakes it sooner, with a `Wake`).
+_WAIT_MS = 1000
 
 Task = tuple[Callable[..., object], tuple[Any, ...]]
 
@@ -62,6 +64,7 @@ class Receiver:
         direct: frozenset[type],
         dispatch: Callable[[Envelope], None],
         flush: Callable[[], None],
+        wake: Callable[[], None],
     ) -> None:
         self._inbox = inbox
         self._workers = workers
@@ -69,6 +72,7 @@ class Receiver:
         self._direct = direct  # message types dispatched on the receiver (actors' messages)
         self._dispatch = dispatch
         self._flush = flush  # sends the messages waiting in batches, before waiting
+        self._wake = wake  # sends a `Wake` to the inbox: ends the receiver's wait
         # guards everything below; taken as the plain lock where no one waits or is notified
         # (a Condition's own `with` costs two Python calls, twice per message)
         self._lock = threading.Lock()
@@ -85,7 +89,6 @@ class Receiver:
         self._stopping = False
         self._alarm = new_alarm()  # expires when the holder's task has run HAND_OVER_S
         self._alarm_open = True  # until the watch closes it (under `_lock`)
-        self._wake_read, self._wake_write = os.pipe()  # wakes a waiting receiver to stop
         self._log = get_logger("mesh.receiver")
 
     def start(self) -> None:
@@ -94,12 +97,11 @@ class Receiver:
 
     def stop(self) -> None:
         """No thread reads the inbox once this returns (the inbox may then be closed)."""
-        with self._role:
+        with self._lock:
             self._stopping = True
-            os.write(self._wake_write, b"x")
-            if self._role.wait_for(lambda: not self._in_pass, timeout=10):
-                os.close(self._wake_read)
-                os.close(self._wake_write)
+        self._wake()  # (not under the lock: it takes the outbox's)
+        with self._role:
+            self._role.wait_for(lambda: not self._in_pass, timeout=10)
             if self._alarm_open:  # (the watch, woken meanwhile, may have closed it)
                 self._alarm.ring()  # the watch sees `_stopping`, closes the alarm and ends
 
@@ -166,12 +168,13 @@ class Receiver:
         first, for this thread to run (None if none)."""
         try:
             self._flush()
-            ready = self._inbox.poll(None, self._wake_read)
+            # one blocking receive, no poll before it: `stop` ends it with a `Wake`
+            envelope = self._inbox.receive_nowait(_WAIT_MS)
         except Exception:  # a bug, or a closed socket: keep going, but not in a tight loop
             self._log.exception("receive_failed")
             time.sleep(0.1)
             return None
-        if not ready or self._stopping:
+        if envelope is None or self._stopping:
             return None
         loop, inbox, direct = self._loop, self._inbox, self._direct
         to_loop: list[Envelope] = []
@@ -179,15 +182,17 @@ class Receiver:
         handing = loop.handing()
         self._workers.hold_first()
         try:
-            for _ in range(_PASS_MESSAGES):
-                envelope = inbox.receive_nowait()
-                if envelope is None:
-                    break
-                if handing or type(envelope.header) not in direct:
+            left = _PASS_MESSAGES
+            while True:
+                kind = type(envelope.header)
+                if not handing and kind in direct:
+                    self._dispatch(envelope)
+                elif kind is not Wake:
                     handing = True  # what follows goes the same way, to keep the order
                     to_loop.append(envelope)
-                else:
-                    self._dispatch(envelope)
+                left -= 1
+                if not left or (envelope := inbox.receive_nowait()) is None:
+                    break
         except Exception:  # what was received and what it asked for still go on
             self._log.exception("receive_failed")
         finally:
