@@ -70,6 +70,15 @@ class Spinner(Actor):
             pass
         return _OPENED.is_set()
 
+    @endpoint
+    def nap(self, started: Port[str], timeout: float) -> bool:
+        """Naps of 1 ms until the gate opens: asleep most of the time, never for long."""
+        started.send("napping")
+        deadline = time.monotonic() + timeout
+        while not _OPENED.is_set() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return _OPENED.is_set()
+
 
 class Echo(Actor):
     """A short sync call, and how many times its proc's receiver handed the inbox over."""

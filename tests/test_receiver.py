@@ -93,15 +93,17 @@ def test_a_sync_call_that_blocks_is_handed_over_once(one_proc: Any) -> None:
     assert echo.hand_overs.call_one().get(timeout=T) == before + 1
 
 
-def test_a_sync_call_that_computes_long_is_handed_over(one_proc: Any) -> None:
-    """A call busy on the CPU with no call ending (it never sleeps) still hands the inbox
-    over, once: the call that ends its spin is received and run meanwhile."""
+@pytest.mark.parametrize("way", ["spin", "nap"])
+def test_a_sync_call_that_computes_or_naps_long_is_handed_over(one_proc: Any, way: str) -> None:
+    """A call busy on the CPU with no call ending (it never sleeps), or one napping 1 ms at a
+    time (never asleep for long), still hands the inbox over, once: the call that ends its
+    loop is received and run meanwhile."""
     spinner, opener = one_proc.spawn("spinner", ra.Spinner), one_proc.spawn("opener", ra.Opener)
     echo = one_proc.spawn("echo", ra.Echo)
     before = echo.hand_overs.call_one().get(timeout=T)
     port, started = Channel[str].open()
-    spinning = spinner.spin.call_one(port, T)
-    assert started.recv().get(timeout=T) == "spinning"
+    spinning = getattr(spinner, way).call_one(port, T)
+    assert started.recv().get(timeout=T) in ("spinning", "napping")
     assert opener.open.call_one().get(timeout=T) == "opened"
     assert spinning.get(timeout=T) is True
     assert opener.close.call_one().get(timeout=T) == "closed"

@@ -40,6 +40,8 @@ from transport import Envelope, Inbox, get_logger
 HAND_OVER_S = 0.005
 #: The most messages taken in one pass before the receiver runs what the pass asked for.
 _PASS_MESSAGES = 256
+#: How long a task that the watch finds asleep (between naps) may go with no call ending.
+_NAPPING_S = 10 * HAND_OVER_S
 #: The longest the receiver waits in one receive (`stop` wakes it sooner, with a `Wake`).
 _WAIT_MS = 1000
 
@@ -235,7 +237,8 @@ class Receiver:
         if self._check_for != since or self._check is None:
             assert self._holder is not None
             steps = self._workers.steps_done
-            self._check = HolderCheck(self._holder, self._holder_native, steps, HAND_OVER_S)
+            holder, native = self._holder, self._holder_native
+            self._check = HolderCheck(holder, native, steps, HAND_OVER_S, _NAPPING_S)
             self._check_for = since
         return self._check.stuck()
 
