@@ -137,6 +137,13 @@ def main() -> int:
     parser.add_argument("--baseline-steps", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--spares", default="0,1", help="spare counts to compare, in order")
+    parser.add_argument(
+        "--follow-every",
+        type=int,
+        default=0,
+        help="spares follow every N steps and replicas keep 2N updates (0: the defaults); "
+        "a spare is then up to 2N-1 updates behind at a kill, which its take-over applies",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     results = [run(args, int(count)) for count in args.spares.split(",")]
@@ -156,8 +163,16 @@ def main() -> int:
 
 def run(args: argparse.Namespace, spares: int) -> dict[str, Any]:
     """One group with `spares` spares: the baseline, then the kills; the result."""
+    trainer = Trainer
+    if args.follow_every:
+
+        class Lagging(Trainer):
+            standby_follow_every = args.follow_every
+            standby_updates = 2 * args.follow_every
+
+        trainer = Lagging
     group = ReplicaGroup(
-        this_host(), Trainer, replicas=args.replicas, heartbeat_timeout_s=1.0, spares=spares
+        this_host(), trainer, replicas=args.replicas, heartbeat_timeout_s=1.0, spares=spares
     )
     try:
         steps_per_second(group, 20)  # warm up

@@ -13,7 +13,11 @@ machine:
   of the N echo servers, then their N answers;
 * pipelined calls to all N: 100 calls to all issued, then every answer collected, in messages
   (answers) per second; floor: the same number of frames sent to the echo servers, then
-  every echo received.
+  every echo received;
+* 1 MB (`bytes`) to all N, each answering its length; floors: N copies of it in this process,
+  into fresh buffers kept until all are made (new pages, "memcpy") and into one reused warm
+  buffer ("warm memcpy"), timed taking turns with the calls. Issue 17's goal: within 2x of
+  one memcpy per proc.
 
 Each figure is the median of its rounds; "vs floor" is meshvisor over raw (for a rate: raw
 over meshvisor), so 1.00x is the floor and larger is worse. Issue 17's goals for one proc:
@@ -46,6 +50,7 @@ from mesh import Actor, endpoint, this_host
 PIPELINED = 100
 ROUNDS = 5
 T = 120.0
+MEGABYTE = os.urandom(1 << 20)
 
 
 class Echo(Actor):
@@ -54,6 +59,10 @@ class Echo(Actor):
     @endpoint
     def ping(self, x: Any = None) -> Any:
         return x
+
+    @endpoint
+    def length(self, data: bytes) -> int:
+        return len(data)
 
 
 class RawFleet:
@@ -127,6 +136,24 @@ class MeshSide:
         for future in futures:
             future.get(timeout=T)
 
+    def one_megabyte(self) -> None:
+        self.actors.length.call(MEGABYTE).get(timeout=T)
+
+
+def copies(n: int, fresh: bool) -> Callable[[], None]:
+    """The floor of a 1 MB call to all `n`: `n` copies of the megabyte into fresh buffers
+    kept until all are made (`fresh`), or each into the same reused, warm buffer."""
+    warm = bytearray(len(MEGABYTE))
+
+    def copy_all() -> None:
+        kept = [bytearray(MEGABYTE) for _ in range(n)] if fresh else None
+        if not fresh:
+            for _ in range(n):
+                warm[:] = MEGABYTE
+        del kept
+
+    return copy_all
+
 
 def seconds_each(operation: Callable[[], None], count: int) -> float:
     """The mean wall time of `operation` over `count` runs, in seconds."""
@@ -167,9 +194,21 @@ def measure(rows: list[Row], scratch: str, n: int) -> None:
         )
         row.note = f"{PIPELINED} calls to all in flight; vs floor: raw's rate over ours"
         rows.append(row)
+        megabyte_rows(rows, ours, n)
     finally:
         procs.stop().get(timeout=T)
         raw.close()
+
+
+def megabyte_rows(rows: list[Row], ours: MeshSide, n: int) -> None:
+    """1 MB to all `n`, beside its two memcpy floors, each taking turns with the calls."""
+    fresh_s, our_s, ratio = taking_turns(copies(n, fresh=True), ours.one_megabyte, 3)
+    warm_s, _, warm_ratio = taking_turns(copies(n, fresh=False), ours.one_megabyte, 3)
+    rows.append(Row(f"N={n:<3} 1 MB to all, memcpy floor", fresh_s * 1e3, "ms"))
+    rows.append(Row(f"N={n:<3} 1 MB to all, warm memcpy floor", warm_s * 1e3, "ms"))
+    row = Row(f"N={n:<3} 1 MB to all", our_s * 1e3, "ms", vs_floor=fmt_ratio(ratio))
+    row.note = f"vs the warm memcpy floor: {warm_ratio:.2f}x; goal: within 2x of memcpy"
+    rows.append(row)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,6 @@
 """What meshvisor's own tools read of running meshes: the parts of the engine that `observe`
-(the live view, logs and the debugger) and `job` (SLURM jobs) build on.
+(the live view, logs and the debugger) and `job` (SLURM jobs) build on; and `any_done`, with
+which `recovery` waits for the first of several calls to end.
 
 Users' scripts do not need these; they are public so that those packages depend on named,
 stable entry points rather than on the engine's private modules (an import-linter contract
@@ -22,6 +23,7 @@ from mesh._engine.debug_messages import DebugSessions as DebugSessions
 from mesh._engine.debug_messages import ListProcs as ListProcs
 from mesh._engine.debug_messages import PausedCall as PausedCall
 from mesh._engine.debug_messages import ProcList as ProcList
+from mesh._engine.future import any_done as any_done
 from mesh._engine.messages import invalid_fields as invalid_fields
 from mesh._engine.run_dirs import OWNER_FILE as OWNER_FILE
 from mesh._engine.run_dirs import sweep_stale_run_dirs as sweep_stale_run_dirs
@@ -50,6 +52,7 @@ __all__ = [
     "ProcView",
     "SnapshotQuery",
     "allocation_keys_dir",
+    "any_done",
     "current_session",
     "invalid_fields",
     "level_at_least",

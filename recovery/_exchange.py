@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from transport import Addresses
 
-from ._aborts import AbortWatch, store_client
+from ._aborts import AbortWatch, quorum_prefix, store_client
 from ._native import leaving, native_call
 from ._outcomes import ExchangeAborted
 
@@ -246,7 +246,7 @@ def open_group(
 
     def rendezvous() -> Any:
         try:
-            prefixed = dist.PrefixStore(f"quorum-{quorum}", client)  # type: ignore[attr-defined]
+            prefixed = dist.PrefixStore(quorum_prefix(quorum), client)  # type: ignore[attr-defined]
             return dist.ProcessGroupGloo(prefixed, rank, world, timeout)  # type: ignore[attr-defined]
         finally:  # the group needs the store no more (and a Python store must be kept alive
             client.close()  # by Python while torch uses it: `client`, here, until this ends)

@@ -11,18 +11,21 @@ replica keeps the averaged gradients of its last `Replica.standby_updates` commi
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from supervision import ActorError, SupervisionError
-from transport import Lent
+from transport import Lent, get_logger
 
-from ._arithmetic import apply_average
+from ._arithmetic import apply_average, digest
 from ._heal_state import StateLayout, flat_bytes, memory_of
-from ._position import Position
+from ._outcomes import short
+from ._position import Position, restore_position
 
 if TYPE_CHECKING:
     import torch
@@ -40,13 +43,96 @@ class Takeover:
     healed: bool
 
 
-class UpdateLog:
-    """The averaged gradients of the last `keep` committed steps (none when `keep` is 0).
-    Read by a concurrent endpoint while the replica steps: guarded by a lock."""
+#: The nice value a spare applies committed updates at: it runs on the CPU the replicas leave
+#: idle, instead of taking its share of theirs (on a machine they fill, a third of a step).
+FOLLOW_NICE = 19
+
+
+class Lowered:
+    """The priority of the thread a spare follows its group on: lowered while it applies the
+    committed updates, and raised back at once when the spare must take a place (`first`).
+    Only where this process may raise a thread's priority back (CAP_SYS_NICE, or an
+    RLIMIT_NICE that allows it): elsewhere a spare follows at its normal priority."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._updates: deque[tuple[int, torch.Tensor]] = deque(maxlen=1)
+        self._busy = threading.Lock()  # held by the follow under way
+        self._thread: tuple[int, int] | None = None  # lowered: (native id, its own nice value)
+        self._waiting = 0  # take-overs waiting for the follow under way
+        self.enabled = may_raise_priority()
+
+    @contextmanager
+    def following(self, lower: bool = True) -> Iterator[None]:
+        """The calling thread runs at `FOLLOW_NICE` inside if `lower` (and no take-over
+        waits), at its own priority after."""
+        with self._busy:
+            thread = threading.get_native_id()
+            own = os.getpriority(os.PRIO_PROCESS, thread)
+            with self._lock:
+                if self.enabled and lower and not self._waiting:
+                    os.setpriority(os.PRIO_PROCESS, thread, max(own, FOLLOW_NICE))
+                    self._thread = (thread, own)
+            try:
+                yield
+            finally:
+                self._raise()
+
+    @contextmanager
+    def first(self) -> Iterator[None]:
+        """Inside: no follow runs. A follow under way goes on at its own priority, and is
+        waited for (a take-over must not wait for a thread the replicas' CPU starves)."""
+        with self._lock:
+            self._waiting += 1
+        try:
+            self._raise()
+            with self._busy:
+                yield
+        finally:
+            with self._lock:
+                self._waiting -= 1
+
+    def _raise(self) -> None:
+        """The lowered thread back to its own priority, and the threads it started meanwhile
+        (they inherited its low priority, and may serve the replica later)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+            if thread is None:
+                return
+            for name in os.listdir("/proc/self/task"):
+                try:
+                    if os.getpriority(os.PRIO_PROCESS, int(name)) == FOLLOW_NICE != thread[1]:
+                        os.setpriority(os.PRIO_PROCESS, int(name), thread[1])
+                except ProcessLookupError:
+                    pass  # it ended meanwhile
+
+
+def may_raise_priority() -> bool:
+    """Whether this process may give a thread whose nice value it raised to `FOLLOW_NICE`
+    its own back: with CAP_SYS_NICE, or an RLIMIT_NICE reaching this process's nice value."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_NICE)[0]
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    if limit == resource.RLIM_INFINITY or 20 - own <= limit:
+        return True
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            effective = next(line for line in status if line.startswith("CapEff:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(effective.split()[1], 16) >> 23 & 1)  # CAP_SYS_NICE
+
+
+class UpdateLog:
+    """The averaged gradients of the last `keep` committed steps (none when `keep` is 0).
+    Read by a concurrent endpoint while the replica steps: guarded by a lock. An update that
+    falls out of the log is handed back for the next step's exchange to write into, once no
+    lend of it is still read by the transport (a fresh gradient's memory costs a page fault
+    per page: about a third of a 100 MB model's step)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._updates: deque[_Kept] = deque(maxlen=1)
         self.keep = 0
 
     def resize(self, keep: int) -> None:
@@ -56,44 +142,87 @@ class UpdateLog:
             self.keep = keep
             self._updates = deque(self._updates if keep else (), maxlen=max(keep, 1))
 
-    def record(self, step: int, update: torch.Tensor) -> None:
-        """Keep the update of committed `step` (the step after the last one kept)."""
+    def record(self, step: int, update: torch.Tensor) -> torch.Tensor | None:
+        """Keep the update of committed `step` (the step after the last one kept). Returns
+        memory no one reads any more, for the next update: `update` itself if none are kept,
+        the update that fell out of the log if no lend of it is still being sent, else None."""
         with self._lock:
             if not self.keep:
-                return
-            if self._updates and self._updates[-1][0] != step - 1:
+                return update
+            if self._updates and self._updates[-1].step != step - 1:
                 self._updates.clear()  # a gap (this replica healed meanwhile): start afresh
-            self._updates.append((step, update))
+            full = len(self._updates) == self._updates.maxlen
+            dropped = self._updates[0] if full else None
+            self._updates.append(_Kept(step, update))
+        # no new lend of `dropped` can start: it is out of the log
+        return dropped.tensor if dropped is not None and not dropped.lends else None
 
     def between(self, first: int, last: int) -> list[torch.Tensor] | None:
         """The updates of steps `first`..`last`, or None unless all of them are kept."""
-        if not (type(first) is int and type(last) is int and 1 <= first <= last):
-            raise ValueError(f"ask for the updates of steps first..last >= 1, not {first}..{last}")
-        with self._lock:
-            found = {step: update for step, update in self._updates}
-        if first not in found or last not in found:
-            return None
-        return [found[step] for step in range(first, last + 1)]
+        kept = self._kept(first, last)
+        return None if kept is None else [entry.tensor for entry in kept]
 
     def lend(self, first: int, last: int) -> list[Any] | None:
         """`between`, each update sent from this replica's memory (no copy): a kept update
-        is never written again, so the transport may read it while the replica steps."""
-        updates = self.between(first, last)
-        return None if updates is None else [LentUpdate(u) if u.nbytes else u for u in updates]
+        is not written again until it has left the log and every lend of it was sent."""
+        kept = self._kept(first, last, lending=True)
+        if kept is None:
+            return None
+        return [LentUpdate(entry) if entry.tensor.nbytes else entry.tensor for entry in kept]
+
+    def _kept(self, first: int, last: int, lending: bool = False) -> list[_Kept] | None:
+        if not (type(first) is int and type(last) is int and 1 <= first <= last):
+            raise ValueError(f"ask for the updates of steps first..last >= 1, not {first}..{last}")
+        with self._lock:
+            found = {entry.step: entry for entry in self._updates}
+            if first not in found or last not in found:
+                return None
+            kept = [found[step] for step in range(first, last + 1)]
+            for entry in kept if lending else ():
+                if entry.tensor.nbytes:  # (an empty one goes as it is)
+                    entry.lends.append(None)  # before the lock goes: `record` sees it lent
+        return kept
+
+
+class _Kept:
+    """A kept update, and one item in `lends` for each lend of it the transport may still
+    read (list appends and pops are atomic: a lend ends in whatever thread frees it)."""
+
+    __slots__ = ("lends", "step", "tensor")
+
+    def __init__(self, step: int, tensor: torch.Tensor) -> None:
+        self.step, self.tensor = step, tensor
+        self.lends: list[None] = []
+
+
+class _LendEnd:
+    """Ends one lend of a kept update when the last holder of it (the `LentUpdate`, or the
+    memory view the transport sends) lets it go."""
+
+    __slots__ = ("lends",)
+
+    def __init__(self, lends: list[None]) -> None:
+        self.lends = lends
+
+    def __del__(self) -> None:
+        self.lends.pop()
 
 
 class LentUpdate:
     """A committed update lent to the transport (`transport.Lent`); received, it is a flat
     tensor over the received bytes (no copy on either side)."""
 
-    __slots__ = ("tensor",)
+    __slots__ = ("end", "tensor")
 
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
+    def __init__(self, kept: _Kept) -> None:
+        self.tensor = kept.tensor
+        self.end = _LendEnd(kept.lends)
 
     def __reduce__(self) -> tuple[Any, ...]:
         dtype = str(self.tensor.dtype).removeprefix("torch.")
-        return _received_update, (Lent(memory_of(flat_bytes(self.tensor))), dtype)
+        raw = flat_bytes(self.tensor)
+        raw._lend_end = self.end  # type: ignore[attr-defined]  # kept by the memory view
+        return _received_update, (Lent(memory_of(raw)), dtype)
 
 
 def _received_update(buffer: Any, dtype: str) -> torch.Tensor:
@@ -146,11 +275,20 @@ def fetch_updates(
     for peer in peers:
         try:
             updates = peer.committed_updates.call_one(first, last).get(timeout=timeout_s)
-        except (SupervisionError, ActorError, TimeoutError):
+        except (SupervisionError, ActorError, TimeoutError) as exc:
+            _log_miss(peer, first, last, short(exc))
             continue
         if updates is not None and _well_formed(updates, last - first + 1, numel):
             return list(updates)
+        _log_miss(peer, first, last, "not kept" if updates is None else "malformed")
     return None
+
+
+def _log_miss(peer: ActorMesh[Any], first: int, last: int, why: str) -> None:
+    """Say why a peer did not give the updates a spare asked for (it is healed whole then)."""
+    get_logger("recovery.spares").warning(
+        "updates_not_fetched", peer=peer.name, first=first, last=last, reason=why
+    )
 
 
 def _well_formed(updates: Any, count: int, numel: int) -> bool:
@@ -193,3 +331,21 @@ def catch_up(replica: Any, step: int, ranks: Sequence[ActorMesh[Any]]) -> int:
         replica.committed_step = first + offset
         replica._updates.record(replica.committed_step, update)
     return len(updates or ())
+
+
+def take_over(
+    replica: Any, step: int, expected: str | None, peers: Sequence[ActorMesh[Any]], rank: int
+) -> Takeover:
+    """A spare (`replica`, of `rank`) catches up to committed `step` from `peers`' updates and
+    takes their data position and RNG states; it heals its whole state from them instead if
+    it cannot, or if its parameters do not match `expected` (the digest of `step`; None:
+    already checked)."""
+    ranks = [rank_match(peer, rank) for peer in peers]
+    applied = catch_up(replica, step, ranks)
+    position = peer_position(ranks, step, replica.heal_timeout_s)
+    matches = expected is None or digest(replica.model) == expected
+    if replica.committed_step == step and matches and position is not None:
+        restore_position(replica, position)
+        return Takeover(step, applied, healed=False)
+    replica._heal(list(peers))
+    return Takeover(replica.committed_step, applied, healed=True)

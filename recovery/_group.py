@@ -27,6 +27,7 @@ from supervision import ActorError, SupervisionError, SupervisionEvent
 from transport import get_logger
 
 from ._aborts import AbortNotices
+from ._group_stop import stop_group
 from ._inflight import InFlight
 from ._members import PRELOAD, Member, ReplicaSpawner, failures, gather
 from ._outcomes import Recovery, ReplicaGroupError, ReplicaLost, StepOutcome, alive, short
@@ -75,7 +76,6 @@ class ReplicaGroup:
         self.group_timeout_s = group_timeout_s
         self.wait_for_replicas_s = wait_for_replicas_s
         self._store = StoreServer(store_host, name)  # rendezvous and abort notices
-        self._aborts = AbortNotices(self._store.addresses, group_timeout_s)
         self._per_replica = dict(per_replica or {"gpus": 1})
         self.ranks_per_replica = math.prod(self._per_replica.values())
         self.history: list[tuple[int, tuple[int, ...]]] = []
@@ -89,33 +89,42 @@ class ReplicaGroup:
         self._log = get_logger("recovery.group", group=name)
         self._members: list[Member] = []  # filled as spawned: a failure may come meanwhile
         self._started = False  # failed replicas are re-spawned at once from then on
+        try:
+            self._assemble(hosts, replicas, preload, heartbeat_timeout_s, spare_hosts, spares)
+        except BaseException:  # nothing it started outlives a constructor that raises
+            standbys, notices = getattr(self, "_standbys", None), getattr(self, "_aborts", None)
+            stop_group(self._members, self._store, standbys, notices)
+            raise
+
+    def _assemble(
+        self, hosts: HostMesh, replicas: int, preload: Sequence[str],
+        heartbeat_timeout_s: float | None, spare_hosts: HostMesh | None, spares: int,
+    ) -> None:  # fmt: skip
+        """Spawn the replicas and spares, and start them (`_start`)."""
+        self._aborts = AbortNotices(self._store.addresses, self.group_timeout_s)
         self._standing = StandingGroups(
-            self._store.addresses, self._aborts, self.ranks_per_replica, group_timeout_s,
-            self._next_quorum, name,
+            self._store.addresses, self._aborts, self.ranks_per_replica, self.group_timeout_s,
+            self._next_quorum, self.name,
         )  # fmt: skip
         self._spawner = ReplicaSpawner(
-            hosts,
-            replica_class,
-            args,
-            kwargs,
-            self._per_replica,
-            preload,
-            heartbeat_timeout_s,
-            SparePool(spare_hosts),
-            self._on_event,
-        )
+            hosts, self.replica_class, self.args, self.kwargs, self._per_replica, preload,
+            heartbeat_timeout_s, SparePool(spare_hosts), self._on_event,
+        )  # fmt: skip
         for index in range(replicas):
-            procs, actors = self._spawner.spawn(f"{name}{index}", index)
+            procs, actors = self._spawner.spawn(f"{self.name}{index}", index)
             self._members.append(Member(index, procs, actors))
-        self._keep_updates = replica_class.standby_updates if spares else 0
+        self._keep_updates = self.replica_class.standby_updates if spares else 0
         configure = (self.ranks_per_replica, self._keep_updates)
-        self._standbys = Standbys(self._spawner, spares, replicas, configure, step_timeout_s, name)
-        self._rejoins = Rejoins(
-            self._members, self._spawner, self._standbys, self._configure_args, step_timeout_s, name
+        self._standbys = Standbys(
+            self._spawner, spares, replicas, configure, self.step_timeout_s, self.name
         )
+        self._rejoins = Rejoins(
+            self._members, self._spawner, self._standbys, self._configure_args,
+            self.step_timeout_s, self.name,
+        )  # fmt: skip
         self._inflight = InFlight(
             self._members, self._standbys, self._failed, self._form_group, self._call_all,
-            lambda: self._current[0], name,
+            lambda: self._current[0], self.name,
         )  # fmt: skip
         self._start()
 
@@ -225,18 +234,7 @@ class ReplicaGroup:
 
     def close(self) -> None:
         """Stop every replica and spare."""
-        for member in self._members:
-            with member.lock:  # neither a failure nor a re-spawn from now on
-                member.state = "closed"
-        stopping = [member.procs.stop(grace_s=1.0) for member in self._members]
-        self._standbys.close()
-        for future in stopping:
-            try:
-                future.get(timeout=10.0)
-            except Exception:
-                pass
-        self._aborts.close()
-        self._store.close()
+        stop_group(self._members, self._store, self._standbys, self._aborts)
 
     # -- membership ------------------------------------------------------------------------------
 
@@ -337,6 +335,7 @@ class ReplicaGroup:
             return False  # one failed since it was counted (its abort notice may be missed)
         if standing is not None:  # formed in advance: no rendezvous
             self._quorum_members = members
+            self._standing.formed(self._current[0])
             return True
         world = len(members) * self.ranks_per_replica
         args = (self._current[0], None, world, self._store.addresses, self.group_timeout_s, step)
@@ -349,6 +348,7 @@ class ReplicaGroup:
             self._quorum_members = None
             return False
         self._quorum_members = members
+        self._standing.formed(self._current[0])
         return True
 
     # -- calls ---------------------------------------------------------------------------------

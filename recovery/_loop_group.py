@@ -19,7 +19,7 @@ from mesh import ActorMesh, Channel, Future, HostMesh, ProcMesh
 from supervision import SupervisionError, SupervisionEvent
 from transport import get_logger
 
-from ._aborts import AbortNotices
+from ._aborts import AbortNotices, QuorumKeys
 from ._loop_protocol import AskQuorum, Envelope, Healed, Reply, parse_request
 from ._loop_rounds import Rounds
 from ._loop_runner import LoopRunner, LoopSpec
@@ -60,6 +60,7 @@ class LoopGroup:
         self.name = name
         self._store = StoreServer(store_host, name)  # rendezvous and abort notices
         self._aborts = AbortNotices(self._store.addresses, group_timeout_s)
+        self._keys = QuorumKeys(self._aborts)  # a quorum's keys go once no one needs them
         self._port, self._requests = Channel[Envelope].open(bound=4 * replicas + 16)
         self._spec = LoopSpec(
             loop,
@@ -127,6 +128,8 @@ class LoopGroup:
             self._watch_runs()
             self._watch_respawns()
             self._rounds.tick()
+            # a loop that missed the last group may still be leaving the one before it
+            self._keys.formed(self._rounds.committed_quorums[0], ())
         return dict(sorted(self._results.items()))
 
     def close(self) -> None:

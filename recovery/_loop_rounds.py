@@ -88,6 +88,8 @@ class Rounds:
         self._group: tuple[int, ...] | None = None  # members of the process group in use
         self._current: _Vote | None = None
         self._decisions: dict[tuple[int, int], Decision] = {}
+        #: the quorums of the last two groups a step committed in (every member formed them)
+        self.committed_quorums = (0, 0)
 
     @property
     def committed_steps(self) -> int:
@@ -282,6 +284,8 @@ class Rounds:
 
     def _committed(self, current: _Vote) -> None:
         self.history.append((current.step, current.members))
+        if current.quorum != self.committed_quorums[1]:
+            self.committed_quorums = (self.committed_quorums[1], current.quorum)
         now = time.monotonic()
         for loop in self.loops:
             if loop.index not in current.members:

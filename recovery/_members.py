@@ -3,6 +3,7 @@ and spares alike, the same way) and what the group tracks about each member."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mesh import ActorMesh, Future, HostMesh, ProcMesh, ValueMesh
+from mesh.tooling import any_done
 from supervision import ActorError, SupervisionError, SupervisionEvent
 
 from ._outcomes import Recovery
@@ -69,7 +71,12 @@ class ReplicaSpawner:
             env={"MESHVISOR_PRELOAD": ",".join(self.preload)} if self.preload else None,
             heartbeat_timeout_s=self.heartbeat_timeout_s,
         )
-        actors = procs.spawn(name, self.replica_class, *self.args, **self.kwargs)
+        try:
+            actors = procs.spawn(name, self.replica_class, *self.args, **self.kwargs)
+        except BaseException:  # (an argument that cannot be sent, say): its procs go too
+            with contextlib.suppress(Exception):
+                procs.stop(grace_s=1.0).get(timeout=10.0)
+            raise
         handler = _Routed(self.on_failure, procs)
         procs.on_failure(handler)
         actors.on_failure(handler)
@@ -107,15 +114,15 @@ def gather(
     returns at once with those (the calls under way are left out)."""
     deadline = time.monotonic() + timeout_s
     if until is not None:
-        ended = threading.Event()
-        for future in calls.values():
-            future.add_done_callback(lambda _: ended.set())
         while time.monotonic() < deadline:
-            ended.clear()
             done = {i: _outcome(f, 0.0) for i, f in calls.items() if f.done()}
             if len(done) == len(calls) or until(done):
                 return done
-            ended.wait(UNTIL_POLL_S)
+            pending = [f for f in calls.values() if not f.finished()]
+            try:  # receives the replies meanwhile: wakes as one of the calls ends
+                any_done(pending, "one of the calls").get(timeout=UNTIL_POLL_S)
+            except TimeoutError:
+                pass
     results: dict[int, Any] = {}
     for index, future in calls.items():
         results[index] = _outcome(future, max(0.0, deadline - time.monotonic()))

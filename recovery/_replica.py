@@ -40,11 +40,12 @@ from ._arithmetic import (
 from ._build import random_init_skipped, warm_up_in_background
 from ._exchange import GroupPlace, HeldGroups, exchange_average, open_group
 from ._follow import (
+    Lowered,
     Takeover,
     UpdateLog,
     catch_up,
-    peer_position,
     rank_match,
+    take_over,
     warm_up_autograd,
     warm_up_gloo,
 )
@@ -110,6 +111,7 @@ class Replica(Actor):
         self._update: torch.Tensor | None = None  # the averaged gradient of a prepared step
         self._reused: torch.Tensor | None = None  # a done update's memory, for the next one
         self._updates = UpdateLog()
+        self._lowered = Lowered()  # a spare's priority while it follows
         self._standing = HeldGroups()  # process groups formed for take-overs
         self.last_heal: HealReport | None = None
 
@@ -276,28 +278,33 @@ class Replica(Actor):
             self.committed_step = step
             if keep_updates != self._updates.keep:
                 self._updates.resize(keep_updates)
-            self._updates.record(step, self._update)
-            if not self._updates.keep:  # no spare will read it: its memory serves the next
-                self._reused = self._update
+            self._reused = self._updates.record(step, self._update)  # memory for the next
             self._update = None
             return digest(self.model) if with_digest else None
 
     @endpoint
     def abort(self, step: int) -> int:
-        """Drop a prepared step (if any): the parameters are still those of the last commit;
-        buffers a forward pass changed, the data position and RNG states go back."""
+        """Drop a prepared step (if any): the parameters are still those of the last commit.
+        Its local gradient, if computed, is kept (with the buffers, data position and RNG
+        states its forward pass moved on): the group retries the step with the members left,
+        and the retry only exchanges it (its bits are those of a gradient computed anew)."""
         with self._stepping, self._changing:
-            self._update, self._reused, self._computed = None, self._update, 0
-            _undo_step(self)
+            self._update, self._reused = None, self._update
+            if self._computed != step or step != self.committed_step + 1:
+                self._computed = 0
+                _undo_step(self)  # else put back by a later abort, or a heal
             return self.committed_step
 
     # -- state ----------------------------------------------------------------------------------
 
     @endpoint
     def state(self) -> dict[str, Any]:
-        """The committed state, for a replacement to heal from (tensors go out of band)."""
-        if self._started is not None:
-            raise RuntimeError("a step is prepared but not committed: its state is not final")
+        """The committed state (tensors go out of band); a discarded step's gradient is dropped."""
+        with self._stepping, self._changing:
+            if self._update is not None:
+                raise RuntimeError("a step is prepared but not committed: its state is not final")
+            self._computed = 0
+            _undo_step(self)
         return {
             "step": self.committed_step,
             "model": self.model.state_dict(),
@@ -351,28 +358,24 @@ class Replica(Actor):
     def follow(self, step: int, peers: Sequence[ActorMesh[Replica]]) -> tuple[int, str]:
         """A spare: apply the committed updates after its own step up to `step`, from the
         first of `peers` that keeps them. Returns the step it holds and its digest."""
-        self.on_phase("follow", step)
-        catch_up(self, step, [rank_match(peer, context().rank.rank) for peer in peers])
-        return self.committed_step, digest(self.model)
+        # off the replicas' CPU, unless a take-over waits or it lags (idle CPU was too scarce)
+        with self._lowered.following(step - self.committed_step <= self.standby_follow_every):
+            self.on_phase("follow", step)
+            catch_up(self, step, [rank_match(peer, context().rank.rank) for peer in peers])
+            return self.committed_step, digest(self.model)
 
-    @endpoint
+    @concurrent_endpoint
     def take_place(
         self, replica_id: int, step: int, expected: str | None, peers: Sequence[ActorMesh[Replica]]
     ) -> Takeover:
         """A spare becomes replica `replica_id` at committed `step`: it catches up from
         `peers`' updates and takes their data position and RNG states; it heals its whole
         state from them instead if it cannot, or if its parameters do not match `expected`
-        (the digest of `step`; None: already checked)."""
-        self.replica_id = replica_id
-        ranks = [rank_match(peer, context().rank.rank) for peer in peers]
-        applied = catch_up(self, step, ranks)
-        position = peer_position(ranks, step, self.heal_timeout_s)
-        matches = expected is None or digest(self.model) == expected
-        if self.committed_step == step and matches and position is not None:
-            restore_position(self, position)
-            return Takeover(step, applied, healed=False)
-        self._heal(list(peers))
-        return Takeover(self.committed_step, applied, healed=True)
+        (the digest of `step`; None: already checked). Concurrent: a follow under way (at a
+        low priority) is raised to its own and waited for, not queued behind."""
+        with self._lowered.first():
+            self.replica_id = replica_id
+            return take_over(self, step, expected, peers, context().rank.rank)
 
     @endpoint
     def status(self) -> tuple[int, str]:

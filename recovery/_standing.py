@@ -31,7 +31,7 @@ from typing import Any
 from mesh import ActorMesh, Future, ProcMesh
 from transport import Addresses, get_logger
 
-from ._aborts import AbortNotices
+from ._aborts import AbortNotices, QuorumKeys
 from ._exchange import GroupPlace
 from ._members import gather
 from ._outcomes import short
@@ -73,6 +73,7 @@ class StandingGroups:
     ) -> None:
         self._store = store
         self._notices = notices
+        self._keys = QuorumKeys(notices)  # a quorum's keys go once no one needs them
         self._ranks = ranks_per_replica
         self._timeout_s = timeout_s
         self._next_quorum = next_quorum
@@ -96,6 +97,13 @@ class StandingGroups:
                     return standing.quorum
         self.give_up()
         return None
+
+    def formed(self, quorum: int) -> None:
+        """The group of `quorum` formed (a standing one taken, or a step's own): the store keys
+        of the older quorums that no standing group uses go (`QuorumKeys`)."""
+        with self._lock:
+            in_use = {standing.quorum for standing in (*self._formed, *self._forming)}
+        self._keys.formed(quorum, in_use)
 
     def drop(self, procs: ProcMesh) -> None:
         """`procs` failed (any thread): the groups it is in are broken; one it is joining

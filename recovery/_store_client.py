@@ -6,7 +6,8 @@ abort notices use `set`, `check` and `get`; `add`, `delete_key`, `compare_set`, 
 on them (queues and `list_keys` it refuses itself). Every call ends within its timeout: a key
 that does not come, a server that does not answer or went away (its controller died) raise
 `DistStoreError` or `DistNetworkError`, as torch's stores do, so that gloo reports a timeout.
-Any thread may call: each has a connection of its own.
+Any thread may call: each has a connection of its own; any thread may `close` (a call in
+flight ends as it would have, and its connection closes then).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import itertools
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch.distributed as dist
@@ -51,33 +53,49 @@ def _shared_context() -> Any:
 
 
 class _Connections:
-    """One `Requester` per calling thread, closed when its thread ends, or all together."""
+    """One `Requester` per calling thread, closed when its thread ends, or all together.
+
+    zmq sockets are not thread-safe: a socket is closed only while no call uses it. `close`
+    from any thread closes the idle ones at once; one in a call is closed by its own thread
+    when that call ends (it ends within its timeout, as every call does)."""
 
     def __init__(self, address: str) -> None:
         self.address = address
         self._local = threading.local()
         self._all: set[Requester] = set()
+        self._busy: set[Requester] = set()
         self._lock = threading.RLock()  # (a thread's end may come while it holds it)
         self._closed = False
 
-    def mine(self) -> Requester:
-        requester: Requester | None = getattr(self._local, "requester", None)
-        if requester is None:
-            with self._lock:
-                if self._closed:
-                    raise dist.DistNetworkError(  # type: ignore[attr-defined]
-                        f"the connection to the store at {self.address} is closed"
-                    )
+    @contextlib.contextmanager
+    def mine(self) -> Iterator[Requester]:
+        """This thread's connection, for one call (opened at its first)."""
+        with self._lock:
+            if self._closed:
+                raise dist.DistNetworkError(  # type: ignore[attr-defined]
+                    f"the connection to the store at {self.address} is closed: "
+                    "open a new StoreClient"
+                )
+            requester: Requester | None = getattr(self._local, "requester", None)
+            if requester is None:
                 requester = Requester(_shared_context(), self.address, max_bytes=MAX_FRAME_BYTES)
                 self._all.add(requester)
-            self._local.requester = requester
-            self._local.end = _ThreadEnd(self, requester)
-        return requester
+                self._local.requester = requester
+                self._local.end = _ThreadEnd(self, requester)
+            self._busy.add(requester)
+        try:
+            yield requester
+        finally:
+            with self._lock:
+                self._busy.discard(requester)
+                closing = self._closed
+            if closing:  # closed by another thread during the call
+                self.release(requester)
 
     def release(self, requester: Requester) -> None:
-        """Close the connection of a thread that ended."""
+        """Close the connection of a thread that ended (or whose call ended after `close`)."""
         with self._lock:
-            if requester not in self._all:
+            if requester not in self._all or requester in self._busy:
                 return
             self._all.discard(requester)
         requester.close()
@@ -85,8 +103,9 @@ class _Connections:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            requesters, self._all = self._all, set()
-        for requester in requesters:
+            idle = self._all - self._busy
+            self._all -= idle
+        for requester in idle:
             requester.close()
 
 
@@ -115,7 +134,8 @@ class StoreClient(dist.Store):  # type: ignore[misc,name-defined]
         self._closer = weakref.finalize(self, self._connections.close)
 
     def close(self) -> None:
-        """Close this process's connections to the store (every thread's)."""
+        """Close this process's connections to the store (every thread's; any thread may):
+        the idle ones now, one in a call when that call ends."""
         self._closer()
 
     def set(self, key: str, value: str | bytes) -> None:
@@ -141,6 +161,11 @@ class StoreClient(dist.Store):  # type: ignore[misc,name-defined]
     def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
         return self._ask(Op.COMPARE_SET, [_bytes(key), _bytes(expected), _bytes(desired)])[0]
 
+    def delete_prefixes(self, prefixes: list[str]) -> int:
+        """Delete every key that starts with one of `prefixes` (not c10d's: the group's own
+        clean-up, see `_aborts.QuorumKeys`); how many keys went."""
+        return int(self._ask(Op.DELETE_PREFIXES, [_bytes(prefix) for prefix in prefixes])[0])
+
     def num_keys(self) -> int:
         return int(self._ask(Op.NUM_KEYS, [])[0])
 
@@ -154,16 +179,10 @@ class StoreClient(dist.Store):  # type: ignore[misc,name-defined]
         _check_sizes(op, args)
         # a zero timeout is torch's "no timeout": the store's then (every call ends)
         timeout_ms = int((timeout or self.timeout).total_seconds() * 1000)
-        deadline = time.monotonic() + timeout_ms / 1000 + ANSWER_GRACE_S
         request_id = next(self._ids)
-        requester = self._connections.mine()
         try:
-            if not requester.send(encode_request(op, request_id, timeout_ms, args), timeout_ms):
-                raise dist.DistNetworkError(  # type: ignore[attr-defined]
-                    f"could not connect to the replica group's store at {requester.address} "
-                    f"within {timeout_ms} ms: is its controller still running?"
-                )
-            return _answer(requester, request_id, deadline, op)
+            with self._connections.mine() as requester:
+                return self._exchange(requester, op, request_id, timeout_ms, args)
         except ResponderGone as exc:
             raise dist.DistNetworkError(  # type: ignore[attr-defined]
                 f"the replica group's store went away during {op.name}: {exc}"
@@ -172,6 +191,18 @@ class StoreClient(dist.Store):  # type: ignore[misc,name-defined]
             raise dist.DistNetworkError(  # type: ignore[attr-defined]
                 f"the store request {op.name} failed: {exc}"
             ) from exc
+
+    @staticmethod
+    def _exchange(
+        requester: Requester, op: Op, request_id: int, timeout_ms: int, args: list[bytes]
+    ) -> list[bytes]:
+        deadline = time.monotonic() + timeout_ms / 1000 + ANSWER_GRACE_S
+        if not requester.send(encode_request(op, request_id, timeout_ms, args), timeout_ms):
+            raise dist.DistNetworkError(  # type: ignore[attr-defined]
+                f"could not connect to the replica group's store at {requester.address} "
+                f"within {timeout_ms} ms: is its controller still running?"
+            )
+        return _answer(requester, request_id, deadline, op)
 
 
 def _answer(requester: Requester, request_id: int, deadline: float, op: Op) -> list[bytes]:

@@ -6,7 +6,8 @@ notices in it. It replaces torch's TCPStore, whose server takes anyone who reach
 It listens where the runtime's inboxes do (`transport.Responder`): on ipc, in a private
 directory, for replicas on this host; on tcp at `host` too when the allocation has CURVE
 keys, authenticated, for replicas whose ipc file is out of reach. Requests are bytes checked
-against the store's bounds (`_store_wire`); a bad one gets an error, never a crash.
+against the store's bounds (`_store_wire`); a bad one gets an error, never a crash. The waits
+of a client whose connection closed (its process died) are dropped then, not at their timeout.
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ class StoreServer:
             return
         self._release()
 
+    def waiting(self) -> int:
+        """How many GET and WAIT requests wait for their keys now."""
+        return self._state.waiting()
+
     def _release(self) -> None:
         close_context(self._context)
         shutil.rmtree(self._directory, ignore_errors=True)
@@ -85,6 +90,7 @@ class StoreServer:
             while not self._stopping:
                 if self._responder.poll(self._wait_ms(), self._wake_read):
                     self._take_requests()
+                    self._state.forget(self._responder.gone_nowait())
                 self._send(self._state.expire(time.monotonic()))
             self._send(list(self._state.drop_waiting()))
         finally:

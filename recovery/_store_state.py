@@ -65,6 +65,14 @@ class StoreState:
         self._waiting = [waiting for waiting in self._waiting if waiting.deadline > now]
         return [(w.asker, _timed_out(w.request)) for w in expired]
 
+    def forget(self, askers: set[bytes]) -> None:
+        """Drop the waiting requests of `askers`, gone: no one would read their answers."""
+        if askers:
+            self._waiting = [waiting for waiting in self._waiting if waiting.asker not in askers]
+
+    def waiting(self) -> int:
+        return len(self._waiting)
+
     def next_deadline(self) -> float | None:
         return min((waiting.deadline for waiting in self._waiting), default=None)
 
@@ -92,6 +100,8 @@ class StoreState:
             return Status.OK, [b"1" if self._delete(args[0]) else b"0"]
         elif op == Op.COMPARE_SET:
             return Status.OK, [self._compare_set(*args)]
+        elif op == Op.DELETE_PREFIXES:
+            return Status.OK, [str(self._delete_prefixes(args)).encode()]
         elif op == Op.NUM_KEYS:
             return Status.OK, [str(len(self._values)).encode()]
         return Status.OK, []
@@ -112,6 +122,13 @@ class StoreState:
             return False
         self._bytes -= len(key) + len(value)
         return True
+
+    def _delete_prefixes(self, prefixes: tuple[bytes, ...]) -> int:
+        """Delete every key that starts with one of `prefixes`; how many went."""
+        doomed = [key for key in self._values if key.startswith(prefixes)]
+        for key in doomed:
+            self._delete(key)
+        return len(doomed)
 
     def _add(self, request: Request) -> bytes:
         key, delta = request.args[0], unpack_delta(request.args[1])

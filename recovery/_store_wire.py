@@ -40,6 +40,7 @@ class Op(enum.IntEnum):
     DELETE = 6  # key
     COMPARE_SET = 7  # key, expected, desired
     NUM_KEYS = 8
+    DELETE_PREFIXES = 9  # prefixes: every key that starts with one of them goes
 
 
 class Status(enum.IntEnum):
@@ -58,6 +59,7 @@ _ARGUMENTS = {
     Op.DELETE: (1, 1),
     Op.COMPARE_SET: (3, 3),
     Op.NUM_KEYS: (0, 0),
+    Op.DELETE_PREFIXES: (1, MAX_KEYS_PER_REQUEST),
 }
 
 
@@ -79,7 +81,7 @@ class Request:
     @property
     def keys(self) -> tuple[bytes, ...]:
         """The keys the request names (WAIT and CHECK name several, NUM_KEYS none)."""
-        if self.op in (Op.WAIT, Op.CHECK):
+        if self.op in (Op.WAIT, Op.CHECK, Op.DELETE_PREFIXES):
             return self.args
         return self.args[:1]
 
@@ -116,6 +118,8 @@ def _check_sizes(request: Request) -> None:
             request.request_id,
             f"a key of {len(long_key)} bytes is longer than the store allows ({MAX_KEY_BYTES})",
         )
+    if request.op == Op.DELETE_PREFIXES and not all(request.args):
+        raise BadRequest(request.request_id, "DELETE_PREFIXES needs prefixes of one byte or more")
     if request.op == Op.ADD and len(request.args[1]) != _DELTA.size:
         raise BadRequest(request.request_id, "ADD needs its amount as 8 bytes")
     values = request.args[1:] if request.op in (Op.SET, Op.COMPARE_SET) else ()

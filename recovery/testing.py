@@ -5,7 +5,8 @@ drives it with the loop messages of `loop_wire` (`AskQuorum`, `Healed`, `Vote`, 
 `HealFrom`, `Go`, `Retry`, `Finished`, `Decision`) as real loops would, and checks its answers.
 `flatten_gradients` and `use_average` are the gradient arithmetic of `Manager`'s exchange.
 `form_groups` is a replica's side of forming standing groups; `AbortNotices` and `AbortWatch`
-mark and read the abort notices of process groups in a store.
+mark and read the abort notices of process groups in a store; `QuorumKeys` deletes the keys of
+the quorums no one needs any more; `abort_key` and `quorum_prefix` name those keys.
 `StoreServer` and `StoreClient` are a replica group's key-value store (served by its controller)
 and a connection to it, a `torch.distributed.Store`.
 `open_group` and `wait_unless_aborted` are a replica's waits in gloo (its rendezvous, its
@@ -15,7 +16,7 @@ collectives), for tests that leave them in flight.
 from __future__ import annotations
 
 from . import _loop_protocol as loop_wire
-from ._aborts import AbortNotices, AbortWatch
+from ._aborts import AbortNotices, AbortWatch, QuorumKeys, abort_key, quorum_prefix
 from ._arithmetic import flatten_gradients, use_average
 from ._exchange import form_groups, open_group, wait_unless_aborted
 from ._loop_rounds import Rounds as LoopRounds
@@ -26,12 +27,15 @@ __all__ = (
     "AbortNotices",
     "AbortWatch",
     "LoopRounds",
+    "QuorumKeys",
     "StoreClient",
     "StoreServer",
+    "abort_key",
     "flatten_gradients",
     "form_groups",
     "loop_wire",
     "open_group",
+    "quorum_prefix",
     "use_average",
     "wait_unless_aborted",
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +48,17 @@ class DyingTrainer(Trainer):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class CountsForwards(DyingTrainer):
+    """`DyingTrainer` that also notes each forward pass it makes: a line with the step in the
+    file `forwards-<replica id>` of `marks`."""
+
+    def on_phase(self, phase: str, step: int) -> None:
+        if phase == "forward":
+            with open(self.marks / f"forwards-{self.replica_id}", "a") as noted:
+                noted.write(f"{step}\n")
+        super().on_phase(phase, step)
+
+
 class DriftsOutsideGradient(Trainer):
     """`Trainer` whose forward pass also counts itself in a buffer: its state changes outside
     the averaged gradient (as with running statistics), so a spare cannot follow it by
@@ -73,6 +85,26 @@ class DiesFollowing(DyingTrainer):
             except FileExistsError:
                 return
             os.kill(os.getpid(), signal.SIGKILL)
+        super().on_phase(phase, step)
+
+
+class LagsFollowing(DyingTrainer):
+    """`DyingTrainer` keeping 8 updates, whose spare follows every 4 steps and, the first time
+    it is asked to reach step 8 or later, takes 3 s to start applying (on its following
+    thread; `following` in `marks` says when): it lags by up to the whole log. Each follow
+    notes its thread's nice value in `follow-nice`."""
+
+    standby_updates = 8
+    standby_follow_every = 4
+
+    def on_phase(self, phase: str, step: int) -> None:
+        if phase == "follow":
+            nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            with open(self.marks / "follow-nice", "a") as noted:
+                noted.write(f"{nice}\n")
+            if step >= 8 and not (self.marks / "following").exists():
+                (self.marks / "following").touch()
+                time.sleep(3.0)
         super().on_phase(phase, step)
 
 

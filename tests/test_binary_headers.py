@@ -7,6 +7,7 @@ proc sent one keeps serving.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -21,12 +22,17 @@ from mesh.testing import wire
 from transport import (
     MAGIC,
     MalformedMessage,
+    MessageTooLarge,
     Payload,
     binary_header,
     decode,
     encode,
     encode_fields,
+    encode_prepared,
     message_type,
+    prepare_header,
+    transport_settings,
+    use_transport_settings,
 )
 
 
@@ -176,3 +182,46 @@ def test_long_headers_come_back_as_sent_every_time() -> None:
     for call_id in range(3):
         sent = Every(call_id, *(getattr(header, n) for n in Every.__slots__[1:]))  # type: ignore[attr-defined]
         assert decode(encode(sent)).header == sent
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(EVERY, st.lists(INT64, min_size=1, max_size=3), st.binary(max_size=16))
+def test_a_prepared_header_sends_what_encode_fields_sends(
+    header: Every, firsts: list[int], body: bytes
+) -> None:
+    """A header prepared once, sent with several first fields (call ids): the same frames
+    as `encode_fields` makes for each."""
+    rest = tuple(getattr(header, name) for name in Every.__slots__[1:])  # type: ignore[attr-defined]
+    prepared = prepare_header(Every, rest)
+    assert prepared is not None
+    for first in firsts:
+        frames = encode_prepared(prepared, first, Payload(body))
+        assert frames == encode_fields(Every, (first, *rest), Payload(body))
+        assert decode(frames).header == Every(first, *rest)
+
+
+@pytest.mark.parametrize(
+    ("kind", "rest"),
+    [
+        (Every, ("\ud800", None, (), 0, ())),  # a lone surrogate is no UTF-8
+        (Every, ("", None, (), 2**63, ())),  # past 64 bits
+        (Every, ("", None, ())),  # fields missing
+        (wire.StopActor, ("reply", "actor", 0)),  # no binary header
+    ],
+    ids=["surrogate", "big int", "missing", "not binary"],
+)
+def test_a_header_that_cannot_be_prepared_is_none(kind: type, rest: tuple[Any, ...]) -> None:
+    assert prepare_header(kind, rest) is None
+
+
+def test_a_prepared_header_refuses_a_payload_past_the_limit() -> None:
+    prepared = prepare_header(Every, ("", None, (), 0, ()))
+    assert prepared is not None
+    before = transport_settings()
+    use_transport_settings(dataclasses.replace(before, max_message_bytes=100))
+    try:
+        with pytest.raises(MessageTooLarge, match="Every message of 101 bytes"):
+            encode_prepared(prepared, 1, Payload(b"x" * 101))
+        assert len(encode_prepared(prepared, 1, Payload(b"x" * 100))) == 1  # at the limit
+    finally:
+        use_transport_settings(before)

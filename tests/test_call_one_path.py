@@ -5,11 +5,14 @@ still receives its messages in the order they were sent, each exactly once."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import actors
 import fanout_actors as fa
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -94,6 +97,37 @@ def test_calls_to_one_actor_keep_order_with_calls_on_the_general_path(
     messages_arrive_in_order_once()
     if fan_out_at == 2:
         assert paths_seen == {True, False}, "both paths must have been taken"
+
+
+@pytest.mark.timeout(60)
+def test_threads_taking_turns_on_one_endpoint_each_get_their_own_answers(
+    make_procs: Any, no_failure_reaches_the_root: None
+) -> None:
+    """Each thread has its own reply address, so a call's header differs from one thread to
+    the next: calls to one endpoint of one handle, from threads taking turns (and to each
+    rank in turn), each come back to the thread that made them, with their own value."""
+    echo = make_procs({"gpus": 2}).spawn("echo", actors.Echo)
+    pids = echo.pid.call().get(timeout=T).values()
+    ones = [echo.slice(gpus=rank) for rank in range(2)]
+    turns = [threading.Semaphore(1), threading.Semaphore(0)]
+
+    def take_turns(me: int) -> list[tuple[Any, int]]:
+        got = []
+        for i in range(10):
+            with contextlib.ExitStack() as stack:
+                assert turns[me].acquire(timeout=T)
+                stack.callback(turns[1 - me].release)
+                one = ones[i % 2]
+                got.append(
+                    (one.echo.call_one((me, i)).get(timeout=T), one.pid.call_one().get(timeout=T))
+                )
+        return got
+
+    with concurrent.futures.ThreadPoolExecutor(1) as other:
+        theirs = other.submit(take_turns, 1)
+        mine = take_turns(0)
+        assert theirs.result(timeout=T) == [((1, i), pids[i % 2]) for i in range(10)]
+    assert mine == [((0, i), pids[i % 2]) for i in range(10)]
 
 
 @message_type

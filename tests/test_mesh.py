@@ -157,6 +157,23 @@ def test_future_made_on_one_thread_can_be_awaited_on_another(procs: ProcMesh) ->
     assert future.get(timeout=T) == "x"
 
 
+def test_threads_waiting_on_one_future_all_get_its_value(procs: ProcMesh) -> None:
+    """Whichever thread receives the reply, the others waiting on the future wake with it."""
+    waiter = procs.spawn("waiter", actors.Waiter)
+    gate = procs.spawn("gate", actors.Gate)
+    name = gate_name()
+    future = waiter.slice(gpus=0).wait.call_one(name, "done")  # made on the main thread
+    box: list[Any] = []
+    threads = [threading.Thread(target=lambda: box.append(future.get(timeout=T))) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    gate.slice(gpus=0).open.call_one(name).get(timeout=T)
+    assert future.get(timeout=T) == "done"
+    for thread in threads:
+        thread.join(T)
+    assert box == ["done"] * 3
+
+
 # -- futures ------------------------------------------------------------------------------------
 
 

@@ -71,16 +71,35 @@ def test_values_loaded_from_a_slot_are_private_and_outlive_its_reuse(first: int)
     values = _values()
     args = values[first:] + values[:first]
     arena, maps = PayloadArena(capacity=1 << 20), aw.ArenaMaps()
-    call = arena.put(_CALL, Payload.dump((args, {})))
-    assert call is not None
-    loaded, _ = maps.payload(call).load()
-    arena.free(call.offset)
-    again = arena.put(_CALL, Payload(b"\xff" * 64, [b"\xff" * 40000]))  # the same slot
-    assert again is not None and again.offset == call.offset
-    assert [_plain(value) for value in loaded] == [_plain(value) for value in args]
-    for value in loaded:
-        if isinstance(value, (torch.Tensor, numpy.ndarray)):
-            value += 1  # writable, and private
+    for _ in range(2):  # the second time, a body known to copy everything is loaded as it is
+        call = arena.put(_CALL, Payload.dump((args, {})))
+        assert call is not None
+        loaded, _ = maps.payload(call).load()
+        arena.free(call.offset)
+        again = arena.put(_CALL, Payload(b"\xff" * 64, [b"\xff" * 40000]))  # the same slot
+        assert again is not None and again.offset == call.offset
+        arena.free(again.offset)
+        assert [_plain(value) for value in loaded] == [_plain(value) for value in args]
+        for value in loaded:
+            if isinstance(value, (torch.Tensor, numpy.ndarray)):
+                value += 1  # writable, and private
+
+
+@pytest.mark.parametrize("value", [b"b" * 5000, bytearray(b"a" * 5000)])
+def test_a_body_loaded_again_still_copies_out_of_the_slot(value: Any) -> None:
+    """Loaded a second time, a payload whose body copied everything the first time (it is
+    then unpickled without the checking unpickler) still gives values of its own."""
+    arena, maps = PayloadArena(capacity=1 << 20), aw.ArenaMaps()
+    loaded = []
+    for _ in range(3):
+        call = arena.put(_CALL, Payload.dump(((value,), {})))
+        assert call is not None
+        loaded.append(maps.payload(call).load()[0][0])
+        arena.free(call.offset)
+        overwrite = arena.put(_CALL, Payload(b"\xff" * 64, [b"\xff" * 40000]))
+        assert overwrite is not None and overwrite.offset == call.offset
+        arena.free(overwrite.offset)
+    assert all(type(v) is type(value) and v == value for v in loaded)
 
 
 def _plain(value: Any) -> Any:
@@ -97,9 +116,10 @@ def test_a_proc_refuses_headers_and_files_that_are_not_its_arenas() -> None:
     call = arena.put(_CALL, Payload(b"body", [b"x" * 3000]))
     assert call is not None
     bad = {
-        "wrong token": dataclasses.replace(call, token=bytes(16)),
+        "wrong token": dataclasses.replace(call, call_id=call.call_id + 1),
         "outside its slots": dataclasses.replace(call, offset=(1 << 20) - 100),
         "malformed": dataclasses.replace(call, body_bytes=-1),
+        "must be ints": dataclasses.replace(call, offset="4096"),
     }
     for reason, header in bad.items():
         with pytest.raises(ValueError, match=reason):

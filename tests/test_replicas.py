@@ -105,6 +105,26 @@ def test_kills_at_every_point_of_a_step_keep_the_invariants(
     assert by_step[12] == by_step[16] == (0, 1, 2)  # a replica died committing each
 
 
+def test_a_kill_mid_exchange_costs_the_survivors_no_second_forward_pass(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    """The survivors keep their gradient of the step that a death discarded: its retry
+    without the dead replica only exchanges them, and the bits still equal the replay."""
+    plan = {2: [(5, "allreduce")]}
+    group = ReplicaGroup(
+        this_host(), ra.CountsForwards, plan, str(tmp_path), replicas=3, heartbeat_timeout_s=HB
+    )
+    groups.append(group)
+    train(group, 8)
+    train_until_recovered(group)
+    assert_invariants(group)
+    assert {o.step for o in group.outcomes if not o.committed} == {5}, group.outcomes
+    assert dict(group.history)[5] == (0, 1)
+    for survivor in (0, 1):
+        forwards = (tmp_path / f"forwards-{survivor}").read_text().split()
+        assert forwards.count("5") == 1, forwards
+
+
 def test_below_min_replicas_the_group_waits_for_a_replacement(
     groups: list[ReplicaGroup],
 ) -> None:

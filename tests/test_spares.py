@@ -113,6 +113,36 @@ def test_a_spare_killed_while_following_is_replaced_and_no_step_waits(
     assert_spares_follow(group)
 
 
+def test_a_spare_a_whole_log_behind_takes_over_at_exactly_the_groups_state(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    """The spare follows at nice 19 (where the process may raise it back; at its own
+    priority when it lags) and lags: asked to reach step 8 (from 4, or later), it is still at
+    it when replica 1 dies 4 steps later, up to 8 updates (its peers' whole log) behind. The
+    take-over raises the follow under way to its own priority, waits for it, applies the
+    rest, and the group goes on with the replay's bits; no thread of the new replica stays at
+    a low priority."""
+    group = _with_a_ready_spare(groups, ra.LagsFollowing, {}, tmp_path)
+    spare = group.spare_replicas[0]
+    train(group, 8)
+    _wait_for(
+        lambda: (group.step(), (tmp_path / "following").exists())[1],
+        "the spare never followed step 8",
+    )
+    train(group, group.committed_steps + 4)  # its follow still under way
+    os.kill(pid_of(group, 1), signal.SIGKILL)
+    train_until_recovered(group)
+    train(group, group.committed_steps + 2)
+    assert [(r.replica, r.by_spare) for r in group.recoveries] == [(1, True)], group.recoveries
+    assert group.replicas[1] is spare
+    assert_invariants(group)
+    pid = _pid(spare)
+    threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    assert {os.getpriority(os.PRIO_PROCESS, tid) for tid in threads} == {0}
+    noted = set((tmp_path / "follow-nice").read_text().split())
+    assert noted <= {"0", "19"} and (os.geteuid() != 0 or "19" in noted), noted
+
+
 def test_a_spare_that_cannot_follow_is_healed_never_trusted(groups: list[ReplicaGroup]) -> None:
     """The replicas' state changes outside the updates a spare applies: its digest never
     matches the group's, so it is healed whole again and again. A replica's failure is then
@@ -205,6 +235,41 @@ def test_lent_updates_arrive_bit_for_bit(dtype: torch.dtype, numel: int, first: 
     for got, want in zip(received, kept, strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
         assert torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    keep=st.integers(1, 4),
+    actions=st.lists(st.sampled_from(["commit", "commit", "let go", 0, 1, 2, 3]), max_size=30),
+)
+def test_the_update_log_hands_back_exactly_the_memory_no_one_reads(
+    keep: int, actions: list[str | int]
+) -> None:
+    """`record` hands back, for the next step's update to be written into, the update that
+    left the log, exactly when no lend of it to the transport is still held (a spare may be
+    reading it): so no fresh memory per step, and never memory a spare still reads."""
+    log = UpdateLog()
+    log.resize(keep)
+    updates: dict[int, torch.Tensor] = {}
+    held: list[tuple[object, list[torch.Tensor]]] = []  # (what the transport holds, its updates)
+    for action in actions:
+        if action == "commit":
+            step = len(updates) + 1
+            updates[step] = torch.full((4,), float(step))
+            handed = log.record(step, updates[step])
+            left = updates.get(step - keep)
+            read = any(left is t for _, tensors in held for t in tensors)
+            if left is None or read:
+                assert handed is None
+            else:
+                assert handed is left, "the update that left the log, no one reading it"
+        elif action == "let go":
+            held.clear()  # the transport sent them
+        elif isinstance(action, int) and updates:
+            last = len(updates)
+            first = max(1, last - action)
+            lent = [updates[s] for s in range(first, last + 1)] if first > last - keep else []
+            held.append((dumps(log.lend(first, last)), lent))  # held by the frames only
 
 
 class FollowsTooRarely(ra.Trainer):

@@ -12,6 +12,7 @@ from ._errors import MalformedMessage as MalformedMessage
 from ._errors import MessageTooLarge as MessageTooLarge
 from ._errors import SerializationError as SerializationError
 from ._errors import TransportError as TransportError
+from ._errors import WireVersionMismatch as WireVersionMismatch
 from ._errors import safe_str as safe_str
 from ._faults import FaultRule as FaultRule
 from ._faults import NetworkFaults as NetworkFaults
@@ -22,6 +23,7 @@ from ._flusher import Flusher as Flusher
 from ._frames import DEFAULT_MAX_MESSAGE_BYTES as DEFAULT_MAX_MESSAGE_BYTES
 from ._frames import MAGIC as MAGIC
 from ._frames import MAX_HEADER_BYTES as MAX_HEADER_BYTES
+from ._frames import WIRE_VERSION as WIRE_VERSION
 from ._frames import Envelope as Envelope
 from ._frames import Payload as Payload
 from ._frames import binary_header as binary_header
@@ -33,6 +35,9 @@ from ._lending import LEND_MIN_BYTES as LEND_MIN_BYTES
 from ._lending import Lent as Lent
 from ._log import get_logger as get_logger
 from ._log import reset_logging as reset_logging
+from ._prepared import PreparedHeader as PreparedHeader
+from ._prepared import encode_prepared as encode_prepared
+from ._prepared import prepare_header as prepare_header
 from ._requests import Requester as Requester
 from ._requests import Responder as Responder
 from ._requests import ResponderGone as ResponderGone
@@ -67,6 +72,7 @@ __all__ = (
     "MAX_BATCH_MESSAGES",
     "MAX_HEADER_BYTES",
     "OUT_OF_BAND_MIN_BYTES",
+    "WIRE_VERSION",
     "Addresses",
     "CurveKeys",
     "Envelope",
@@ -79,12 +85,14 @@ __all__ = (
     "NetworkFaults",
     "Outbox",
     "Payload",
+    "PreparedHeader",
     "Requester",
     "Responder",
     "ResponderGone",
     "SerializationError",
     "TransportError",
     "TransportSettings",
+    "WireVersionMismatch",
     "binary_header",
     "check_exposure",
     "check_fd_headroom",
@@ -94,6 +102,7 @@ __all__ = (
     "dumps",
     "encode",
     "encode_fields",
+    "encode_prepared",
     "follow_keys_pointer",
     "get_logger",
     "is_address",
@@ -102,6 +111,7 @@ __all__ = (
     "network_faults",
     "new_context",
     "point_to_keys",
+    "prepare_header",
     "private_runtime_dir",
     "raise_open_file_limit",
     "reset_logging",

@@ -84,7 +84,7 @@ class BinaryLayout:
             rest = values[1:]
             tail = self._encoded.get(rest)
             if tail is None:
-                tail = self._encode_rest(rest)
+                tail = self.encode_rest(rest)
                 if tail is None:
                     return None
                 if len(tail) <= _CACHED_BYTES:
@@ -95,7 +95,8 @@ class BinaryLayout:
         except (struct.error, TypeError):  # an int past 64 bits; a value that is unhashable
             return None
 
-    def _encode_rest(self, rest: tuple[Any, ...]) -> bytes | None:
+    def encode_rest(self, rest: tuple[Any, ...]) -> bytes | None:
+        """The fields after the first, encoded; None when one is not of its declared type."""
         parts: list[bytes] = []
         for kind, value in zip(self._kinds[1:], rest, strict=True):
             if kind == "i":

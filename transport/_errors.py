@@ -6,6 +6,7 @@ Exception tree::
     ├── SerializationError          a value cannot be pickled (raised at the sender)
     ├── MessageTooLarge             a message exceeds the size limit
     └── MalformedMessage            received frames that are not a valid message
+        └── WireVersionMismatch     a message of another wire version (another meshvisor)
 
 A `zmq.ZMQError` never reaches a user: it is translated into a `TransportError`
 raised ``from`` the original.
@@ -28,6 +29,10 @@ class MessageTooLarge(TransportError, ValueError):
 
 class MalformedMessage(TransportError, ValueError):
     """Frames were received that do not form a valid meshvisor message."""
+
+
+class WireVersionMismatch(MalformedMessage):
+    """A message framed by a peer that speaks another wire version (another meshvisor)."""
 
 
 def safe_str(exc: BaseException | None) -> str:

@@ -2,7 +2,7 @@
 
 Wire layout of one message (a zmq multipart message)::
 
-    frame 0   b"MV" + version byte + header length (u32 little-endian) + codec byte +
+    frame 0   b"MV" + version byte (WIRE_VERSION) + header length (u32 little-endian) + codec byte +
               the header (a registered message type: marshal of its name and fields, see
               below) + the payload's pickle body (may be empty)
     frame 1.. the payload's out-of-band buffers, one zero-copy frame each
@@ -38,12 +38,16 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import _serialize, _settings
+from ._batches import BATCH_MAGIC
 from ._binary import BinaryLayout, layout_kinds
-from ._errors import MalformedMessage, MessageTooLarge, SerializationError
+from ._errors import MalformedMessage, MessageTooLarge, SerializationError, WireVersionMismatch
 from ._marshal_scan import check_marshal
 from ._settings import TransportSettings, transport_settings
 
-MAGIC = b"MV\x03"
+#: The version of this framing, the byte after b"MV": bumped whenever what a peer of the old
+#: version cannot read changes (4: binary headers, codec bytes `C` and `R`).
+WIRE_VERSION = 4
+MAGIC = b"MV" + bytes([WIRE_VERSION])
 _LENGTH = struct.Struct("<I")
 _PREFIX = len(MAGIC) + _LENGTH.size + 1
 _HEAD = struct.Struct("<3sIB")  # the prefix: magic, header length, codec
@@ -159,6 +163,20 @@ def _plain(value: Any) -> Any:
     if type(value) is dict:
         return {k: _plain(v) for k, v in value.items()}
     return value
+
+
+def _refuse_prefix(first: memoryview) -> None:
+    """Raise why a first frame without this version's magic is refused."""
+    for magic, what in ((MAGIC, "a message"), (BATCH_MAGIC, "a batch")):
+        if first.nbytes >= len(magic) and first[:2] == magic[:2] and first[2] != magic[2]:
+            raise WireVersionMismatch(
+                f"received {what} of wire version {first[2]}, but this process speaks version "
+                f"{magic[2]}: every process of an allocation must run the same meshvisor "
+                "release (upgrade the older one)"
+            )
+    raise MalformedMessage(
+        f"received a frame without the meshvisor header (starts with {bytes(first[:8])!r})"
+    )
 
 
 def _decode_header(codec: int, data: memoryview) -> Any:
@@ -350,9 +368,7 @@ def decode(frames: Sequence[Any], *, max_bytes: int | None = None) -> Envelope:
     else:
         magic, length, codec = _HEAD.unpack_from(first)
     if magic != MAGIC:
-        raise MalformedMessage(
-            f"received a frame without the meshvisor header (starts with {bytes(first[:8])!r})"
-        )
+        _refuse_prefix(first)
     if length > MAX_HEADER_BYTES:
         raise MessageTooLarge(
             f"received a header of {length} bytes, over the limit of {MAX_HEADER_BYTES}"

@@ -5,7 +5,9 @@ responder is a ROUTER socket bound like an inbox (`bind_secured`: ipc without ke
 CURVE server that admits only the allocation's key holders, so nothing from another peer ever
 reaches it); a requester is a DEALER socket, one per thread (zmq sockets are not thread-safe),
 which also watches its connection: a responder that goes away (its process died) ends a wait
-at once (`ResponderGone`) instead of at its timeout.
+at once (`ResponderGone`) instead of at its timeout. The responder watches its connections
+too: `gone_nowait` names the requesters whose connection closed (their process died), so that
+what it holds for them (a request waiting for its answer) can be dropped at once.
 """
 
 from __future__ import annotations
@@ -33,7 +35,11 @@ class ResponderGone(TransportError):
 
 class Responder:
     """A ROUTER socket bound at ipc `ipc` (and tcp `tcp`, authenticated): requests come with
-    the identity of their requester, which `reply` sends the answer to."""
+    the identity of their requester, which `reply` sends the answer to.
+
+    Which requesters went away is known from the socket's monitor: a closed connection is
+    reported by its file descriptor, and each request by the descriptor it came through
+    (libzmq's ZMQ_SRCFD; ZMQ_ROUTER_NOTIFY, which names the identity, is a draft option)."""
 
     def __init__(
         self, context: zmq.Context[Any], ipc: str, tcp: str | None, *, max_bytes: int
@@ -43,7 +49,11 @@ class Responder:
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a reply to a gone requester: dropped
         self._ipc_path = ipc[len("ipc://") :]
+        self._monitor: zmq.Socket[Any] | None = None
+        self._on_connection: dict[int, set[bytes]] = {}  # requester identities, by descriptor
+        self._gone: set[bytes] = set()
         try:
+            self._monitor = unbounded_monitor(self._socket, zmq.EVENT_DISCONNECTED)
             bind_secured(self._socket, ipc)
             bound = Addresses.of(self._socket.getsockopt_string(zmq.LAST_ENDPOINT))
             if tcp is not None:
@@ -55,18 +65,40 @@ class Responder:
         self.addresses = bound
 
     def poll(self, timeout_ms: int, wake_fd: int) -> bool:
-        """Wait up to `timeout_ms` for a request or for `wake_fd`; True if a request waits."""
-        items = [(self._socket, zmq.POLLIN), (wake_fd, zmq.POLLIN)]
+        """Wait up to `timeout_ms` for a request, a closed connection or `wake_fd`; True if
+        a request or a closed connection waits."""
+        items = [(self._socket, zmq.POLLIN), (self._monitor, zmq.POLLIN), (wake_fd, zmq.POLLIN)]
         ready = zmq.zmq_poll(items, min(timeout_ms, LONGEST_WAIT_MS))
-        return any(item is self._socket for item, _ in ready)
+        return any(item is not wake_fd for item, _ in ready)
+
+    def gone_nowait(self) -> set[bytes]:
+        """The identities of the requesters whose connection closed since the last look."""
+        self._take_closed()
+        gone, self._gone = self._gone, set()
+        return gone
 
     def receive_nowait(self) -> tuple[bytes, list[bytes]] | None:
         """(requester identity, request frames), or None when no request waits."""
         try:
-            frames = self._socket.recv_multipart(_NOBLOCK)
+            frames = self._socket.recv_multipart(_NOBLOCK, copy=False)
         except zmq.Again:
             return None
-        return frames[0], frames[1:]
+        # The closing of an earlier connection on the same descriptor is reported before this
+        # request could come: taken now, it is not blamed on this requester.
+        self._take_closed()
+        identity = frames[0].bytes
+        self._on_connection.setdefault(frames[0].get(zmq.SRCFD), set()).add(identity)
+        return identity, [frame.bytes for frame in frames[1:]]
+
+    def _take_closed(self) -> None:
+        """Note the requesters of every connection the monitor reports closed."""
+        assert self._monitor is not None
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, _NOBLOCK)
+            except zmq.Again:
+                return
+            self._gone |= self._on_connection.pop(event["value"], set())
 
     def reply(self, identity: bytes, frames: Sequence[bytes]) -> None:
         """Answer the requester `identity` (dropped if it is gone)."""
@@ -75,6 +107,10 @@ class Responder:
 
     def close(self) -> None:
         """Close the socket and remove its socket file (from the thread that used it)."""
+        if self._monitor is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._socket.disable_monitor()
+            self._monitor.close(linger=0)
         self._socket.close(linger=0)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._ipc_path)

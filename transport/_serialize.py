@@ -120,8 +120,9 @@ _CONTAINERS = frozenset({tuple, list, dict})
 
 def _is_plain(value: Any, depth: int = _LIFT_DEPTH) -> bool:
     """Builtins only (small containers of scalars and small bytes): the C pickler alone
-    serializes these exactly as cloudpickle would, several times faster. Plain loops: this
-    runs for every message."""
+    serializes these exactly as cloudpickle would, several times faster. Plain loops, and no
+    call for the items that need no look inside (scalars, small bytes, empty containers):
+    this runs for every message."""
     kind = type(value)
     if kind in _PLAIN_SCALARS:
         return True
@@ -130,16 +131,18 @@ def _is_plain(value: Any, depth: int = _LIFT_DEPTH) -> bool:
     if depth == 0 or kind not in _CONTAINERS or len(value) > _LIFT_MAX_ITEMS:
         return False
     if kind is dict:
-        for key, item in value.items():
+        for key in value:
             if type(key) is not str:
                 return False
-            if type(item) not in _PLAIN_SCALARS and not _is_plain(item, depth - 1):
-                return False
-        return True
+        value = value.values()
     for item in value:
-        inner = type(item)  # an empty container (a call's kwargs, mostly) needs no look inside
-        looked_into = inner not in _PLAIN_SCALARS and (inner not in _CONTAINERS or item)
-        if looked_into and not _is_plain(item, depth - 1):
+        inner = type(item)
+        if inner in _PLAIN_SCALARS:
+            continue
+        if inner is bytes:
+            if len(item) >= OUT_OF_BAND_MIN_BYTES:
+                return False
+        elif (inner not in _CONTAINERS or item) and not _is_plain(item, depth - 1):
             return False
     return True
 

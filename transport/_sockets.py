@@ -168,12 +168,11 @@ class Inbox:
                 raise TransportError(f"receiving on {self.address} failed: {exc}") from exc
             first = memoryview(frames[0])
             if len(frames) == 1 and is_batch(first):
-                messages = split_batch_or_none(first, self._log, self.address)
-                self._split.extend(e for m in messages if (e := self._decode([m])) is not None)
+                self._take_batch(first)
                 if self._split:
                     return self._split.popleft()
                 continue
-            try:  # `_decode` inlined: once per message received
+            try:
                 return decode(frames, max_bytes=self._max_bytes)
             except (MalformedMessage, MessageTooLarge) as exc:
                 self._dropped(exc, frames)
@@ -183,13 +182,15 @@ class Inbox:
         """The next message of a batch already received (None if none): no socket call."""
         return self._split.popleft() if self._split else None
 
-    def _decode(self, frames: list[Any]) -> Envelope | None:
-        """The message `frames` hold, or None (logged) when it is malformed or too large."""
-        try:
-            return decode(frames, max_bytes=self._max_bytes)
-        except (MalformedMessage, MessageTooLarge) as exc:
-            self._dropped(exc, frames)
-            return None
+    def _take_batch(self, frame: memoryview) -> None:
+        """Keep the valid messages of a batch frame to be taken one by one (a plain loop:
+        no generator and no call per message)."""
+        split, max_bytes = self._split, self._max_bytes
+        for message in split_batch_or_none(frame, self._log, self.address):
+            try:
+                split.append(decode([message], max_bytes=max_bytes))
+            except (MalformedMessage, MessageTooLarge) as exc:
+                self._dropped(exc, [message])
 
     def _dropped(self, error: Exception, frames: list[Any]) -> None:
         self._log.warning(

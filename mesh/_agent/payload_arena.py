@@ -12,15 +12,15 @@ import bisect
 import fcntl
 import mmap
 import os
-import secrets
 
 from mesh._engine.messages import CallActor
 from mesh._engine.payload_arena import (
     ARENA_HEADER,
     ARENA_HEADER_BYTES,
     ARENA_NAME,
-    TOKEN_BYTES,
+    TOKEN,
     ArenaCall,
+    call_fields,
     slot_bytes,
 )
 from transport import Payload
@@ -53,12 +53,13 @@ class PayloadArena:
         self._placed = 0
 
     def put(self, message: CallActor, payload: Payload) -> ArenaCall | None:
-        """Write `payload` into a free slot: the header that names it, or None when no slot
-        is large enough now (the caller then shares it some other way)."""
+        """Write `payload` of call `message` into a free slot: the header that names it, or
+        None when no slot is large enough now (the caller then shares it some other way). The
+        slot's token is the call's id, which the caller never gives another call."""
         offset = self._take(slot_bytes(payload))
         if offset is None:
             return None
-        token = secrets.token_bytes(TOKEN_BYTES)
+        token = TOKEN.pack(message.call_id)
         body = memoryview(payload.body).cast("B")
         buffers = [memoryview(b).cast("B") for b in payload.buffers]
         position = offset
@@ -68,8 +69,11 @@ class PayloadArena:
         self._placed += 1
         self._count()
         sizes = tuple(b.nbytes for b in buffers)
-        pid, fd = os.getpid(), self._fd
-        return ArenaCall(message, pid, fd, self._id, offset, token, body.nbytes, sizes)
+        call_id, reply_to, actor_id, endpoint, labels, mesh_sizes, rank = call_fields(message)
+        return ArenaCall(
+            call_id, reply_to, actor_id, endpoint, labels, mesh_sizes, rank,
+            os.getpid(), self._fd, self._id, offset, body.nbytes, sizes,
+        )  # fmt: skip
 
     def free(self, offset: int) -> None:
         """The slot at `offset` is no longer read by anyone: it may hold another payload."""

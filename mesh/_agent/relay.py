@@ -16,20 +16,25 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import operator
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mesh._agent.procs import ProcRecord, ProcTable
 from mesh._agent.shared_segments import SharedSegments
 from mesh._engine.fanout_messages import MAX_BATCH_ANSWERS, FanOut, pack_answers
 from mesh._engine.messages import CallActor, Failure, InboxClosed, Reply, StopActor
+from mesh._engine.payload_arena import ArenaCall, call_fields
+from mesh._engine.shared_payload import SharedCall
 from transport import (
     Envelope,
     Outbox,
     Payload,
     TransportError,
     encode,
+    encode_fields,
     is_address,
     transport_settings,
 )
@@ -43,6 +48,7 @@ MAX_SHARED_BYTES = 64 << 10
 HOLD_S = 0.002
 
 Answer = tuple[int, str, Payload | None]
+_ARENA_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(ArenaCall)))
 
 
 class _Relayed:
@@ -103,19 +109,18 @@ class FanOutRelay:
             reply_to = self._address  # the procs answer here
             relay_id = next(self._ids)
             relayed = self._calls[relay_id] = _Relayed(message.call_id, message.reply_to)
-        shared = self._shared.share(relay_id, message, payload, len(request.targets))
+        relayed_message = _for_rank(message, relay_id, reply_to, 0)
+        shared = self._shared.share(relay_id, relayed_message, payload, len(request.targets))
+        frames_for = _frames_for(relayed_message, shared, payload)
         for proc_id, rank in request.targets:
             proc = self._procs.get(proc_id)
             if proc is None:  # gone: its exit report tells the caller
                 continue
             if message.reply_to is not None:
                 relayed.waiting[rank] = proc_id
-            header = _for_rank(message, relay_id, reply_to, rank)
-            if shared is None or not isinstance(header, CallActor):
-                self._deliver(proc, encode(header, payload))
-                continue
-            self._shared.expect(relay_id, rank, proc_id)
-            self._deliver(proc, encode(dataclasses.replace(shared, message=header)))
+            if shared is not None:
+                self._shared.expect(relay_id, rank, proc_id)
+            self._deliver(proc, frames_for(rank))
         if shared is not None:
             self._shared.sent(relay_id)
         if message.reply_to is not None and not relayed.waiting:
@@ -235,6 +240,30 @@ def _for_rank(
         labels, sizes = message.labels, message.sizes
         return CallActor(call_id, reply_to, message.actor_id, message.endpoint, labels, sizes, rank)
     return StopActor(call_id, reply_to, message.actor_id, rank)
+
+
+def _frames_for(
+    message: CallActor | StopActor, shared: SharedCall | ArenaCall | None, payload: Payload | None
+) -> Callable[[int], list[Any]]:
+    """``frames(rank)``: the message the proc of `rank` gets, `message` for its rank with its
+    payload (`shared`: where it lies). Built from the fields, not from a header per proc: one
+    encoding per proc is all the agent does for it."""
+    if type(shared) is ArenaCall:
+        fields = _ARENA_FIELDS(shared)
+        head, tail = fields[:6], fields[7:]
+        return lambda rank: encode_fields(ArenaCall, (*head, rank, *tail), None)
+    if type(shared) is SharedCall:
+        call = shared.message
+        return lambda rank: encode(dataclasses.replace(shared, message=_with_rank(call, rank)))
+    if type(message) is CallActor:
+        head = call_fields(message)[:6]
+        return lambda rank: encode_fields(CallActor, (*head, rank), payload)
+    return lambda rank: encode(_with_rank(message, rank), payload)
+
+
+def _with_rank(message: Any, rank: int) -> Any:
+    """`message` (a `CallActor` or `StopActor`) for the proc of rank `rank`."""
+    return dataclasses.replace(message, rank=rank)
 
 
 def _bad_fan_out(request: FanOut) -> str | None:

@@ -74,9 +74,7 @@ class Accumulator(Generic[P, R, A]):
         mesh: ActorMesh[Any] = ref._mesh  # type: ignore[assignment]
         runtime = mesh._runtime
         home = runtime.replies.for_current_thread()
-        future: Future[A] = Future(
-            runtime, f"accumulate() of {mesh.name}.{ref.name}", home, mesh._covers
-        )
+        future: Future[A] = Future(runtime, f"accumulate() of {mesh.name}.{ref.name}", home, mesh)
         if not self._tree:
             ranks = [[rank] for rank in range(len(mesh))]
             sink = FoldSink(future, self._identity, self._combine, mesh.extent, ranks)

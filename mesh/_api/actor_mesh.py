@@ -21,7 +21,7 @@ from mesh._engine.runtime import Runtime
 from mesh._engine.session import current_session
 from mesh._shape import Extent, Region
 from supervision import SupervisionError, SupervisionEvent
-from transport import Payload
+from transport import Payload, PreparedHeader, prepare_header
 
 A = TypeVar("A")
 
@@ -29,7 +29,16 @@ A = TypeVar("A")
 class ActorMeshState:
     """What all slices of one actor mesh share."""
 
-    __slots__ = ("actor_class", "actor_id", "endpoints", "name", "peers", "stopped", "view")
+    __slots__ = (
+        "actor_class",
+        "actor_id",
+        "endpoints",
+        "name",
+        "peers",
+        "prepared",
+        "stopped",
+        "view",
+    )
 
     def __init__(
         self,
@@ -45,6 +54,9 @@ class ActorMeshState:
         self.peers = peers
         self.stopped = False
         self.endpoints: dict[str, str] = {}
+        #: by endpoint: (reply_to, extent, index, fields, header) of its last call to one actor
+        self.prepared: dict[str, tuple[str, Extent, int, tuple[Any, ...], PreparedHeader | None]]
+        self.prepared = {}
         self.view = ActorMeshView(actor_id, name, extent, peers)
 
 
@@ -113,9 +125,20 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
         runtime = self._runtime
         extent, ranks = self._region.extent, self._region.ranks
         peer = state.peers[ranks[index]]
-        reply_to = runtime.address_for(peer.location, home)
-        fields = (reply_to, state.actor_id, endpoint, extent.labels, extent.sizes, index)
-        runtime.calls.send_one(peer, fields, payload, sink, home, state.view)
+        reply_to = runtime.address_for(peer.address or peer.agent, home)  # `peer.location`
+        # the header but for its call id, kept per endpoint: made again for another reply
+        # address (another thread), slice or rank
+        kept = state.prepared.get(endpoint)
+        if kept is None or kept[0] != reply_to or kept[1] is not extent or kept[2] != index:
+            fields = (reply_to, state.actor_id, endpoint, extent.labels, extent.sizes, index)
+            kept = state.prepared[endpoint] = (
+                reply_to,
+                extent,
+                index,
+                fields,
+                prepare_header(CallActor, fields),
+            )
+        runtime.calls.send_one(peer, kept[3], kept[4], payload, sink, home, state.view)
 
     def on_failure(self, handler: FailureHandler) -> None:
         """Call `handler(event)` when an actor of this mesh fails; truthy return = handled."""
@@ -141,8 +164,8 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
         the constructors end, not after the calls already queued behind them."""
         runtime, what = self._runtime, f"initialized of {self._state.name}"
         home = runtime.replies.for_current_thread()
-        gathered: Future[Any] = Future(runtime, what, home, self._covers)
-        done: Future[None] = Future(runtime, what, home, self._covers)
+        gathered: Future[Any] = Future(runtime, what, home, self)
+        done: Future[None] = Future(runtime, what, home, self)
         gathered.add_done_callback(functools.partial(_settle_initialized, done))
         sink = GatherSink(gathered, self.extent)
         self._invoke(INITIALIZED, (), {}, range(len(self)), sink, home)

@@ -77,9 +77,7 @@ class EndpointRef(Generic[P, R]):
         """Call every actor; the future holds a ValueMesh once all have answered."""
         mesh = self._mesh
         home = mesh._runtime.replies.for_current_thread()
-        future: Future[ValueMesh[R]] = Future(
-            mesh._runtime, self._describe("call"), home, mesh._covers
-        )
+        future: Future[ValueMesh[R]] = Future(mesh._runtime, self._describe("call"), home, mesh)
         mesh._invoke(
             self.name, args, kwargs, range(len(mesh)), GatherSink(future, mesh.extent), home
         )
@@ -95,16 +93,16 @@ class EndpointRef(Generic[P, R]):
                 "down to one actor first or use call()."
             )
         home = mesh._runtime.replies.for_current_thread()
-        future: Future[R] = Future(mesh._runtime, self._describe("call_one"), home, mesh._covers)
-        mesh._invoke_one(self.name, args, kwargs, 0, OneSink(future), home)
+        future = OneSink(mesh._runtime, self._describe("call_one"), home, mesh)
+        mesh._invoke_one(self.name, args, kwargs, 0, future, home)
         return future
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one actor picked at random."""
         mesh = self._mesh
         home = mesh._runtime.replies.for_current_thread()
-        future: Future[R] = Future(mesh._runtime, self._describe("choose"), home, mesh._covers)
-        mesh._invoke_one(self.name, args, kwargs, pick_one(len(mesh)), OneSink(future), home)
+        future = OneSink(mesh._runtime, self._describe("choose"), home, mesh)
+        mesh._invoke_one(self.name, args, kwargs, pick_one(len(mesh)), future, home)
         return future
 
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> Iterator[Future[R]]:
@@ -112,8 +110,7 @@ class EndpointRef(Generic[P, R]):
         mesh = self._mesh
         home = mesh._runtime.replies.for_current_thread()
         futures: list[Future[R]] = [
-            Future(mesh._runtime, self._describe("stream"), home, mesh._covers)
-            for _ in range(len(mesh))
+            Future(mesh._runtime, self._describe("stream"), home, mesh) for _ in range(len(mesh))
         ]
         sink = StreamSink(futures)
         mesh._invoke(self.name, args, kwargs, range(len(mesh)), sink, home)

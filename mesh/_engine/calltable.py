@@ -21,7 +21,16 @@ from mesh._engine.notebook import note_call
 from mesh._engine.peers import ActorMeshView, ProcPeer
 from mesh._engine.replies import ReplyInbox
 from supervision import ActorError, SupervisionError, SupervisionEvent
-from transport import Envelope, Outbox, Payload, encode, encode_fields, loads
+from transport import (
+    Envelope,
+    Outbox,
+    Payload,
+    PreparedHeader,
+    encode,
+    encode_fields,
+    encode_prepared,
+    loads,
+)
 
 
 class CallTable:
@@ -93,18 +102,24 @@ class CallTable:
         self,
         peer: ProcPeer,
         fields: tuple[Any, ...],
+        prepared: PreparedHeader | None,
         payload: Payload,
         sink: ResultSink,
         home: ReplyInbox | None,
         mesh: ActorMeshView,
     ) -> None:
-        """Send a call to one actor: `fields` are those of its `CallActor` after `call_id`.
+        """Send a call to one actor: `fields` are those of its `CallActor` after `call_id`,
+        `prepared` its header but for `call_id` when it has a binary one (`prepare_header`).
         The common case (a ready proc reached straight) skips the machinery of calls to many
-        and builds no header object; anything else goes through `send_to_procs`."""
-        check_not_forked(self._pid)
+        and builds no header object; anything else goes through `send_to_procs`. The caller
+        found its reply inbox first (`ReplyRoutes.for_current_thread`), which checked that
+        this is not a forked child."""
         note_call(peer.mesh_key)
         call_id, rank = next(self._ids), fields[-1]
-        frames = encode_fields(CallActor, (call_id, *fields), payload)
+        if prepared is not None:
+            frames = encode_prepared(prepared, call_id, payload)
+        else:
+            frames = encode_fields(CallActor, (call_id, *fields), payload)
         batched = False
         with self._lock:
             address = peer.address if peer.alive else None

@@ -74,7 +74,7 @@ def direct_route(peer: ProcPeer, actor_id: str) -> Route | None:
     path = peer.routes.get(actor_id)
     if path is None:
         path = peer.routes[actor_id] = Route()
-    if path.settled:
+    if path.seen == path.sent:  # `path.settled`, inlined: once per call
         if peer.agent is not None and current_settings().fanout_min_recipients <= 1:
             return None
         path.via_agent = False

@@ -47,6 +47,13 @@ class ReplyPump(Protocol):
     def pump_until(self, future: Future[Any], timeout: float | None) -> None: ...
 
 
+class Reaching(Protocol):
+    """What a call reaches (an actor mesh): whether a failure concerns it. The future keeps
+    the mesh itself, not a bound method made anew for every call."""
+
+    def _covers(self, event: SupervisionEvent) -> bool: ...
+
+
 class Future(Generic[T]):
     """A value that arrives later. ``get(timeout)`` blocks; ``await`` suspends the task.
 
@@ -55,11 +62,11 @@ class Future(Generic[T]):
 
     __slots__ = (
         "_callbacks",
-        "_covers",
         "_description",
         "_error",
         "_home",
         "_loop",
+        "_reaches",
         "_ready",
         "_value",
     )
@@ -69,16 +76,17 @@ class Future(Generic[T]):
         loop: LoopPump | None = None,
         description: str = "the call",
         home: ReplyPump | None = None,
-        covers: Callable[[SupervisionEvent], bool] | None = None,
+        reaches: Reaching | None = None,
     ) -> None:
         self._loop = loop
         self._home = home
-        self._covers = covers
+        self._reaches = reaches
         self._description = description
         self._value: Any = _PENDING
         self._error: BaseException | None = None
-        self._ready = threading.Lock()
-        self._ready.acquire()
+        # made (held) by the first `wait_briefly`: most futures are received by the thread
+        # that waits on them and never need one
+        self._ready: threading.Lock | None = None
         # made on the first callback: most futures never get one, and one object fewer per
         # call makes the garbage collector run less often while many calls are in flight
         self._callbacks: list[Callable[[Future[T]], None]] | None = None
@@ -102,10 +110,14 @@ class Future(Generic[T]):
         if self._value is _PENDING and self._error is None:  # `finished()`, inlined: per call
             if self._loop is not None:  # waiting in a forked child would never end
                 check_not_forked(self._loop.pid)
-            if threading.get_ident() == _MAIN_THREAD:
-                self._wait_in_main_thread(timeout)
-            else:
+            if threading.get_ident() != _MAIN_THREAD:
                 self._wait(timeout)
+            else:  # failures this call will raise need no interruption of the main thread
+                FAIL_FAST.enter_wait(self)
+                try:
+                    self._wait(timeout)
+                finally:
+                    FAIL_FAST.exit_wait(self, self._error)
         if self._error is not None:
             if threading.get_ident() == _MAIN_THREAD:  # delivered: fail-fast must not raise
                 FAIL_FAST.raised_in_main(self._error)  # it a second time
@@ -131,23 +143,22 @@ class Future(Generic[T]):
                 "it is still running, call get() again to keep waiting."
             )
 
-    def _wait_in_main_thread(self, timeout: float | None) -> None:
-        """Wait, telling fail-fast that failures this call will raise need no interruption."""
-        FAIL_FAST.enter_wait(self)
-        try:
-            self._wait(timeout)
-        finally:
-            FAIL_FAST.exit_wait(self, self._error)
-
     def covers(self, event: SupervisionEvent) -> bool:
         """Whether `event` fails the call behind this future (so get() will raise it)."""
-        return self._covers is not None and self._covers(event)
+        return self._reaches is not None and self._reaches._covers(event)
 
     def wait_briefly(self, timeout: float | None) -> None:
         """Block until done or `timeout`, without receiving anything."""
         wait = -1 if timeout is None else min(max(timeout, 0), threading.TIMEOUT_MAX)
-        if self._ready.acquire(timeout=wait):
-            self._ready.release()
+        with _callbacks_lock:
+            if self.finished():
+                return
+            ready = self._ready
+            if ready is None:
+                ready = self._ready = threading.Lock()
+                ready.acquire()
+        if ready.acquire(timeout=wait):
+            ready.release()
 
     def exception(self) -> BaseException | None:
         """The error this future failed with, or None (only valid once done)."""
@@ -207,7 +218,9 @@ class Future(Generic[T]):
                 return
             self._value, self._error = value, error
             callbacks, self._callbacks = self._callbacks, None
-        self._ready.release()
+            ready = self._ready
+        if ready is not None:
+            ready.release()
         if callbacks is not None:
             for callback in callbacks:
                 callback(self)
@@ -244,6 +257,18 @@ def resolved(value: T) -> Future[T]:
     future: Future[T] = Future()
     future.set_result(value)
     return future
+
+
+def any_done(futures: list[Future[Any]], what: str) -> Future[None]:
+    """A future done once one of `futures` is done (at once if one is). Waiting on it receives
+    the replies to the calls behind them (made by the waiting thread), so it wakes as soon as
+    one of them is answered, or failed from another thread."""
+    home = next((future._home for future in futures if future._home is not None), None)
+    loop = next((future._loop for future in futures if future._loop is not None), None)
+    done: Future[None] = Future(loop, what, home)
+    for future in futures:
+        future.add_done_callback(lambda _: done.set_result(None))
+    return done
 
 
 def all_done(futures: list[Future[Any]], loop: LoopPump | None, what: str) -> Future[None]:

@@ -1,0 +1,119 @@
+"""The group store and the lifetimes of its clients: the waits of a client whose process died
+are dropped at once (not at their timeout, holding a place among the store's waiting
+requests meanwhile), and a client closed by another thread than the one calling it stays safe.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from recovery.testing import StoreClient, StoreServer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+WAITER = """
+import sys
+from transport import Addresses
+from recovery.testing import StoreClient
+store = StoreClient(Addresses(sys.argv[1]), 120.0)
+store.get("dead/never")
+"""
+
+
+@pytest.fixture
+def server() -> Iterator[StoreServer]:
+    store = StoreServer(name="test-store-clients")
+    yield store
+    store.close()
+
+
+def eventually(condition: Callable[[], bool], timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_the_waits_of_a_killed_client_are_dropped_at_once(server: StoreServer) -> None:
+    live = StoreClient(server.addresses, 30.0)
+    answered: list[bytes] = []
+    keeper = threading.Thread(target=lambda: answered.append(live.get("dead/later")))
+    keeper.start()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    assert server.addresses.ipc is not None
+    process = subprocess.Popen([sys.executable, "-c", WAITER, server.addresses.ipc], env=env)
+    try:
+        assert eventually(lambda: server.waiting() == 2), "the killed client never waited"
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        # its wait of 120 s is dropped now; the live client's goes on
+        assert eventually(lambda: server.waiting() == 1), "a dead client's wait stayed queued"
+        live.set("dead/later", b"here")
+        keeper.join(10.0)
+        assert answered == [b"here"]
+        assert server.waiting() == 0
+    finally:
+        process.kill()
+        process.wait()
+        if keeper.is_alive():  # (a failed check above): its key comes, its wait ends
+            StoreClient(server.addresses, 5.0).set("dead/later", b"here")
+        keeper.join(10.0)
+        live.close()
+
+
+@pytest.mark.timeout(60)
+def test_closing_a_client_while_another_thread_waits_in_it_is_safe(server: StoreServer) -> None:
+    store = StoreClient(server.addresses, 1.0)
+    store.set("close/here", b"1")
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            store.get("close/never")
+        except BaseException as exc:
+            errors.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    assert eventually(lambda: server.waiting() == 1)
+    store.close()  # from this thread, while the waiter's socket is in use
+    waiter.join(10.0)
+    assert not waiter.is_alive()
+    # its call ended as it would have (its timeout), not in an error of a socket closed under it
+    assert len(errors) == 1 and isinstance(errors[0], dist.DistStoreError), errors  # type: ignore[attr-defined]
+    assert "timeout" in str(errors[0])
+    with pytest.raises(dist.DistNetworkError, match="is closed"):  # type: ignore[attr-defined]
+        store.get("close/here")
+    with pytest.raises(dist.DistNetworkError, match="is closed"):  # type: ignore[attr-defined]
+        threading_result(lambda: store.get("close/here"))
+
+
+def threading_result(call: Callable[[], object]) -> object:
+    """`call()` run on a new thread: its result, or its error raised here."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(10.0)
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]

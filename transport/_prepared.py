@@ -1,0 +1,52 @@
+"""Headers prepared once: a caller that sends many messages differing only in their first
+field (a call's id) encodes the rest once, then each message packs its id and joins prefix,
+header and payload body in one copy (`encode_fields` hashes the fields and copies twice)."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from . import _settings
+from ._frames import _LENGTH, MAGIC, MAX_HEADER_BYTES, Payload, _binary_of, _counts_of, _framed
+from ._settings import transport_settings
+
+_I64 = struct.Struct("<q")
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedHeader:
+    """A binary `kind` header encoded but for its first field (an int)."""
+
+    kind: type
+    codec: bytes
+    lead: bytes  # the frame prefix: magic, header length, codec byte
+    tail: bytes  # the fields after the first
+
+
+def prepare_header(kind: type, rest: tuple[Any, ...]) -> PreparedHeader | None:
+    """The header of `kind` messages whose fields after the first are `rest`; None when
+    `kind` has no binary header, or `rest` does not fit it (then use `encode_fields`, which
+    says what is wrong)."""
+    binary = _binary_of.get(kind)
+    if binary is None or len(rest) + 1 != _counts_of[kind]:
+        return None
+    codec, layout, _ = binary
+    try:
+        tail = layout.encode_rest(rest)
+    except struct.error:  # an int past 64 bits
+        return None
+    if tail is None or _I64.size + len(tail) > MAX_HEADER_BYTES:
+        return None
+    return PreparedHeader(kind, codec, MAGIC + _LENGTH.pack(_I64.size + len(tail)) + codec, tail)
+
+
+def encode_prepared(header: PreparedHeader, first: int, payload: Payload) -> list[Any]:
+    """The frames of the message of `header` whose first field is `first` (as `encode`)."""
+    size = payload.nbytes if payload.buffers else len(payload.body)
+    settings = _settings.current
+    if size > (settings or transport_settings()).max_message_bytes:  # raises MessageTooLarge:
+        return _framed(header.kind, header.codec, _I64.pack(first) + header.tail, payload, None)
+    frame = b"".join((header.lead, _I64.pack(first), header.tail, payload.body))
+    return [frame, *payload.buffers] if payload.buffers else [frame]
