@@ -94,6 +94,7 @@ __all__ = (
     "line_level",
     "local_agent",
     "probe",
+    "receiver_hand_overs",
     "run_dir",
     "settings",
     "shared_payload_wire",
@@ -215,3 +216,13 @@ def bookkeeping() -> Bookkeeping:
     runtime = _session.current_session().runtime
     ownership = runtime.ownership
     return Bookkeeping(procs=len(ownership.peers), proc_meshes=len(ownership.proc_meshes))
+
+
+def receiver_hand_overs() -> int:
+    """In a proc (inside an actor): how many times its receiver's watch gave the inbox to
+    another worker thread because the task on the receiving thread was stuck (blocked, or busy
+    with no call ending). A drain of many short calls, however long, hands nothing over."""
+    receiver = _session.current_session().runtime.receiver
+    if receiver is None:
+        raise RuntimeError("receiver_hand_overs() counts a proc's hand-overs: call it in an actor")
+    return receiver.hand_overs

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
 
-from mesh import Actor, endpoint
+from mesh import Actor, Port, endpoint, testing
 
 #: Shared by the actors of one proc: `Gate.hold` waits for `Opener.open`.
 _OPENED = threading.Event()
@@ -39,6 +40,12 @@ class Gate(Actor):
     def hold(self, timeout: float) -> bool:
         return _OPENED.wait(timeout)
 
+    @endpoint
+    def hold_telling(self, started: Port[str], timeout: float) -> bool:
+        """`hold`, saying on `started` that it runs."""
+        started.send("holding")
+        return _OPENED.wait(timeout)
+
 
 class Opener(Actor):
     @endpoint
@@ -50,3 +57,44 @@ class Opener(Actor):
     def close(self) -> str:
         _OPENED.clear()
         return "closed"
+
+
+class Spinner(Actor):
+    """A sync endpoint that keeps its thread busy (never blocking) until the gate opens."""
+
+    @endpoint
+    def spin(self, started: Port[str], timeout: float) -> bool:
+        started.send("spinning")
+        deadline = time.monotonic() + timeout
+        while not _OPENED.is_set() and time.monotonic() < deadline:
+            pass
+        return _OPENED.is_set()
+
+    @endpoint
+    def nap(self, started: Port[str], timeout: float) -> bool:
+        """Naps of 1 ms until the gate opens: asleep most of the time, never for long."""
+        started.send("napping")
+        deadline = time.monotonic() + timeout
+        while not _OPENED.is_set() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return _OPENED.is_set()
+
+
+class Echo(Actor):
+    """A short sync call, and how many times its proc's receiver handed the inbox over."""
+
+    @endpoint
+    def ping(self, x: int) -> int:
+        return x
+
+    @endpoint
+    def busy(self, x: int, seconds: float) -> int:
+        """Answers `x` after keeping its thread busy for `seconds` of CPU time."""
+        until = time.thread_time() + seconds
+        while time.thread_time() < until:
+            pass
+        return x
+
+    @endpoint
+    def hand_overs(self) -> int:
+        return testing.receiver_hand_overs()

@@ -13,7 +13,7 @@ import receiver_actors as ra
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh import this_host
+from mesh import Channel, this_host
 
 T = 60.0
 
@@ -74,3 +74,48 @@ def test_each_blocking_sync_call_in_turn_leaves_its_proc_receiving(one_proc: Any
         assert opener.open.call_one().get(timeout=T) == "opened"
         assert held.get(timeout=T) is True
         assert opener.close.call_one().get(timeout=T) == "closed"
+
+
+def test_a_sync_call_that_blocks_is_handed_over_once(one_proc: Any) -> None:
+    """The watch gives the inbox to another thread when the call on the receiving thread
+    sleeps (here on an event): once for that call. The call says when it runs; the thread
+    running it then reads the inbox no more, so the call that opens the gate, sent after,
+    can only be received after a hand-over."""
+    gate, opener = one_proc.spawn("gate", ra.Gate), one_proc.spawn("opener", ra.Opener)
+    echo = one_proc.spawn("echo", ra.Echo)
+    before = echo.hand_overs.call_one().get(timeout=T)
+    port, started = Channel[str].open()
+    held = gate.hold_telling.call_one(port, T)
+    assert started.recv().get(timeout=T) == "holding"
+    assert opener.open.call_one().get(timeout=T) == "opened"
+    assert held.get(timeout=T) is True
+    assert opener.close.call_one().get(timeout=T) == "closed"
+    assert echo.hand_overs.call_one().get(timeout=T) == before + 1
+
+
+@pytest.mark.parametrize("way", ["spin", "nap"])
+def test_a_sync_call_that_computes_or_naps_long_is_handed_over(one_proc: Any, way: str) -> None:
+    """A call busy on the CPU with no call ending (it never sleeps), or one napping 1 ms at a
+    time (never asleep for long), still hands the inbox over, once: the call that ends its
+    loop is received and run meanwhile."""
+    spinner, opener = one_proc.spawn("spinner", ra.Spinner), one_proc.spawn("opener", ra.Opener)
+    echo = one_proc.spawn("echo", ra.Echo)
+    before = echo.hand_overs.call_one().get(timeout=T)
+    port, started = Channel[str].open()
+    spinning = getattr(spinner, way).call_one(port, T)
+    assert started.recv().get(timeout=T) in ("spinning", "napping")
+    assert opener.open.call_one().get(timeout=T) == "opened"
+    assert spinning.get(timeout=T) is True
+    assert opener.close.call_one().get(timeout=T) == "closed"
+    assert echo.hand_overs.call_one().get(timeout=T) == before + 1
+
+
+def test_a_drain_of_many_short_calls_keeps_the_inbox(one_proc: Any) -> None:
+    """Pipelined calls of 0.1 ms each: the receiving thread runs them in passes of up to 256
+    that last well over the watch's 5 ms, but it progresses, so it never hands the inbox over
+    (two threads would then take turns on the GIL, one receiving and one running)."""
+    echo = one_proc.spawn("echo", ra.Echo)
+    before = echo.hand_overs.call_one().get(timeout=T)
+    futures = [echo.busy.call_one(i, 0.0001) for i in range(1500)]
+    assert [future.get(timeout=T) for future in futures] == list(range(1500))
+    assert echo.hand_overs.call_one().get(timeout=T) == before

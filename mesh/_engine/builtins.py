@@ -24,19 +24,20 @@ class InjectedFailures:
     of any when the endpoint is None) raises the given error instead of running."""
 
     def __init__(self) -> None:
-        self._next: dict[str, tuple[str | None, BaseException]] = {}
+        #: By actor id: (the endpoint, or None for any) and the error its next call raises.
+        self.pending: dict[str, tuple[str | None, BaseException]] = {}
         self._log = get_logger("mesh.actor")
 
     def install(self, actor_id: str, endpoint: str | None, error: BaseException) -> None:
-        self._next[actor_id] = (endpoint, error)
+        self.pending[actor_id] = (endpoint, error)
         self._log.info("failure_injected", actor_id=actor_id, endpoint=endpoint)
 
     def take(self, actor_id: str, endpoint: str) -> BaseException | None:
         """The error a call of `endpoint` must raise instead of running, if one was injected."""
-        found = self._next.get(actor_id)
+        found = self.pending.get(actor_id)
         if found is None or (found[0] is not None and found[0] != endpoint):
             return None
-        del self._next[actor_id]
+        del self.pending[actor_id]
         return found[1]
 
 

@@ -109,7 +109,7 @@ class ActorHost:
         if actor.state == "running":
             self._replier.value(actor, header, None)
         else:
-            self._can_run(actor, header)  # tells the caller why it is gone
+            self._refuse(actor, header)
 
     def _spawned(self, work: Work[SpawnActor]) -> None:
         """A new actor: its constructor runs first, then the messages that waited for it."""
@@ -253,7 +253,8 @@ class ActorHost:
         self, actor: HostedActor, work: Work[CallActor], *, in_task: bool
     ) -> Callable[[], Any] | None:
         """The function the call runs, or None after telling the caller why it cannot run."""
-        if not self._can_run(actor, work.header):
+        if actor.state != "running":
+            self._refuse(actor, work.header)
             return None
         function = self._prepare(actor, work)
         if function is not None:
@@ -264,20 +265,18 @@ class ActorHost:
         if actor.end_call(header):
             self._endpoint_raised(actor, header, exc)
 
-    def _can_run(self, actor: HostedActor, header: CallActor) -> bool:
-        if actor.state == "running":
-            return True
+    def _refuse(self, actor: HostedActor, header: CallActor) -> None:
+        """Tell the caller why the actor (not running) cannot serve its call."""
         if header.reply_to is not None:
             kind = "stopped" if actor.state == "stopped" else "failed"
             event = actor.event or actor.make_event("stopped", "by its owner")
             self._replier.failure(header, kind, event)
-        return False
 
     def _prepare(self, actor: HostedActor, work: Work[CallActor]) -> Callable[[], Any] | None:
         """A no-argument function for the call, or None after reporting why there is none.
         A failure injected for the endpoint replaces its function (never a built-in's)."""
         header, builtin = work.header, work.builtin
-        if builtin is None:
+        if builtin is None and self._injected.pending:
             injected = self._injected.take(actor.actor_id, header.endpoint)
             if injected is not None:
                 return functools.partial(_raise, injected)

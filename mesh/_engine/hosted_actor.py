@@ -94,6 +94,16 @@ class HostedActor:
         found = self.endpoints.get(work.header.endpoint)
         return found is not None and found.concurrent
 
+    def lane(self, work: Work[Any]) -> tuple[bool, bool]:
+        """(`runs_in_task`, `is_concurrent`) of `work` in one call: a mailbox's drain asks
+        both of each message."""
+        if work.kind != "call" or self.state != "running":
+            return _ON_THREAD
+        found = self.endpoints.get(work.header.endpoint)
+        if found is None:
+            return _ON_THREAD
+        return found.is_async, found.concurrent
+
     def call_context(self, header: CallActor) -> Context:
         """Its context for a call: its point in the mesh (or slice) the call was sent to."""
         key = (header.labels, header.sizes, header.rank)
@@ -169,3 +179,6 @@ class HostedActor:
             message=message,
             traceback=traceback,
         )
+
+
+_ON_THREAD = (False, False)  # (`HostedActor.lane`: runs on a worker thread, not concurrent)

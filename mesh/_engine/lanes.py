@@ -63,9 +63,11 @@ class Lanes:
 
     def _drain_sync(self, actor: HostedActor) -> None:
         """Worker thread: handle the actor's messages, in order, until one is async."""
+        workers = self._workers
         try:
             while (work := self._next(actor, in_task=False)) is not None:
                 self._sync_runners[work.kind](actor, work)
+                workers.steps += 1
         except BaseException:
             self._idle(actor)
             raise
@@ -93,10 +95,10 @@ class Lanes:
                 if actor.concurrent and _must_wait(actor, head):
                     actor.parked = True
                     return None
-                concurrent = actor.is_concurrent(head)
+                head_in_task, concurrent = actor.lane(head)
                 if concurrent:
                     actor.concurrent += 1
-                elif actor.runs_in_task(head) != in_task:
+                elif head_in_task != in_task:
                     break
                 actor.mailbox.popleft()
             if not concurrent:
@@ -117,6 +119,7 @@ class Lanes:
         try:
             self._sync_runners[work.kind](actor, work)
         finally:
+            self._workers.steps += 1
             self._concurrent_ended(actor)
 
     async def _run_concurrent_async(self, actor: HostedActor, work: Work[Any]) -> None:

@@ -10,31 +10,40 @@ it hands to the event loop in arrival order (`EventLoop.hand`), and while the lo
 finished those, messages for actors go the same way, so nothing overtakes what came before it.
 
 A receiver busy with a call still holds the inbox. The watch thread hands the inbox to another
-worker thread when a call has run for `HAND_OVER_S`, so a long or blocking sync endpoint (a
-`get()` on an actor of this proc, `breakpoint()`, a collective) never stops the proc from
-receiving. The receiver notes when each task starts and arms the watch's alarm only when it is
-not armed already (`mesh/_engine/alarm.py`: no thread wakes for that); when it goes off, the
-watch arms it again for what is left of the current task's `HAND_OVER_S`, if a task runs. So
-the watch wakes at most once per `HAND_OVER_S` while calls keep coming, never once per call,
-and a call costs no system call for the watch (arming and disarming for each cost two).
+worker thread when the task has run `HAND_OVER_S` and is stuck (`HolderCheck`: asleep, or
+computing with no call ending), so a long or blocking sync endpoint (a `get()` on an actor of
+this proc, `breakpoint()`, a collective) never stops the proc from receiving, while a long
+drain of short calls keeps the inbox. The receiver notes when each task starts and arms the
+watch's alarm only when it is not armed already (`mesh/_engine/alarm.py`: no thread wakes
+for that); when it goes off, the watch arms it again for what is left of the current task's
+`HAND_OVER_S`, or looks at the task, if a task runs. So the watch wakes at most once per
+`HAND_OVER_S` while calls keep coming, never once per call, and a call costs no system call
+for the watch (arming and disarming for each cost two).
 """
 
 from __future__ import annotations
 
-import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from mesh._engine.alarm import new_alarm
+from mesh._engine.hand_over import HolderCheck
+from mesh._engine.messages import Wake
 from mesh._engine.workers import Workers, run_task
 from transport import Envelope, Inbox, get_logger
 
-#: How long a call may run on the receiver before another thread takes over the inbox.
+#: How long a task may run on the receiver before the watch looks whether it is stuck; also the
+#: CPU time a task may use with no call ending before another thread takes over the inbox.
 HAND_OVER_S = 0.005
 #: The most messages taken in one pass before the receiver runs what the pass asked for.
 _PASS_MESSAGES = 256
+#: How long a task that the watch finds asleep (between naps) may go with no call ending.
+_NAPPING_S = 10 * HAND_OVER_S
+#: The longest the receiver waits in one receive (`stop` wakes it sooner, with a `Wake`).
+_WAIT_MS = 1000
 
 Task = tuple[Callable[..., object], tuple[Any, ...]]
 
@@ -57,6 +66,7 @@ class Receiver:
         direct: frozenset[type],
         dispatch: Callable[[Envelope], None],
         flush: Callable[[], None],
+        wake: Callable[[], None],
     ) -> None:
         self._inbox = inbox
         self._workers = workers
@@ -64,18 +74,23 @@ class Receiver:
         self._direct = direct  # message types dispatched on the receiver (actors' messages)
         self._dispatch = dispatch
         self._flush = flush  # sends the messages waiting in batches, before waiting
+        self._wake = wake  # sends a `Wake` to the inbox: ends the receiver's wait
         # guards everything below; taken as the plain lock where no one waits or is notified
         # (a Condition's own `with` costs two Python calls, twice per message)
         self._lock = threading.Lock()
         self._role = threading.Condition(self._lock)
         self._holder: int | None = None  # the thread that may read the inbox
+        self._holder_native = 0  # its kernel thread id
+        self._check: HolderCheck | None = None  # the watch's look at the holder's current task
+        self._check_for: float | None = None  # (the `_task_since` of that task)
+        #: How many times the watch gave the inbox to another thread (a stuck task).
+        self.hand_overs = 0
         self._in_pass = False  # the holder is reading the inbox now
         self._task_since: float | None = None  # when the holder's current task started
         self._armed = False  # the alarm will go off (the watch has not seen it go off yet)
         self._stopping = False
         self._alarm = new_alarm()  # expires when the holder's task has run HAND_OVER_S
         self._alarm_open = True  # until the watch closes it (under `_lock`)
-        self._wake_read, self._wake_write = os.pipe()  # wakes a waiting receiver to stop
         self._log = get_logger("mesh.receiver")
 
     def start(self) -> None:
@@ -84,12 +99,11 @@ class Receiver:
 
     def stop(self) -> None:
         """No thread reads the inbox once this returns (the inbox may then be closed)."""
-        with self._role:
+        with self._lock:
             self._stopping = True
-            os.write(self._wake_write, b"x")
-            if self._role.wait_for(lambda: not self._in_pass, timeout=10):
-                os.close(self._wake_read)
-                os.close(self._wake_write)
+        self._wake()  # (not under the lock: it takes the outbox's)
+        with self._role:
+            self._role.wait_for(lambda: not self._in_pass, timeout=10)
             if self._alarm_open:  # (the watch, woken meanwhile, may have closed it)
                 self._alarm.ring()  # the watch sees `_stopping`, closes the alarm and ends
 
@@ -116,7 +130,7 @@ class Receiver:
         with self._lock:
             if self._holder is not None or self._stopping:
                 return
-            self._holder = me
+            self._holder, self._holder_native = me, threading.get_native_id()
         while self._begin_pass(me):
             task = None
             try:
@@ -156,25 +170,31 @@ class Receiver:
         first, for this thread to run (None if none)."""
         try:
             self._flush()
-            ready = self._inbox.poll(None, self._wake_read)
+            # one blocking receive, no poll before it: `stop` ends it with a `Wake`
+            envelope = self._inbox.receive_nowait(_WAIT_MS)
         except Exception:  # a bug, or a closed socket: keep going, but not in a tight loop
             self._log.exception("receive_failed")
             time.sleep(0.1)
             return None
-        if not ready or self._stopping:
+        if envelope is None or self._stopping:
             return None
         loop, inbox, direct = self._loop, self._inbox, self._direct
         to_loop: list[Envelope] = []
+        # only this thread hands the loop messages: once it has none left, none come mid-pass
+        handing = loop.handing()
         self._workers.hold_first()
         try:
-            for _ in range(_PASS_MESSAGES):
-                envelope = inbox.receive_nowait()
-                if envelope is None:
-                    break
-                if to_loop or type(envelope.header) not in direct or loop.handing():
-                    to_loop.append(envelope)
-                else:
+            left = _PASS_MESSAGES
+            while True:
+                kind = type(envelope.header)
+                if not handing and kind in direct:
                     self._dispatch(envelope)
+                elif kind is not Wake:
+                    handing = True  # what follows goes the same way, to keep the order
+                    to_loop.append(envelope)
+                left -= 1
+                if not left or (envelope := inbox.receive_nowait()) is None:
+                    break
         except Exception:  # what was received and what it asked for still go on
             self._log.exception("receive_failed")
         finally:
@@ -200,9 +220,31 @@ class Receiver:
                 if since is None or self._in_pass:  # the next task arms it
                     continue
                 left = since + HAND_OVER_S - time.monotonic()
-                if left > 0:  # the task running started after the alarm was armed
+                if left <= 0:  # the task has run HAND_OVER_S: is it stuck?
+                    stuck = self._look_at_holder(since)
+                    if not stuck:
+                        left = _look_window()
+                if left > 0:  # (or the task running started after the alarm was armed)
                     alarm.arm(left)
                     self._armed = True
                     continue
                 self._holder, self._task_since = None, None
+                self.hand_overs += 1
             self._workers.submit(self._serve)
+
+    def _look_at_holder(self, since: float) -> bool | None:
+        """Whether the holder's task that started at `since` is stuck (see `HolderCheck`)."""
+        if self._check_for != since or self._check is None:
+            assert self._holder is not None
+            steps = self._workers.steps_done
+            holder, native = self._holder, self._holder_native
+            self._check = HolderCheck(holder, native, steps, HAND_OVER_S, _NAPPING_S)
+            self._check_for = since
+        return self._check.stuck()
+
+
+def _look_window() -> float:
+    """How long the watch waits between two looks at a task: longer than the GIL's switch
+    interval, so that a thread waiting for the GIL shows some CPU time (it wakes at each
+    interval) and only a thread asleep on something else shows none."""
+    return 1.5 * max(HAND_OVER_S, sys.getswitchinterval())

@@ -43,6 +43,7 @@ from mesh._engine.messages import (
     SetFaultRules,
     SpawnFailed,
     StopProc,
+    Wake,
 )
 from mesh._engine.ownership import Ownership
 from mesh._engine.peers import ProcPeer
@@ -170,7 +171,10 @@ class Runtime:
         call before `run`."""
         direct = frozenset(self.host.message_handlers())
         flush = self.outbox.flush
-        receiver = Receiver(self.inbox, self.host.workers, self.loop, direct, self._dispatch, flush)
+        wake = functools.partial(self.send_message, self.inbox.address, Wake())
+        receiver = Receiver(
+            self.inbox, self.host.workers, self.loop, direct, self._dispatch, flush, wake
+        )
         self.loop.read_with(receiver)
         self.receiver = receiver
 

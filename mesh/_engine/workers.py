@@ -25,6 +25,9 @@ class Workers:
         self._lock = threading.Lock()
         self._numbers = itertools.count(1)
         self._held: list[Any] | None = None  # [thread id, its first task or None]
+        #: Calls its threads have ended (`Lanes` counts them; not atomic: it only has to move),
+        #: which tells the receiver's watch a busy thread from a stuck one.
+        self.steps = 0
 
     def submit(self, function: Callable[..., object], *args: Any) -> None:
         """Run `function(*args)` on an idle worker thread, or on a new one if none is idle
@@ -38,6 +41,9 @@ class Workers:
         if worker is None:
             worker = _Worker(self, f"{self._name}-{next(self._numbers)}")
         worker.start(function, args)
+
+    def steps_done(self) -> int:
+        return self.steps
 
     def hold_first(self) -> None:
         """Until `take_held`, the first task this thread submits is kept for it to run itself
