@@ -168,7 +168,7 @@ def test_a_memory_file_maps_back_into_the_payload_written_and_nothing_else(
     parts: tuple[bytes, list[bytes]],
 ) -> None:
     body, buffers = parts
-    call = wire.CallActor(1, None, "actor", "echo", ("gpus",), (2,), 0)
+    call = wire.CallActor(1, "ipc:///tmp/x/caller", "actor", "echo", ("gpus",), (2,), 0)
     fd, shared = sp.share_payload(call, Payload(body, buffers))
     try:
         mapped = sp.mapped_payload(shared)
@@ -178,7 +178,7 @@ def test_a_memory_file_maps_back_into_the_payload_written_and_nothing_else(
         again = sp.mapped_payload(shared)
         assert [bytes(b) for b in again.buffers] == buffers
         with pytest.raises(ValueError, match="wrong token"):
-            sp.mapped_payload(dataclasses.replace(shared, token=bytes(16)))
+            sp.mapped_payload(dataclasses.replace(shared, call_id=shared.call_id + 1))
         with pytest.raises(ValueError, match="malformed"):
             sp.mapped_payload(dataclasses.replace(shared, body_bytes=-1))
     finally:
