@@ -53,6 +53,10 @@ _PLACED_FIELDS = {
     kind: operator.attrgetter(*(f.name for f in dataclasses.fields(kind)))
     for kind in (ArenaCall, SharedCall)
 }
+#: Where the rank lies among those fields (each proc gets its own).
+_RANK_AT = {
+    kind: [f.name for f in dataclasses.fields(kind)].index("rank") for kind in _PLACED_FIELDS
+}
 
 
 class _Relayed:
@@ -255,7 +259,8 @@ def _frames_for(
     if shared is not None:
         kind = type(shared)
         fields = _PLACED_FIELDS[kind](shared)
-        head, tail = fields[:6], fields[7:]
+        at = _RANK_AT[kind]
+        head, tail = fields[:at], fields[at + 1 :]
         return lambda rank: encode_fields(kind, (*head, rank, *tail), None)
     if type(message) is CallActor:
         head = call_fields(message)[:6]

@@ -61,21 +61,22 @@ _SEALS |= getattr(fcntl, "F_SEAL_SHRINK", 2) | getattr(fcntl, "F_SEAL_SEAL", 1)
 @message_type
 @dataclass(frozen=True, slots=True)
 class SharedCall:
-    """Host agent → proc: the `CallActor` of the first seven fields, whose payload lies in
-    file descriptor `fd` of process `owner_pid` (a memory file, inode `file_id`): its token
+    """Host agent → proc: the `CallActor` of the fields it names, whose payload lies in file
+    descriptor `fd` of process `owner_pid` (a memory file, inode `file_id`): its token
     (`call_id`), then the pickle body (`body_bytes`), then each out-of-band buffer
-    (`buffer_bytes`), with no gaps."""
+    (`buffer_bytes`), with no gaps. The ints that change from call to call lead: the rest of
+    the header is encoded and decoded once per endpoint (see `transport._binary`)."""
 
     call_id: int
+    rank: int
+    owner_pid: int
+    fd: int
+    file_id: int
     reply_to: str | None
     actor_id: str
     endpoint: str
     labels: tuple[str, ...]
     sizes: tuple[int, ...]
-    rank: int
-    owner_pid: int
-    fd: int
-    file_id: int
     body_bytes: int
     buffer_bytes: tuple[int, ...]
 
@@ -85,7 +86,7 @@ class SharedCall:
         return CallActor(*call_fields(self))
 
 
-#: The fields of a `CallActor` (or the first seven of a `SharedCall` or `ArenaCall`), in order.
+#: The fields of a `CallActor` (or of the one a `SharedCall` or `ArenaCall` holds), in order.
 call_fields: Callable[[Any], tuple[Any, ...]] = operator.attrgetter(
     *(f.name for f in dataclasses.fields(CallActor))
 )
@@ -117,8 +118,8 @@ def share_payload(message: CallActor, payload: Payload) -> tuple[int, SharedCall
     sizes = tuple(b.nbytes for b in buffers)
     call_id, reply_to, actor_id, endpoint, labels, mesh_sizes, rank = call_fields(message)
     return fd, SharedCall(
-        call_id, reply_to, actor_id, endpoint, labels, mesh_sizes, rank,
-        os.getpid(), fd, file_id, body.nbytes, sizes,
+        call_id, rank, os.getpid(), fd, file_id,
+        reply_to, actor_id, endpoint, labels, mesh_sizes, body.nbytes, sizes,
     )  # fmt: skip
 
 
