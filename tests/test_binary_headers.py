@@ -110,6 +110,9 @@ def test_headers_that_differ_only_in_leading_ints_come_back_as_sent(
         assert codec(frames) == b"L"
         assert decode(frames).header == header
         assert decode(encode_fields(Leading, (*lead, name, last, (last, 1)), None)).header == header
+        prepared = prepare_header(Leading, (*lead[1:], name, last, (last, 1)))
+        assert prepared is not None
+        assert decode(encode_prepared(prepared, lead[0], Payload(b"x"))).header == header
         frame = bytes(frames[0])
         head = frame[len(MAGIC) + 5 :]
         cut = data.draw(st.integers(min_value=0, max_value=len(head) - 1))

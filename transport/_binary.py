@@ -89,7 +89,7 @@ class BinaryLayout:
             rest = values[lead:]
             tail = self._encoded.get(rest)
             if tail is None:
-                tail = self.encode_rest(rest)
+                tail = self.encode_rest(rest, lead)
                 if tail is None:
                     return None
                 if len(tail) <= _CACHED_BYTES:
@@ -100,10 +100,11 @@ class BinaryLayout:
         except (struct.error, TypeError):  # an int past 64 bits; a value that is unhashable
             return None
 
-    def encode_rest(self, rest: tuple[Any, ...]) -> bytes | None:
-        """The fields after the leading ints, encoded; None when one is not of its type."""
+    def encode_rest(self, rest: tuple[Any, ...], start: int = 1) -> bytes | None:
+        """The fields from position `start` on (`rest`), encoded; None when one is not of its
+        declared type."""
         parts: list[bytes] = []
-        for kind, value in zip(self._kinds[self.lead :], rest, strict=True):
+        for kind, value in zip(self._kinds[start:], rest, strict=True):
             if kind == "i":
                 if type(value) is not int:
                     return None
