@@ -4,9 +4,11 @@ host, counted with `sys.setprofile`: a measure the load on the machine does not 
 * proc: reading one `ArenaCall` (decode its frame, find the payload in the arena, build the
   `CallActor`, unpickle a 1 MB `bytes` argument), beside a plain `CallActor` with an empty
   argument (the floor: what any call costs to decode and unpickle);
+* proc: reading one `SharedCall` (a 1 MB tensor in a memory file of its own: decode, check
+  and map the file, unpickle the tensor on the mapping), when torch is installed;
 * agent: its `FanOutRelay` delivering one fanned-out call to N procs (PULL sockets of this
-  script stand in for them), per proc, with a 1 MB payload (shared through the arena) and
-  with a small one (copied into each proc's message).
+  script stand in for them), per proc, with a 1 MB payload (shared through the arena), a
+  1 MB tensor (a `SharedCall`) and a small one (copied into each proc's message).
 
     python3 benchmarks/bench_arena_calls.py [--procs 32]
 """
@@ -27,6 +29,7 @@ import zmq
 from mesh.testing import FanOutRelay, PayloadArena, ProcRecord, ProcTable, wire
 from mesh.testing import arena_wire as aw
 from mesh.testing import fanout_wire as fw
+from mesh.testing import shared_payload_wire as spw
 from transport import Envelope, Outbox, Payload, close_context, decode, encode, get_logger
 
 MEGABYTE = os.urandom(1 << 20)
@@ -70,6 +73,32 @@ def proc_side() -> tuple[float, float]:
         return envelope.header, envelope.payload.load()  # type: ignore[union-attr]
 
     return calls_per_run(read_arena_call), calls_per_run(read_plain_call)
+
+
+def shared_side(tensor: Any) -> float:
+    """Calls to read a SharedCall of `tensor`, each time a new one (a new file: its header is
+    new to the proc), as for every call; its mapping is let go after each read."""
+    payload = Payload.dump(((tensor,), {}))
+    ids = iter(range(1, 1 << 30))
+    files: list[int] = []
+    frames: list[Any] = []
+
+    def share() -> None:
+        for fd in files:
+            os.close(fd)
+        message = wire.CallActor(next(ids), "ipc:///tmp/x/c", "actor", "length", ("g",), (32,), 3)
+        fd, shared = spw.share_payload(message, payload)
+        files[:], frames[:] = [fd], encode(shared)
+
+    def read_shared_call() -> Any:
+        header = decode(frames).header
+        return header.message, spw.mapped_payload(header).load()
+
+    share()
+    try:
+        return calls_per_run(read_shared_call, share)
+    finally:
+        os.close(files[0])
 
 
 @contextlib.contextmanager
@@ -125,6 +154,15 @@ def agent_side(procs: int, payload: Payload) -> float:
         return calls_per_run(fan_out, answer_all) / procs
 
 
+def _megabyte_tensor() -> Any:
+    """A tensor of 1 MB, or None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.frombuffer(bytearray(MEGABYTE), dtype=torch.float32)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--procs", type=int, default=32)
@@ -132,9 +170,15 @@ def main() -> int:
     arena_call, plain_call = proc_side()
     print(f"proc: reading an ArenaCall of 1 MB     {arena_call:7.1f} calls")
     print(f"proc: reading a plain call of nothing  {plain_call:7.1f} calls (floor)")
+    tensor = _megabyte_tensor()
+    if tensor is not None:
+        print(f"proc: reading a SharedCall of 1 MB     {shared_side(tensor):7.1f} calls (tensor)")
     large = agent_side(procs, Payload.dump(((MEGABYTE,), {})))
     small = agent_side(procs, Payload.dump(((b"x" * 100,), {})))
     print(f"agent: a 1 MB call to {procs}, per proc     {large:7.1f} calls")
+    if tensor is not None:
+        shared = agent_side(procs, Payload.dump(((tensor,), {})))
+        print(f"agent: a 1 MB tensor to {procs}, per proc   {shared:7.1f} calls (SharedCall)")
     print(f"agent: a small call to {procs}, per proc    {small:7.1f} calls")
     return 0
 

@@ -50,6 +50,20 @@ class Every:
     numbers: tuple[int, ...]
 
 
+@binary_header(b"L")
+@message_type
+@dataclass(frozen=True, slots=True)
+class Leading:
+    """A header that leads with several ints (packed afresh each time), then what is kept."""
+
+    number: int
+    second: int
+    third: int
+    name: str
+    last: int
+    numbers: tuple[int, ...]
+
+
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)  # UTF-8 encodable
 EVERY = st.builds(
@@ -81,6 +95,29 @@ def test_every_value_comes_back_as_sent(header: Every, body: bytes | None) -> No
     assert (envelope.payload is None) == (not body)
     fields = tuple(getattr(header, name) for name in Every.__slots__)  # type: ignore[attr-defined]
     assert decode(encode_fields(Every, fields, payload)).header == header
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.lists(st.tuples(INT64, INT64, INT64), min_size=1, max_size=4), TEXT, INT64, st.data())
+def test_headers_that_differ_only_in_leading_ints_come_back_as_sent(
+    leads: list[tuple[int, int, int]], name: str, last: int, data: st.DataObject
+) -> None:
+    """What follows the leading ints is kept encoded and decoded: every header sharing it
+    still comes back with its own leading ints, and a cut one is malformed."""
+    for lead in leads:
+        header = Leading(*lead, name, last, (last, 1))
+        frames = encode(header)
+        assert codec(frames) == b"L"
+        assert decode(frames).header == header
+        assert decode(encode_fields(Leading, (*lead, name, last, (last, 1)), None)).header == header
+        prepared = prepare_header(Leading, (*lead[1:], name, last, (last, 1)))
+        assert prepared is not None
+        assert decode(encode_prepared(prepared, lead[0], Payload(b"x"))).header == header
+        frame = bytes(frames[0])
+        head = frame[len(MAGIC) + 5 :]
+        cut = data.draw(st.integers(min_value=0, max_value=len(head) - 1))
+        with pytest.raises(MalformedMessage):
+            decode([reframed(frame, head[:cut])])
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import os
 import random
@@ -168,7 +169,7 @@ def test_a_memory_file_maps_back_into_the_payload_written_and_nothing_else(
     parts: tuple[bytes, list[bytes]],
 ) -> None:
     body, buffers = parts
-    call = wire.CallActor(1, None, "actor", "echo", ("gpus",), (2,), 0)
+    call = wire.CallActor(1, "ipc:///tmp/x/caller", "actor", "echo", ("gpus",), (2,), 0)
     fd, shared = sp.share_payload(call, Payload(body, buffers))
     try:
         mapped = sp.mapped_payload(shared)
@@ -178,13 +179,40 @@ def test_a_memory_file_maps_back_into_the_payload_written_and_nothing_else(
         again = sp.mapped_payload(shared)
         assert [bytes(b) for b in again.buffers] == buffers
         with pytest.raises(ValueError, match="wrong token"):
-            sp.mapped_payload(dataclasses.replace(shared, token=bytes(16)))
+            sp.mapped_payload(dataclasses.replace(shared, call_id=shared.call_id + 1))
         with pytest.raises(ValueError, match="malformed"):
             sp.mapped_payload(dataclasses.replace(shared, body_bytes=-1))
     finally:
         os.close(fd)
     with pytest.raises(ValueError, match=r"is gone|not the shared payload"):
         sp.mapped_payload(shared)  # closed: gone, or its number taken by another file
+
+
+def test_a_proc_refuses_headers_and_files_that_are_not_the_payload_they_name() -> None:
+    call = wire.CallActor(3, "ipc:///tmp/x/caller", "actor", "echo", ("gpus",), (2,), 1)
+    fd, shared = sp.share_payload(call, Payload(b"body", [b"x" * 3000]))
+    unsealed = os.memfd_create("meshvisor-payload")
+    loose = os.memfd_create("meshvisor-payload", os.MFD_ALLOW_SEALING)
+    try:
+        bad = {
+            "wrong token": dataclasses.replace(shared, call_id=shared.call_id + 1),
+            "malformed": dataclasses.replace(shared, body_bytes=-1),
+            "must be ints": dataclasses.replace(shared, fd=str(shared.fd)),
+            "not a shared payload": dataclasses.replace(shared, file_id=shared.file_id + 1),
+            "of 3013 bytes": dataclasses.replace(shared, body_bytes=5),
+        }
+        os.fchmod(unsealed, 0o600)
+        os.ftruncate(loose, 3012)
+        fcntl.fcntl(loose, fcntl.F_ADD_SEALS, sp.SEALS)
+        os.fchmod(loose, 0o644)
+        for other, reason in ((unsealed, "not sealed"), (loose, "not a shared payload")):
+            bad[reason] = dataclasses.replace(shared, fd=other, file_id=os.fstat(other).st_ino)
+        for reason, header in bad.items():
+            with pytest.raises(ValueError, match=reason):
+                sp.mapped_payload(header)
+    finally:
+        for opened in (fd, unsealed, loose):
+            os.close(opened)
 
 
 @pytest.fixture

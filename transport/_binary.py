@@ -1,9 +1,10 @@
 """Binary headers: the hot messages (a call, its reply) packed with `struct`, not marshal.
 
-A binary header has no marshal scan to pass and no tuple of names to build. Its first field
-(an int: the call id, different in every message) leads; the rest of a call's header (reply
-address, actor, endpoint, mesh labels and sizes, rank) is the same for every call to one
-actor's endpoint, so each side encodes or decodes it once and keeps it. Layout, after the
+A binary header has no marshal scan to pass and no tuple of names to build. Its leading int
+fields (the call id, different in every message, and any other int that changes from message
+to message, declared right after it) are packed afresh each time; the rest of a call's header
+(reply address, actor, endpoint, mesh labels and sizes, rank) is the same for every call to
+one actor's endpoint, so each side encodes or decodes it once and keeps it. Layout, after the
 frame prefix whose codec byte names the message type (see `_frames`)::
 
     the first field            int64 little-endian
@@ -66,6 +67,8 @@ class BinaryLayout:
             raise TypeError(f"{name} cannot have a binary header: its first field is no int")
         self.name, self._names, self._kinds = name, names, kinds
         self._ints = struct.Struct("<" + "q" * len(kinds)) if set(kinds) == {"i"} else None
+        self.lead = len(kinds) - len(kinds.lstrip("i"))  # leading ints: never kept
+        self._head = struct.Struct("<" + "q" * self.lead)
         # a value equal to a kept one (True for 1) is sent as the kept one: of declared type
         self._encoded: dict[tuple[Any, ...], bytes] = {}
         self._decoded: dict[bytes, tuple[Any, ...]] = {}
@@ -79,26 +82,29 @@ class BinaryLayout:
                     if type(value) is not int:
                         return None
                 return self._ints.pack(*values)
-            if type(values[0]) is not int:
-                return None
-            rest = values[1:]
+            lead = self.lead
+            for value in values[:lead]:
+                if type(value) is not int:
+                    return None
+            rest = values[lead:]
             tail = self._encoded.get(rest)
             if tail is None:
-                tail = self.encode_rest(rest)
+                tail = self.encode_rest(rest, lead)
                 if tail is None:
                     return None
                 if len(tail) <= _CACHED_BYTES:
                     if len(self._encoded) >= _CACHED:
                         self._encoded.clear()
                     self._encoded[rest] = tail
-            return _I64.pack(values[0]) + tail
+            return self._head.pack(*values[:lead]) + tail
         except (struct.error, TypeError):  # an int past 64 bits; a value that is unhashable
             return None
 
-    def encode_rest(self, rest: tuple[Any, ...]) -> bytes | None:
-        """The fields after the first, encoded; None when one is not of its declared type."""
+    def encode_rest(self, rest: tuple[Any, ...], start: int = 1) -> bytes | None:
+        """The fields from position `start` on (`rest`), encoded; None when one is not of its
+        declared type."""
         parts: list[bytes] = []
-        for kind, value in zip(self._kinds[1:], rest, strict=True):
+        for kind, value in zip(self._kinds[start:], rest, strict=True):
             if kind == "i":
                 if type(value) is not int:
                     return None
@@ -129,11 +135,12 @@ class BinaryLayout:
                     f"a {self.name} header of {len(data)} bytes: it holds {self._ints.size}"
                 )
             return self._ints.unpack_from(data)
-        if len(data) < _I64.size:
+        head = self._head
+        if len(data) < head.size:
             raise MalformedMessage(
-                f"a truncated {self.name} header: {len(data)} bytes, fewer than its first field"
+                f"a truncated {self.name} header: {len(data)} bytes, fewer than its leading ints"
             )
-        tail = bytes(data[_I64.size :])
+        tail = bytes(data[head.size :])
         rest = self._decoded.get(tail)
         if rest is None:
             rest = _Reader(self, tail).fields()
@@ -141,7 +148,7 @@ class BinaryLayout:
                 if len(self._decoded) >= _CACHED:
                     self._decoded.clear()
                 self._decoded[tail] = rest
-        return _I64.unpack_from(data) + rest
+        return head.unpack_from(data) + rest
 
     def field_name(self, position: int) -> str:
         return self._names[position]
@@ -175,7 +182,7 @@ class _Reader:
     def fields(self) -> tuple[Any, ...]:
         values = []
         layout = self._layout
-        for position in range(1, layout.count):
+        for position in range(layout.lead, layout.count):
             self._field = layout.field_name(position)
             values.append(self._value(layout.kind(position)))
         if self._at != len(self._data):

@@ -18,11 +18,10 @@ from mesh._engine.payload_arena import (
     ARENA_HEADER,
     ARENA_HEADER_BYTES,
     ARENA_NAME,
-    TOKEN,
     ArenaCall,
-    call_fields,
     slot_bytes,
 )
+from mesh._engine.shared_payload import TOKEN, call_fields
 from transport import Payload
 
 #: The arena's size. Pages are only allocated when first written: an agent that shares

@@ -26,8 +26,8 @@ from mesh._agent.procs import ProcRecord, ProcTable
 from mesh._agent.shared_segments import SharedSegments
 from mesh._engine.fanout_messages import MAX_BATCH_ANSWERS, FanOut, pack_answers
 from mesh._engine.messages import CallActor, Failure, InboxClosed, Reply, StopActor
-from mesh._engine.payload_arena import ArenaCall, call_fields
-from mesh._engine.shared_payload import SharedCall
+from mesh._engine.payload_arena import ArenaCall
+from mesh._engine.shared_payload import SharedCall, call_fields
 from transport import (
     Envelope,
     Outbox,
@@ -48,7 +48,15 @@ MAX_SHARED_BYTES = 64 << 10
 HOLD_S = 0.002
 
 Answer = tuple[int, str, Payload | None]
-_ARENA_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(ArenaCall)))
+#: The fields of the headers that name where a shared payload lies, by type.
+_PLACED_FIELDS = {
+    kind: operator.attrgetter(*(f.name for f in dataclasses.fields(kind)))
+    for kind in (ArenaCall, SharedCall)
+}
+#: Where the rank lies among those fields (each proc gets its own).
+_RANK_AT = {
+    kind: [f.name for f in dataclasses.fields(kind)].index("rank") for kind in _PLACED_FIELDS
+}
 
 
 class _Relayed:
@@ -248,13 +256,12 @@ def _frames_for(
     """``frames(rank)``: the message the proc of `rank` gets, `message` for its rank with its
     payload (`shared`: where it lies). Built from the fields, not from a header per proc: one
     encoding per proc is all the agent does for it."""
-    if type(shared) is ArenaCall:
-        fields = _ARENA_FIELDS(shared)
-        head, tail = fields[:6], fields[7:]
-        return lambda rank: encode_fields(ArenaCall, (*head, rank, *tail), None)
-    if type(shared) is SharedCall:
-        call = shared.message
-        return lambda rank: encode(dataclasses.replace(shared, message=_with_rank(call, rank)))
+    if shared is not None:
+        kind = type(shared)
+        fields = _PLACED_FIELDS[kind](shared)
+        at = _RANK_AT[kind]
+        head, tail = fields[:at], fields[at + 1 :]
+        return lambda rank: encode_fields(kind, (*head, rank, *tail), None)
     if type(message) is CallActor:
         head = call_fields(message)[:6]
         return lambda rank: encode_fields(CallActor, (*head, rank), payload)

@@ -19,7 +19,6 @@ message), which cost each proc more than its copy of a 1 MB payload.
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import functools
 import io
@@ -27,7 +26,6 @@ import mmap
 import operator
 import os
 import pickle
-import stat
 import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -35,7 +33,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from mesh._engine.messages import CallActor
-from mesh._engine.shared_payload import open_agent_file
+from mesh._engine.shared_payload import (
+    TOKEN,
+    TOKEN_BYTES,
+    bad_place,
+    call_fields,
+    check_agent_file,
+    open_agent_file,
+)
 from transport import Payload, binary_header, loads, message_type
 
 #: The name of the arena's memory file, as /proc/<pid>/fd and /proc/<pid>/maps show it.
@@ -43,11 +48,8 @@ ARENA_NAME = "meshvisor-arena"
 #: The header page: three little-endian u64 counters, then nothing.
 ARENA_HEADER = struct.Struct("<QQQ")
 ARENA_HEADER_BYTES = 4096
-#: A slot's token: the id of the call whose payload it holds. The agent numbers its relayed
-#: calls afresh for each (`FanOutRelay`), and an arena lives and dies with its agent, so a stale
-#: header never finds its own id in a slot that holds another call's payload.
-TOKEN = struct.Struct("<q")
-TOKEN_BYTES = TOKEN.size
+#: A slot starts with its call's `TOKEN` (see `shared_payload`): an arena lives and dies with
+#: its agent, so a stale header never finds its own id in a slot that holds another call's.
 #: The largest payload an arena takes; larger ones get a memory file each, which procs map
 #: without copying (a tensor of 64 MB is not copied at all).
 ARENA_MAX_PAYLOAD = 16 << 20
@@ -86,11 +88,6 @@ class ArenaCall:
         return CallActor(*call_fields(self))
 
 
-#: The fields of a `CallActor` (or the first seven of an `ArenaCall`), in order.
-call_fields: Callable[[Any], tuple[Any, ...]] = operator.attrgetter(
-    *(f.name for f in dataclasses.fields(CallActor))
-)
-_INT = {int}
 _PLACE_FIELDS = operator.attrgetter("owner_pid", "fd", "arena_id", "offset", "body_bytes")
 
 
@@ -201,7 +198,7 @@ class ArenaMaps:
     def payload(self, call: ArenaCall) -> Payload:
         """The payload `call` names, as views of the arena. Raises ValueError when the header
         is malformed or names no arena of this user, or a slot that is not this call's."""
-        reason = _bad_place(call)
+        reason = bad_place(call.call_id, _PLACE_FIELDS(call), call.buffer_bytes)
         if reason is not None:
             raise ValueError(f"a host agent sent a malformed ArenaCall: {reason}")
         arena = self._arena(call)
@@ -234,20 +231,6 @@ class ArenaMaps:
             return self._maps[key]
 
 
-def _bad_place(call: ArenaCall) -> str | None:
-    """Why the numbers that place `call`'s payload cannot be used, or None. (A binary header
-    holds ints there already; a marshalled one from a buggy agent might not.)"""
-    sizes = call.buffer_bytes
-    numbers = (call.call_id, *_PLACE_FIELDS(call), *(sizes if type(sizes) is tuple else ("",)))
-    if set(map(type, numbers)) != _INT:
-        return "its call id, offset and sizes must be ints"
-    if min(numbers[1:]) < 0:
-        return "a negative size, offset or id"
-    if not 0 < call.call_id < 1 << 63:
-        return f"call id {call.call_id} is no id an agent gives"
-    return None
-
-
 def _map_arena(owner_pid: int, fd: int, arena_id: int) -> memoryview:
     """A read-only view of the whole arena, after checking it is one: the size comes from the
     file, never from a header, and the file must be private to this user and sealed."""
@@ -255,11 +238,7 @@ def _map_arena(owner_pid: int, fd: int, arena_id: int) -> memoryview:
     opened = open_agent_file(path, "the payload arena")
     try:
         info = os.fstat(opened)
-        private = info.st_uid == os.getuid() and not info.st_mode & 0o077
-        if not stat.S_ISREG(info.st_mode) or info.st_ino != arena_id or not private:
-            raise ValueError(f"{path} is not a payload arena of this user (mode, owner, inode)")
-        if fcntl.fcntl(opened, fcntl.F_GET_SEALS) & _NEEDED_SEALS != _NEEDED_SEALS:
-            raise ValueError(f"{path} is not sealed against shrinking: it cannot be mapped safely")
+        check_agent_file(path, opened, info, ("a payload arena", arena_id, _NEEDED_SEALS))
         mapped = mmap.mmap(opened, info.st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
     finally:
         os.close(opened)
