@@ -9,6 +9,10 @@ from mesh import Actor, Port, endpoint, testing
 
 #: Shared by the actors of one proc: `Gate.hold` waits for `Opener.open`.
 _OPENED = threading.Event()
+#: `Ticker.wait_for_nap` waits for `Spinner.nap_while_ticking` to start.
+_NAPPING = threading.Event()
+#: How many `Ticker.tick` calls ended.
+_TICKS = [0]
 
 
 class Recorder(Actor):
@@ -78,6 +82,35 @@ class Spinner(Actor):
         while not _OPENED.is_set() and time.monotonic() < deadline:
             time.sleep(0.001)
         return _OPENED.is_set()
+
+    @endpoint
+    def nap_while_ticking(self, started: Port[str], timeout: float) -> int:
+        """`nap`, letting the ticker's queued ticks go first; how many ticks ended by the
+        time the gate opened."""
+        ticks_before = _TICKS[0]
+        _NAPPING.set()
+        started.send("napping")
+        deadline = time.monotonic() + timeout
+        while not _OPENED.is_set() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return _TICKS[0] - ticks_before
+
+
+class Ticker(Actor):
+    """Calls that end steadily on a worker thread of their own while another call naps."""
+
+    @endpoint
+    def wait_for_nap(self, timeout: float) -> bool:
+        napping = _NAPPING.wait(timeout)
+        _NAPPING.clear()
+        return napping
+
+    @endpoint
+    def tick(self) -> None:
+        """2 ms asleep until the gate opens; at once after."""
+        if not _OPENED.is_set():
+            time.sleep(0.002)
+        _TICKS[0] += 1
 
 
 class Echo(Actor):

@@ -110,6 +110,27 @@ def test_a_sync_call_that_computes_or_naps_long_is_handed_over(one_proc: Any, wa
     assert echo.hand_overs.call_one().get(timeout=T) == before + 1
 
 
+def test_a_napping_call_is_handed_over_while_other_threads_end_calls(one_proc: Any) -> None:
+    """The receiving thread naps (1 ms at a time) while another worker thread ends a call
+    every 2 ms: the watch counts the holder's own calls ended, not the proc's, so it hands
+    the inbox over long before the ticks run out (they would take 8 s or more)."""
+    spinner, ticker = one_proc.spawn("spinner", ra.Spinner), one_proc.spawn("ticker", ra.Ticker)
+    opener, echo = one_proc.spawn("opener", ra.Opener), one_proc.spawn("echo", ra.Echo)
+    before = echo.hand_overs.call_one().get(timeout=T)
+    waiting = ticker.wait_for_nap.call_one(T)  # blocks its thread: handed over
+    ticks = [ticker.tick.call_one() for _ in range(4000)]  # queued behind it
+    port, started = Channel[str].open()
+    napping = spinner.nap_while_ticking.call_one(port, T)  # run by the receiving thread
+    assert started.recv().get(timeout=T) == "napping"
+    assert opener.open.call_one().get(timeout=T) == "opened"
+    assert napping.get(timeout=T) < len(ticks)
+    assert waiting.get(timeout=T) is True
+    for tick in ticks:
+        tick.get(timeout=T)
+    assert opener.close.call_one().get(timeout=T) == "closed"
+    assert echo.hand_overs.call_one().get(timeout=T) == before + 2
+
+
 def test_a_drain_of_many_short_calls_keeps_the_inbox(one_proc: Any) -> None:
     """Pipelined calls of 0.1 ms each: the receiving thread runs them in passes of up to 256
     that last well over the watch's 5 ms, but it progresses, so it never hands the inbox over

@@ -1,11 +1,14 @@
 """The group store and the lifetimes of its clients: the waits of a client whose process died
 are dropped at once (not at their timeout, holding a place among the store's waiting
 requests meanwhile), and a client closed by another thread than the one calling it stays safe.
+Over tcp, a peer that is stopped (SIGSTOP: its connection stays open, like that of a host that
+vanished) is seen as gone within the heartbeat timeout, on either side.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +21,7 @@ import pytest
 import torch.distributed as dist
 
 from recovery.testing import StoreClient, StoreServer
+from transport import Addresses
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,6 +32,28 @@ from recovery.testing import StoreClient
 store = StoreClient(Addresses(sys.argv[1]), 120.0)
 store.get("dead/never")
 """
+
+
+TCP_WAITER = """
+import sys
+from transport import Addresses
+from recovery.testing import StoreClient
+store = StoreClient(Addresses.of(sys.argv[1]), 120.0)
+store.get("stopped/never")
+"""
+
+TCP_SERVER = """
+import time
+from recovery.testing import StoreServer
+server = StoreServer()
+print(server.addresses.ipc, server.addresses.tcp, flush=True)
+time.sleep(600)
+"""
+
+#: How long a client process may take to start (import torch) on a loaded 2-core machine.
+STARTUP_S = 60.0
+#: Longer than the heartbeat timeout (4 s), on a loaded machine; far shorter than the waits.
+SEEN_GONE_S = 20.0
 
 
 @pytest.fixture
@@ -46,7 +72,7 @@ def eventually(condition: Callable[[], bool], timeout_s: float = 20.0) -> bool:
     return True
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_the_waits_of_a_killed_client_are_dropped_at_once(server: StoreServer) -> None:
     live = StoreClient(server.addresses, 30.0)
     answered: list[bytes] = []
@@ -56,7 +82,7 @@ def test_the_waits_of_a_killed_client_are_dropped_at_once(server: StoreServer) -
     assert server.addresses.ipc is not None
     process = subprocess.Popen([sys.executable, "-c", WAITER, server.addresses.ipc], env=env)
     try:
-        assert eventually(lambda: server.waiting() == 2), "the killed client never waited"
+        assert eventually(lambda: server.waiting() == 2, STARTUP_S), "the client never waited"
         process.send_signal(signal.SIGKILL)
         process.wait()
         # its wait of 120 s is dropped now; the live client's goes on
@@ -117,3 +143,45 @@ def threading_result(call: Callable[[], object]) -> object:
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     return outcome[0]
+
+
+@pytest.mark.timeout(120)
+def test_the_waits_of_a_stopped_tcp_client_are_dropped_within_the_heartbeat_timeout(
+    server: StoreServer,
+) -> None:
+    assert server.addresses.tcp is not None, "the suite has keys: the store listens on tcp"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([sys.executable, "-c", TCP_WAITER, server.addresses.tcp], env=env)
+    try:
+        assert eventually(lambda: server.waiting() == 1, STARTUP_S), "the client never waited"
+        process.send_signal(signal.SIGSTOP)  # its connection stays open, its wait lasts 120 s
+        assert eventually(lambda: server.waiting() == 0, SEEN_GONE_S), "its wait stayed queued"
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.timeout(120)
+def test_a_wait_on_a_stopped_tcp_store_ends_within_the_heartbeat_timeout() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-c", TCP_SERVER], env=env, stdout=subprocess.PIPE, text=True
+    )
+    ipc = ""
+    try:
+        ipc, tcp = (process.stdout.readline() if process.stdout else "").split()
+        store = StoreClient(Addresses.of(tcp), 30.0)
+        store.set("stopped/here", b"1")
+        threading.Timer(0.5, os.kill, (process.pid, signal.SIGSTOP)).start()
+        started = time.monotonic()
+        with pytest.raises(dist.DistNetworkError, match="heartbeats"):  # type: ignore[attr-defined]
+            store.get("stopped/never")
+        assert time.monotonic() - started < SEEN_GONE_S, "the wait lasted until its timeout"
+        store.close()
+    finally:
+        process.kill()
+        process.wait()
+        if process.stdout:
+            process.stdout.close()
+        if ipc:  # (a killed store cannot remove its directory)
+            shutil.rmtree(os.path.dirname(ipc[len("ipc://") :]), ignore_errors=True)

@@ -7,7 +7,9 @@ reaches it); a requester is a DEALER socket, one per thread (zmq sockets are not
 which also watches its connection: a responder that goes away (its process died) ends a wait
 at once (`ResponderGone`) instead of at its timeout. The responder watches its connections
 too: `gone_nowait` names the requesters whose connection closed (their process died), so that
-what it holds for them (a request waiting for its answer) can be dropped at once.
+what it holds for them (a request waiting for its answer) can be dropped at once. On tcp both
+sides send heartbeats (`_keepalive`): a peer whose host vanished, or a process stopped, closes
+nothing, and is seen as gone after `HEARTBEAT_TIMEOUT_MS` of silence.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from zmq.utils.monitor import recv_monitor_message
 from ._addresses import Addresses, check_address
 from ._errors import TransportError
 from ._handshakes import unbounded_monitor
+from ._keepalive import send_heartbeats
 from ._security import required_keys, secure_client
 from ._sockets import LONGEST_WAIT_MS, bind_secured
 
@@ -30,7 +33,8 @@ _NOBLOCK = int(zmq.NOBLOCK)
 
 
 class ResponderGone(TransportError):
-    """The responder a requester waited on closed its connection (its process ended)."""
+    """The connection to the responder a requester waited on closed (its process ended), or
+    went silent past the heartbeat timeout (its host vanished, or its process was stopped)."""
 
 
 class Responder:
@@ -57,6 +61,7 @@ class Responder:
             bind_secured(self._socket, ipc)
             bound = Addresses.of(self._socket.getsockopt_string(zmq.LAST_ENDPOINT))
             if tcp is not None:
+                send_heartbeats(self._socket)  # on its tcp connections only (bound after)
                 bind_secured(self._socket, tcp)
                 bound = bound.with_tcp(self._socket.getsockopt_string(zmq.LAST_ENDPOINT))
         except BaseException:
@@ -127,6 +132,7 @@ class Requester:
         try:
             if address.startswith("tcp://"):
                 secure_client(self._socket, required_keys(address))
+                send_heartbeats(self._socket)
             self._socket.setsockopt(zmq.MAXMSGSIZE, max_bytes)
             self._socket.setsockopt(zmq.LINGER, 0)
             self._socket.setsockopt(zmq.IMMEDIATE, 1)  # queued only once connected
@@ -162,7 +168,10 @@ class Requester:
             return frames
         if self._monitor in ready:
             recv_monitor_message(self._monitor, _NOBLOCK)
-            raise ResponderGone(f"{self.address} closed the connection: its process has ended")
+            raise ResponderGone(
+                f"the connection to {self.address} closed: its process has ended, or it "
+                "stopped answering heartbeats (its host is down or unreachable)"
+            )
         return None
 
     def close(self) -> None:

@@ -6,7 +6,8 @@ computes for long). Only the second should hand the inbox to another thread: han
 during a drain leaves two threads taking turns on the GIL, one receiving and one running.
 The watch cannot tell from the wall clock (on a loaded machine a progressing thread often
 waits more than `HAND_OVER_S` for a core), so it looks at the thread itself, twice or more,
-longer than the GIL's switch interval apart: calls ended (progress), its CPU time (a blocked
+longer than the GIL's switch interval apart: calls it ended (progress; other threads' calls
+ending tell nothing of it), its CPU time (a blocked
 thread uses none; one waiting for the GIL wakes at each switch interval, using a little) and
 its scheduler state (a preempted one is runnable).
 """
@@ -27,7 +28,7 @@ class HolderCheck:
         # asking a gone thread's clock would be undefined
         self._clock = time.pthread_getcpuclockid(ident)
         self._stat = f"/proc/self/task/{native_id}/stat"
-        self._steps = steps  # how many calls the proc's worker threads have ended
+        self._steps = steps  # how many calls this thread has ended (its own: not other threads')
         self._busy_s = busy_s  # CPU time a thread may use with no call ending
         self._idle_s = idle_s  # wall time a thread found asleep may go with no call ending
         self._last: tuple[float, int] | None = None  # (its CPU time, steps) at the last look

@@ -63,11 +63,11 @@ class Lanes:
 
     def _drain_sync(self, actor: HostedActor) -> None:
         """Worker thread: handle the actor's messages, in order, until one is async."""
-        workers = self._workers
+        count = self._workers.counts.mine  # this thread's: the watch looks at the inbox's holder
         try:
             while (work := self._next(actor, in_task=False)) is not None:
                 self._sync_runners[work.kind](actor, work)
-                workers.steps += 1
+                count.steps += 1
         except BaseException:
             self._idle(actor)
             raise
@@ -119,7 +119,7 @@ class Lanes:
         try:
             self._sync_runners[work.kind](actor, work)
         finally:
-            self._workers.steps += 1
+            self._workers.counts.mine.steps += 1
             self._concurrent_ended(actor)
 
     async def _run_concurrent_async(self, actor: HostedActor, work: Work[Any]) -> None:

@@ -236,8 +236,8 @@ class Receiver:
         """Whether the holder's task that started at `since` is stuck (see `HolderCheck`)."""
         if self._check_for != since or self._check is None:
             assert self._holder is not None
-            steps = self._workers.steps_done
             holder, native = self._holder, self._holder_native
+            steps = self._workers.steps_of(holder)
             self._check = HolderCheck(holder, native, steps, HAND_OVER_S, _NAPPING_S)
             self._check_for = since
         return self._check.stuck()

@@ -25,9 +25,9 @@ class Workers:
         self._lock = threading.Lock()
         self._numbers = itertools.count(1)
         self._held: list[Any] | None = None  # [thread id, its first task or None]
-        #: Calls its threads have ended (`Lanes` counts them; not atomic: it only has to move),
-        #: which tells the receiver's watch a busy thread from a stuck one.
-        self.steps = 0
+        self._counts_by_thread: dict[int, StepCount] = {}
+        #: `counts.mine`: the calling thread's own `StepCount` (`Lanes` counts its calls ended).
+        self.counts = _ThreadCounts(self._counts_by_thread)
 
     def submit(self, function: Callable[..., object], *args: Any) -> None:
         """Run `function(*args)` on an idle worker thread, or on a new one if none is idle
@@ -42,8 +42,11 @@ class Workers:
             worker = _Worker(self, f"{self._name}-{next(self._numbers)}")
         worker.start(function, args)
 
-    def steps_done(self) -> int:
-        return self.steps
+    def steps_of(self, ident: int) -> Callable[[], int]:
+        """How many calls the thread `ident` has ended so far, read when called (a thread
+        that never counted one reads 0)."""
+        count = self._counts_by_thread.get(ident, StepCount())
+        return lambda: count.steps
 
     def hold_first(self) -> None:
         """Until `take_held`, the first task this thread submits is kept for it to run itself
@@ -61,6 +64,25 @@ class Workers:
             self._idle.append(worker)
 
 
+class StepCount:
+    """Calls one thread has ended (a plain attribute: adding one costs no Python call), which
+    tells the receiver's watch a thread that progresses from a stuck one. Only its thread
+    writes it; the watch reads it."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+
+class _ThreadCounts(threading.local):
+    """Gives each thread its own `StepCount` (`mine`), listed by thread id for the watch."""
+
+    def __init__(self, by_thread: dict[int, StepCount]) -> None:
+        self.mine = StepCount()
+        by_thread[threading.get_ident()] = self.mine
+
+
 class _Worker:
     """One thread; it sleeps on `_go` (a lock held while there is nothing to do)."""
 
@@ -76,6 +98,7 @@ class _Worker:
         self._go.release()
 
     def _serve(self) -> None:
+        _ = self._pool.counts.mine  # listed now: the watch may look at it before it counts
         while True:
             self._go.acquire()
             self._run_task()
