@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 import mesh
 import transport
+from mesh.testing import stop_local_agent
 
 #: What `meshvisor agent` imports before it listens (its fork server forks procs from these).
 AGENT_IMPORTS = "import meshvisor._cli, mesh._agent.daemon"
@@ -87,6 +88,9 @@ def test_each_public_name_of_mesh_is_the_object_of_its_home_module(name: str) ->
 
 
 def test_a_forked_proc_imports_nothing_of_the_runtime(make_procs: Callable[..., Any]) -> None:
+    # a fresh agent: earlier tests' preloads (a replica group's `recovery`, say) stay in the
+    # fork server of the agent this worker shares, and would count here as the proc's own
+    stop_local_agent()
     echo = make_procs({"gpus": 1}).spawn("echo", Echo)
     (loaded,) = echo.modules.call().get(timeout=60).values()
     assert echo.frozen_objects.call_one().get(timeout=60) > 0  # its fork server warmed up
