@@ -235,9 +235,7 @@ class Runtime:
         try:
             frames = encode(header, payload)
         except TransportError as exc:
-            self._log.warning(
-                "send_failed", to=address, kind=type(header).__name__, reason=str(exc)
-            )
+            self._send_failed(address, type(header), exc)
             return
         self.send_frames(address, type(header), frames)
 
@@ -253,9 +251,15 @@ class Runtime:
             elif self.outbox.send_soon(address, frames):
                 self._flush_soon()
         except TransportError as exc:
-            self._log.warning("send_failed", to=address, kind=kind.__name__, reason=str(exc))
+            self._send_failed(address, kind, exc)
             return exc
         return None
+
+    def _send_failed(self, address: str, kind: type, error: TransportError) -> None:
+        """Log a message that could not leave: a warning, unless this process is closing (a
+        call that ends after its proc's transport closed: its caller hears of the stop)."""
+        log = self._log.debug if self.closing else self._log.warning
+        log("send_failed", to=address, kind=kind.__name__, reason=str(error))
 
     def _flush_soon(self) -> None:
         """Send the waiting batches after the event loop's current turn when sent from it
