@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_verb(verb: str, rest: list[str]) -> int:
     """Run `verb`'s own command line with the arguments after it."""
+    if verb == "agent":  # before its imports: a scheduler's notice may come at once
+        from mesh.agent_start import hold_early_notices
+
+        hold_early_notices(rest)
     module = importlib.import_module(VERBS[verb][0])
     status = module.main(rest, prog=f"meshvisor {verb}")
     return 0 if status is None else int(status)

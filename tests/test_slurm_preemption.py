@@ -125,6 +125,37 @@ def test_a_signal_name_that_names_no_signal_is_refused(tmp_path: Path) -> None:
     assert "--notice-signal: 'USR9' names no signal (e.g. USR1, SIGUSR2 or 10)" in done.stderr
 
 
+def test_a_notice_while_the_agent_starts_is_kept_not_fatal(tmp_path: Path) -> None:
+    """A scheduler may signal a step at once: a notice while the agent still imports (here as
+    soon as it imported zmq, long before its watch is installed) must not end it (the signal's
+    default action) and is handled once the agent runs."""
+    (tmp_path / "run").mkdir(mode=0o700)
+    command = [sys.executable, "-X", "importtime", *AGENT[1:]]
+    command += ["--listen", f"ipc://{tmp_path}/agent", "--rundir", str(tmp_path / "run")]
+    command += ["--notice-signal", "USR1", "--time-left-command", f"{sys.executable} -c print(42)"]
+    agent = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines: list[str] = []
+    try:
+        assert agent.stderr is not None
+        for line in agent.stderr:
+            lines.append(line)
+            if line.split("|")[-1].strip() == "zmq":  # the agent's own imports are under way
+                os.kill(agent.pid, signal.SIGUSR1)
+                break
+        reader = threading.Thread(target=lambda: lines.extend(agent.stderr or ()), daemon=True)
+        reader.start()
+        heard = lambda: any("notice_received" in line for line in lines)  # noqa: E731
+        wait_until(lambda: heard() or agent.poll() is not None, T, "the notice")
+        assert agent.poll() is None, "the agent died of a notice that came while it started"
+        (notice,) = [line for line in lines if "notice_received" in line]
+        assert "signal=SIGUSR1" in notice and "time_left_s=42" in notice, notice
+    finally:
+        agent.terminate()
+        agent.wait(T)
+        if agent.stderr:
+            agent.stderr.close()
+
+
 class Owner(Actor):
     """Owns a mesh on the agent at `address`; its __supervise__ does not handle notices."""
 

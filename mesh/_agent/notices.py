@@ -46,6 +46,34 @@ def parse_seconds(text: str) -> float | None:
     return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
+class EarlyNotice:
+    """The notice signal's handler from the agent program's first steps until its watch is
+    installed: a notice that comes while the agent imports and starts (a step's signal can come
+    at once) is kept for the watch instead of ending the process (the signal's default)."""
+
+    def __init__(self) -> None:
+        self.heard = False
+
+    def __call__(self, *_: object) -> None:
+        self.heard = True
+
+
+def hold_early_notices(argv: list[str]) -> None:
+    """Handle the notice signal that `argv` (``meshvisor agent``'s options) names with an
+    `EarlyNotice` now, before the agent's imports; a bad name is left to its parser."""
+    name = next((a.partition("=")[2] for a in argv if a.startswith("--notice-signal=")), None)
+    if "--notice-signal" in argv[:-1]:
+        name = argv[argv.index("--notice-signal") + 1]
+    if name is None:
+        return
+    with contextlib.suppress(ValueError, OSError):
+        signal.signal(notice_signal(name), EarlyNotice())
+
+
+def _heard_early(handler: object) -> bool:
+    return isinstance(handler, EarlyNotice) and handler.heard
+
+
 class NoticeWatch:
     """The notice signal of one agent: `fileno` becomes readable when something happened, and
     `take` gives the notices that are complete, as (signal name, seconds left or None)."""
@@ -58,15 +86,18 @@ class NoticeWatch:
         os.set_blocking(self._write, False)
         self._answers: queue.SimpleQueue[float | None] = queue.SimpleQueue()
         self._asking = False
+        self._early = False  # a notice heard before the watch was installed
 
     def ignore_in_children(self) -> None:
         """Ignore the signal in this process and what it forks from now on (the fork server,
         procs); call `install` after the forks that must keep ignoring it."""
-        signal.signal(self.signum, signal.SIG_IGN)
+        self._early |= _heard_early(signal.signal(self.signum, signal.SIG_IGN))
 
     def install(self) -> None:
-        """Handle the signal in this (the agent's) process."""
-        signal.signal(self.signum, self._on_signal)
+        """Handle the signal in this (the agent's) process, and a notice heard before."""
+        self._early |= _heard_early(signal.signal(self.signum, self._on_signal))
+        if self._early:
+            self._on_signal()
 
     def fileno(self) -> int:
         return self._read
