@@ -46,16 +46,17 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
         use_curve_keys(os.path.abspath(args.keys))  # procs inherit it
     address = _listen_address(args, parser)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    notices = _notice_watch(args, parser)  # options that can be refused: before the run dir
+    log_files = _log_files(args, parser)
     rundir = args.rundir or own_run_dir()
     if args.owner_pid:  # a client's local agent: it takes up the keys of what it attaches to
         follow_keys_pointer(rundir)
     if args.preload:
         os.environ[PRELOAD_ENV] = args.preload
         reload_settings()  # the fork server preloads what its settings name
-    notices = _notice_watch(args, parser)
     if notices is not None:
         notices.ignore_in_children()  # the scheduler signals procs too: only the agent hears it
-    forkserver = start_forkserver(_log_files(args, parser))
+    forkserver = start_forkserver(log_files)
     if notices is not None:
         notices.install()
     agent = HostAgent(
