@@ -727,7 +727,8 @@ class DaemonAgent:
         self.address = f"ipc://{self.rundir}/agent"
         self.started: list[subprocess.Popen[bytes]] = []
 
-    def start(self) -> str:
+    def start(self, *options: str) -> str:
+        """Start the agent (again), with these extra ``meshvisor agent`` options."""
         address_file = self.folder / f"address{len(self.started)}"
         self.started.append(
             subprocess.Popen(
@@ -742,6 +743,7 @@ class DaemonAgent:
                     str(self.rundir),
                     "--address-file",
                     str(address_file),
+                    *options,
                 ]
             )
         )
@@ -943,6 +945,58 @@ def test_a_silent_agent_is_greeted_ever_less_often_and_seen_when_it_is_back(
             if again is not None:
                 again.stop().get(timeout=T)
             procs.stop().get(timeout=T)
+
+
+PAUSED_OWNER = textwrap.dedent("""
+    import sys, time
+    import mesh
+    mesh.configure(agent_timeout_s={timeout!r}, owner_alive_interval_s=0.1)
+    from mesh import attach
+    from mesh.testing import known_agents
+
+    events = []
+    procs = attach([{agent!r}]).spawn_procs(per_host={{"gpus": 1}})
+    procs.on_failure(lambda event: events.append(event) or True)
+    while {agent!r} not in known_agents():  # it answered a greeting
+        time.sleep(0.01)
+    print("READY", flush=True)
+    sys.stdin.readline()  # this process was stopped longer than the agent timeout
+    time.sleep({timeout!r} * 1.5)  # its agent has time to answer, or be lost
+    print("EVENTS", *[event.kind for event in events], flush=True)
+    procs.stop().get(timeout=30)
+""")
+
+
+def test_an_owner_stopped_longer_than_the_agent_timeout_keeps_its_healthy_agent(
+    daemon: DaemonAgent,
+) -> None:
+    """Silence counts only while the owner was there to greet and listen: an owner stopped
+    (or starved of CPU on a busy host) past agent_timeout_s finds its agent alive on return."""
+    timeout = 2.0
+    address = daemon.start("--owner-timeout", "60")  # the agent keeps the stopped owner's procs
+    home = daemon.folder / "h"  # short: a longer XDG_RUNTIME_DIR is ignored
+    home.mkdir(mode=0o700)
+    script = daemon.folder / "owner.py"
+    script.write_text(PAUSED_OWNER.format(timeout=timeout, agent=address))
+    owner = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "XDG_RUNTIME_DIR": str(home)},
+    )
+    try:
+        ready = owner.stdout.readline().split()  # type: ignore[union-attr]
+        if ready != ["READY"]:
+            pytest.fail(f"the owner script failed: {ready}")
+        owner.send_signal(signal.SIGSTOP)
+        time.sleep(timeout * 1.5)
+        owner.send_signal(signal.SIGCONT)
+        out, _ = owner.communicate("go\n", timeout=T)
+        assert out.split() == ["EVENTS"], out
+    finally:
+        owner.kill()
+        owner.wait(T)
 
 
 INCARNATION_CLIENT = textwrap.dedent("""

@@ -4,6 +4,8 @@ A local agent is a child process: its exit is seen at once (a pidfd). A network 
 pid to watch: the owner tells it periodically that it lives (`OwnerAlive`) and hears back
 (`AgentAlive`); an agent silent for `Settings.agent_timeout_s`, or answering with a new
 incarnation (it was restarted), is lost, and every proc it ran is reported "unreachable".
+Only silence while this process was there to greet and listen counts: a keep-alive tick that
+runs late (this process stopped, or starved of CPU on a busy host) is its own absence.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ FailProcsOf = Callable[[str, str], None]
 #: The longest pause between greetings of a silent agent: greeted less often the longer it is
 #: silent (its return stays visible, without a send a tick to a host that is gone for good).
 SILENT_GREETING_MAX_S = 10.0
+
+#: A keep-alive tick this much later than planned means this process itself was away.
+OWN_PAUSE_S = 0.5
 
 
 class AgentHost(Protocol):
@@ -65,6 +70,7 @@ class AgentWatch:
         self._next_greeting: dict[str, float] = {}  # silent agent -> when to greet it again
         self.greetings: Counter[str] = Counter()  # OwnerAlive messages sent, per agent
         self._greeting = False  # whether the periodic OwnerAlive runs
+        self._tick_due: float | None = None  # when the next keep-alive tick is planned
         self._log = get_logger("mesh.runtime", proc=proc_id)
 
     # -- local agents --------------------------------------------------------------------------
@@ -157,6 +163,7 @@ class AgentWatch:
         if runtime.closed.is_set():
             return
         now = time.monotonic()
+        self._forgive_own_absence(now)
         timeout_s = self._runtime.settings.agent_timeout_s
         for agent in list(self._attached):
             heard = self._heard.setdefault(agent, now)
@@ -171,7 +178,21 @@ class AgentWatch:
                 self._silent.add(agent)
                 why = self._refused_by(agent) or f"gave no answer for {now - heard:.1f} s"
                 self._agent_lost(agent, f"at {agent} {why}")
-        self._loop.call_later(self._runtime.settings.owner_alive_interval_s, self._send_owner_alive)
+        interval_s = self._runtime.settings.owner_alive_interval_s
+        self._tick_due = now + interval_s
+        self._loop.call_later(interval_s, self._send_owner_alive)
+
+    def _forgive_own_absence(self, now: float) -> None:
+        """This tick's lateness is this process's absence, not its agents' silence: no greeting
+        went out and no answer was read meanwhile. Each answering agent's silence moves by as
+        much; after a real pause it restarts from now (the greeting sent now is its chance).
+        Agents already silent or being stopped keep their last answer: requests judge by it."""
+        late_s = now - (self._tick_due if self._tick_due is not None else now)
+        if late_s <= 0:
+            return
+        for agent, heard in self._heard.items():
+            if agent not in self._silent and agent not in self._stopping:
+                self._heard[agent] = now if late_s > OWN_PAUSE_S else min(heard + late_s, now)
 
     def _greet(self, agent: str) -> None:
         self.greetings[agent] += 1
