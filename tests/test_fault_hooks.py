@@ -999,6 +999,91 @@ def test_an_owner_stopped_longer_than_the_agent_timeout_keeps_its_healthy_agent(
         owner.wait(T)
 
 
+GONE_OWNER = textwrap.dedent("""
+    from mesh import attach
+    attach([{agent!r}]).spawn_procs(per_host={{"gpus": 1}}).stop().get(timeout=30)
+""")
+
+
+def test_an_idle_agent_stops_at_once_on_sigterm(daemon: DaemonAgent) -> None:
+    """SIGTERM wakes the agent's wait: an idle agent whose owner left (its next deadline that
+    owner's timeout, 60 s here) used to notice it only when that deadline came."""
+    address = daemon.start("--owner-timeout", "60")
+    home = daemon.folder / "h"  # short: a longer XDG_RUNTIME_DIR is ignored
+    home.mkdir(mode=0o700)
+    script = daemon.folder / "owner.py"
+    script.write_text(GONE_OWNER.format(agent=address))
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(home)}
+    subprocess.run([sys.executable, str(script)], env=env, check=True, timeout=T)
+    agent = daemon.started[-1]
+    agent.terminate()
+    assert agent.wait(10.0) == 0
+
+
+STARVED_OWNER = textwrap.dedent("""
+    import sys
+    import mesh
+    mesh.configure(agent_timeout_s={timeout!r}, owner_alive_interval_s=0.1)
+    from mesh import attach
+    from mesh.testing import known_agents
+
+    events = []
+    procs = attach([{agent!r}]).spawn_procs(per_host={{"gpus": 1}})
+    procs.on_failure(lambda event: events.append(event) or True)
+    while {agent!r} not in known_agents():  # it answered a greeting
+        pass
+    print("READY", flush=True)
+    sys.stdin.readline()  # asked while it is stopped: answered first thing once continued
+    print("EVENTS", *[event.kind for event in events], flush=True)
+    procs.stop().get(timeout=30)
+""")
+
+
+def test_an_owner_starved_on_every_tick_still_reports_a_dead_agent(daemon: DaemonAgent) -> None:
+    """Forgiving the owner's own absences is bounded: an owner stopped again and again (each
+    tick late) still reports an agent that stopped answering (here SIGSTOPped)."""
+    timeout = 1.0
+    address = daemon.start("--owner-timeout", "60")
+    home = daemon.folder / "h"  # short: a longer XDG_RUNTIME_DIR is ignored
+    home.mkdir(mode=0o700)
+    script = daemon.folder / "owner.py"
+    script.write_text(STARVED_OWNER.format(timeout=timeout, agent=address))
+    owner = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "XDG_RUNTIME_DIR": str(home)},
+    )
+    agent = daemon.started[-1]
+    try:
+        ready = owner.stdout.readline().split()  # type: ignore[union-attr]
+        if ready != ["READY"]:
+            pytest.fail(f"the owner script failed: {ready}")
+        agent.send_signal(signal.SIGSTOP)
+        ends = time.monotonic() + 12 * timeout  # past the most forgiven (5) and one timeout
+        while time.monotonic() < ends:
+            owner.send_signal(signal.SIGSTOP)
+            time.sleep(0.7)  # every tick of the owner comes past OWN_PAUSE_S late
+            owner.send_signal(signal.SIGCONT)
+            time.sleep(0.05)
+        owner.send_signal(signal.SIGSTOP)
+        assert owner.stdin is not None
+        owner.stdin.write("go\n")
+        owner.stdin.flush()
+        owner.send_signal(signal.SIGCONT)
+        out = owner.stdout.readline().split()  # type: ignore[union-attr]
+        assert out[:1] == ["EVENTS"] and "unreachable" in out, out
+    finally:
+        agent.send_signal(signal.SIGCONT)
+        owner.send_signal(signal.SIGCONT)
+        owner.kill()
+        owner.wait(T)
+        for pipe in (owner.stdin, owner.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
 INCARNATION_CLIENT = textwrap.dedent("""
     import os, signal, sys, time
     import mesh

@@ -1,9 +1,6 @@
-"""`HostAgent`: serves one host: spawns procs, watches them, stops them, reports to owners.
-
-One loop waits on the agent's inbox (requests from owners, heartbeats from procs), on the fork
-server (procs forked, exited: known the moment it reaps them) and on the local owner's pidfd. When
-its owner goes away, all its procs are stopped. Procs: a `ProcTable`, deadlines: a `Watchdog`.
-"""
+"""`HostAgent`: serves one host: spawns procs, watches them (a `ProcTable`, a `Watchdog`), stops
+them, reports to owners. One loop waits on its inbox, its fork server (procs forked, exited: known
+as it reaps them), its local owner's pidfd, notices and SIGTERM; without an owner, procs stop."""
 
 from __future__ import annotations
 
@@ -20,6 +17,7 @@ from mesh._agent.output_relay import forwarded_report
 from mesh._agent.procs import ProcRecord, ProcTable, exit_code_and_signal, unknown_proc_report
 from mesh._agent.relay import FanOutRelay
 from mesh._agent.rundir import remove_proc_sockets, remove_stale_sockets
+from mesh._agent.shutdown_request import ShutdownRequest
 from mesh._agent.snapshots import AgentView
 from mesh._agent.spawning import output_prefix, proc_address, proc_config, socket_path_too_long
 from mesh._agent.watchdog import Watchdog
@@ -89,7 +87,7 @@ class HostAgent:
         self._owner_fd = os.pidfd_open(watched) if watched else None
         self._shutting_down = False
         self._orphan_timeout_s = orphan_timeout_s
-        self._shutdown_requested = False
+        self._asked_to_stop = ShutdownRequest()
         self.address = self._inbox.address
         self.owner_died = False
         self._incarnation = f"{os.getpid()}-{time.time_ns()}"
@@ -113,13 +111,14 @@ class HostAgent:
             selector.register(refusals.fileno(), selectors.EVENT_READ, "refusals")
         if self._notices is not None:
             selector.register(self._notices.fileno(), selectors.EVENT_READ, "notices")
+        selector.register(self._asked_to_stop.fileno(), selectors.EVENT_READ, "shutdown")
         self._log.info("agent_started", pid=os.getpid())
         self._watchdog.start()
         while True:
             self._drain_inbox()
             if refusals is not None:  # edge-triggered like the inbox: drain every time
                 refusals.drain()
-            if self._shutdown_requested and not self._shutting_down:
+            if self._asked_to_stop.asked and not self._shutting_down:
                 self._shutdown(DEFAULT_GRACE_S)
             if self._shutting_down and not self._procs:
                 break
@@ -139,6 +138,8 @@ class HostAgent:
                 elif key.data == "notices" and self._notices is not None:
                     for name, left in self._notices.take():
                         self._on_notice(name, left)
+                elif key.data == "shutdown":
+                    self._asked_to_stop.drain()
             self._watchdog.woke()
             self._drain_inbox()  # heartbeats that queued while it waited count first
             self._enforce_deadlines()
@@ -150,7 +151,7 @@ class HostAgent:
 
     def request_shutdown(self) -> None:
         """From a signal handler: stop all procs gracefully and exit once they are gone."""
-        self._shutdown_requested = True
+        self._asked_to_stop.ask()
 
     def _watch_forkserver(self, selector: selectors.BaseSelector) -> None:
         """Read the fork server's reports; also wait for room to send while requests queue."""
@@ -301,7 +302,7 @@ class HostAgent:
             report = self._forkserver.receive()
             if report is None:  # with a SIGTERM to all of a job step (scancel): a clean stop
                 self._log.error("forkserver_gone")
-                raise SystemExit(0 if self._shutdown_requested else 1)
+                raise SystemExit(0 if self._asked_to_stop.asked else 1)
             if not report:
                 return
             if report[0] == "spawned":
@@ -385,8 +386,6 @@ class HostAgent:
             self._forkserver.signal(proc.pid, signal.SIGKILL)
             proc.kill_at = None
 
-    # -- transport -----------------------------------------------------------------------------
-
     def _send(self, address: str, header: object) -> None:
         try:
             self._outbox.send(address, encode(header))
@@ -397,4 +396,5 @@ class HostAgent:
         self._log.info("agent_stopped")
         self._outbox.close(linger_ms=1000)
         self._inbox.close()
+        self._asked_to_stop.close()
         close_context(self._zmq)

@@ -32,6 +32,10 @@ SILENT_GREETING_MAX_S = 10.0
 #: A keep-alive tick this much later than planned means this process itself was away.
 OWN_PAUSE_S = 0.5
 
+#: An agent's silence is forgiven at most this many agent timeouts in all (until it answers):
+#: a process starved on every tick still reports a dead agent.
+MAX_FORGIVEN_TIMEOUTS = 5
+
 
 class AgentHost(Protocol):
     """What watching agents needs of the runtime: the address it hands out and sending."""
@@ -71,6 +75,7 @@ class AgentWatch:
         self.greetings: Counter[str] = Counter()  # OwnerAlive messages sent, per agent
         self._greeting = False  # whether the periodic OwnerAlive runs
         self._tick_due: float | None = None  # when the next keep-alive tick is planned
+        self._forgiven: dict[str, float] = {}  # agent -> its silence forgiven since it answered
         self._log = get_logger("mesh.runtime", proc=proc_id)
 
     # -- local agents --------------------------------------------------------------------------
@@ -185,14 +190,21 @@ class AgentWatch:
     def _forgive_own_absence(self, now: float) -> None:
         """This tick's lateness is this process's absence, not its agents' silence: no greeting
         went out and no answer was read meanwhile. Each answering agent's silence moves by as
-        much; after a real pause it restarts from now (the greeting sent now is its chance).
-        Agents already silent or being stopped keep their last answer: requests judge by it."""
+        much; after a real pause it restarts from now (the greeting sent now is its chance), up
+        to `MAX_FORGIVEN_TIMEOUTS` in all. Agents already silent or being stopped keep their
+        last answer: requests judge by it."""
         late_s = now - (self._tick_due if self._tick_due is not None else now)
         if late_s <= 0:
             return
+        most_s = MAX_FORGIVEN_TIMEOUTS * self._runtime.settings.agent_timeout_s
         for agent, heard in self._heard.items():
-            if agent not in self._silent and agent not in self._stopping:
-                self._heard[agent] = now if late_s > OWN_PAUSE_S else min(heard + late_s, now)
+            if agent in self._silent or agent in self._stopping:
+                continue
+            moved = now - heard if late_s > OWN_PAUSE_S else min(late_s, now - heard)
+            moved = min(moved, most_s - self._forgiven.get(agent, 0.0))
+            if moved > 0:
+                self._heard[agent] = heard + moved
+                self._forgiven[agent] = self._forgiven.get(agent, 0.0) + moved
 
     def _greet(self, agent: str) -> None:
         self.greetings[agent] += 1
@@ -224,6 +236,7 @@ class AgentWatch:
         if header.agent not in self._attached:
             return  # not an agent this process keeps alive: nothing to learn
         self._heard[header.agent] = time.monotonic()
+        self._forgiven.pop(header.agent, None)
         self._silent.discard(header.agent)
         self._next_greeting.pop(header.agent, None)
         known = self.incarnations.setdefault(header.agent, header.incarnation)
