@@ -947,7 +947,7 @@ def test_a_silent_agent_is_greeted_ever_less_often_and_seen_when_it_is_back(
             procs.stop().get(timeout=T)
 
 
-PAUSED_OWNER = textwrap.dedent("""
+WATCHING_OWNER = textwrap.dedent("""
     import sys, time
     import mesh
     mesh.configure(agent_timeout_s={timeout!r}, owner_alive_interval_s=0.1)
@@ -960,11 +960,36 @@ PAUSED_OWNER = textwrap.dedent("""
     while {agent!r} not in known_agents():  # it answered a greeting
         time.sleep(0.01)
     print("READY", flush=True)
-    sys.stdin.readline()  # this process was stopped longer than the agent timeout
-    time.sleep({timeout!r} * 1.5)  # its agent has time to answer, or be lost
+    sys.stdin.readline()  # told to go on (it may have been stopped meanwhile)
+    time.sleep({pause_s!r})  # its agent has time to answer, or be lost
     print("EVENTS", *[event.kind for event in events], flush=True)
     procs.stop().get(timeout=30)
 """)
+
+
+def _start_watching_owner(
+    daemon: DaemonAgent, timeout: float, pause_s: float
+) -> subprocess.Popen[str]:
+    """A client process owning a proc on `daemon`'s agent (its agent timeout `timeout`), ready
+    (its agent answered); told to go on, it waits `pause_s`, then prints the events it got."""
+    address = daemon.start("--owner-timeout", "60")  # the agent keeps a stopped owner's procs
+    home = daemon.folder / "h"  # short: a longer XDG_RUNTIME_DIR is ignored
+    home.mkdir(mode=0o700)
+    script = daemon.folder / "owner.py"
+    script.write_text(WATCHING_OWNER.format(timeout=timeout, agent=address, pause_s=pause_s))
+    owner = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "XDG_RUNTIME_DIR": str(home)},
+    )
+    ready = owner.stdout.readline().split()  # type: ignore[union-attr]
+    if ready != ["READY"]:
+        owner.kill()
+        owner.communicate()
+        pytest.fail(f"the owner script failed: {ready}")
+    return owner
 
 
 def test_an_owner_stopped_longer_than_the_agent_timeout_keeps_its_healthy_agent(
@@ -973,22 +998,8 @@ def test_an_owner_stopped_longer_than_the_agent_timeout_keeps_its_healthy_agent(
     """Silence counts only while the owner was there to greet and listen: an owner stopped
     (or starved of CPU on a busy host) past agent_timeout_s finds its agent alive on return."""
     timeout = 2.0
-    address = daemon.start("--owner-timeout", "60")  # the agent keeps the stopped owner's procs
-    home = daemon.folder / "h"  # short: a longer XDG_RUNTIME_DIR is ignored
-    home.mkdir(mode=0o700)
-    script = daemon.folder / "owner.py"
-    script.write_text(PAUSED_OWNER.format(timeout=timeout, agent=address))
-    owner = subprocess.Popen(
-        [sys.executable, str(script)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "XDG_RUNTIME_DIR": str(home)},
-    )
+    owner = _start_watching_owner(daemon, timeout, pause_s=timeout * 1.5)
     try:
-        ready = owner.stdout.readline().split()  # type: ignore[union-attr]
-        if ready != ["READY"]:
-            pytest.fail(f"the owner script failed: {ready}")
         owner.send_signal(signal.SIGSTOP)
         time.sleep(timeout * 1.5)
         owner.send_signal(signal.SIGCONT)
@@ -1020,46 +1031,13 @@ def test_an_idle_agent_stops_at_once_on_sigterm(daemon: DaemonAgent) -> None:
     assert agent.wait(10.0) == 0
 
 
-STARVED_OWNER = textwrap.dedent("""
-    import sys
-    import mesh
-    mesh.configure(agent_timeout_s={timeout!r}, owner_alive_interval_s=0.1)
-    from mesh import attach
-    from mesh.testing import known_agents
-
-    events = []
-    procs = attach([{agent!r}]).spawn_procs(per_host={{"gpus": 1}})
-    procs.on_failure(lambda event: events.append(event) or True)
-    while {agent!r} not in known_agents():  # it answered a greeting
-        pass
-    print("READY", flush=True)
-    sys.stdin.readline()  # asked while it is stopped: answered first thing once continued
-    print("EVENTS", *[event.kind for event in events], flush=True)
-    procs.stop().get(timeout=30)
-""")
-
-
 def test_an_owner_starved_on_every_tick_still_reports_a_dead_agent(daemon: DaemonAgent) -> None:
     """Forgiving the owner's own absences is bounded: an owner stopped again and again (each
     tick late) still reports an agent that stopped answering (here SIGSTOPped)."""
     timeout = 1.0
-    address = daemon.start("--owner-timeout", "60")
-    home = daemon.folder / "h"  # short: a longer XDG_RUNTIME_DIR is ignored
-    home.mkdir(mode=0o700)
-    script = daemon.folder / "owner.py"
-    script.write_text(STARVED_OWNER.format(timeout=timeout, agent=address))
-    owner = subprocess.Popen(
-        [sys.executable, str(script)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "XDG_RUNTIME_DIR": str(home)},
-    )
+    owner = _start_watching_owner(daemon, timeout, pause_s=0.0)
     agent = daemon.started[-1]
     try:
-        ready = owner.stdout.readline().split()  # type: ignore[union-attr]
-        if ready != ["READY"]:
-            pytest.fail(f"the owner script failed: {ready}")
         agent.send_signal(signal.SIGSTOP)
         ends = time.monotonic() + 12 * timeout  # past the most forgiven (5) and one timeout
         while time.monotonic() < ends:
