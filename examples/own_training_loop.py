@@ -49,7 +49,6 @@ group trains on without the dead replica's shard meanwhile, and only agreement i
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import time
@@ -59,6 +58,7 @@ import torch
 
 import recovery
 from mesh import this_host
+from mesh.testing import signal_this_process
 
 DIM = 8
 BATCH = 4
@@ -113,7 +113,7 @@ def train(steps: int, kill: tuple[Any, ...] | None = None) -> dict[str, Any]:
         optimizer.zero_grad()
         loss.backward()
         if kill and tuple(kill[:2]) == (manager.replica_id, step) and manager.incarnation == 0:
-            os.kill(os.getpid(), getattr(signal, (*kill, "SIGKILL")[2]))  # mid-step
+            signal_this_process(getattr(signal, (*kill, "SIGKILL")[2]))  # mid-step
         manager.allreduce_gradients()
         if manager.should_commit():
             optimizer.step()

@@ -6,7 +6,8 @@ what the `chaos` package injects faults with; nothing here changes a job that do
 `settings(**overrides)` is `mesh.configured` (settings for one block). The other helpers let
 tests look at this process's session (`run_dir`, `inbox_address`, `local_agent`,
 `known_agents`, `bookkeeping`), make it hand out its tcp address to all
-(`hand_out_widest_address`), end it or parts of it (`shutdown`, `stop_local_agent`,
+(`hand_out_widest_address`), stop or kill itself at a precise line (`signal_this_process`),
+end it or parts of it (`shutdown`, `stop_local_agent`,
 `stop_controllers`), hold a call without the call watchdog judging it (`call_watchdog_suspended`,
 as a debugger does), check the slicing algebra without processes (`Region`), write, rotate and
 aggregate proc lines without procs (`RankLog`, `LogFileConfig`, `line_level`, `Aggregator`,
@@ -56,6 +57,7 @@ from mesh._engine import session as _session
 from mesh._engine import shared_payload as shared_payload_wire
 from mesh._engine import workspace_messages as workspace_wire
 from mesh._engine.callwatch import call_watchdog_suspended as call_watchdog_suspended
+from mesh._engine.proc_faults import signal_this_process as signal_this_process
 from mesh._engine.proc_lines import Aggregator as Aggregator
 from mesh._engine.proc_lines import RankedLine as RankedLine
 from mesh._engine.workspace_files import path_problem as workspace_path_problem
@@ -99,6 +101,7 @@ __all__ = (
     "settings",
     "shared_payload_wire",
     "shutdown",
+    "signal_this_process",
     "stop_controllers",
     "stop_local_agent",
     "wire",

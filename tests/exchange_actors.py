@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import os
 import signal
 import threading
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch.distributed as dist
 from replica_actors import Trainer
 
 from mesh import Actor, concurrent_endpoint, current_rank, endpoint
+from mesh.testing import signal_this_process
 from recovery import exchange_average
 from recovery.testing import StoreClient, open_group, wait_unless_aborted
 from transport import Addresses
@@ -66,7 +66,7 @@ class StallingTrainer(Trainer):
                 (self.marks / f"{self.replica_id}-{step}-{phase}").touch(exist_ok=False)
             except FileExistsError:
                 return
-            os.kill(os.getpid(), getattr(signal, signame))
+            signal_this_process(getattr(signal, signame))
 
 
 class HangsWhileBuilt(Trainer):
@@ -82,7 +82,7 @@ class HangsWhileBuilt(Trainer):
             (self.marks / "hung-in-build").touch(exist_ok=False)
         except FileExistsError:
             return super().build()
-        os.kill(os.getpid(), signal.SIGSTOP)
+        signal_this_process(signal.SIGSTOP)
         return super().build()
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import anyio
 
 from mesh import Actor, Context, current_rank, endpoint, this_host
+from mesh.testing import signal_this_process
 from supervision import SupervisionError, SupervisionEvent
 
 
@@ -149,7 +150,7 @@ class Fragile(Actor):
     def kill_self(self, signame: str, rank: int | None = None) -> int:
         if _targeted(rank):
             _no_core_dumps()
-            os.kill(os.getpid(), getattr(signal, signame))
+            signal_this_process(getattr(signal, signame))
             time.sleep(30)  # SIGTERM has a Python-level default; never answer normally
         return current_rank().rank
 
@@ -188,7 +189,7 @@ class Fragile(Actor):
     def stop_then_allocate(self, mib: int) -> int:
         """Stop this proc (SIGSTOP: its agent declares it hung), then, once continued,
         allocate `mib` MiB at once (zeroed by the kernel, not touched), past its memory limit."""
-        os.kill(os.getpid(), signal.SIGSTOP)
+        signal_this_process(signal.SIGSTOP)
         return len(bytes(mib << 20))
 
     @endpoint

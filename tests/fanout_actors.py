@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import signal
 from typing import Any
 
 from mesh import Actor, current_rank, endpoint
+from mesh.testing import signal_this_process
 
 
 class Recorder(Actor):
@@ -36,7 +36,7 @@ class Dies(Actor):
     @endpoint
     def rank_or_die(self, doomed: int) -> int:
         if current_rank().rank == doomed:
-            os.kill(os.getpid(), signal.SIGKILL)
+            signal_this_process(signal.SIGKILL)
         return current_rank().rank
 
     @endpoint

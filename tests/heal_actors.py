@@ -3,7 +3,6 @@ mid-heal, and a replica that reads batches from a data loader and draws random n
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import time
@@ -15,6 +14,7 @@ import torch
 from replica_actors import DyingTrainer, Trainer
 
 from mesh import endpoint
+from mesh.testing import signal_this_process
 
 
 class BigTrainer(Trainer):
@@ -85,7 +85,7 @@ class DonorDiesMidHeal(Trainer):
         self.served += 1
         if self.served == 3 and not (self.marks / "donor-died").exists():
             (self.marks / "donor-died").touch()
-            os.kill(os.getpid(), signal.SIGKILL)
+            signal_this_process(signal.SIGKILL)
 
     @endpoint
     def last_heal_report(self) -> Any:

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from mesh import endpoint
+from mesh.testing import signal_this_process
 from recovery import Replica
 
 
@@ -45,7 +46,7 @@ class DyingTrainer(Trainer):
             mark.touch(exist_ok=False)
         except FileExistsError:
             return
-        os.kill(os.getpid(), signal.SIGKILL)
+        signal_this_process(signal.SIGKILL)
 
 
 class CountsForwards(DyingTrainer):
@@ -84,7 +85,7 @@ class DiesFollowing(DyingTrainer):
                 (self.marks / "died-following").touch(exist_ok=False)
             except FileExistsError:
                 return
-            os.kill(os.getpid(), signal.SIGKILL)
+            signal_this_process(signal.SIGKILL)
         super().on_phase(phase, step)
 
 
@@ -121,7 +122,7 @@ class DiesWhileBuilt(Trainer):
             (self.marks / "died-in-build").touch(exist_ok=False)
         except FileExistsError:
             return super().build()
-        os.kill(os.getpid(), signal.SIGKILL)
+        signal_this_process(signal.SIGKILL)
         raise AssertionError("unreachable: SIGKILL cannot be caught")
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 
 from mesh import Actor, context, current_rank, endpoint
+from mesh.testing import signal_this_process
 
 
 class InitError(Exception):
@@ -104,6 +105,6 @@ class Phoenix(Actor):
     @endpoint
     def kill_self(self, rank: int | None = None) -> int:
         if _targeted(rank):
-            os.kill(os.getpid(), signal.SIGKILL)
+            signal_this_process(signal.SIGKILL)
             time.sleep(30)
         return current_rank().rank

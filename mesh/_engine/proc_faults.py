@@ -18,6 +18,7 @@ import os
 import re
 import resource
 import signal
+import threading
 import traceback
 from typing import IO
 
@@ -93,7 +94,14 @@ def die_if_out_of_memory(error: BaseException) -> None:
     _write(note_path, note.encode(), os.O_TRUNC)
     trace = "".join(traceback.format_exception(error)).encode("utf-8", "replace")
     _write(stacks, b"The allocation that failed:\n" + trace, os.O_APPEND)
-    os.kill(os.getpid(), signal.SIGKILL)
+    signal_this_process(signal.SIGKILL)
+
+
+def signal_this_process(signum: int) -> None:
+    """Send `signum` to this process through the calling thread, so that a stop or a kill
+    takes hold before this thread runs on: ``kill(getpid())`` lets it run on until the kernel
+    gets round to stopping it (another thread is picked to take the signal first)."""
+    signal.pthread_kill(threading.get_ident(), signum)
 
 
 def _write(path: str, data: bytes, mode: int) -> None:
