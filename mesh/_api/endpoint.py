@@ -93,7 +93,7 @@ class EndpointRef(Generic[P, R]):
                 "down to one actor first or use call()."
             )
         home = mesh._runtime.replies.for_current_thread()
-        future = OneSink(mesh._runtime, self._describe("call_one"), home, mesh)
+        future = OneSink(mesh._runtime, ("call_one", self), home, mesh)
         mesh._invoke_one(self.name, args, kwargs, 0, future, home)
         return future
 
@@ -101,7 +101,7 @@ class EndpointRef(Generic[P, R]):
         """Call one actor picked at random."""
         mesh = self._mesh
         home = mesh._runtime.replies.for_current_thread()
-        future = OneSink(mesh._runtime, self._describe("choose"), home, mesh)
+        future = OneSink(mesh._runtime, ("choose", self), home, mesh)
         mesh._invoke_one(self.name, args, kwargs, pick_one(len(mesh)), future, home)
         return future
 

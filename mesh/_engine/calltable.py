@@ -241,7 +241,11 @@ class CallTable:
             peer = pending.peers.pop(rank, None)
             if peer is None:
                 return
-            note_answer(pending, rank)
+            path = pending.route
+            if path is None:
+                note_answer(pending, rank)
+            elif pending.sent > path.seen:  # a call to one actor: `note_answer`, inlined
+                path.seen = pending.sent
             if not pending.peers:
                 peer.calls.discard(call_id)
                 del self._calls[call_id]

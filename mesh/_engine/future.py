@@ -40,11 +40,24 @@ class LoopPump(Protocol):
 class ReplyPump(Protocol):
     """The reply inbox of the thread that made a call: that thread receives its replies."""
 
+    owner: int  # the ident of that thread
+
     def owned_by_current_thread(self) -> bool: ...
 
     def receive_waiting(self) -> None: ...
 
     def pump_until(self, future: Future[Any], timeout: float | None) -> None: ...
+
+
+class Describing(Protocol):
+    """What names a call in its future's messages (an endpoint), asked only when one is
+    written: formatting it for every call cost two Python calls."""
+
+    def _describe(self, adverb: str) -> str: ...
+
+
+#: A future's description: text, or an adverb and what describes the call made with it.
+Description = str | tuple[str, Describing]
 
 
 class Reaching(Protocol):
@@ -74,7 +87,7 @@ class Future(Generic[T]):
     def __init__(
         self,
         loop: LoopPump | None = None,
-        description: str = "the call",
+        description: Description = "the call",
         home: ReplyPump | None = None,
         reaches: Reaching | None = None,
     ) -> None:
@@ -130,16 +143,18 @@ class Future(Generic[T]):
             check_not_forked(self._loop.pid)
 
     def _wait(self, timeout: float | None) -> None:
-        loop = self._loop
-        if loop is not None and loop.on_loop_thread():
+        loop, home = self._loop, self._home
+        if home is not None and home.owner == threading.get_ident():  # not the loop thread:
+            home.pump_until(self, timeout)  # that one has no reply inbox of its own
+        elif loop is not None and loop.on_loop_thread():
             loop.pump_until(self, timeout)
-        elif self._home is not None:
-            self._home.pump_until(self, timeout)
+        elif home is not None:
+            home.pump_until(self, timeout)
         else:
             self.wait_briefly(timeout)
         if self._value is _PENDING and self._error is None:
             raise TimeoutError(
-                f"{self._description} did not finish within {timeout} s; "
+                f"{_text(self._description)} did not finish within {timeout} s; "
                 "it is still running, call get() again to keep waiting."
             )
 
@@ -214,7 +229,7 @@ class Future(Generic[T]):
 
     def _finish(self, value: Any, error: BaseException | None) -> None:
         with _callbacks_lock:
-            if self.finished():
+            if self._value is not _PENDING or self._error is not None:  # `finished()`
                 return
             self._value, self._error = value, error
             callbacks, self._callbacks = self._callbacks, None
@@ -227,7 +242,12 @@ class Future(Generic[T]):
 
     def __repr__(self) -> str:
         state = "pending" if not self.finished() else ("failed" if self._error else "done")
-        return f"<Future {self._description} {state}>"
+        return f"<Future {_text(self._description)} {state}>"
+
+
+def _text(description: Description) -> str:
+    """A future's description as its messages write it."""
+    return description if isinstance(description, str) else description[1]._describe(description[0])
 
 
 def threadsafe_caller(action: Callable[[], object]) -> Callable[[], None]:
