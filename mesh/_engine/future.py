@@ -56,10 +56,6 @@ class Describing(Protocol):
     def _describe(self, adverb: str) -> str: ...
 
 
-#: A future's description: text, or an adverb and what describes the call made with it.
-Description = str | tuple[str, Describing]
-
-
 class Reaching(Protocol):
     """What a call reaches (an actor mesh): whether a failure concerns it. The future keeps
     the mesh itself, not a bound method made anew for every call."""
@@ -73,6 +69,8 @@ class Future(Generic[T]):
     A timeout raises `TimeoutError` and leaves the call running: ``get`` may be called again.
     """
 
+    #: How the call was made, for a future described by what it called (`Describing`).
+    _ADVERB = "call"
     __slots__ = (
         "_callbacks",
         "_description",
@@ -87,7 +85,7 @@ class Future(Generic[T]):
     def __init__(
         self,
         loop: LoopPump | None = None,
-        description: Description = "the call",
+        description: str | Describing = "the call",
         home: ReplyPump | None = None,
         reaches: Reaching | None = None,
     ) -> None:
@@ -154,7 +152,7 @@ class Future(Generic[T]):
             self.wait_briefly(timeout)
         if self._value is _PENDING and self._error is None:
             raise TimeoutError(
-                f"{_text(self._description)} did not finish within {timeout} s; "
+                f"{self._text()} did not finish within {timeout} s; "
                 "it is still running, call get() again to keep waiting."
             )
 
@@ -240,14 +238,14 @@ class Future(Generic[T]):
             for callback in callbacks:
                 callback(self)
 
+    def _text(self) -> str:
+        """This future's description as its messages write it (see `_ADVERB`)."""
+        what = self._description
+        return what if isinstance(what, str) else what._describe(self._ADVERB)
+
     def __repr__(self) -> str:
         state = "pending" if not self.finished() else ("failed" if self._error else "done")
-        return f"<Future {_text(self._description)} {state}>"
-
-
-def _text(description: Description) -> str:
-    """A future's description as its messages write it."""
-    return description if isinstance(description, str) else description[1]._describe(description[0])
+        return f"<Future {self._text()} {state}>"
 
 
 def threadsafe_caller(action: Callable[[], object]) -> Callable[[], None]:
