@@ -11,7 +11,7 @@ from mesh._api.endpoint import EndpointRef
 from mesh._api.mesh_base import MeshBase, Stoppable, adopt_peers, peer_infos, wait_ready
 from mesh._context import actor_identity
 from mesh._engine.builtins import INITIALIZED
-from mesh._engine.calls import GatherSink, ResultSink
+from mesh._engine.calls import GatherSink, OneSink, ResultSink
 from mesh._engine.future import Future, resolved
 from mesh._engine.messages import CallActor, StopActor
 from mesh._engine.ownership import FailureHandler
@@ -123,7 +123,7 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         index: int,
-        sink: ResultSink,
+        sink: OneSink,
         home: ReplyInbox | None,
     ) -> None:
         """`_invoke` for one recipient awaiting its answer (`call_one`, `choose`): the same

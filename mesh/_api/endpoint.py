@@ -59,7 +59,7 @@ class CallableMesh(Protocol):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         index: int,
-        sink: ResultSink,
+        sink: OneSink,
         home: ReplyInbox | None,
     ) -> None: ...
 

@@ -34,6 +34,7 @@ class PendingCall:
         "call_id",
         "home",
         "mesh",
+        "one",
         "peer",
         "peers",
         "rank",
@@ -54,8 +55,9 @@ class PendingCall:
         self.call_id = call_id
         self.sink = sink
         self.peers = peers
-        self.peer: ProcPeer | None = None  # without `peers`: the one recipient, rank `rank`
+        self.peer: ProcPeer | None = None  # without `peers`: the one recipient, rank `rank`,
         self.rank = 0
+        self.one: OneSink | None = None  # and its future, the sink (settled without `deliver`)
         self.home = home
         self.mesh = mesh
         self.sequence: dict[int, tuple[Route, int]] | None = None  # see fanout.route
@@ -81,6 +83,10 @@ class OneSink(Future[Any]):
 
     _ADVERB = "call_one"
     __slots__ = ()
+
+    #: `settle(value, error)`: the value, or the error (then `value` means nothing), with no
+    #: call of its own (`CallTable.settle` of a call to one actor)
+    settle = Future._finish
 
     def deliver(self, rank: int, value: Any) -> None:
         self._finish(value, None)

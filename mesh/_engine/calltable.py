@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from mesh._engine.calls import PendingCall, ResultSink
+from mesh._engine.calls import OneSink, PendingCall, ResultSink
 from mesh._engine.fanout import direct_route, fan_out_frames, note_answer, route
 from mesh._engine.fanout_messages import unpack_answers
 from mesh._engine.fork import check_not_forked
@@ -104,7 +104,7 @@ class CallTable:
         fields: tuple[Any, ...],
         prepared: PreparedHeader | None,
         payload: Payload,
-        sink: ResultSink,
+        sink: OneSink,
         home: ReplyInbox | None,
         mesh: ActorMeshView,
     ) -> None:
@@ -126,7 +126,7 @@ class CallTable:
             path = direct_route(peer, fields[1]) if address is not None else None
             if path is not None:
                 pending = PendingCall(call_id, sink, None, home, mesh)
-                pending.peer, pending.rank = peer, rank
+                pending.peer, pending.rank, pending.one = peer, rank, sink
                 pending.route, pending.sent = path, path.sent
                 self._calls[call_id] = pending
                 if home is not None:
@@ -258,7 +258,10 @@ class CallTable:
                 del self._calls[call_id]
             elif not any(other is peer for other in pending.peers.values()):
                 peer.calls.discard(call_id)
-        if error is None:
+        one = pending.one
+        if one is not None:
+            one.settle(value, error)
+        elif error is None:
             pending.sink.deliver(rank, value)
         else:
             pending.sink.fail(rank, error)
