@@ -183,7 +183,7 @@ class Receiver:
         handing = loop.handing()
         self._workers.hold_first()
         try:
-            left = _PASS_MESSAGES
+            left, batched = _PASS_MESSAGES, False
             while True:
                 kind = type(envelope.header)
                 handler = None if handing else direct.get(kind)
@@ -196,7 +196,14 @@ class Receiver:
                     handing = True  # what follows goes the same way, to keep the order
                     to_loop.append(envelope)
                 left -= 1
-                if not left or (envelope := inbox.receive_nowait()) is None:
+                if not left:
+                    break
+                # the socket is asked for more only after a batch: a lone message's sender
+                # waits for its answer (a round trip), and asking costs two system calls for
+                # nothing; whatever came meanwhile is the next pass's
+                if (envelope := inbox.receive_received()) is not None:
+                    batched = True
+                elif not batched or (envelope := inbox.receive_nowait()) is None:
                     break
         except Exception:  # what was received and what it asked for still go on
             self._log.exception("receive_failed")
