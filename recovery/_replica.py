@@ -161,11 +161,9 @@ class Replica(Actor):
         as soon as it runs (they go on stepping meanwhile)."""
         self._configure(replica_id, ranks_per_replica, keep_updates)
         report = self._heal(list(peers))
-        warm_up_in_background(self.model, self._stepping, self._warmed)
+        kept = (lambda g: setattr(self, "_gradient", g), lambda u: setattr(self, "_reused", u))
+        warm_up_in_background(self.model, self._stepping, *kept)  # memory for its first step
         return report
-
-    def _warmed(self, gradient: torch.Tensor, update: torch.Tensor) -> None:
-        self._gradient, self._reused = gradient, update  # memory for its first step
 
     def _built(self) -> None:
         """Build the model again, initialised, if this replacement skipped its initialisation
