@@ -161,7 +161,8 @@ class Replica(Actor):
         as soon as it runs (they go on stepping meanwhile)."""
         self._configure(replica_id, ranks_per_replica, keep_updates)
         report = self._heal(list(peers))
-        warm_up_in_background(self.model, self._stepping, lambda g: setattr(self, "_gradient", g))
+        kept = (lambda g: setattr(self, "_gradient", g), lambda u: setattr(self, "_reused", u))
+        warm_up_in_background(self.model, self._stepping, *kept)  # memory for its first step
         return report
 
     def _built(self) -> None:
