@@ -77,11 +77,13 @@ def apply_fetched(replica: Any, step: int) -> int:
     return applied
 
 
-def follow_group(replica: Any, step: int, ranks: Sequence[ActorMesh[Any]]) -> tuple[int, str]:
+def follow_group(
+    replica: Any, step: int, ranks: Sequence[ActorMesh[Any]], check: bool
+) -> tuple[int, str]:
     """A spare (`replica`) reaches committed `step`: fetches the updates it lacks at once,
     applies them at a low priority (at its own if it lags more than `standby_follow_every`
     steps, which also raises an earlier follow still applying), and returns the step it holds
-    and its digest (none, if the spare took a place before this follow could apply)."""
+    and, if `check`, its digest ("" if not, or if the spare took a place meanwhile)."""
     replica._prefetched.fetch(replica, step, ranks)
     lags = step - replica.committed_step > replica.standby_follow_every
     if lags:
@@ -91,7 +93,7 @@ def follow_group(replica: Any, step: int, ranks: Sequence[ActorMesh[Any]]) -> tu
             return replica.committed_step, ""
         replica.on_phase("follow", step)
         apply_fetched(replica, step)
-        return replica.committed_step, digest(replica.model)
+        return replica.committed_step, digest(replica.model) if check else ""
 
 
 def catch_up(replica: Any, step: int, ranks: Sequence[ActorMesh[Any]]) -> int:

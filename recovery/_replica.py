@@ -355,11 +355,14 @@ class Replica(Actor):
         return self._updates.lend(first, last)
 
     @concurrent_endpoint
-    def follow(self, step: int, peers: Sequence[ActorMesh[Replica]]) -> tuple[int, str]:
+    def follow(
+        self, step: int, peers: Sequence[ActorMesh[Replica]], check: bool = True
+    ) -> tuple[int, str]:
         """A spare: fetch the committed updates after its own step up to `step` from the first
         of `peers` that keeps them, at once, then apply them at a low priority (`_prefetch`).
-        Returns the step it holds and its digest."""
-        return follow_group(self, step, [rank_match(p, context().rank.rank) for p in peers])
+        Returns the step it holds and, if `check`, its digest ("" if not)."""
+        ranks = [rank_match(peer, context().rank.rank) for peer in peers]
+        return follow_group(self, step, ranks, check)
 
     @concurrent_endpoint
     def take_place(

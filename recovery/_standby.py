@@ -62,6 +62,8 @@ class Spare:
     up: Future[Any] | None = None  # done once its procs run (configured)
     follows: list[tuple[Future[Any], int]] = field(default_factory=list)  # (call, step asked)
     verified: int = -1  # the last committed step its digest was found equal to the group's
+    reached: int = -1  # the last committed step it was seen to hold (checked or not)
+    checked: int = -1  # the last step a follow was asked to hash its parameters at
     host_lost: bool = False
 
 
@@ -92,7 +94,7 @@ class Standbys:
         self._follow_every = spawner.replica_class.standby_follow_every
         # follow calls of a spare under way at most: those beside the one applying fetch
         # what it lacks before its peers drop it, and hold no more updates than they keep
-        self._in_flight = spawner.replica_class.standby_updates // self._follow_every
+        self._in_flight = spawner.replica_class.standby_updates
         for _ in range(count):
             self._spawn()
 
@@ -183,8 +185,8 @@ class Standbys:
         self, step: int, digest: str | None, donors: Sequence[ActorMesh[Replica]]
     ) -> None:
         """Step `step` was committed with parameters `digest` by `donors`: every ready spare
-        `follow_every` steps behind what it was last asked catches up (not waited for), even
-        while an earlier follow applies its updates, so that it fetches them while kept."""
+        follows it (not waited for), even while an earlier follow applies its updates, so that
+        it fetches them while kept; every `follow_every` steps it hashes its parameters too."""
         if digest is not None:  # always, with spares
             self._digests[step] = digest
         self._digests.pop(step - DIGESTS_KEPT, None)
@@ -193,15 +195,13 @@ class Standbys:
             self._retired.append(self._owed.pop().stop(grace_s=1.0))  # not waited for
             self._spawn()
         for spare in self._snapshot():
-            asked = spare.follows[-1][1] if self._following(spare) else spare.verified
-            if (
-                spare.state == "ready"
-                and step - asked >= self._follow_every
-                and len(spare.follows) < self._in_flight
-            ):
+            asked = spare.follows[-1][1] if self._following(spare) else spare.reached
+            if spare.state == "ready" and step > asked and len(spare.follows) < self._in_flight:
+                check = step - spare.checked >= self._follow_every
                 # the last participant first: the first one hashes for the spares' checks
-                call = spare.actors.follow.call(step, list(reversed(donors)))
+                call = spare.actors.follow.call(step, list(reversed(donors)), check)
                 spare.follows.append((call, step))
+                spare.checked = step if check else spare.checked
 
     def close(self) -> None:
         """Stop every spare, and what is left of the replicas they replaced."""
@@ -250,7 +250,7 @@ class Standbys:
         except (SupervisionError, ActorError, TimeoutError) as exc:
             self._set(spare, "failed" if isinstance(exc, SupervisionError) else "behind", exc)
             return
-        spare.verified = next(iter(healed.values())).step
+        spare.verified = spare.reached = spare.checked = next(iter(healed.values())).step
         self._set(spare, "ready")
         self._log.info("spare_ready", spare=spare.number, step=spare.verified)
 
@@ -273,8 +273,9 @@ class Standbys:
         reached = set(future.get().values())
         step = max(held for held, _ in reached)
         expected = (step, self._digests.get(step))
-        if step >= asked and reached == {expected}:
-            spare.verified = max(spare.verified, step)
+        if step >= asked and reached in ({expected}, {(step, "")}):  # "": asked not to hash
+            spare.reached = max(spare.reached, step)
+            spare.verified = max(spare.verified, step) if reached == {expected} else spare.verified
             return
         why = f"it reached {sorted(reached)} where the group committed {expected}"
         self._set(spare, "behind", RuntimeError(why))  # cannot follow: heal its whole state
