@@ -73,8 +73,8 @@ class Replica(Actor):
     heal_window: int = 4
     heal_timeout_s: float = 60.0
     #: In a group with spares, each replica keeps the averaged gradients of this many
-    #: committed steps (as much memory as that many gradients) for spares to catch up from,
-    #: and spares catch up every `standby_follow_every` steps (fewer wake-ups per step).
+    #: committed steps (as much memory as that many gradients) for spares to catch up from;
+    #: spares follow every step and hash their state every `standby_follow_every` steps.
     standby_updates: int = 4
     standby_follow_every: int = 2
     #: The group compares the replicas' parameter digests (a hash of every parameter's bytes,

@@ -4,11 +4,11 @@ next step.
 A spare is spawned and built like any replica and healed to the committed state once, between
 two steps (like a replacement). From then on it stays there off the step's path: after each
 commit the controller asks it to `follow` (pull the step's averaged gradient from a participant
-and apply it, see `_follow`) without waiting for it, and checks the digest it reports against
-the step's. When a replica fails, a ready spare takes its place at the next step (`take_place`:
-it catches up on the updates it lacks and takes the data position and RNG states of a peer); a
-new spare is spawned in the background. A spare that fails is re-spawned in place and healed
-again; the steps never wait for it.
+and apply it, see `_follow` and `_prefetch`) without waiting for it, and checks the digest it
+reports every `standby_follow_every` steps against the step's. When a replica fails, a ready
+spare takes its place at the next step (`take_place`: it catches up on the updates it lacks and
+takes the data position and RNG states of a peer); a new spare is spawned in the background.
+A spare that fails is re-spawned in place and healed again; the steps never wait for it.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def check_spares(replica_class: type[Replica], spares: int) -> None:
     if spares and not (type(every) is int and type(keep) is int and 1 <= every <= keep // 2):
         raise ValueError(
             f"{replica_class.__name__}.standby_follow_every must be a whole number from 1 to "
-            f"half its standby_updates ({keep!r}), not {every!r}: spares catch up from the "
-            "updates their peers keep"
+            f"half its standby_updates ({keep!r}), not {every!r}: spares are checked that "
+            "often, and catch up from the updates their peers keep"
         )
 
 
@@ -94,7 +94,9 @@ class Standbys:
         self._follow_every = spawner.replica_class.standby_follow_every
         # follow calls of a spare under way at most: those beside the one applying fetch
         # what it lacks before its peers drop it, and hold no more updates than they keep
-        self._in_flight = spawner.replica_class.standby_updates
+        # (half the actor's concurrent calls at most: take-overs and heals are left some)
+        kind = spawner.replica_class
+        self._in_flight = min(kind.standby_updates, kind.max_concurrent_calls // 2)
         for _ in range(count):
             self._spawn()
 

@@ -112,8 +112,8 @@ class LagsFollowing(DyingTrainer):
 class StarvedFollowing(DyingTrainer):
     """`DyingTrainer` keeping 8 updates, whose spare follows every 2 steps and, the first time
     it is asked to reach step 4 or later, takes 3 s to start applying (its following thread
-    gets no CPU, as at nice 19 on cores the replicas fill; `held` and `released` in `marks`
-    say when).
+    gets no CPU, as at nice 19 on cores the replicas fill; `held`, which holds that step, and
+    `released` in `marks` say when).
     `last_healed` is the step its latest heal reached (None: never healed)."""
 
     standby_updates = 8
@@ -121,7 +121,7 @@ class StarvedFollowing(DyingTrainer):
 
     def on_phase(self, phase: str, step: int) -> None:
         if phase == "follow" and step >= 4 and not (self.marks / "held").exists():
-            (self.marks / "held").touch()
+            (self.marks / "held").write_text(str(step))
             time.sleep(3.0)
             (self.marks / "released").touch()
         super().on_phase(phase, step)

@@ -146,22 +146,21 @@ def test_a_spare_a_whole_log_behind_takes_over_at_exactly_the_groups_state(
 def test_a_spare_starved_of_cpu_fetches_the_updates_before_its_peers_drop_them(
     groups: list[ReplicaGroup], tmp_path: Path
 ) -> None:
-    """The spare's follow of step 4 (or later) gets no CPU for 3 s while the group commits 10
-    more steps, past what its peers keep when it started (8 updates each). The follows asked
-    meanwhile fetch the updates at once, beside the one held, so the spare catches up from
-    them when it runs again: it is not healed whole, and holds the committed bits."""
+    """The spare's follow of step 4 gets no CPU for 3 s while the group commits 7 more steps:
+    its peers (8 updates each) no longer keep the updates of steps 3 and 4 when it runs again.
+    It fetched them when it was asked, so it catches up from them: it is not healed whole,
+    and holds the committed bits."""
     group = _with_a_ready_spare(groups, ra.StarvedFollowing, {}, tmp_path)
     spare = group.spare_replicas[0]
     healed = spare.last_healed.call_one().get(timeout=30)
-    _wait_for(
-        lambda: (group.step(), (tmp_path / "held").exists())[1],
-        "the spare never followed step 4",
-    )
-    held = group.committed_steps
-    train(group, held + 10)  # while its follow is held
+    train(group, 4)
+    _wait_for((tmp_path / "held").exists, "the spare never followed step 4")
+    held = int((tmp_path / "held").read_text())
+    train(group, held + 7)  # while its follow is held
     _wait_for((tmp_path / "released").exists, "the spare's follow was never released")
+    _wait_for(lambda: spare.status.call_one().get(timeout=30)[0] >= held, "the spare never applied")
     _wait_for(
-        lambda: (group.step(), spare.status.call_one().get(timeout=30)[0] > held + 10)[1],
+        lambda: (group.step(), spare.status.call_one().get(timeout=30)[0] > held + 7)[1],
         "the spare never caught up",
     )
     assert spare.last_healed.call_one().get(timeout=30) == healed
