@@ -36,19 +36,19 @@ class Prefetched:
 
     def fetch(self, replica: Any, step: int, ranks: Sequence[ActorMesh[Any]]) -> None:
         """Fetch the updates after those `replica` (a `Replica`) holds or fetched, up to
-        committed `step`, from the first of `ranks` (a peer's rank each) that keeps them all.
-        None fetched (the peers no longer keep them) leaves the replica behind: it is healed."""
+        committed `step`, each from the first of `ranks` (a peer's rank each) that keeps it, in
+        a message of its own (at 1 GB, a few updates together exceed the transport's largest
+        message). One not fetched (no peer keeps it) leaves the replica behind: it is healed."""
         with self._fetching:
             with self._lock:
                 first = max(replica.committed_step, self._through) + 1
-            if step < first:
-                return
             numel = sum(p.numel() for p in replica.model.parameters())
-            updates = fetch_updates(ranks, first, step, numel, replica.heal_timeout_s)
-            with self._lock:
-                for offset, update in enumerate(updates or ()):
-                    self._updates[first + offset] = update
-                    self._through = first + offset
+            for wanted in range(first, step + 1):  # one a message: several may exceed its limit
+                updates = fetch_updates(ranks, wanted, wanted, numel, replica.heal_timeout_s)
+                if not updates:
+                    return
+                with self._lock:
+                    self._updates[wanted], self._through = updates[0], wanted
 
     def take(self, step: int) -> torch.Tensor | None:
         """The update of `step`, no longer held here; those of earlier steps are dropped (the
