@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+import actors
 import torch
 
 from mesh import endpoint
@@ -27,6 +28,14 @@ class Trainer(Replica):
         generator = torch.Generator().manual_seed(step * 1009 + shard)
         inputs = torch.randn(16, 8, generator=generator)
         return torch.nn.functional.mse_loss(model(inputs), inputs.sum(1, keepdim=True).cos())
+
+
+class AllocatingTrainer(Trainer):
+    """A trainer that can say how many page faults big allocations cost in its proc."""
+
+    @endpoint
+    def faults_of_allocations(self, mib: int, rounds: int) -> int:
+        return actors.faults_of_allocations(mib, rounds)
 
 
 class DyingTrainer(Trainer):
