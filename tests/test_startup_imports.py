@@ -89,17 +89,31 @@ def test_each_public_name_of_mesh_is_the_object_of_its_home_module(name: str) ->
 
 def test_a_forked_proc_imports_nothing_of_the_runtime(make_procs: Callable[..., Any]) -> None:
     # a fresh agent: earlier tests' preloads (a replica group's `recovery`, say) stay in the
-    # fork server of the agent this worker shares, and would count here as the proc's own
+    # fork server of the agent this worker shares, and would count here as the proc's own.
+    # Two procs: a request for many waits for the whole warm-up (a lone proc may not)
     stop_local_agent()
-    echo = make_procs({"gpus": 1}).spawn("echo", Echo)
-    (loaded,) = echo.modules.call().get(timeout=60).values()
-    assert echo.frozen_objects.call_one().get(timeout=60) > 0  # its fork server warmed up
-    assert {"actors", "anyio._backends._asyncio"} <= set(loaded)  # it ran the actor on anyio
+    echo = make_procs({"gpus": 2}).spawn("echo", Echo)
+    loaded_by_rank = echo.modules.call().get(timeout=60).values()
+    assert all(frozen > 0 for frozen in echo.frozen_objects.call().get(timeout=60).values())
     tests = os.path.dirname(os.path.abspath(__file__))
     the_actor = f"import sys; sys.path.insert(0, {tests!r}); import actors"
-    new = set(loaded) - _modules_loaded_by(f"{FORK_SERVER_IMPORTS}; {the_actor}")
-    runtime = {m for m in new if m.split(".")[0] in RUNTIME_PACKAGES}
-    assert not runtime, f"each proc imports these after its fork: {sorted(runtime)}"
+    warm = _modules_loaded_by(f"{FORK_SERVER_IMPORTS}; {the_actor}")
+    for loaded in loaded_by_rank:
+        assert {"actors", "anyio._backends._asyncio"} <= set(loaded)  # it ran the actor on anyio
+        runtime = {m for m in set(loaded) - warm if m.split(".")[0] in RUNTIME_PACKAGES}
+        assert not runtime, f"each proc imports these after its fork: {sorted(runtime)}"
+
+
+def test_a_first_lone_proc_starts_beside_its_fork_server_warm_up(
+    make_procs: Callable[..., Any],
+) -> None:
+    # served between two steps of the warm-up or after it: either way it runs its actor, and
+    # the procs forked after it find the warm-up finished
+    stop_local_agent()
+    lone = make_procs({"gpus": 1}).spawn("lone", Echo)
+    assert "anyio._backends._asyncio" in lone.modules.call_one().get(timeout=60)
+    later = make_procs({"gpus": 2}).spawn("later", Echo)
+    assert all(frozen > 0 for frozen in later.frozen_objects.call().get(timeout=60).values())
 
 
 def test_structlog_is_imported_by_the_first_record_at_the_level() -> None:
