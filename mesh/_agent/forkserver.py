@@ -346,6 +346,7 @@ def _become_proc(
         sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         if config["bootstrap"]:
             exec_bootstrap(config)
+        freeze_inherited()  # also when forked before the fork server's own freeze (a lone proc)
     except BaseException:
         _exit_now(1, print_error=True)
     raise _ProcStart(config)
