@@ -1,14 +1,15 @@
 """The programming model: actors, endpoints and meshes of hosts, procs and actors.
 
-Each public name is loaded at its first use (PEP 562): a host agent imports only the internals
-it runs on (``mesh._agent``, ``mesh._engine``), not the client API, so that it starts sooner;
-and a proc that unpickles an actor class (whose base is ``mesh.Actor``) loads ``Actor``, not
-the client API besides it.
+Each public name is loaded at its first use (PEP 562), along with those whose modules are
+loaded by then: a host agent imports only the internals it runs on (``mesh._agent``,
+``mesh._engine``), not the client API, so that it starts sooner; and a proc that unpickles an
+actor class (whose base is ``mesh.Actor``) loads ``Actor``, not the client API besides it.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -152,6 +153,8 @@ _HOMES = {
     "this_proc": "mesh._api.proc_mesh",
 }
 
+_MISSING = object()
+
 #: Names that moved out of `mesh`, and where they live now.
 _MOVED = {
     **dict.fromkeys(
@@ -183,12 +186,20 @@ def __dir__() -> list[str]:
 
 
 def _load_public_name(name: str) -> object:
-    """Import public name `name` into this module from its home, presented as `mesh.NAME`."""
-    obj = getattr(importlib.import_module(_HOMES[name]), name)
+    """Import `name` from its home, then present it and every other public name whose home is
+    loaded by now as ``mesh.NAME`` (so that reprs and tracebacks read the public path)."""
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    for public, home in _HOMES.items():
+        obj = getattr(sys.modules.get(home), public, _MISSING)  # a home still importing: later
+        if obj is not _MISSING and public not in globals():
+            _present(obj)
+            globals()[public] = obj
+    return value
+
+
+def _present(obj: object) -> None:
     if isinstance(obj, type) or callable(obj):
         try:
             obj.__module__ = __name__
         except (AttributeError, TypeError):
             pass
-    globals()[name] = obj
-    return obj

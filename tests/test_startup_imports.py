@@ -81,6 +81,13 @@ def test_each_public_name_of_mesh_loads_at_its_first_use() -> None:
     assert {"mesh._api.host_mesh"} <= loaded
 
 
+def test_public_names_loaded_beside_one_read_as_mesh_names() -> None:
+    # ValueMesh comes with this_host's module: a call's result shows as mesh.ValueMesh
+    code = "from mesh import this_host; import sys; print(sys.modules['mesh._values'].ValueMesh)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "<class 'mesh.ValueMesh'>", done.stderr
+
+
 @given(name=st.sampled_from(mesh.__all__))
 def test_each_public_name_of_mesh_is_the_object_of_its_home_module(name: str) -> None:
     value = getattr(mesh, name)
