@@ -26,6 +26,9 @@ allreduce of each gradient, then Adam, on 3 processes: the floor for the step ti
     python3 benchmarks/bench_goodput.py --quick          # demo and 100MB, T = 5 s, 3 kills
     python3 benchmarks/bench_goodput.py --sizes 1GB --periods 30 --spares 1   # ~12 min
     python3 benchmarks/bench_goodput.py --spares 1       # also ReplicaGroup(spares=1)
+
+Every system runs with the malloc settings a replica gets by default (`recovery.TENSOR_MALLOC`:
+big tensors kept in one heap); `--malloc default` runs every system with glibc's defaults.
 """
 
 from __future__ import annotations
@@ -743,6 +746,12 @@ def main() -> int:
     parser.add_argument(
         "--spares", type=int, default=0, help="also ReplicaGroup(spares=K), as 'meshvisor+K'"
     )
+    parser.add_argument(
+        "--malloc",
+        choices=("tensor", "default"),
+        default="tensor",
+        help="every system's malloc: recovery.TENSOR_MALLOC (a replica's default) or glibc's",
+    )
     parser.add_argument("--quick", action="store_true", help="demo and 100MB, T = 5 s, 10 s")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -750,6 +759,12 @@ def main() -> int:
         args.sizes, args.periods, args.fault_free_s, args.plain_steps = "demo,100MB", "5", 5.0, 5
     args.periods = [float(p) for p in args.periods.split(",")]
     systems = args.systems.split(",")
+    # the same for all: TorchFT's and the plain loop's processes inherit it, and a replica's
+    # procs keep the client's own (an empty one: glibc's defaults)
+    from recovery import TENSOR_MALLOC
+
+    os.environ["GLIBC_TUNABLES"] = TENSOR_MALLOC if args.malloc == "tensor" else ""
+    print(f"malloc: {args.malloc} ({os.environ['GLIBC_TUNABLES'] or 'glibc defaults'})")
     runs: list[SystemRun] = []
     plain: dict[str, float] = {}
     for name in args.sizes.split(","):

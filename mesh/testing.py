@@ -3,24 +3,23 @@
 The fault hooks (`probe`, `fail_next_call`, `exit_process`, `break_links`, `heal_links`) are
 what the `chaos` package injects faults with; nothing here changes a job that does not call it.
 
-`settings(**overrides)` is `mesh.configured` (settings for one block). The other helpers let
-tests look at this process's session (`run_dir`, `inbox_address`, `local_agent`,
-`known_agents`, `bookkeeping`), make it hand out its tcp address to all
-(`hand_out_widest_address`), stop or kill itself at a precise line (`signal_this_process`),
-end it or parts of it (`shutdown`, `stop_local_agent`,
-`stop_controllers`), hold a call without the call watchdog judging it (`call_watchdog_suspended`,
-as a debugger does), check the slicing algebra without processes (`Region`), write, rotate and
+`settings(**overrides)` is `mesh.configured` (settings for one block). The other helpers let tests
+look at this process's session (`run_dir`, `inbox_address`, `local_agent`, `known_agents`,
+`bookkeeping`), make it hand out its tcp address to all (`hand_out_widest_address`), stop or kill
+itself at a precise line (`signal_this_process`), check which malloc tunables a forked proc can
+apply (`apply_malloc_tunables`), end it or parts of it (`shutdown`, `stop_local_agent`,
+`stop_controllers`), hold a call without the call watchdog judging it (`call_watchdog_suspended`, as
+a debugger does), check the slicing algebra without processes (`Region`), write, rotate and
 aggregate proc lines without procs (`RankLog`, `LogFileConfig`, `line_level`, `Aggregator`,
-`RankedLine`), and play a raw peer of an agent or a proc with the typed wire messages of `wire`
-(and `detached_wire`, those of detached meshes; `debug_wire`, those of the distributed
-debugger; `workspace_wire`, those of workspace sync, whose paths an agent checks with
-`workspace_path_problem`; `fanout_wire`, those of fanned-out calls; `shared_payload_wire`,
-the memory files of shared payloads; `arena_wire`, the payload arena procs read them from,
-and `PayloadArena`, an agent's half of it; `FanOutRelay`, an agent's half of fanned-out calls,
-over a `ProcTable` of `ProcRecord`s; `Watchdog`, an agent's heartbeat deadlines over such a
-table). `fan_out_from` sets when calls go through host agents,
-and `fanned_out` tells which path an actor mesh's last messages took. Each reads the engine
-in one place, here.
+`RankedLine`), and play a raw peer of an agent or a proc with the typed wire messages of `wire` (and
+`detached_wire`, those of detached meshes; `debug_wire`, those of the distributed debugger;
+`workspace_wire`, those of workspace sync, whose paths an agent checks with
+`workspace_path_problem`; `fanout_wire`, those of fanned-out calls; `shared_payload_wire`, the
+memory files of shared payloads; `arena_wire`, the payload arena procs read them from, and
+`PayloadArena`, an agent's half of it; `FanOutRelay`, an agent's half of fanned-out calls, over a
+`ProcTable` of `ProcRecord`s; `Watchdog`, an agent's heartbeat deadlines over such a table).
+`fan_out_from` sets when calls go through host agents, and `fanned_out` tells which path an actor
+mesh's last messages took. Each reads the engine in one place, here.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from typing import Any
 from mesh._agent.log_files import LogFileConfig as LogFileConfig
 from mesh._agent.log_files import RankLog as RankLog
 from mesh._agent.log_records import line_level as line_level
+from mesh._agent.malloc_tunables import apply_malloc_tunables as apply_malloc_tunables
 from mesh._agent.payload_arena import PayloadArena as PayloadArena
 from mesh._agent.procs import ProcRecord as ProcRecord
 from mesh._agent.procs import ProcTable as ProcTable
@@ -77,6 +77,7 @@ __all__ = (
     "RankedLine",
     "Region",
     "Watchdog",
+    "apply_malloc_tunables",
     "arena_wire",
     "bookkeeping",
     "break_links",

@@ -17,6 +17,7 @@ from ._group import ReplicaGroup as ReplicaGroup
 from ._heal import HealReport as HealReport
 from ._loop_group import LoopGroup as LoopGroup
 from ._loop_manager import Manager as Manager
+from ._members import TENSOR_MALLOC as TENSOR_MALLOC
 from ._outcomes import ExchangeAborted as ExchangeAborted
 from ._outcomes import Recovery as Recovery
 from ._outcomes import ReplicaGroupError as ReplicaGroupError
@@ -25,6 +26,7 @@ from ._replay import replay_training as replay_training
 from ._replica import Replica as Replica
 
 __all__ = (
+    "TENSOR_MALLOC",
     "ExchangeAborted",
     "HealReport",
     "LoopGroup",

@@ -1,12 +1,12 @@
 """How a spare replica follows its group: the committed updates a replica keeps, and catching
-up by applying a peer's.
+up by applying a peer's (`_prefetch` fetches and applies them).
 
 Every participant of a step ends `prepare` with the averaged gradient of the step and applies
 it with its optimizer. A spare that holds the state of step s and applies the averaged gradients
 of steps s+1..t, in order, with the same optimizer, holds the state of step t bit for bit, at
 the cost of one gradient's bytes per step instead of the whole state. So with spares, every
 replica keeps the averaged gradients of its last `Replica.standby_updates` committed steps
-(`UpdateLog`), and a spare pulls the ones it lacks from a live peer (`catch_up`).
+(`UpdateLog`), and a spare pulls the ones it lacks from a live peer (`fetch_updates`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ from typing import TYPE_CHECKING, Any
 from supervision import ActorError, SupervisionError
 from transport import Lent, get_logger
 
-from ._arithmetic import apply_average, digest
 from ._heal_state import StateLayout, flat_bytes, memory_of
 from ._outcomes import short
-from ._position import Position, restore_position
+from ._position import Position
 
 if TYPE_CHECKING:
     import torch
@@ -90,6 +89,10 @@ class Lowered:
         finally:
             with self._lock:
                 self._waiting -= 1
+
+    def hurry(self) -> None:
+        """A follow under way goes on at its own priority (the spare lags)."""
+        self._raise()
 
     def _raise(self) -> None:
         """The lowered thread back to its own priority, and the threads it started meanwhile
@@ -314,38 +317,3 @@ def peer_position(peers: Sequence[ActorMesh[Any]], step: int, timeout_s: float) 
         if isinstance(layout, StateLayout) and layout.step == step:
             return layout.position
     return None
-
-
-def catch_up(replica: Any, step: int, ranks: Sequence[ActorMesh[Any]]) -> int:
-    """Apply the committed updates of the steps after `replica`'s (a `Replica`) up to `step`,
-    from the first of `ranks` (a peer's rank each) that keeps them; returns how many."""
-    first = replica.committed_step + 1
-    if step < first:
-        return 0
-    with replica._changing:
-        replica._donor.clear()
-    numel = sum(p.numel() for p in replica.model.parameters())
-    updates = fetch_updates(ranks, first, step, numel, replica.heal_timeout_s)
-    for offset, update in enumerate(updates or ()):
-        apply_average(replica.model, replica.optimizer, update)
-        replica.committed_step = first + offset
-        replica._updates.record(replica.committed_step, update)
-    return len(updates or ())
-
-
-def take_over(
-    replica: Any, step: int, expected: str | None, peers: Sequence[ActorMesh[Any]], rank: int
-) -> Takeover:
-    """A spare (`replica`, of `rank`) catches up to committed `step` from `peers`' updates and
-    takes their data position and RNG states; it heals its whole state from them instead if
-    it cannot, or if its parameters do not match `expected` (the digest of `step`; None:
-    already checked)."""
-    ranks = [rank_match(peer, rank) for peer in peers]
-    applied = catch_up(replica, step, ranks)
-    position = peer_position(ranks, step, replica.heal_timeout_s)
-    matches = expected is None or digest(replica.model) == expected
-    if replica.committed_step == step and matches and position is not None:
-        restore_position(replica, position)
-        return Takeover(step, applied, healed=False)
-    replica._heal(list(peers))
-    return Takeover(replica.committed_step, applied, healed=True)

@@ -23,7 +23,7 @@ from ._aborts import AbortNotices, QuorumKeys
 from ._loop_protocol import AskQuorum, Envelope, Healed, Reply, parse_request
 from ._loop_rounds import Rounds
 from ._loop_runner import LoopRunner, LoopSpec
-from ._members import PRELOAD
+from ._members import PRELOAD, replica_env
 from ._outcomes import Recovery, ReplicaGroupError, StepOutcome, short
 from ._store_server import StoreServer
 
@@ -85,9 +85,7 @@ class LoopGroup:
         self.events: list[SupervisionEvent] = []
         self._results: dict[int, Any] = {}
         self._failures: queue.SimpleQueue[tuple[int, SupervisionEvent]] = queue.SimpleQueue()
-        self._env = dict(env or {})
-        if preload:
-            self._env.setdefault("MESHVISOR_PRELOAD", ",".join(preload))
+        self._env = replica_env(preload, env)
         self._log = get_logger("recovery.loops", group=name)
         self._procs: list[ProcMesh] = []
         self._runners_: list[ActorMesh[LoopRunner]] = []

@@ -12,6 +12,7 @@ two, happens between two steps. The member then takes part from the next step on
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -147,16 +148,28 @@ class Rejoins:
     def _catch_up(self, member: Member, committed: int) -> bool:
         """Apply the committed updates `member` lacks, from a live peer (between two steps).
         Its parameters are then checked against a live peer's: state that changes outside the
-        updates (buffers a forward pass updates) makes it heal whole instead."""
+        updates (buffers a forward pass updates) makes it heal whole instead. The peer hashes
+        its parameters while the member catches up, not before it (~0.1 to 0.6 s at 1 GB,
+        between two steps, where the whole group waits)."""
         donors = self._donors()
-        expected = _digest_of(donors, committed, self._timeout_s)
-        take = member.actors.take_place.call(member.index, committed, expected, donors)
+        if not donors:
+            return False
+        theirs = donors[0].status.call()
+        take = member.actors.take_place.call(member.index, committed, None, donors)
         try:
             done = take.get(timeout=self._timeout_s)
+            if any(takeover.step != committed for takeover in done.values()):
+                return False
+            mine = list(member.actors.status.call().get(timeout=self._timeout_s).values())
+            expected = _digest_of(theirs, donors[1:], committed, self._timeout_s)
+            if all(held == (committed, expected) for held in mine):
+                return True
+            self._log.info("replica_catch_up_diverged", replica=member.index, step=committed)
+            healed = member.actors.heal_from.call(donors).get(timeout=self._timeout_s)
         except _LOST as exc:
             self._log.warning("replica_catch_up_failed", replica=member.index, reason=short(exc))
             return False
-        return all(takeover.step == committed for takeover in done.values())
+        return all(report.step == committed for report in healed.values())
 
     def _live(self, member: Member) -> None:
         assert member.recovery is not None
@@ -169,13 +182,13 @@ class Rejoins:
         return [m.actors for m in self._members if m.state == "live"]
 
 
-def _digest_of(donors: list[Any], committed: int, timeout_s: float) -> str:
-    """The parameter digest of committed step `committed`, from the first of `donors` that
-    answers holding it; "unknown" (no replica holds it: the check fails, and the
-    replacement heals whole) if none does."""
-    for donor in donors:
+def _digest_of(first: Future[Any], others: list[Any], committed: int, timeout_s: float) -> str:
+    """The parameter digest of committed step `committed`: from the first donor's `status`
+    reply (`first`), else from the first of `others` that answers holding it; "unknown" (no
+    replica holds it: the check fails, and the replacement heals whole) if none does."""
+    for reply in itertools.chain([first], (other.status.call() for other in others)):
         try:
-            held = donor.status.call().get(timeout=timeout_s)
+            held = reply.get(timeout=timeout_s)
         except _LOST:
             continue
         found = {entry for entry in held.values() if entry[0] == committed}

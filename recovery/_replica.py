@@ -43,15 +43,14 @@ from ._follow import (
     Lowered,
     Takeover,
     UpdateLog,
-    catch_up,
     rank_match,
-    take_over,
     warm_up_autograd,
     warm_up_gloo,
 )
 from ._heal import DonorCache, HealReport, StepStart, endpoints_of, heal
 from ._heal_state import Chunk, Piece, StateLayout
 from ._position import capture_position, restore_position
+from ._prefetch import Prefetched, follow_group, take_over
 
 if TYPE_CHECKING:
     import torch
@@ -74,8 +73,8 @@ class Replica(Actor):
     heal_window: int = 4
     heal_timeout_s: float = 60.0
     #: In a group with spares, each replica keeps the averaged gradients of this many
-    #: committed steps (as much memory as that many gradients) for spares to catch up from,
-    #: and spares catch up every `standby_follow_every` steps (fewer wake-ups per step).
+    #: committed steps (as much memory as that many gradients) for spares to catch up from;
+    #: spares follow every step and hash their state every `standby_follow_every` steps.
     standby_updates: int = 4
     standby_follow_every: int = 2
     #: The group compares the replicas' parameter digests (a hash of every parameter's bytes,
@@ -112,6 +111,7 @@ class Replica(Actor):
         self._reused: torch.Tensor | None = None  # a done update's memory, for the next one
         self._updates = UpdateLog()
         self._lowered = Lowered()  # a spare's priority while it follows
+        self._prefetched = Prefetched()  # a spare's updates fetched, not applied yet
         self._standing = HeldGroups()  # process groups formed for take-overs
         self.last_heal: HealReport | None = None
 
@@ -161,7 +161,8 @@ class Replica(Actor):
         as soon as it runs (they go on stepping meanwhile)."""
         self._configure(replica_id, ranks_per_replica, keep_updates)
         report = self._heal(list(peers))
-        warm_up_in_background(self.model, self._stepping, lambda g: setattr(self, "_gradient", g))
+        kept = (lambda g: setattr(self, "_gradient", g), lambda u: setattr(self, "_reused", u))
+        warm_up_in_background(self.model, self._stepping, *kept)  # memory for its first step
         return report
 
     def _built(self) -> None:
@@ -354,15 +355,15 @@ class Replica(Actor):
         (`standby_updates`)."""
         return self._updates.lend(first, last)
 
-    @endpoint
-    def follow(self, step: int, peers: Sequence[ActorMesh[Replica]]) -> tuple[int, str]:
-        """A spare: apply the committed updates after its own step up to `step`, from the
-        first of `peers` that keeps them. Returns the step it holds and its digest."""
-        # off the replicas' CPU, unless a take-over waits or it lags (idle CPU was too scarce)
-        with self._lowered.following(step - self.committed_step <= self.standby_follow_every):
-            self.on_phase("follow", step)
-            catch_up(self, step, [rank_match(peer, context().rank.rank) for peer in peers])
-            return self.committed_step, digest(self.model)
+    @concurrent_endpoint
+    def follow(
+        self, step: int, peers: Sequence[ActorMesh[Replica]], check: bool = True
+    ) -> tuple[int, str]:
+        """A spare: fetch the committed updates after its own step up to `step` from the first
+        of `peers` that keeps them, at once, then apply them at a low priority (`_prefetch`).
+        Returns the step it holds and, if `check`, its digest ("" if not)."""
+        ranks = [rank_match(peer, context().rank.rank) for peer in peers]
+        return follow_group(self, step, ranks, check)
 
     @concurrent_endpoint
     def take_place(

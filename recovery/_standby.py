@@ -4,11 +4,11 @@ next step.
 A spare is spawned and built like any replica and healed to the committed state once, between
 two steps (like a replacement). From then on it stays there off the step's path: after each
 commit the controller asks it to `follow` (pull the step's averaged gradient from a participant
-and apply it, see `_follow`) without waiting for it, and checks the digest it reports against
-the step's. When a replica fails, a ready spare takes its place at the next step (`take_place`:
-it catches up on the updates it lacks and takes the data position and RNG states of a peer); a
-new spare is spawned in the background. A spare that fails is re-spawned in place and healed
-again; the steps never wait for it.
+and apply it, see `_follow` and `_prefetch`) without waiting for it, and checks the digest it
+reports every `standby_follow_every` steps against the step's. When a replica fails, a ready
+spare takes its place at the next step (`take_place`: it catches up on the updates it lacks and
+takes the data position and RNG states of a peer); a new spare is spawned in the background.
+A spare that fails is re-spawned in place and healed again; the steps never wait for it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mesh import ActorMesh, Future, ProcMesh
@@ -46,8 +46,8 @@ def check_spares(replica_class: type[Replica], spares: int) -> None:
     if spares and not (type(every) is int and type(keep) is int and 1 <= every <= keep // 2):
         raise ValueError(
             f"{replica_class.__name__}.standby_follow_every must be a whole number from 1 to "
-            f"half its standby_updates ({keep!r}), not {every!r}: spares catch up from the "
-            "updates their peers keep"
+            f"half its standby_updates ({keep!r}), not {every!r}: spares are checked that "
+            "often, and catch up from the updates their peers keep"
         )
 
 
@@ -60,9 +60,10 @@ class Spare:
     actors: ActorMesh[Replica]
     state: str = "starting"  # starting | behind (needs a heal) | ready | taking | failed
     up: Future[Any] | None = None  # done once its procs run (configured)
-    follow: Future[Any] | None = None  # its latest follow call
-    following: int = -1  # the step that call asked it to reach
+    follows: list[tuple[Future[Any], int]] = field(default_factory=list)  # (call, step asked)
     verified: int = -1  # the last committed step its digest was found equal to the group's
+    reached: int = -1  # the last committed step it was seen to hold (checked or not)
+    checked: int = -1  # the last step a follow was asked to hash its parameters at
     host_lost: bool = False
 
 
@@ -91,6 +92,11 @@ class Standbys:
         self._owed: list[ProcMesh] = []  # procs to stop, and a spare to spawn, for each
         self._log = get_logger("recovery.spares", group=name)
         self._follow_every = spawner.replica_class.standby_follow_every
+        # follow calls of a spare under way at most: those beside the one applying fetch
+        # what it lacks before its peers drop it, and hold no more updates than they keep
+        # (half the actor's concurrent calls at most: take-overs and heals are left some)
+        kind = spawner.replica_class
+        self._in_flight = min(kind.standby_updates, kind.max_concurrent_calls // 2)
         for _ in range(count):
             self._spawn()
 
@@ -132,8 +138,8 @@ class Standbys:
             elif spare.state == "starting" and spare.up is not None and spare.up.done():
                 error, spare.up = spare.up.exception(), None
                 self._set(spare, "failed" if error is not None else "behind", error)
-            if spare.state == "behind" and donors:
-                self._heal(spare, donors)
+            if spare.state == "behind" and donors and not self._following(spare):
+                self._heal(spare, donors)  # (not while a follow may still apply updates)
 
     def replace(self, member: Member, step: int, donors: Sequence[ActorMesh[Replica]]) -> bool:
         """Whether a ready spare took failed `member`'s place at committed `step` (caught up
@@ -161,8 +167,7 @@ class Standbys:
     ) -> tuple[Spare, Takeover] | None:
         """A ready spare made replica `index` at committed `step`, or None if none could."""
         for spare in self._snapshot():
-            if spare.follow is not None and spare.follow.done():
-                self._check(spare)
+            self._following(spare)
             if spare.state != "ready":
                 continue
             expected = None if spare.verified == step else self._digests.get(step, "unknown")
@@ -182,7 +187,8 @@ class Standbys:
         self, step: int, digest: str | None, donors: Sequence[ActorMesh[Replica]]
     ) -> None:
         """Step `step` was committed with parameters `digest` by `donors`: every ready spare
-        `follow_every` steps behind, not busy with an earlier call, catches up (not waited for)."""
+        follows it (not waited for), even while an earlier follow applies its updates, so that
+        it fetches them while kept; every `follow_every` steps it hashes its parameters too."""
         if digest is not None:  # always, with spares
             self._digests[step] = digest
         self._digests.pop(step - DIGESTS_KEPT, None)
@@ -191,16 +197,13 @@ class Standbys:
             self._retired.append(self._owed.pop().stop(grace_s=1.0))  # not waited for
             self._spawn()
         for spare in self._snapshot():
-            if spare.state != "ready":
-                continue
-            if spare.follow is not None:
-                if not spare.follow.done():
-                    continue
-                self._check(spare)
-            if spare.state == "ready" and step - spare.verified >= self._follow_every:
+            asked = spare.follows[-1][1] if self._following(spare) else spare.reached
+            if spare.state == "ready" and step > asked and len(spare.follows) < self._in_flight:
+                check = step - spare.checked >= self._follow_every
                 # the last participant first: the first one hashes for the spares' checks
-                spare.follow = spare.actors.follow.call(step, list(reversed(donors)))
-                spare.following = step
+                call = spare.actors.follow.call(step, list(reversed(donors)), check)
+                spare.follows.append((call, step))
+                spare.checked = step if check else spare.checked
 
     def close(self) -> None:
         """Stop every spare, and what is left of the replicas they replaced."""
@@ -238,7 +241,7 @@ class Standbys:
 
     def _respawn(self, spare: Spare) -> None:
         lost, spare.host_lost = spare.host_lost, False
-        spare.follow = None
+        spare.follows.clear()
         spare.procs.respawn(on=self._spawner.spare_hosts.take() if lost else None)
         spare.up = spare.actors.configure.call(-1, *self._configure_args)
         self._set(spare, "starting")
@@ -249,22 +252,32 @@ class Standbys:
         except (SupervisionError, ActorError, TimeoutError) as exc:
             self._set(spare, "failed" if isinstance(exc, SupervisionError) else "behind", exc)
             return
-        spare.verified = next(iter(healed.values())).step
+        spare.verified = spare.reached = spare.checked = next(iter(healed.values())).step
         self._set(spare, "ready")
         self._log.info("spare_ready", spare=spare.number, step=spare.verified)
 
-    def _check(self, spare: Spare) -> None:
-        """Look at the spare's finished follow call: where it got to, and with which bits."""
-        assert spare.follow is not None
-        future, spare.follow = spare.follow, None
+    def _following(self, spare: Spare) -> bool:
+        """Whether a follow call of the spare is still under way, once its finished ones
+        (in the order they were made) are looked at."""
+        while spare.follows and spare.follows[0][0].done():
+            future, asked = spare.follows.pop(0)
+            if spare.state == "ready":
+                self._check(spare, future, asked)
+        return bool(spare.follows)
+
+    def _check(self, spare: Spare, future: Future[Any], asked: int) -> None:
+        """Look at a finished follow call, asked to reach step `asked`: where the spare got
+        to (that step, or a later one a follow beside it reached first), with which bits."""
         error = future.exception()
         if error is not None:
             self._set(spare, "failed" if isinstance(error, SupervisionError) else "behind", error)
             return
         reached = set(future.get().values())
-        expected = (spare.following, self._digests.get(spare.following))
-        if reached == {expected}:
-            spare.verified = spare.following
+        step = max(held for held, _ in reached)
+        expected = (step, self._digests.get(step))
+        if step >= asked and reached in ({expected}, {(step, "")}):  # "": asked not to hash
+            spare.reached = max(spare.reached, step)
+            spare.verified = max(spare.verified, step) if reached == {expected} else spare.verified
             return
         why = f"it reached {sorted(reached)} where the group committed {expected}"
         self._set(spare, "behind", RuntimeError(why))  # cannot follow: heal its whole state

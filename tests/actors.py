@@ -10,6 +10,7 @@ import asyncio
 import atexit
 import gc
 import os
+import resource
 import sys
 import threading
 import time
@@ -525,3 +526,21 @@ class Exposed(Actor):
         """An async endpoint for raw calls: answers with this actor's rank."""
         await anyio.lowlevel.checkpoint()
         return current_rank().rank
+
+
+def faults_of_allocations(mib: int, rounds: int) -> int:
+    """Page faults of `rounds` buffers of `mib` MiB, each written whole and freed, after one
+    more that faults its pages in whatever malloc does with them."""
+    bytearray(mib << 20)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(rounds):
+        bytearray(mib << 20)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+class Allocator(Actor):
+    """Allocates and frees big buffers in an endpoint (on a worker thread)."""
+
+    @endpoint
+    def faults_of_allocations(self, mib: int, rounds: int) -> int:
+        return faults_of_allocations(mib, rounds)

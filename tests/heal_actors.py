@@ -186,3 +186,15 @@ class HeldAfterFirstChunk(Trainer):
     def healed_to(self) -> int | None:
         """The step this replica's last heal brought it to (None: it never healed)."""
         return None if self.last_heal is None else self.last_heal.step
+
+
+class HeldAfterFirstChunkScheduled(HeldAfterFirstChunk):
+    """`HeldAfterFirstChunk` whose learning rate a schedule sets as each step is applied: the
+    optimizer's state changes outside the averaged gradients, so a replacement cannot be
+    caught up with them alone (it applies them at the rate of the step it healed at)."""
+
+    def on_phase(self, phase: str, step: int) -> None:
+        if phase == "apply":
+            for group in self.optimizer.param_groups:
+                group["lr"] = 1e-2 * 0.5**step
+        super().on_phase(phase, step)

@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+import actors
 import torch
 
 from mesh import endpoint
@@ -27,6 +28,14 @@ class Trainer(Replica):
         generator = torch.Generator().manual_seed(step * 1009 + shard)
         inputs = torch.randn(16, 8, generator=generator)
         return torch.nn.functional.mse_loss(model(inputs), inputs.sum(1, keepdim=True).cos())
+
+
+class AllocatingTrainer(Trainer):
+    """A trainer that can say how many page faults big allocations cost in its proc."""
+
+    @endpoint
+    def faults_of_allocations(self, mib: int, rounds: int) -> int:
+        return actors.faults_of_allocations(mib, rounds)
 
 
 class DyingTrainer(Trainer):
@@ -107,6 +116,28 @@ class LagsFollowing(DyingTrainer):
                 (self.marks / "following").touch()
                 time.sleep(3.0)
         super().on_phase(phase, step)
+
+
+class StarvedFollowing(DyingTrainer):
+    """`DyingTrainer` keeping 8 updates, whose spare follows every 2 steps and, the first time
+    it is asked to reach step 4 or later, takes 3 s to start applying (its following thread
+    gets no CPU, as at nice 19 on cores the replicas fill; `held`, which holds that step, and
+    `released` in `marks` say when).
+    `last_healed` is the step its latest heal reached (None: never healed)."""
+
+    standby_updates = 8
+    standby_follow_every = 2
+
+    def on_phase(self, phase: str, step: int) -> None:
+        if phase == "follow" and step >= 4 and not (self.marks / "held").exists():
+            (self.marks / "held").write_text(str(step))
+            time.sleep(3.0)
+            (self.marks / "released").touch()
+        super().on_phase(phase, step)
+
+    @endpoint
+    def last_healed(self) -> int | None:
+        return None if self.last_heal is None else self.last_heal.step
 
 
 class DiesWhileBuilt(Trainer):

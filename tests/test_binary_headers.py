@@ -262,3 +262,26 @@ def test_a_prepared_header_refuses_a_payload_past_the_limit() -> None:
         assert len(encode_prepared(prepared, 1, Payload(b"x" * 100))) == 1  # at the limit
     finally:
         use_transport_settings(before)
+
+
+@pytest.mark.timeout(60)
+def test_a_proc_answers_each_call_with_its_own_id_and_rank(make_procs: Any) -> None:
+    """A proc packs each reply's call id into a header it prepared for the call's rank: every
+    call id and rank comes back as sent, in order (ids past 64 bits travel with a marshal
+    header both ways), also when pipelined calls make their replies wait in batches."""
+    exposed = make_procs({"gpus": 1}).spawn("who", actors.Exposed)
+    _, address, mesh_id = exposed.reach.call_one().get(timeout=T)
+    ranks, ids = (0, 7, 2**62, 7), (1, -(2**63), 2**63 - 1, 2**64, -(2**70), 2)
+    sent = [(call_id, rank) for rank in ranks for call_id in ids]
+    labels, sizes = ("x",), (2**63 - 1,)
+    with raw_peer(address) as peer:
+        reply_to, got = peer.inbox.address, []
+        for call_id, rank in sent:
+            call = wire.CallActor(call_id, reply_to, mesh_id, "__ping__", labels, sizes, rank)
+            peer.send(encode(call))
+        while len(got) < len(sent):
+            assert peer.inbox.poll(int(T * 1000)), f"answers missing after {got}"
+            while (answer := peer.inbox.receive_nowait()) is not None:
+                assert type(answer.header) is wire.Reply, answer
+                got.append((answer.header.call_id, answer.header.rank))
+    assert got == sent

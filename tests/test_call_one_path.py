@@ -130,6 +130,22 @@ def test_threads_taking_turns_on_one_endpoint_each_get_their_own_answers(
     assert mine == [((0, i), pids[i % 2]) for i in range(10)]
 
 
+@pytest.mark.timeout(60)
+def test_a_call_to_one_actor_names_itself_when_it_times_out(
+    make_procs: Any, no_failure_reaches_the_root: None
+) -> None:
+    """A future of `call_one` or `choose` is described only when something writes it (its
+    timeout, its repr): it still names the adverb, the mesh and the endpoint."""
+    sleeper = make_procs({"gpus": 1}).spawn("sleeper", actors.Sleeper)
+    for adverb in ("call_one", "choose"):
+        future = getattr(sleeper.sleep, adverb)(0.5)
+        assert repr(future) == f"<Future {adverb}() of sleeper.sleep pending>"
+        with pytest.raises(TimeoutError, match=rf"^{adverb}\(\) of sleeper.sleep did not finish"):
+            future.get(timeout=0.01)
+        assert future.get(timeout=T) == "slept"
+        assert repr(future) == f"<Future {adverb}() of sleeper.sleep done>"
+
+
 @message_type
 @dataclass(frozen=True, slots=True)
 class Sample:

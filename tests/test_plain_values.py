@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transport import OUT_OF_BAND_MIN_BYTES, Payload
+from transport import OUT_OF_BAND_MIN_BYTES, Payload, dump_arguments
 
 #: How deep, and into containers how small, large bytes are lifted out of band (see DESIGN).
 LIFT_DEPTH, LIFT_MAX_ITEMS = 3, 64
@@ -86,3 +86,15 @@ def test_builtin_values_travel_as_the_general_path_sends_them(args: Any, result:
         shown = reprlib.repr(value)
         assert len(payload.buffers) == len(lifted(value)), f"large bytes in band: {shown}"
         assert_same(Payload(payload.body, payload.buffers).load(), value)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(values, max_size=LIFT_MAX_ITEMS + 2), st.dictionaries(st.text(max_size=4), values))
+def test_a_calls_arguments_are_dumped_as_their_tuple_would_be(
+    args: list[Any], kwargs: dict[str, Any]
+) -> None:
+    """`dump_arguments`, which checks the arguments' plainness inline, sends the very bytes
+    and buffers `Payload.dump((args, kwargs))` sends, for any mix (long ones included)."""
+    got, want = dump_arguments(tuple(args), kwargs), Payload.dump((tuple(args), kwargs))
+    assert bytes(got.body) == bytes(want.body), reprlib.repr((args, kwargs))
+    assert [bytes(b) for b in got.buffers] == [bytes(b) for b in want.buffers]

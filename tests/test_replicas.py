@@ -187,6 +187,16 @@ def test_a_hung_replica_is_replaced(groups: list[ReplicaGroup]) -> None:
     assert_invariants(group)
 
 
+def test_replicas_keep_big_tensors_in_one_heap(groups: list[ReplicaGroup]) -> None:
+    """A replica's procs get `TENSOR_MALLOC` (GLIBC_TUNABLES, applied as the proc starts):
+    64 MiB buffers allocated and freed again and again reuse their memory, where glibc's
+    defaults map each afresh (16,384 page faults a buffer)."""
+    group = ReplicaGroup(this_host(), ra.AllocatingTrainer, replicas=2)
+    groups.append(group)
+    faults = group.replicas[0].faults_of_allocations.call_one(64, 5).get(timeout=60)
+    assert faults < 5 * 16384 // 20, f"{faults} page faults: the heap was not kept"
+
+
 def test_replicas_of_several_ranks(groups: list[ReplicaGroup]) -> None:
     group = ReplicaGroup(
         this_host(), ra.Trainer, replicas=2, per_replica={"gpus": 2}, heartbeat_timeout_s=HB

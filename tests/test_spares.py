@@ -143,6 +143,32 @@ def test_a_spare_a_whole_log_behind_takes_over_at_exactly_the_groups_state(
     assert noted <= {"0", "19"} and (os.geteuid() != 0 or "19" in noted), noted
 
 
+def test_a_spare_starved_of_cpu_fetches_the_updates_before_its_peers_drop_them(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    """The spare's follow of step 4 gets no CPU for 3 s while the group commits 7 more steps:
+    its peers (8 updates each) no longer keep the updates of steps 3 and 4 when it runs again.
+    It fetched them when it was asked, so it catches up from them: it is not healed whole,
+    and holds the committed bits."""
+    group = _with_a_ready_spare(groups, ra.StarvedFollowing, {}, tmp_path)
+    spare = group.spare_replicas[0]
+    healed = spare.last_healed.call_one().get(timeout=30)
+    train(group, 4)
+    _wait_for((tmp_path / "held").exists, "the spare never followed step 4")
+    held = int((tmp_path / "held").read_text())
+    train(group, held + 7)  # while its follow is held
+    _wait_for((tmp_path / "released").exists, "the spare's follow was never released")
+    _wait_for(lambda: spare.status.call_one().get(timeout=30)[0] >= held, "the spare never applied")
+    _wait_for(
+        lambda: (group.step(), spare.status.call_one().get(timeout=30)[0] > held + 7)[1],
+        "the spare never caught up",
+    )
+    assert spare.last_healed.call_one().get(timeout=30) == healed
+    group.wait_for_all()
+    assert group.ready_spares() == 1
+    assert_spares_follow(group)
+
+
 def test_a_spare_that_cannot_follow_is_healed_never_trusted(groups: list[ReplicaGroup]) -> None:
     """The replicas' state changes outside the updates a spare applies: its digest never
     matches the group's, so it is healed whole again and again. A replica's failure is then

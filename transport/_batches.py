@@ -60,15 +60,6 @@ class Batch:
         return b"".join(parts)
 
 
-def fits_in_batch(frames: Any) -> bool:
-    """Whether a message (the frames `encode` made) may wait in a batch."""
-    return len(frames) == 1 and len(frames[0]) < MAX_BATCH_BYTES
-
-
-def is_batch(first: memoryview) -> bool:
-    return first[: len(BATCH_MAGIC)] == BATCH_MAGIC
-
-
 def split_batch_or_none(frame: memoryview, log: Any, address: str) -> list[memoryview]:
     """The messages of a batch frame; none (logged) when the batch is malformed."""
     try:

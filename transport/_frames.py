@@ -291,13 +291,6 @@ def _payload(body: bytes | memoryview, buffers: Sequence[Any]) -> Payload:
     return payload
 
 
-def _envelope(header: Any, payload: Payload | None) -> Envelope:
-    envelope = _new(Envelope)
-    _set_header(envelope, header)
-    _set_payload(envelope, payload)
-    return envelope
-
-
 def encode(
     header: Any, payload: Payload | None = None, *, max_bytes: int | None = None
 ) -> list[Any]:
@@ -395,4 +388,10 @@ def decode(frames: Sequence[Any], *, max_bytes: int | None = None) -> Envelope:
     if type(header) not in _registered:
         raise MalformedMessage(f"received a header of unknown type {type(header).__name__}")
     body = first[_PREFIX + length :]
-    return _envelope(header, _payload(body, buffers) if body.nbytes or buffers else None)
+    envelope, payload = _new(Envelope), _new(Payload) if body.nbytes or buffers else None
+    _set_header(envelope, header)  # built here, not by `_payload`: two calls per message
+    _set_payload(envelope, payload)
+    if payload is not None:
+        _set_body(payload, body)
+        _set_buffers(payload, buffers)
+    return envelope

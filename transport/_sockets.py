@@ -27,7 +27,7 @@ import zmq
 import zmq.backend
 
 from ._addresses import check_address
-from ._batches import Batch, fits_in_batch, is_batch, split_batch_or_none
+from ._batches import BATCH_MAGIC, MAX_BATCH_BYTES, Batch, split_batch_or_none
 from ._errors import MalformedMessage, MessageTooLarge, TransportError
 from ._faults import network_faults
 from ._frames import _PREFIX, MAX_HEADER_BYTES, Envelope, decode
@@ -48,6 +48,7 @@ RECONNECT_INTERVAL_MS = 5
 RECEIVE_QUEUE = 1000
 # A plain int: pyzmq's enum flags cost an enum construction per use on the receive path.
 _NOBLOCK = int(zmq.NOBLOCK)
+_BATCH = len(BATCH_MAGIC)
 #: The longest wait zmq takes (a C int of milliseconds: about 24 days); a longer one is cut
 #: to it, and its caller waits again.
 LONGEST_WAIT_MS = (1 << 31) - 1
@@ -167,7 +168,7 @@ class Inbox:
             except zmq.ZMQError as exc:
                 raise TransportError(f"receiving on {self.address} failed: {exc}") from exc
             first = memoryview(frames[0])
-            if len(frames) == 1 and is_batch(first):
+            if len(frames) == 1 and first[:_BATCH] == BATCH_MAGIC:  # a batch frame
                 self._take_batch(first)
                 if self._split:
                     return self._split.popleft()
@@ -257,7 +258,7 @@ class Outbox:
         now come soon (the caller arranges it: see `_batches`). An address that cannot be
         connected to (no keys for it, not an address) raises here, as `send` does, not later
         in a flush that has no one to tell."""
-        if _FAULTS.active or not fits_in_batch(frames):
+        if _FAULTS.active or len(frames) != 1 or len(frames[0]) >= MAX_BATCH_BYTES:  # too big
             self.send(address, frames)
             return False
         with self._lock:

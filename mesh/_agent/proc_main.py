@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Awaitable
 from typing import Any
 
+from mesh._agent.malloc_tunables import apply_malloc_tunables
 from mesh._context import Context, enter_context, exit_context
 from mesh._engine.census import CensusReporter
 from mesh._engine.messages import Heartbeat, ProcReady, SpawnFailed
@@ -104,6 +105,7 @@ async def _wait_for(awaitable: Awaitable[object]) -> None:
 def run_proc(config: dict[str, Any]) -> int:
     """Run a proc described by `config` (built by the host agent); returns the exit code."""
     os.environ.update(config["env"])
+    malloc_problems = apply_malloc_tunables(os.environ.get("GLIBC_TUNABLES", ""))
     sys.path[:] = list(config["sys_path"])
     os.chdir(config["cwd"])
     reload_settings()  # those of its own environment, not the fork server's
@@ -123,6 +125,8 @@ def run_proc(config: dict[str, Any]) -> int:
     )
     install_session(session)
     log = get_logger("mesh.proc", proc=config["proc_id"])
+    if malloc_problems:
+        log.warning("malloc_tunables_not_applied", problems=malloc_problems)
     start_heartbeats(runtime, config["agent"], config["proc_id"], config["heartbeat_interval_s"])
     runtime.paused_calls.install()  # breakpoint() pauses the call for `meshvisor debug`
     failure = run_setup(config["setup"], _proc_context(config, runtime.hostname))

@@ -11,7 +11,7 @@ from mesh._api.endpoint import EndpointRef
 from mesh._api.mesh_base import MeshBase, Stoppable, adopt_peers, peer_infos, wait_ready
 from mesh._context import actor_identity
 from mesh._engine.builtins import INITIALIZED
-from mesh._engine.calls import GatherSink, ResultSink
+from mesh._engine.calls import GatherSink, OneSink, ResultSink
 from mesh._engine.future import Future, resolved
 from mesh._engine.messages import CallActor, StopActor
 from mesh._engine.ownership import FailureHandler
@@ -21,9 +21,20 @@ from mesh._engine.runtime import Runtime
 from mesh._engine.session import current_session
 from mesh._shape import Extent, Region
 from supervision import SupervisionError, SupervisionEvent
-from transport import Payload, PreparedHeader, prepare_header
+from transport import Addresses, PreparedHeader, dump_arguments, prepare_header
 
 A = TypeVar("A")
+
+
+#: What `ActorMesh._invoke_one` sends: made for the reply addresses, the peer's location,
+#: whether peers get the nearest address, the extent and the rank in its stamp; the fields
+#: of its `CallActor` after the call id; their header but for the call id.
+PreparedCall = tuple[
+    tuple[Addresses, str | None, bool, Extent, int], tuple[Any, ...], PreparedHeader | None
+]
+#: How many prepared calls an actor mesh keeps (by endpoint and reply inbox) before it
+#: starts afresh: threads that made calls and ended leave theirs behind.
+_MAX_PREPARED = 256
 
 
 class ActorMeshState:
@@ -54,9 +65,8 @@ class ActorMeshState:
         self.peers = peers
         self.stopped = False
         self.endpoints: dict[str, str] = {}
-        #: by endpoint: (reply_to, extent, index, fields, header) of its last call to one actor
-        self.prepared: dict[str, tuple[str, Extent, int, tuple[Any, ...], PreparedHeader | None]]
-        self.prepared = {}
+        #: by endpoint and reply addresses (their id): what a call to one actor sends
+        self.prepared: dict[tuple[str, int], PreparedCall] = {}
         self.view = ActorMeshView(actor_id, name, extent, peers)
 
 
@@ -95,7 +105,7 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
         state = self._state
         if state.stopped:
             raise _stopped_error(state, endpoint)
-        payload = Payload.dump((args, kwargs))
+        payload = dump_arguments(args, kwargs)
         runtime = self._runtime
         call_id = runtime.calls.new_call_id()
         labels, sizes, ranks = self.extent.labels, self.extent.sizes, self._region.ranks
@@ -113,7 +123,7 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         index: int,
-        sink: ResultSink,
+        sink: OneSink,
         home: ReplyInbox | None,
     ) -> None:
         """`_invoke` for one recipient awaiting its answer (`call_one`, `choose`): the same
@@ -121,24 +131,19 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
         state = self._state
         if state.stopped:
             raise _stopped_error(state, endpoint)
-        payload = Payload.dump((args, kwargs))
+        payload = dump_arguments(args, kwargs)
         runtime = self._runtime
         extent, ranks = self._region.extent, self._region.ranks
         peer = state.peers[ranks[index]]
-        reply_to = runtime.address_for(peer.address or peer.agent, home)  # `peer.location`
-        # the header but for its call id, kept per endpoint: made again for another reply
-        # address (another thread), slice or rank
-        kept = state.prepared.get(endpoint)
-        if kept is None or kept[0] != reply_to or kept[1] is not extent or kept[2] != index:
-            fields = (reply_to, state.actor_id, endpoint, extent.labels, extent.sizes, index)
-            kept = state.prepared[endpoint] = (
-                reply_to,
-                extent,
-                index,
-                fields,
-                prepare_header(CallActor, fields),
-            )
-        runtime.calls.send_one(peer, kept[3], kept[4], payload, sink, home, state.view)
+        # the header but for its call id, kept per endpoint and reply inbox (threads taking
+        # turns keep theirs): made again when what its reply address, slice or rank came
+        # from changes
+        mine = runtime.addresses if home is None else home.addresses
+        stamp = (mine, peer.address or peer.agent, runtime.nearest_addresses, extent, index)
+        kept = state.prepared.get((endpoint, id(mine)))  # `kept` holds `mine`: a unique id
+        if kept is None or kept[0] != stamp:
+            kept = _prepare_call(runtime, state, endpoint, home, stamp)
+        runtime.calls.send_one(peer, kept[1], kept[2], payload, sink, home, state.view)
 
     def on_failure(self, handler: FailureHandler) -> None:
         """Call `handler(event)` when an actor of this mesh fails; truthy return = handled."""
@@ -209,6 +214,27 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
 
 
 reserve_endpoint_names(ActorMesh)  # an endpoint named like a mesh attribute could not be called
+
+
+def _prepare_call(
+    runtime: Runtime,
+    state: ActorMeshState,
+    endpoint: str,
+    home: ReplyInbox | None,
+    stamp: tuple[Addresses, str | None, bool, Extent, int],
+) -> PreparedCall:
+    """The fields and header of a call to one actor (see `PreparedCall`), kept."""
+    _, location, _, extent, index = stamp
+    reply_to = runtime.address_for(location, home)
+    fields = (reply_to, state.actor_id, endpoint, extent.labels, extent.sizes, index)
+    if len(state.prepared) >= _MAX_PREPARED:
+        state.prepared.clear()
+    kept = state.prepared[(endpoint, id(stamp[0]))] = (
+        stamp,
+        fields,
+        prepare_header(CallActor, fields),
+    )
+    return kept
 
 
 def _stopped_error(state: ActorMeshState, endpoint: str) -> SupervisionError:

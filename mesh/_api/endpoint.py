@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar
 
-from mesh._engine.calls import GatherSink, OneSink, ResultSink, StreamSink, pick_one
+from mesh._engine.calls import ChosenSink, GatherSink, OneSink, ResultSink, StreamSink, pick_one
 from mesh._engine.future import Future
 from mesh._shape import Extent
 from mesh._values import ValueMesh
@@ -59,7 +59,7 @@ class CallableMesh(Protocol):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         index: int,
-        sink: ResultSink,
+        sink: OneSink,
         home: ReplyInbox | None,
     ) -> None: ...
 
@@ -93,7 +93,7 @@ class EndpointRef(Generic[P, R]):
                 "down to one actor first or use call()."
             )
         home = mesh._runtime.replies.for_current_thread()
-        future = OneSink(mesh._runtime, self._describe("call_one"), home, mesh)
+        future = OneSink(mesh._runtime, self, home, mesh)
         mesh._invoke_one(self.name, args, kwargs, 0, future, home)
         return future
 
@@ -101,7 +101,7 @@ class EndpointRef(Generic[P, R]):
         """Call one actor picked at random."""
         mesh = self._mesh
         home = mesh._runtime.replies.for_current_thread()
-        future = OneSink(mesh._runtime, self._describe("choose"), home, mesh)
+        future = ChosenSink(mesh._runtime, self, home, mesh)
         mesh._invoke_one(self.name, args, kwargs, pick_one(len(mesh)), future, home)
         return future
 

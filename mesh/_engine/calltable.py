@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from mesh._engine.calls import PendingCall, ResultSink
+from mesh._engine.calls import OneSink, PendingCall, ResultSink
 from mesh._engine.fanout import direct_route, fan_out_frames, note_answer, route
 from mesh._engine.fanout_messages import unpack_answers
 from mesh._engine.fork import check_not_forked
@@ -104,7 +104,7 @@ class CallTable:
         fields: tuple[Any, ...],
         prepared: PreparedHeader | None,
         payload: Payload,
-        sink: ResultSink,
+        sink: OneSink,
         home: ReplyInbox | None,
         mesh: ActorMeshView,
     ) -> None:
@@ -125,7 +125,8 @@ class CallTable:
             address = peer.address if peer.alive else None
             path = direct_route(peer, fields[1]) if address is not None else None
             if path is not None:
-                pending = PendingCall(call_id, sink, {rank: peer}, home, mesh)
+                pending = PendingCall(call_id, sink, None, home, mesh)
+                pending.peer, pending.rank, pending.one = peer, rank, sink
                 pending.route, pending.sent = path, path.sent
                 self._calls[call_id] = pending
                 if home is not None:
@@ -212,7 +213,7 @@ class CallTable:
         False if no such call waits on that proc here."""
         with self._lock:
             pending = self._calls.get(lost.call_id)
-            peer = None if pending is None else pending.peers.get(lost.rank)
+            peer = None if pending is None else pending.recipient(lost.rank)
         if pending is None or peer is None or peer.proc_id != lost.proc_id:
             return False
         why = (
@@ -238,16 +239,29 @@ class CallTable:
             pending = self._calls.get(call_id)
             if pending is None:
                 return
-            peer = pending.peers.pop(rank, None)
-            if peer is None:
-                return
-            note_answer(pending, rank)
-            if not pending.peers:
+            if pending.peers is None:  # a call to one actor (`send_one`)
+                peer = pending.peer
+                if peer is None or rank != pending.rank:
+                    return
+                pending.peer = None
+            else:
+                peer = pending.peers.pop(rank, None)
+                if peer is None:
+                    return
+            path = pending.route
+            if path is None:
+                note_answer(pending, rank)
+            elif pending.sent > path.seen:  # a call to one actor: `note_answer`, inlined
+                path.seen = pending.sent
+            if not pending.peers:  # none left (or a call to one actor)
                 peer.calls.discard(call_id)
                 del self._calls[call_id]
             elif not any(other is peer for other in pending.peers.values()):
                 peer.calls.discard(call_id)
-        if error is None:
+        one = pending.one
+        if one is not None:
+            one.settle(value, error)
+        elif error is None:
             pending.sink.deliver(rank, value)
         else:
             pending.sink.fail(rank, error)
@@ -264,7 +278,7 @@ class CallTable:
     ) -> None:
         """`peer`'s proc is gone (`event`): the calls that waited on it fail."""
         for call_id, pending in waiting:
-            for rank, target in list(pending.peers.items()):
+            for rank, target in pending.waiting():
                 if target is peer:
                     self.settle(call_id, rank, error=gone_error(peer, event, pending.mesh))
             if pending.home is not None:

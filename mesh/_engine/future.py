@@ -40,11 +40,20 @@ class LoopPump(Protocol):
 class ReplyPump(Protocol):
     """The reply inbox of the thread that made a call: that thread receives its replies."""
 
+    owner: int  # the ident of that thread
+
     def owned_by_current_thread(self) -> bool: ...
 
     def receive_waiting(self) -> None: ...
 
     def pump_until(self, future: Future[Any], timeout: float | None) -> None: ...
+
+
+class Describing(Protocol):
+    """What names a call in its future's messages (an endpoint), asked only when one is
+    written: formatting it for every call cost two Python calls."""
+
+    def _describe(self, adverb: str) -> str: ...
 
 
 class Reaching(Protocol):
@@ -60,6 +69,8 @@ class Future(Generic[T]):
     A timeout raises `TimeoutError` and leaves the call running: ``get`` may be called again.
     """
 
+    #: How the call was made, for a future described by what it called (`Describing`).
+    _ADVERB = "call"
     __slots__ = (
         "_callbacks",
         "_description",
@@ -74,7 +85,7 @@ class Future(Generic[T]):
     def __init__(
         self,
         loop: LoopPump | None = None,
-        description: str = "the call",
+        description: str | Describing = "the call",
         home: ReplyPump | None = None,
         reaches: Reaching | None = None,
     ) -> None:
@@ -130,16 +141,18 @@ class Future(Generic[T]):
             check_not_forked(self._loop.pid)
 
     def _wait(self, timeout: float | None) -> None:
-        loop = self._loop
-        if loop is not None and loop.on_loop_thread():
+        loop, home = self._loop, self._home
+        if home is not None and home.owner == threading.get_ident():  # not the loop thread:
+            home.pump_until(self, timeout)  # that one has no reply inbox of its own
+        elif loop is not None and loop.on_loop_thread():
             loop.pump_until(self, timeout)
-        elif self._home is not None:
-            self._home.pump_until(self, timeout)
+        elif home is not None:
+            home.pump_until(self, timeout)
         else:
             self.wait_briefly(timeout)
         if self._value is _PENDING and self._error is None:
             raise TimeoutError(
-                f"{self._description} did not finish within {timeout} s; "
+                f"{self._text()} did not finish within {timeout} s; "
                 "it is still running, call get() again to keep waiting."
             )
 
@@ -214,7 +227,7 @@ class Future(Generic[T]):
 
     def _finish(self, value: Any, error: BaseException | None) -> None:
         with _callbacks_lock:
-            if self.finished():
+            if self._value is not _PENDING or self._error is not None:  # `finished()`
                 return
             self._value, self._error = value, error
             callbacks, self._callbacks = self._callbacks, None
@@ -225,9 +238,14 @@ class Future(Generic[T]):
             for callback in callbacks:
                 callback(self)
 
+    def _text(self) -> str:
+        """This future's description as its messages write it (see `_ADVERB`)."""
+        what = self._description
+        return what if isinstance(what, str) else what._describe(self._ADVERB)
+
     def __repr__(self) -> str:
         state = "pending" if not self.finished() else ("failed" if self._error else "done")
-        return f"<Future {self._description} {state}>"
+        return f"<Future {self._text()} {state}>"
 
 
 def threadsafe_caller(action: Callable[[], object]) -> Callable[[], None]:

@@ -21,7 +21,7 @@ import anyio
 
 from mesh._actor import endpoints_of
 from mesh._context import ActorAborted, enter_context, exit_context
-from mesh._engine.builtins import INITIALIZED, InjectedFailures
+from mesh._engine.builtins import BUILTINS, INITIALIZED, InjectedFailures
 from mesh._engine.callwatch import CallWatch, RunningCall, call_limits
 from mesh._engine.cleanup import Cleanups, Then
 from mesh._engine.host_services import HostServices
@@ -34,7 +34,7 @@ from mesh._engine.replying import Replier, clip, format_traceback
 from mesh._engine.response_port import NO_REPLY, with_response_port
 from mesh._engine.shared_payload import SharedCall, mapped_payload, on_shared_call
 from mesh._engine.supervising import ChildFailures
-from mesh._engine.work import Kind, Work, call_work
+from mesh._engine.work import Kind, Work, call_work, new_work
 from mesh._engine.workers import Workers
 from supervision import SupervisionError, SupervisionEvent
 from transport import Envelope, Payload, get_logger, safe_str
@@ -81,7 +81,12 @@ class ActorHost:
         }
 
     def _on_call(self, envelope: Envelope) -> None:
-        self._post(call_work(envelope))
+        header: CallActor = envelope.header
+        actor = self._actors.get(header.actor_id)
+        if actor is None or header.endpoint in BUILTINS:  # not built here yet; a built-in
+            self._post(call_work(envelope))
+        else:  # a user endpoint's call to a built actor: the hot path, without `_post`
+            self._lanes.post(actor, new_work(("call", header, envelope.payload, None)))
 
     def _on_spawn(self, envelope: Envelope) -> None:
         self._spawned(Work("construct", envelope.header, envelope.payload))
@@ -215,10 +220,15 @@ class ActorHost:
     # -- calls: prepare, run (on a worker thread or in a task), then reply ---------------------
 
     def _call_sync(self, actor: HostedActor, work: Work[CallActor]) -> None:
-        """Worker thread: a call of a sync endpoint or of a built-in."""
-        function = self._start_call(actor, work, in_task=False)
+        """Worker thread: a call of a sync endpoint or of a built-in (`_start_call` inline:
+        this runs once per call)."""
+        if actor.state != "running":
+            self._refuse(actor, work.header)
+            return
+        function = self._prepare(actor, work)
         if function is None:
             return
+        actor.start_call(work.header, False)
         token = enter_context(actor.call_context(work.header))
         try:
             result = function()
@@ -288,7 +298,8 @@ class ActorHost:
                 raise AttributeError(
                     f"actor {actor.mesh_name!r} has no endpoint {header.endpoint!r}"
                 )
-            args, kwargs = work.arguments()
+            payload = work.payload  # (`arguments()` says what is wrong when there is none)
+            args, kwargs = payload.load() if payload is not None else work.arguments()
         except Exception as exc:
             self._endpoint_raised(actor, header, exc, fatal=False)
             return None

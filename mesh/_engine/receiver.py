@@ -26,7 +26,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from mesh._engine.alarm import new_alarm
@@ -63,16 +63,14 @@ class Receiver:
         inbox: Inbox,
         workers: Workers,
         loop: LoopHand,
-        direct: frozenset[type],
-        dispatch: Callable[[Envelope], None],
+        direct: Mapping[type, Callable[[Envelope], None]],
         flush: Callable[[], None],
         wake: Callable[[], None],
     ) -> None:
         self._inbox = inbox
         self._workers = workers
         self._loop = loop
-        self._direct = direct  # message types dispatched on the receiver (actors' messages)
-        self._dispatch = dispatch
+        self._direct = direct  # the handlers of the messages dispatched here (actors')
         self._flush = flush  # sends the messages waiting in batches, before waiting
         self._wake = wake  # sends a `Wake` to the inbox: ends the receiver's wait
         # guards everything below; taken as the plain lock where no one waits or is notified
@@ -139,15 +137,16 @@ class Receiver:
                 self._end_pass(task is not None)
             if task is not None:
                 run_task(*task)
-                with self._lock:  # the alarm stays armed: the watch finds no task and waits
-                    if self._holder == me:
-                        self._task_since = None
 
     def _begin_pass(self, me: int) -> bool:
+        """Whether this thread still holds the inbox (then its pass begins, and the task it
+        ran before has ended: the alarm stays armed, the watch finds no task and waits)."""
         with self._lock:
-            if self._holder != me or self._stopping:
-                if self._holder == me:
-                    self._holder = None
+            if self._holder != me:
+                return False
+            self._task_since = None
+            if self._stopping:
+                self._holder = None
                 return False
             self._in_pass = True
             return True
@@ -184,16 +183,27 @@ class Receiver:
         handing = loop.handing()
         self._workers.hold_first()
         try:
-            left = _PASS_MESSAGES
+            left, batched = _PASS_MESSAGES, False
             while True:
                 kind = type(envelope.header)
-                if not handing and kind in direct:
-                    self._dispatch(envelope)
+                handler = None if handing else direct.get(kind)
+                if handler is not None:
+                    try:
+                        handler(envelope)
+                    except Exception:  # the next messages still go on
+                        self._log.exception("message_handling_failed", kind=kind.__name__)
                 elif kind is not Wake:
                     handing = True  # what follows goes the same way, to keep the order
                     to_loop.append(envelope)
                 left -= 1
-                if not left or (envelope := inbox.receive_nowait()) is None:
+                if not left:
+                    break
+                # the socket is asked for more only after a batch: a lone message's sender
+                # waits for its answer (a round trip), and asking costs two system calls for
+                # nothing; whatever came meanwhile is the next pass's
+                if (envelope := inbox.receive_received()) is not None:
+                    batched = True
+                elif not batched or (envelope := inbox.receive_nowait()) is None:
                     break
         except Exception:  # what was received and what it asked for still go on
             self._log.exception("receive_failed")

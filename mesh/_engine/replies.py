@@ -117,9 +117,10 @@ class ReplyInbox:
                 future.wait_briefly(_RETRY_S if remaining is None else min(_RETRY_S, remaining))
                 continue
             try:
-                self._receive_until(future, deadline)
+                self._receive_until(future, deadline)  # until done or the deadline
             finally:
                 self.lock.release()
+            return
 
     def _receive_until(self, future: Future[Any], deadline: float | None) -> None:
         """Receive (lock held) until `future` is done or `deadline` (monotonic) passes."""
@@ -220,14 +221,14 @@ class ReplyRoutes:
         """This thread's reply inbox, or None when replies should go to the main inbox."""
         runtime = self._runtime
         check_not_forked(runtime.pid)
-        if (  # the loop thread, or a thread running an event loop (asyncio, trio via sniffio)
-            runtime.on_loop_thread()
+        found: ReplyInbox | None = getattr(self._local, "inbox", None)
+        if (  # the loop thread (which never has an inbox), or a thread running an event loop
+            (found is None and runtime.on_loop_thread())  # (asyncio, trio via sniffio)
             or asyncio._get_running_loop() is not None
             or sniffio.current_async_library_cvar.get() is not None
             or sniffio.thread_local.name is not None
         ):
             return None
-        found: ReplyInbox | None = getattr(self._local, "inbox", None)
         tcp = runtime.tcp_host
         if found is None or (tcp is not None and found.addresses.tcp is None):
             self.release_ended()

@@ -19,14 +19,22 @@ from mesh._engine.messages import CallActor, Failure, Reply, ReplyLost, StopActo
 from transport import (
     MessageTooLarge,
     Payload,
+    PreparedHeader,
     SerializationError,
     TransportError,
     dumps,
     encode,
     encode_fields,
+    encode_prepared,
     get_logger,
+    prepare_header,
     safe_str,
 )
+
+#: The call ids a prepared header packs (int64); any other goes through `encode_fields`.
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+#: The most ranks whose `Reply` header a replier keeps prepared.
+_MOST_HEADS = 1024
 
 
 class Replier:
@@ -35,20 +43,40 @@ class Replier:
     def __init__(self, services: HostServices) -> None:
         self._services = services
         self._log = get_logger("mesh.actor")
+        #: A `Reply` header prepared for each rank answered (all but the call id), so that a
+        #: reply packs only its call id: one call, where `encode_fields` makes three.
+        self._reply_heads: dict[int, PreparedHeader] = {}
 
     def value(self, actor: HostedActor, header: CallActor, result: Any) -> None:
         """Send the result; one that cannot be sent (unpicklable, too large) fails the call."""
         reply_to = header.reply_to
         if reply_to is None:
             return
-        try:  # the header from its fields: one reply per call, the hot path
-            frames = encode_fields(Reply, (header.call_id, header.rank), Payload.dump(result))
+        try:  # one reply per call: the hot path
+            payload = Payload.dump(result)
+            head, call_id = self._reply_heads.get(header.rank), header.call_id
+            if head is not None and type(call_id) is int and _I64_MIN <= call_id <= _I64_MAX:
+                frames = encode_prepared(head, call_id, payload)
+            else:
+                frames = self._reply_frames(header, payload)
         except Exception as exc:  # whatever pickling raises must not lose the call
             self.exception(actor, header, _unsendable_result(header, exc))
             return
         lost = self._services.send_frames(reply_to, Reply, frames, soon=bool(actor.mailbox))
         if lost is not None:
             self._report_lost(actor, header, lost)
+
+    def _reply_frames(self, header: CallActor, payload: Payload) -> list[Any]:
+        """The frames of a `Reply` from its fields; prepares the header of the call's rank
+        for the next replies (at most `_MOST_HEADS` ranks, then afresh: whatever peers send)."""
+        heads, rank = self._reply_heads, header.rank
+        if rank not in heads and type(rank) is int:
+            head = prepare_header(Reply, (rank,))  # (None: a rank past 64 bits)
+            if head is not None:
+                if len(heads) >= _MOST_HEADS:
+                    heads.clear()
+                heads[rank] = head
+        return encode_fields(Reply, (header.call_id, rank), payload)
 
     def exception(self, actor: HostedActor, header: CallActor, exc: BaseException) -> None:
         """Tell the caller its call raised `exc`: the exception itself where it can travel,

@@ -169,12 +169,10 @@ class Runtime:
     def receive_on_workers(self) -> None:
         """A proc: worker threads read the inbox and run sync calls themselves (`Receiver`);
         call before `run`."""
-        direct = frozenset(self.host.message_handlers())
+        direct = {kind: self._handlers[kind] for kind in self.host.message_handlers()}
         flush = self.outbox.flush
         wake = functools.partial(self.send_message, self.inbox.address, Wake())
-        receiver = Receiver(
-            self.inbox, self.host.workers, self.loop, direct, self._dispatch, flush, wake
-        )
+        receiver = Receiver(self.inbox, self.host.workers, self.loop, direct, flush, wake)
         self.loop.read_with(receiver)
         self.receiver = receiver
 

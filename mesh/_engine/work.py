@@ -7,6 +7,7 @@ the caller) reads its `kind` and the built-in handler chosen in `call_work`.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 from mesh._engine.builtins import BUILTINS, Builtin
@@ -46,9 +47,11 @@ def call_work(envelope: Envelope) -> Work[CallActor]:
     """A call: to one of the actor's user endpoints, or to a built-in one (by its name)."""
     header: CallActor = envelope.header
     builtin = BUILTINS.get(header.endpoint)
-    if builtin is None:  # one per call: built without the named tuple's Python `__new__`
-        return _new_tuple(Work, ("call", header, envelope.payload, None))  # type: ignore[no-any-return]
+    if builtin is None:
+        return new_work(("call", header, envelope.payload, None))  # type: ignore[no-any-return]
     return Work("builtin", header, envelope.payload, builtin)
 
 
-_new_tuple = tuple.__new__
+#: `Work` from its four fields in a tuple, without the named tuple's Python `__new__` (one is
+#: made per call: a C call, no Python frame).
+new_work = functools.partial(tuple.__new__, Work)
