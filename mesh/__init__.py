@@ -1,13 +1,15 @@
 """The programming model: actors, endpoints and meshes of hosts, procs and actors.
 
-The public names are loaded at the first use of any of them (PEP 562), all at once: a host
-agent imports only the internals it runs on (``mesh._agent``, ``mesh._engine``), not the client
-API, so that it starts sooner.
+Each public name is loaded at its first use (PEP 562), along with those whose modules are
+loaded by then: a host agent imports only the internals it runs on (``mesh._agent``,
+``mesh._engine``), not the client API, so that it starts sooner; and a proc that unpickles an
+actor class (whose base is ``mesh.Actor``) loads ``Actor``, not the client API besides it.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -151,6 +153,8 @@ _HOMES = {
     "this_proc": "mesh._api.proc_mesh",
 }
 
+_MISSING = object()
+
 #: Names that moved out of `mesh`, and where they live now.
 _MOVED = {
     **dict.fromkeys(
@@ -169,8 +173,7 @@ _MOVED = {
 
 def __getattr__(name: str) -> object:
     if name in _HOMES:
-        _load_public_names()
-        return globals()[name]
+        return _load_public_name(name)
     moved_to = _MOVED.get(name)
     if moved_to is not None:
         # An ImportError (not AttributeError) so that `from mesh import X` shows this message.
@@ -182,13 +185,21 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
 
 
-def _load_public_names() -> None:
-    """Import every public name into this module, each presented as `mesh.NAME`."""
-    loaded = {name: getattr(importlib.import_module(home), name) for name, home in _HOMES.items()}
-    for obj in loaded.values():
-        if isinstance(obj, type) or callable(obj):
-            try:
-                obj.__module__ = __name__
-            except (AttributeError, TypeError):
-                pass
-    globals().update(loaded)
+def _load_public_name(name: str) -> object:
+    """Import `name` from its home, then present it and every other public name whose home is
+    loaded by now as ``mesh.NAME`` (so that reprs and tracebacks read the public path)."""
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    for public, home in _HOMES.items():
+        obj = getattr(sys.modules.get(home), public, _MISSING)  # a home still importing: later
+        if obj is not _MISSING and public not in globals():
+            _present(obj)
+            globals()[public] = obj
+    return value
+
+
+def _present(obj: object) -> None:
+    if isinstance(obj, type) or callable(obj):
+        try:
+            obj.__module__ = __name__
+        except (AttributeError, TypeError):
+            pass

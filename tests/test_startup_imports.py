@@ -72,10 +72,20 @@ def test_an_agent_leaves_the_client_api_and_the_procs_runtime_to_its_fork_server
     assert procs_only | {"mesh._api.host_mesh", "anyio._backends._asyncio"} <= fork_server
 
 
-def test_the_public_names_of_mesh_load_at_the_first_use_of_any() -> None:
+def test_each_public_name_of_mesh_loads_at_its_first_use() -> None:
     assert not {m for m in _modules_loaded_by("import mesh") if m.startswith("mesh._")}
-    loaded = _modules_loaded_by("from mesh import Actor")
-    assert {"mesh._api.host_mesh", "mesh._api.workspace", "mesh._values"} <= loaded
+    # what a proc unpickling an actor class (based on `mesh.Actor`) loads: not the client API
+    actor = _modules_loaded_by("from mesh import Actor, endpoint; print(Actor.__module__)")
+    assert not {m for m in actor if m.startswith("mesh._api")}
+    loaded = _modules_loaded_by("from mesh import this_host")
+    assert {"mesh._api.host_mesh"} <= loaded
+
+
+def test_public_names_loaded_beside_one_read_as_mesh_names() -> None:
+    # ValueMesh comes with this_host's module: a call's result shows as mesh.ValueMesh
+    code = "from mesh import this_host; import sys; print(sys.modules['mesh._values'].ValueMesh)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "<class 'mesh.ValueMesh'>", done.stderr
 
 
 @given(name=st.sampled_from(mesh.__all__))
@@ -89,17 +99,32 @@ def test_each_public_name_of_mesh_is_the_object_of_its_home_module(name: str) ->
 
 def test_a_forked_proc_imports_nothing_of_the_runtime(make_procs: Callable[..., Any]) -> None:
     # a fresh agent: earlier tests' preloads (a replica group's `recovery`, say) stay in the
-    # fork server of the agent this worker shares, and would count here as the proc's own
+    # fork server of the agent this worker shares, and would count here as the proc's own.
+    # Two procs: a request for many waits for the whole warm-up (a lone proc may not)
     stop_local_agent()
-    echo = make_procs({"gpus": 1}).spawn("echo", Echo)
-    (loaded,) = echo.modules.call().get(timeout=60).values()
-    assert echo.frozen_objects.call_one().get(timeout=60) > 0  # its fork server warmed up
-    assert {"actors", "anyio._backends._asyncio"} <= set(loaded)  # it ran the actor on anyio
+    echo = make_procs({"gpus": 2}).spawn("echo", Echo)
+    loaded_by_rank = echo.modules.call().get(timeout=60).values()
+    assert all(frozen > 0 for frozen in echo.frozen_objects.call().get(timeout=60).values())
     tests = os.path.dirname(os.path.abspath(__file__))
     the_actor = f"import sys; sys.path.insert(0, {tests!r}); import actors"
-    new = set(loaded) - _modules_loaded_by(f"{FORK_SERVER_IMPORTS}; {the_actor}")
-    runtime = {m for m in new if m.split(".")[0] in RUNTIME_PACKAGES}
-    assert not runtime, f"each proc imports these after its fork: {sorted(runtime)}"
+    warm = _modules_loaded_by(f"{FORK_SERVER_IMPORTS}; {the_actor}")
+    for loaded in loaded_by_rank:
+        assert {"actors", "anyio._backends._asyncio"} <= set(loaded)  # it ran the actor on anyio
+        runtime = {m for m in set(loaded) - warm if m.split(".")[0] in RUNTIME_PACKAGES}
+        assert not runtime, f"each proc imports these after its fork: {sorted(runtime)}"
+
+
+def test_a_first_lone_proc_starts_beside_its_fork_server_warm_up(
+    make_procs: Callable[..., Any],
+) -> None:
+    # served between two steps of the warm-up or after it: either way it runs its actor, and
+    # the procs forked after it find the warm-up finished
+    stop_local_agent()
+    lone = make_procs({"gpus": 1}).spawn("lone", Echo)
+    assert "anyio._backends._asyncio" in lone.modules.call_one().get(timeout=60)
+    assert lone.frozen_objects.call_one().get(timeout=60) > 0  # its collector spares them too
+    later = make_procs({"gpus": 2}).spawn("later", Echo)
+    assert all(frozen > 0 for frozen in later.frozen_objects.call().get(timeout=60).values())
 
 
 def test_structlog_is_imported_by_the_first_record_at_the_level() -> None:

@@ -40,7 +40,7 @@ from typing import Any, NoReturn
 from mesh._agent.launching import exec_bootstrap, launch_refusal
 from mesh._agent.log_files import LogFileConfig, RankLog
 from mesh._agent.output_relay import Output, Relay
-from mesh._agent.warm_start import freeze_inherited, warm_up
+from mesh._agent.warm_start import WarmUp, freeze_inherited, warm_up_runtime
 from mesh._engine.log_messages import SyncOutput
 from mesh._settings import ENV_NAMES, current_settings
 
@@ -166,7 +166,8 @@ def _preload(names: tuple[str, ...] | list[str]) -> None:
 def _serve(control: socket.socket, logs: LogFileConfig | None) -> NoReturn:
     die_with_parent()
     _preload(current_settings().preload)
-    warm_up()
+    warm_up_runtime()
+    warming = WarmUp()
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     os.set_blocking(wake_read, False)
@@ -181,9 +182,14 @@ def _serve(control: socket.socket, logs: LogFileConfig | None) -> NoReturn:
     partial: list[bytes] = []  # the packets of a request still arriving
     try:
         while True:
-            for key, _ in selector.select():
+            events = selector.select(None if warming.done else 0)
+            if not events:
+                warming.step()
+            for key, _ in events:
                 if key.data == "control":
                     request = _receive_request(control, partial)
+                    if _is_spawn_of_many(request):
+                        warming.finish()
                     if request is not None:
                         _handle_request(
                             request, control, selector, children, wake_read, (outputs, logs)
@@ -202,6 +208,10 @@ def _serve(control: socket.socket, logs: LogFileConfig | None) -> NoReturn:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
     os._exit(0)
+
+
+def _is_spawn_of_many(request: Any) -> bool:
+    return request is not None and request[0] == "spawn" and len(request[1]) > 1
 
 
 def _receive_request(control: socket.socket, partial: list[bytes]) -> Any:
@@ -336,6 +346,7 @@ def _become_proc(
         sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         if config["bootstrap"]:
             exec_bootstrap(config)
+        freeze_inherited()  # also when forked before the fork server's own freeze (a lone proc)
     except BaseException:
         _exit_now(1, print_error=True)
     raise _ProcStart(config)

@@ -349,7 +349,7 @@ def _check_fds_for_procs(runtime: Runtime, count: int) -> None:
 
 def this_host() -> HostMesh:
     """The host this code runs on; in the client, a local agent is started on first use."""
-    agent = current_session().agent_address()
+    agent = current_session(with_local_agent=True).agent_address()
     return HostMesh((agent,), Region.full(Extent((), ())))
 
 

@@ -21,7 +21,7 @@ MAX_LINE_CHARS = 10_000
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ListProcs:
     """Front end → agent: which procs run there, answered with `ProcList` to `reply_to`."""
 
@@ -29,7 +29,7 @@ class ListProcs:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ProcList:
     """Agent → front end: its host and the (proc id, address) of each proc that is ready."""
 
@@ -38,7 +38,7 @@ class ProcList:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class DebugQuery:
     """Front end → proc: which of its calls are paused, answered with `DebugSessions`."""
 
@@ -46,7 +46,7 @@ class DebugQuery:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class PausedCall:
     """One call paused in the debugger: where it runs and where it stopped. `where` is the
     line it stopped at as pdb shows it (``> file(line)function()`` and ``-> source``)."""
@@ -66,7 +66,7 @@ class PausedCall:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class DebugSessions:
     """Proc → front end: its paused calls (none, if nothing waits in the debugger)."""
 
@@ -75,7 +75,7 @@ class DebugSessions:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class DebugInput:
     """Front end → proc: one pdb command `line` for paused call `session`; its output goes to
     `reply_to` as a `DebugOutput`."""
@@ -86,7 +86,7 @@ class DebugInput:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class DebugOutput:
     """Proc → front end: what pdb printed after a command. `resumed`: the call went on (it
     continued, or the session is unknown: `text` says why), so the session is over."""

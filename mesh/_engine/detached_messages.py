@@ -15,7 +15,7 @@ from transport import message_type
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class DetachMesh:
     """Owner → each agent of a new detached mesh, before its procs: keep procs `proc_ids` (at
     `ranks`) as mesh `name` when the owner goes away. The first of `agents` arbitrates names
@@ -35,7 +35,7 @@ class DetachMesh:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class Registered:
     """Agent → owner: the answer to `DetachMesh`; `why` says why it was refused ("" if not)."""
 
@@ -45,7 +45,7 @@ class Registered:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class DetachActors:
     """Owner → the agents of detached mesh `name`: an actor mesh `actor_id` was spawned on it
     (its failures come to the agents, which forward or keep them)."""
@@ -56,14 +56,14 @@ class DetachActors:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ListDetached:
     request_id: int
     reply_to: str
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class DetachedInfo:
     """One detached mesh as one agent sees it. `unowned_since`: unix time, 0 while owned."""
 
@@ -79,7 +79,7 @@ class DetachedInfo:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class DetachedListing:
     request_id: int
     agent: str
@@ -88,7 +88,7 @@ class DetachedListing:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ClaimMesh:
     """Client → the agents of detached mesh `name`, the arbiter (its first agent) first: make
     `owner` its owner. The arbiter refuses while another owner is alive."""
@@ -102,7 +102,7 @@ class ClaimMesh:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class DetachedProc:
     """One proc of a claimed mesh on the answering agent. `address` is "" once it is gone;
     `reported`: a failure of it was kept and follows `ClaimDone`."""
@@ -116,7 +116,7 @@ class DetachedProc:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class MeshClaim:
     """Agent → claimer: `why` is "" when granted, else why not (naming the owner)."""
 
@@ -131,7 +131,7 @@ class MeshClaim:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ClaimDone:
     """New owner → agents: it knows the procs now; send it the failures kept meanwhile."""
 
@@ -140,7 +140,7 @@ class ClaimDone:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class StopDetached:
     request_id: int
     reply_to: str
@@ -149,7 +149,7 @@ class StopDetached:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class DetachedStopped:
     """Agent → whoever asked: `procs` of mesh `name` are being stopped ("" `why`), or why not."""
 

@@ -17,7 +17,7 @@ from transport import Envelope, Payload, message_type
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class FanOut:
     """Caller → host agent: deliver `message` to each proc of `targets` (proc id, rank in the
     call) on this host, with that rank; answers come back batched to `message.reply_to`."""
@@ -27,7 +27,7 @@ class FanOut:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class RelayedReplies:
     """Host agent → caller: answers to call `call_id`, one (rank, kind, body bytes, buffer
     count) per answer; kind "" is a Reply, else the kind of a Failure. Payload: the answers'

@@ -9,7 +9,7 @@ from transport import message_type
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class SyncOutput:
     """Owner → agent: the fork server reads what `proc_ids` printed so far, then forwards
     their lines to their owner (`forward`), or relays them nowhere but the log files
@@ -24,7 +24,7 @@ class SyncOutput:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class OutputSynced:
     """Agent → owner: the `SyncOutput` of `token` is done; its lines came before this."""
 
@@ -32,7 +32,7 @@ class OutputSynced:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ProcOutput:
     """Agent → owner: complete lines proc `proc_id` wrote to `stream` (1 stdout, 2 stderr);
     `source` names it (its mesh and point)."""
@@ -44,7 +44,7 @@ class ProcOutput:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class SetProcLogLevel:
     """Owner → proc: the level of the proc's root `logging` logger."""
 

@@ -31,7 +31,7 @@ from transport import FaultRule, binary_header, is_address, message_type
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ProcSpec:
     """What an agent needs to start one proc (a point of a proc mesh)."""
 
@@ -44,7 +44,7 @@ class ProcSpec:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class SpawnProcs:
     owner: str
     procs: tuple[ProcSpec, ...]
@@ -63,7 +63,7 @@ class SpawnProcs:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class StopProcs:
     """Owner → agent. `reply_to` hears of procs the agent no longer knows (they ended before,
     or with a previous agent), so that a stop never waits for an exit report that cannot come."""
@@ -74,13 +74,13 @@ class StopProcs:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ShutdownAgent:
     grace_s: float
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ProcReady:
     proc_id: str
     address: str
@@ -89,7 +89,7 @@ class ProcReady:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ProcExited:
     """Agent → owner and watchers. `hung`: the agent killed it for missing heartbeats, and
     `why_hung` says how it told a hang from a busy proc. `traceback`: the Python stacks it
@@ -108,7 +108,7 @@ class ProcExited:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class SpawnFailed:
     proc_id: str
     host: str
@@ -116,7 +116,7 @@ class SpawnFailed:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class SpawnActor:
     """Build one actor of mesh `actor_id` on the receiving proc. Payload: (cls, args, kwargs).
     `call_limit_s`: the call watchdog's limit from the spawner's settings (None: none)."""
@@ -133,7 +133,7 @@ class SpawnActor:
 
 @binary_header(b"C")
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class CallActor:
     """Run `endpoint` on actor `actor_id`. Payload: (args, kwargs). `reply_to` None: no reply.
 
@@ -150,7 +150,7 @@ class CallActor:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class StopActor:
     """Stop actor `actor_id` after the messages already queued for it; ack to `reply_to`."""
 
@@ -161,13 +161,13 @@ class StopActor:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class StopProc:
     pass
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class SetFaultRules:
     """Chaos testing: add fault rules to the receiving process's sends, or clear them all."""
 
@@ -177,14 +177,14 @@ class SetFaultRules:
 
 @binary_header(b"R")
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class Reply:
     call_id: int
     rank: int
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class Failure:
     """A call did not produce a value. `kind` is "exception" (the actor lives on), "raised" (a
     relay's error, the payload being the exception itself) or the reason the actor cannot serve
@@ -196,7 +196,7 @@ class Failure:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ActorFailed:
     """Proc → owner: an actor failed (constructor raised, broadcast raised, BaseException).
     Payload: the SupervisionEvent."""
@@ -206,7 +206,7 @@ class ActorFailed:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ReplyLost:
     """Proc → the owner of an actor: the answer to call `call_id` (its recipient `rank`)
     could not be sent to `reply_to` (`reason`: unreachable, or not authenticated). The owner
@@ -222,13 +222,13 @@ class ReplyLost:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class Wake:
     """To a reply inbox: a call of its thread was settled elsewhere; look at it again."""
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class InboxClosed:
     """Caller → the procs it called from a thread that has ended: its reply inbox at
     `address` is closed, so they drop their connection to it (two descriptors each)."""
@@ -237,7 +237,7 @@ class InboxClosed:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class Heartbeat:
     """Proc → its agent, every heartbeat interval, from a thread that needs the GIL."""
 
@@ -245,7 +245,7 @@ class Heartbeat:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class WatchProcs:
     """To an agent: also tell `watcher` when any of these procs exits (callers that do not own
     them). Procs already gone are reported at once."""
@@ -255,7 +255,7 @@ class WatchProcs:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class OwnerAlive:
     """Owner → agent, periodically, from clients that attached over the network: the agent
     stops the owner's procs if these stop coming for longer than its orphan timeout."""
@@ -264,7 +264,7 @@ class OwnerAlive:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class AgentAlive:
     """Agent → a network owner, in answer to OwnerAlive: the owner declares the agent's procs
     unreachable when these stop coming (a lost host, a cut link), or when `incarnation`
@@ -275,7 +275,7 @@ class AgentAlive:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ProcReplaced:
     """Agent → watchers of a proc that was re-spawned: the same rank now lives here."""
 
@@ -287,7 +287,7 @@ class ProcReplaced:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class PreemptionNotice:
     """Agent → the owner of `proc_ids`: the agent got the notice signal `signal` (its host is
     about to be preempted or reach its time limit); `time_left_s` is None when not known."""
@@ -299,7 +299,7 @@ class PreemptionNotice:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class Relay:
     """Run a function in the receiving proc's runtime (not in an actor) and answer the call
     with the outcome of the Future it returns: partial reductions of a mesh call's answers.
@@ -311,7 +311,7 @@ class Relay:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class PortMessage:
     """To the process of a port's receiver: one message for port `port_id`. `kind` is "value"
     or "exception"; payload: the value or the exception. `rank`: the sender's, -1 if none."""
@@ -322,7 +322,7 @@ class PortMessage:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class PortHeld:
     """To the process of a port's receiver: proc `proc_id` (at `address`, run by agent
     `agent`) now holds a copy of the port, so the receiver can tell when every sender is gone."""

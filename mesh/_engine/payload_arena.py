@@ -61,7 +61,7 @@ _MAPS_KEPT = 4  # arenas of agents this proc heard from (one, but for a re-attac
 
 @binary_header(b"A")
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ArenaCall:
     """Host agent → proc: the `CallActor` of the first seven fields, whose payload lies at
     `offset` of the payload arena that is file descriptor `fd` of process `owner_pid` (inode

@@ -54,6 +54,7 @@ class Session:
         self.proc = proc
         self._agent = agent
         self._agent_process: subprocess.Popen[bytes] | None = None
+        self._agent_watched = False  # its exit reported by the event loop (once that runs)
         self._lock = threading.Lock()
         self._log = get_logger("mesh.session")
         install_record_identity()  # logging records made in actors say which actor
@@ -73,10 +74,20 @@ class Session:
             if self._agent is None or (
                 self._agent_process and self._agent_process.poll() is not None
             ):
-                self._agent = self._start_local_agent()
+                self._agent = self._launch_local_agent()
+            if self._agent_process is not None and not self._agent_watched:
+                self.runtime.agents.watch_agent_process(self._agent, self._agent_process.pid)
+                self._agent_watched = True
             return self._agent
 
-    def _start_local_agent(self) -> str:
+    def launch_local_agent(self) -> None:
+        """Start the local agent now, before this client's event loop runs (`agent_address`
+        watches it once the loop does): its start is most of a first spawn's wait, and the
+        loop's own start then goes on beside it."""
+        with self._lock:
+            self._agent = self._launch_local_agent()
+
+    def _launch_local_agent(self) -> str:
         address = f"ipc://{self.rundir}/agent-{secrets.token_hex(3)}"
         command = [
             sys.executable,
@@ -94,8 +105,8 @@ class Session:
         ]
         env = _agent_env(self.runtime.settings)
         self._agent_process = subprocess.Popen(command, start_new_session=True, env=env)
+        self._agent_watched = False
         self._log.info("agent_launched", address=address, pid=self._agent_process.pid)
-        self.runtime.agents.watch_agent_process(address, self._agent_process.pid)
         return address
 
     def shutdown_local_agent(self, grace_s: float = AGENT_SHUTDOWN_GRACE_S) -> None:
@@ -143,8 +154,9 @@ def install_session(session: Session) -> None:
     _session = session
 
 
-def current_session() -> Session:
-    """This process's session, created on first use in the client."""
+def current_session(*, with_local_agent: bool = False) -> Session:
+    """This process's session, created on first use in the client; `with_local_agent`: the
+    caller needs the local agent, started first if the session is new (`launch_local_agent`)."""
     global _session
     if _session is not None:
         check_not_forked(_session.runtime.pid)
@@ -153,12 +165,25 @@ def current_session() -> Session:
         if _session is None:
             raise_open_file_limit()  # each proc costs descriptors; its agent inherits this
             rundir, runtime = _start_client_runtime()
+            session = Session(runtime, rundir=rundir)
+            if with_local_agent:
+                _launch_or_clean_up(session)
             runtime.start_in_thread()
             FAIL_FAST.install()
             notebook.install(FAIL_FAST)  # in a Jupyter kernel: never end the kernel
-            _session = Session(runtime, rundir=rundir)
+            _session = session
             atexit.register(_close_client_session)
     return _session
+
+
+def _launch_or_clean_up(session: Session) -> None:
+    """Launch `session`'s local agent; if that fails, leave no socket or run directory."""
+    try:
+        session.launch_local_agent()
+    except BaseException:
+        session.runtime.close()
+        shutil.rmtree(session.rundir, ignore_errors=True)
+        raise
 
 
 def _start_client_runtime() -> tuple[str, Runtime]:

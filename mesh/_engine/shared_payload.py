@@ -61,7 +61,7 @@ SEALS |= getattr(fcntl, "F_SEAL_SHRINK", 2) | getattr(fcntl, "F_SEAL_SEAL", 1)
 
 @binary_header(b"S")
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class SharedCall:
     """Host agent → proc: the `CallActor` of the fields it names, whose payload lies in file
     descriptor `fd` of process `owner_pid` (a memory file, inode `file_id`): its token

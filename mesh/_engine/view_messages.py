@@ -14,7 +14,7 @@ from transport import message_type
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class SnapshotQuery:
     """Viewer → agent: send a `HostSnapshot` tagged `query_id` to `reply_to`. The agent
     records nothing about the viewer: it owns, watches and may stop nothing."""
@@ -24,7 +24,7 @@ class SnapshotQuery:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ActorView:
     """One actor as its proc reports it: its mesh, point, restart count and state
     (starting, running, failed, stopped), with why it failed."""
@@ -40,7 +40,7 @@ class ActorView:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ProcActors:
     """Proc → agent: the actors proc `proc_id` hosts now (sent when that changes)."""
 
@@ -49,7 +49,7 @@ class ProcActors:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ProcView:
     """One proc of an agent: where it sits in its proc mesh, who owns it, its health
     (starting, running, hung, stopping, failed, stopped), its process's CPU share (percent of
@@ -74,7 +74,7 @@ class ProcView:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class EventView:
     """Something the agent saw happen to a proc or an actor, at wall time `time`."""
 
@@ -88,7 +88,7 @@ class EventView:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class HostSnapshot:
     """Agent → viewer: the answer to the `SnapshotQuery` `query_id`: the agent (host, address,
     pid, since when it runs, wall time of the snapshot), its procs, live first, then those

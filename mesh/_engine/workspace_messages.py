@@ -18,7 +18,7 @@ FileEntry = tuple[str, str, int, bool]
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class WorkspaceQuery:
     """Client → agent: send the manifest of workspace `name` to `reply_to`; a new sync
     `sync_id` starts (pieces of an earlier, unfinished one are dropped)."""
@@ -30,7 +30,7 @@ class WorkspaceQuery:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class WorkspaceManifest:
     """Agent → client: the files of workspace `name` (`why`: why it refused, "" if not)."""
 
@@ -42,7 +42,7 @@ class WorkspaceManifest:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class WorkspaceDelete:
     """Client → agent: remove `paths` from workspace `name` (before new files arrive)."""
 
@@ -52,7 +52,7 @@ class WorkspaceDelete:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class WorkspaceChunk:
     """Client → agent: bytes `offset`.. of file `path` (`size` bytes in all, digest `sha256`);
     the last piece makes the agent check the digest and move the file into place."""
@@ -68,7 +68,7 @@ class WorkspaceChunk:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class WorkspaceBarrier:
     """Client → agent: answer a `WorkspaceProgress` once everything sent before is written."""
 
@@ -79,7 +79,7 @@ class WorkspaceBarrier:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class WorkspaceProgress:
     """Agent → client: bytes of sync `request_id` written so far; `why`: what went wrong."""
 
@@ -90,7 +90,7 @@ class WorkspaceProgress:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class WorkspaceCommit:
     """Client → agent: the sync is complete; answer what it wrote and removed."""
 
@@ -101,7 +101,7 @@ class WorkspaceCommit:
 
 
 @message_type
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
 class WorkspaceSynced:
     """Agent → client: sync `request_id` is done: the workspace's directory on that host, the
     files written and removed, bytes received; `why` says what failed ("" if nothing)."""
