@@ -635,8 +635,10 @@ def test_permanent_restarts_even_a_clean_exit(meshes: Meshes) -> None:
 
 
 def test_backoff_grows_within_a_burst(meshes: Meshes) -> None:
-    """Delays of 0.5, 1 and 2 s: the time a re-spawn itself takes on a busy machine (up to a
-    second) cannot hide that each delay doubles."""
+    """Delays of 0.5, 1 and 2 s: each re-spawn comes no sooner than its delay. Only these lower
+    bounds are asserted: the time a re-spawn itself takes on a busy machine (0.5 to 1 s) moves
+    ratios of the measured times (1.15 s after 0.95 s at load 20), while a delay that did not
+    grow would need a re-spawn of 1.5 s to reach the third bound."""
     procs, recorder = meshes(2, restart=RestartPolicy(backoff_s=0.5, backoff_max_s=5.0, **EAGER))
     actors = procs.spawn("actors", ra.Phoenix, "t")
     took = []
@@ -648,7 +650,6 @@ def test_backoff_grows_within_a_burst(meshes: Meshes) -> None:
         took.append(time.monotonic() - start)
     first, second, third = took
     assert first >= 0.5 and second >= 1.0 and third >= 2.0, took
-    assert second >= 1.3 * first and third >= 1.3 * second, took
     assert actors.slice(gpus=1).info.call_one().get(timeout=T)["restart_count"] == 3
     assert recorder.events == []
 
