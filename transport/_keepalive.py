@@ -13,6 +13,7 @@ closes it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import zmq
@@ -28,8 +29,10 @@ def send_heartbeats(socket: zmq.Socket[Any], timeout_s: float) -> None:
     `timeout_s` without traffic, at this end and at the peer's (zmq copies a socket's options
     into each listener and connection as it is made: a bind or connect before this call has
     none)."""
-    if not timeout_s > 0:
-        raise ValueError(f"a heartbeat timeout must be positive, not {timeout_s!r}")
+    if not (timeout_s > 0 and math.isfinite(timeout_s)):
+        raise ValueError(
+            f"a heartbeat timeout must be a positive number of seconds, not {timeout_s!r}"
+        )
     timeout_ms = min(max(int(timeout_s * 1000), 100), _LONGEST_TTL_MS)
     socket.setsockopt(zmq.HEARTBEAT_IVL, max(timeout_ms // _PINGS_PER_TIMEOUT, 1))
     socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
