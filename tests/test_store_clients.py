@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -197,80 +196,6 @@ def test_a_write_in_flight_while_the_store_is_stopped_is_applied_once() -> None:
         assert store.get("paused/count") == b"5"
         assert store.add("paused/count", 1) == 6  # and the connection serves on
         store.close()
-
-
-WRITER = """
-import sys
-from transport import Addresses
-from recovery.testing import StoreClient
-store = StoreClient(Addresses.of(sys.argv[1]), 60.0)
-store.set("lost/ready", b"1")
-print("READY", flush=True)
-sys.stdin.readline()
-print("ADDED", store.add("lost/count", 5), store.get("lost/count").decode(), flush=True)
-"""
-
-
-def tcp_sockets(port: int) -> list[tuple[str, int, int]]:
-    """(local end or remote end, state, bytes waiting to be read) of each tcp socket of this
-    host whose local or remote port is `port` (/proc/net/tcp)."""
-    found = []
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local, remote = (int(end.split(":")[1], 16) for end in fields[1:3])
-        received = int(fields[4].split(":")[1], 16)
-        if port in (local, remote):
-            found.append(("local" if local == port else "remote", int(fields[3], 16), received))
-    return found
-
-
-ESTABLISHED, CLOSE_WAIT = 0x01, 0x08
-
-
-def holds_unread(port: int, end: str, state: int) -> bool:
-    """Whether a socket at that `end` of a connection with `port`, in `state`, holds bytes
-    not read yet."""
-    return any((e, s) == (end, state) and unread for e, s, unread in tcp_sockets(port))
-
-
-@pytest.mark.timeout(120)
-def test_a_write_whose_answer_was_lost_in_a_pause_is_answered_not_applied_again() -> None:
-    """The store applies an ADD and answers it, but the answer waits unread in the client's
-    socket: the client is stopped, and the store closes the connection at its heartbeat
-    timeout. Continued, the client finds the connection closed, connects again and sends the
-    ADD again: the store answers it from memory instead of adding twice."""
-    with store_process(heartbeat_timeout_s=3.0) as (store, tcp):
-        port = int(tcp.rsplit(":", 1)[1])
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        client = subprocess.Popen(
-            [sys.executable, "-c", WRITER, tcp],
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert client.stdout is not None and client.stdin is not None
-            assert client.stdout.readline().strip() == "READY"
-            store.send_signal(signal.SIGSTOP)  # the ADD waits in its socket, unread
-            client.stdin.write("go\n")
-            client.stdin.flush()
-            sent = partial(holds_unread, port, "local", ESTABLISHED)
-            assert eventually(sent, STARTUP_S), "the ADD never reached the store's socket"
-            client.send_signal(signal.SIGSTOP)
-            store.send_signal(signal.SIGCONT)  # stopped for less than its heartbeat timeout
-            # it answers, then closes the silent client's connection
-            answered = partial(holds_unread, port, "remote", CLOSE_WAIT)
-            assert eventually(answered, SEEN_GONE_S), tcp_sockets(port)
-            client.send_signal(signal.SIGCONT)
-            out, _ = client.communicate(timeout=SEEN_GONE_S)
-            assert out.split() == ["ADDED", "5", "5"], out
-        finally:
-            client.kill()
-            client.wait()
-            for stream in (client.stdin, client.stdout):
-                if stream:
-                    stream.close()
 
 
 PAUSED_CLIENT = """
