@@ -75,7 +75,8 @@ class ReplicaGroup:
         self.step_timeout_s = step_timeout_s
         self.group_timeout_s = group_timeout_s
         self.wait_for_replicas_s = wait_for_replicas_s
-        self._store = StoreServer(store_host, name)  # rendezvous and abort notices
+        # rendezvous and abort notices; its connections fail as the procs do
+        self._store = StoreServer(store_host, name, heartbeat_timeout_s)
         self._per_replica = dict(per_replica or {"gpus": 1})
         self.ranks_per_replica = math.prod(self._per_replica.values())
         self.history: list[tuple[int, tuple[int, ...]]] = []

@@ -58,7 +58,8 @@ class LoopGroup:
         if not callable(loop):
             raise TypeError(f"LoopGroup runs a function in each replica, not {loop!r}")
         self.name = name
-        self._store = StoreServer(store_host, name)  # rendezvous and abort notices
+        # rendezvous and abort notices; its connections fail as the procs do
+        self._store = StoreServer(store_host, name, heartbeat_timeout_s)
         self._aborts = AbortNotices(self._store.addresses, group_timeout_s)
         self._keys = QuorumKeys(self._aborts)  # a quorum's keys go once no one needs them
         self._port, self._requests = Channel[Envelope].open(bound=4 * replicas + 16)

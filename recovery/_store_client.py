@@ -6,6 +6,9 @@ abort notices use `set`, `check` and `get`; `add`, `delete_key`, `compare_set`, 
 on them (queues and `list_keys` it refuses itself). Every call ends within its timeout: a key
 that does not come, a server that does not answer or went away (its controller died) raise
 `DistStoreError` or `DistNetworkError`, as torch's stores do, so that gloo reports a timeout.
+A connection that closes while its process lives on (a pause of either side past the store's
+heartbeat timeout) is opened again, and the request in flight sent again within its timeout;
+the store applies it at most once (`_store_replies`).
 Any thread may call: each has a connection of its own; any thread may `close` (a call in
 flight ends as it would have, and its connection closes then).
 """
@@ -197,12 +200,29 @@ class StoreClient(dist.Store):  # type: ignore[misc,name-defined]
         requester: Requester, op: Op, request_id: int, timeout_ms: int, args: list[bytes]
     ) -> list[bytes]:
         deadline = time.monotonic() + timeout_ms / 1000 + ANSWER_GRACE_S
-        if not requester.send(encode_request(op, request_id, timeout_ms, args), timeout_ms):
+        request = encode_request(op, request_id, timeout_ms, args)
+        if not requester.send(request, timeout_ms):
             raise dist.DistNetworkError(  # type: ignore[attr-defined]
                 f"could not connect to the replica group's store at {requester.address} "
                 f"within {timeout_ms} ms: is its controller still running?"
             )
-        return _answer(requester, request_id, deadline, op)
+        while True:
+            try:
+                return _answer(requester, request_id, deadline, op)
+            except ResponderGone as gone:
+                _send_again(requester, request, deadline, gone)
+
+
+def _send_again(
+    requester: Requester, request: list[bytes], deadline: float, gone: ResponderGone
+) -> None:
+    """The connection closed with `request` in flight (a pause of either side past the
+    heartbeat timeout, say): connect again and send it again, same id, before `deadline`.
+    The store applies it at most once (`_store_replies`). Raises `gone` if the store does
+    not take a connection in time, or nothing listens there any more."""
+    left_ms = int((deadline - time.monotonic()) * 1000)
+    if left_ms <= 0 or not requester.reconnect(left_ms) or not requester.send(request, 0):
+        raise gone
 
 
 def _answer(requester: Requester, request_id: int, deadline: float, op: Op) -> list[bytes]:

@@ -8,6 +8,10 @@ directory, for replicas on this host; on tcp at `host` too when the allocation h
 keys, authenticated, for replicas whose ipc file is out of reach. Requests are bytes checked
 against the store's bounds (`_store_wire`); a bad one gets an error, never a crash. The waits
 of a client whose connection closed (its process died) are dropped then, not at their timeout.
+Its tcp connections are closed after `heartbeat_timeout_s` of silence (a stopped process, a
+vanished host), the replica group's own failure-detection timeout; a client back from a pause
+connects again and sends its request in flight again, which is answered at most once
+(`_store_replies`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import shutil
 import threading
 import time
 
+from mesh import current_settings
 from mesh.tooling import write_owner_file
 from transport import (
     Addresses,
@@ -30,6 +35,7 @@ from transport import (
     private_runtime_dir,
 )
 
+from ._store_replies import LastWrites
 from ._store_state import Answer, StoreState
 from ._store_wire import MAX_FRAME_BYTES, BadRequest, Status, encode_reply, parse_request
 
@@ -38,9 +44,18 @@ STOP_WAIT_S = 5.0
 
 
 class StoreServer:
-    """The store, served until `close` (from any thread)."""
+    """The store, served until `close` (from any thread). Its tcp connections close after
+    `heartbeat_timeout_s` without a word from the peer (None: this process's settings'
+    `heartbeat_timeout_s`, the timeout after which a silent proc counts as hung)."""
 
-    def __init__(self, host: str = "127.0.0.1", name: str = "store") -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        name: str = "store",
+        heartbeat_timeout_s: float | None = None,
+    ) -> None:
+        if heartbeat_timeout_s is None:
+            heartbeat_timeout_s = current_settings().heartbeat_timeout_s
         self._context = new_context()
         self._directory = private_runtime_dir("meshvisor-store-")
         write_owner_file(self._directory)  # a later client sweeps it if this process is killed
@@ -48,13 +63,18 @@ class StoreServer:
         self._wake_read, self._wake_write = os.pipe()
         try:
             self._responder = Responder(
-                self._context, f"ipc://{self._directory}/store", tcp, max_bytes=MAX_FRAME_BYTES
+                self._context,
+                f"ipc://{self._directory}/store",
+                tcp,
+                max_bytes=MAX_FRAME_BYTES,
+                heartbeat_timeout_s=heartbeat_timeout_s,
             )
         except BaseException:
             self._release()
             raise
         self.addresses: Addresses = self._responder.addresses
         self._state = StoreState()
+        self._writes = LastWrites()
         self._stopping = False
         self._log = get_logger("recovery.store", group=name)
         self._thread = threading.Thread(target=self._serve, name=f"meshvisor-store-{name}")
@@ -118,12 +138,18 @@ class StoreServer:
         except BadRequest as exc:
             self._log.warning("store_request_refused", reason=str(exc))
             return [(asker, encode_reply(exc.request_id, Status.ERROR, [str(exc).encode()]))]
+        replayed = self._writes.replay(asker, request)
+        if replayed is not None:  # sent again after a reconnect: applied already
+            return [(asker, replayed)]
         try:
-            return self._state.answer(asker, request, time.monotonic())
+            answers = self._state.answer(asker, request, time.monotonic())
         except Exception as exc:  # a bug answering one request must not end the store
             self._log.exception("store_request_failed", reason=repr(exc))
             why = f"the store could not answer this request: {exc!r}"
             return [(asker, encode_reply(request.request_id, Status.ERROR, [why.encode()]))]
+        if answers and answers[0][0] == asker:  # a write's own answer comes first, at once
+            self._writes.keep(asker, request, answers[0][1])
+        return answers
 
     def _send(self, answers: list[Answer]) -> None:
         for asker, frames in answers:

@@ -163,6 +163,12 @@ class StoreState:
         if len(self._waiting) >= MAX_WAITING:
             why = f"{MAX_WAITING} requests already wait for keys, the store's most"
             return [(asker, encode_reply(request.request_id, Status.ERROR, [why.encode()]))]
+        # the same request again (sent again after a reconnect): one wait, the newest
+        self._waiting = [
+            w
+            for w in self._waiting
+            if (w.asker, w.request.request_id) != (asker, request.request_id)
+        ]
         self._waiting.append(Waiting(asker, request, now + request.timeout_ms / 1000))
         return []
 

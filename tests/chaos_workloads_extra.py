@@ -106,16 +106,16 @@ def broken_invariants(job: Job) -> None:
 
 
 def stalls(job: Job) -> None:
-    """Like `counters`, but once, half a second in, it blocks for `STALL_S` seconds without
-    calling ``job.running()``: a client that hangs for a while."""
+    """Like `counters`, but at its first step it blocks for `STALL_S` seconds without calling
+    ``job.running()``: a client that hangs for a while. At the first step, since the run
+    cannot end before it: the harness starts its faults once that step announced the workload."""
     procs = job.hosts.spawn_procs(
         per_host={"gpus": 2}, name="stalling", restart=FOREVER, **HEARTBEATS
     )
     actors = job.target(procs.spawn("counters", Counter), heartbeat_timeout_s=1.0)
-    began = time.monotonic()
     stalled = False
     while job.running():
-        if not stalled and time.monotonic() - began > 0.5:
+        if not stalled:
             stalled = True
             time.sleep(STALL_S)  # deliberately not job.sleep: no progress is reported
         try:

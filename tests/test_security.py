@@ -13,6 +13,7 @@ import marshal
 import os
 import pickle
 import shutil
+import socket
 import stat
 import struct
 import subprocess
@@ -530,3 +531,49 @@ def test_a_peer_refusing_us_for_long_never_freezes_the_transport(tmp_path: Path)
         server.close(linger=0)
         outbox.close(linger_ms=0)
         transport.close_context(context)
+
+
+# -- failed handshakes say what happened: a peer that hung up is not a peer with wrong keys
+
+
+def _drain_until_logged(watch: Any, err: Any, event: str) -> str:
+    """Drain `watch` until `event` is logged on stderr (read through `err`); the text read."""
+    logged = ""
+    deadline = time.monotonic() + T
+    while event not in logged:
+        assert time.monotonic() < deadline, f"no {event} was logged: {logged}"
+        zmq.select([watch], [], [], 0.1)
+        watch.drain()
+        logged += err()
+    return logged
+
+
+def test_a_peer_hanging_up_in_the_handshake_is_not_called_a_key_failure(
+    context: zmq.Context[Any], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A tcp inbox logs a peer that connects and closes at once (EOF, or a reset) as having
+    hung up, without blaming keys; a peer with other CURVE keys is still logged as refused
+    for its keys."""
+    inbox = Inbox(context, "tcp://127.0.0.1:0")
+    watch = inbox.watch_refusals()
+    others = transport.CurveKeys.create(tmp_path / "other-keys")
+    wrong = context.socket(zmq.PUSH)
+    wrong.setsockopt(zmq.LINGER, 0)
+    try:
+        host, port = inbox.address.removeprefix("tcp://").rsplit(":", 1)
+        for reset in (False, True):
+            with socket.create_connection((host, int(port))) as probe:
+                if reset:  # close with RST instead of FIN
+                    probe.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        hung_up = _drain_until_logged(watch, lambda: capsys.readouterr().err, "peer_hung_up")
+        assert "hung up during the security handshake" in hung_up, hung_up
+        assert "CURVE key" not in hung_up and "peer_refused" not in hung_up, hung_up
+        wrong.curve_secretkey, wrong.curve_publickey = others.secret, others.public
+        wrong.curve_serverkey = others.public
+        wrong.connect(inbox.address)
+        refused = _drain_until_logged(watch, lambda: capsys.readouterr().err, "peer_refused")
+        assert "do not hold the same CURVE keys" in refused, refused
+    finally:
+        wrong.close(0)
+        watch.close()
+        inbox.close()

@@ -147,6 +147,70 @@ def test_any_sequence_of_operations_acts_as_a_dict(server: StoreServer, ops: lis
         store.close()
 
 
+_WRITES = st.lists(
+    st.tuples(
+        st.sampled_from(["set", "add", "delete"]),
+        st.sampled_from(["a", "b"]),
+        st.integers(-5, 5),
+        st.booleans(),
+    ),
+    max_size=20,
+)
+_HEADER = struct.Struct("!4sBQI")  # magic, operation, request id, timeout (ms)
+
+
+def _write(op: str, request_id: int, key: bytes, amount: int) -> list[bytes]:
+    """A SET (to the amount, written out), ADD (of the amount) or DELETE request."""
+    if op == "set":
+        return [_HEADER.pack(b"MVS1", 1, request_id, 0), key, str(amount).encode()]
+    if op == "add":
+        return [_HEADER.pack(b"MVS1", 4, request_id, 0), key, struct.pack("!q", amount)]
+    return [_HEADER.pack(b"MVS1", 6, request_id, 0), key]
+
+
+def _applied(model: dict[bytes, bytes], op: str, key: bytes, amount: int) -> list[bytes]:
+    """What the write does to `model`, and the answer's frames after the header."""
+    if op == "set":
+        model[key] = str(amount).encode()
+        return []
+    if op == "add":
+        model[key] = str(int(model.get(key, b"0")) + amount).encode()
+        return [model[key]]
+    return [b"1" if model.pop(key, None) is not None else b"0"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(writes=_WRITES)
+def test_a_write_sent_again_with_its_id_is_answered_not_applied_again(
+    server: StoreServer, writes: list[tuple[str, str, int, bool]]
+) -> None:
+    """A requester that sends a write again with the same request id, as a client does after
+    a reconnect when it cannot know whether the first one arrived, gets the first answer
+    again, and the store changes once: the same answers and values as sending each once."""
+    prefix = f"again{next(_runs)}/"
+    requester = transport.Requester(
+        zmq.Context.instance(), str(server.addresses.ipc), max_bytes=1 << 21
+    )
+    store = StoreClient(server.addresses, 5.0)
+    model: dict[bytes, bytes] = {}
+    try:
+        for request_id, (op, name, amount, again) in enumerate(writes, 1):
+            key = (prefix + name).encode()
+            frames = _write(op, request_id, key, amount)
+            expected = [struct.pack("!QB", request_id, 0), *_applied(model, op, key, amount)]
+            for _ in range(2 if again else 1):
+                assert requester.send(frames, 5000)
+                assert requester.receive(5000) == expected
+        for name in ("a", "b"):
+            key = (prefix + name).encode()
+            assert store.check([key.decode()]) == (key in model)
+            if key in model:
+                assert store.get(key.decode()) == model[key]
+    finally:
+        requester.close()
+        store.close()
+
+
 GLOO_RANK = """
 import datetime, sys, torch, torch.distributed as dist
 from transport import Addresses

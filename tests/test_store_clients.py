@@ -2,11 +2,14 @@
 are dropped at once (not at their timeout, holding a place among the store's waiting
 requests meanwhile), and a client closed by another thread than the one calling it stays safe.
 Over tcp, a peer that is stopped (SIGSTOP: its connection stays open, like that of a host that
-vanished) is seen as gone within the heartbeat timeout, on either side.
+vanished) is seen as gone within the store's heartbeat timeout, on either side; a client back
+from such a pause, or whose store is back, connects again and its request in flight is
+answered, a write applied once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -16,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch.distributed as dist
@@ -43,16 +47,17 @@ store.get("stopped/never")
 """
 
 TCP_SERVER = """
-import time
+import ast, sys, time
 from recovery.testing import StoreServer
-server = StoreServer()
+server = StoreServer(heartbeat_timeout_s=ast.literal_eval(sys.argv[1]))
 print(server.addresses.ipc, server.addresses.tcp, flush=True)
 time.sleep(600)
 """
 
 #: How long a client process may take to start (import torch) on a loaded 2-core machine.
 STARTUP_S = 60.0
-#: Longer than the heartbeat timeout (4 s), on a loaded machine; far shorter than the waits.
+#: Longer than the heartbeat timeout (2 s, the settings' default), on a loaded machine; far
+#: shorter than the waits.
 SEEN_GONE_S = 20.0
 
 
@@ -162,22 +167,89 @@ def test_the_waits_of_a_stopped_tcp_client_are_dropped_within_the_heartbeat_time
 
 
 @pytest.mark.timeout(120)
-def test_a_wait_on_a_stopped_tcp_store_ends_within_the_heartbeat_timeout() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(
-        [sys.executable, "-c", TCP_SERVER], env=env, stdout=subprocess.PIPE, text=True
-    )
-    ipc = ""
-    try:
-        ipc, tcp = (process.stdout.readline() if process.stdout else "").split()
-        store = StoreClient(Addresses.of(tcp), 30.0)
+def test_a_wait_on_a_store_stopped_for_good_ends_at_its_timeout_saying_why() -> None:
+    """The client takes the silent connection for closed at the heartbeat timeout and tries
+    to connect again until the request's timeout: then it gives up, saying what happened."""
+    with store_process() as (process, tcp):
+        store = StoreClient(Addresses.of(tcp), 5.0)
         store.set("stopped/here", b"1")
         threading.Timer(0.5, os.kill, (process.pid, signal.SIGSTOP)).start()
         started = time.monotonic()
         with pytest.raises(dist.DistNetworkError, match="heartbeats"):  # type: ignore[attr-defined]
             store.get("stopped/never")
-        assert time.monotonic() - started < SEEN_GONE_S, "the wait lasted until its timeout"
+        assert time.monotonic() - started < SEEN_GONE_S, "the wait outlasted its timeout"
         store.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_write_in_flight_while_the_store_is_stopped_is_applied_once() -> None:
+    """An ADD sent to a stopped store: its connection is closed at the heartbeat timeout (1 s)
+    with the request unanswered; once the store goes on (3 s), it applies the ADD that came
+    down the old connection, and answers the same request sent again down the new one from
+    memory: the key holds the amount once, and the caller has its answer."""
+    with store_process(heartbeat_timeout_s=1.0) as (process, tcp):
+        store = StoreClient(Addresses.of(tcp), 30.0)
+        store.set("paused/ready", b"1")
+        os.kill(process.pid, signal.SIGSTOP)
+        threading.Timer(3.0, os.kill, (process.pid, signal.SIGCONT)).start()
+        assert store.add("paused/count", 5) == 5
+        assert store.get("paused/count") == b"5"
+        assert store.add("paused/count", 1) == 6  # and the connection serves on
+        store.close()
+
+
+PAUSED_CLIENT = """
+import sys
+from transport import Addresses
+from recovery.testing import StoreClient
+store = StoreClient(Addresses.of(sys.argv[1]), 120.0)
+print("GOT", store.get("paused/key").decode(), store.add("paused/count", 1), flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_client_stopped_past_the_heartbeat_timeout_gets_its_answer_after_all() -> None:
+    """A client stopped in a wait: the store drops its connection and its wait; continued,
+    the client connects again, re-authenticated, and sends its wait again, answered since."""
+    server = StoreServer(name="test-store-paused", heartbeat_timeout_s=1.0)
+    assert server.addresses.tcp is not None, "the suite has keys: the store listens on tcp"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-c", PAUSED_CLIENT, server.addresses.tcp],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert eventually(lambda: server.waiting() == 1, STARTUP_S), "the client never waited"
+        process.send_signal(signal.SIGSTOP)
+        assert eventually(lambda: server.waiting() == 0, SEEN_GONE_S), "its wait stayed queued"
+        StoreClient(server.addresses, 5.0).set("paused/key", b"here")
+        process.send_signal(signal.SIGCONT)
+        out, _ = process.communicate(timeout=SEEN_GONE_S)
+        assert out.split() == ["GOT", "here", "1"], out
+    finally:
+        process.kill()
+        process.wait()
+        if process.stdout:
+            process.stdout.close()
+        server.close()
+
+
+@contextlib.contextmanager
+def store_process(heartbeat_timeout_s: float | None = None) -> Iterator[tuple[Any, str]]:
+    """A store served by a process of its own: (the process, the store's tcp address)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-c", TCP_SERVER, repr(heartbeat_timeout_s)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    ipc = ""
+    try:
+        ipc, tcp = (process.stdout.readline() if process.stdout else "").split()
+        yield process, tcp
     finally:
         process.kill()
         process.wait()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import time
 from typing import Any
 
@@ -18,6 +19,9 @@ _HANDSHAKE_FAILURES = (
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )
 _HANDSHAKE_SUCCEEDED = zmq.EVENT_HANDSHAKE_SUCCEEDED
+#: How libzmq reports a peer that closed its connection before the handshake ended: an
+#: EOF is EPIPE, a reset ECONNRESET.
+_HUNG_UP = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ECONNABORTED})
 
 
 class HandshakeWatch:
@@ -52,14 +56,16 @@ class HandshakeWatch:
 
 class RefusalWatch:
     """Logs, with a reason, every peer whose connection an inbox refused during the handshake
-    (a peer without the allocation's CURVE keys). Poll `fileno()`, then call `drain()`."""
+    (a peer without the allocation's CURVE keys), and apart from those the peers that hung up
+    before the handshake ended (a port probe, a peer that stopped): not a key problem.
+    Poll `fileno()`, then call `drain()`."""
 
     def __init__(self, socket: zmq.Socket[Any], address: str) -> None:
         self._monitor = unbounded_monitor(socket, _HANDSHAKE_FAILURES)
         self._address = address
         self._log = get_logger("transport.auth")
-        self._logged_at = -_REFUSAL_LOG_INTERVAL_S
-        self._unlogged = 0
+        self._logged_at: dict[str, float] = {}
+        self._unlogged: dict[str, int] = {}
 
     def fileno(self) -> int:
         return int(self._monitor.getsockopt(zmq.FD))
@@ -70,17 +76,24 @@ class RefusalWatch:
                 event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._unlogged += 1
-            now = time.monotonic()
-            if now - self._logged_at < _REFUSAL_LOG_INTERVAL_S:
-                continue  # a refused peer retries every few ms: one line per interval
-            self._log.warning(
-                "peer_refused",
-                inbox=self._address,
-                refusals=self._unlogged,
-                reason=_handshake_failure(event["event"], event["value"]),
-            )
-            self._logged_at, self._unlogged = now, 0
+            hung_up = _peer_hung_up(event["event"], event["value"])
+            reason = _refused_peer(event["event"], event["value"])
+            self._count("peer_hung_up" if hung_up else "peer_refused", reason)
+
+    def _count(self, kind: str, reason: str) -> None:
+        """Log a failed handshake of `kind`, at most once an interval per kind: a refused
+        peer retries every few ms."""
+        self._unlogged[kind] = self._unlogged.get(kind, 0) + 1
+        now = time.monotonic()
+        if now - self._logged_at.get(kind, -_REFUSAL_LOG_INTERVAL_S) < _REFUSAL_LOG_INTERVAL_S:
+            return
+        self._log.warning(
+            kind,
+            inbox=self._address,
+            handshakes=self._unlogged.pop(kind),
+            reason=reason,
+        )
+        self._logged_at[kind] = now
 
     def close(self) -> None:
         self._monitor.close(linger=0)
@@ -100,10 +113,37 @@ def unbounded_monitor(socket: zmq.Socket[Any], events: int) -> zmq.Socket[Any]:
     return monitor
 
 
+def _peer_hung_up(event: int, value: int) -> bool:
+    """Whether a failed handshake (a zmq monitor `event` with its `value`) ended because the
+    peer closed the connection, rather than because it was told no."""
+    return event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and value in _HUNG_UP
+
+
+def _errno_words(value: int) -> str:
+    return f"errno {value}, {errno.errorcode.get(value, 'unknown')}"
+
+
+def _refused_peer(event: int, value: int) -> str:
+    """What a failed handshake means to the listener that saw it."""
+    if _peer_hung_up(event, value):
+        return (
+            f"the peer hung up during the security handshake ({_errno_words(value)}) before "
+            "showing any key: a port probe or a peer that went away, not a key mismatch"
+        )
+    return _handshake_failure(event, value)
+
+
 def _handshake_failure(event: int, value: int) -> str:
-    """What a failed security handshake (a zmq monitor `event` with its `value`) means."""
+    """What a failed security handshake (a zmq monitor `event` with its `value`) means to the
+    side that connected. A CURVE listener that cannot read our keys hangs up without a word,
+    so to us its refusal and a listener that went away look the same."""
     if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         return f"authentication refused (ZAP status {value}): not this allocation's CURVE key"
     if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
         return "the security handshake failed: the two sides do not hold the same CURVE keys"
-    return f"the security handshake failed (errno {value}): wrong or missing CURVE keys"
+    if _peer_hung_up(event, value):
+        return (
+            f"the listener hung up during the security handshake ({_errno_words(value)}), as "
+            "one does when it holds other CURVE keys than this process"
+        )
+    return f"the security handshake failed ({_errno_words(value)}): wrong or missing CURVE keys"

@@ -8,14 +8,18 @@ which also watches its connection: a responder that goes away (its process died)
 at once (`ResponderGone`) instead of at its timeout. The responder watches its connections
 too: `gone_nowait` names the requesters whose connection closed (their process died), so that
 what it holds for them (a request waiting for its answer) can be dropped at once. On tcp both
-sides send heartbeats (`_keepalive`): a peer whose host vanished, or a process stopped, closes
-nothing, and is seen as gone after `HEARTBEAT_TIMEOUT_MS` of silence.
+the responder sends heartbeats (`_keepalive`), whose timeout it imposes on both ends: a peer
+whose host vanished, or a process stopped, closes nothing, and is seen as gone after that much
+silence. A requester keeps its routing id across connections (`Requester.reconnect`), and the
+responder hands that id over to the newest connection, so that a requester back from a pause
+gets its answers, and the closing of its old connection is not taken for its going away.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,30 +42,40 @@ class ResponderGone(TransportError):
 
 
 class Responder:
-    """A ROUTER socket bound at ipc `ipc` (and tcp `tcp`, authenticated): requests come with
-    the identity of their requester, which `reply` sends the answer to.
+    """A ROUTER socket bound at ipc `ipc` (and tcp `tcp`, authenticated, its connections
+    closed after `heartbeat_timeout_s` of silence): requests come with the identity of their
+    requester, which `reply` sends the answer to.
 
     Which requesters went away is known from the socket's monitor: a closed connection is
     reported by its file descriptor, and each request by the descriptor it came through
     (libzmq's ZMQ_SRCFD; ZMQ_ROUTER_NOTIFY, which names the identity, is a draft option)."""
 
     def __init__(
-        self, context: zmq.Context[Any], ipc: str, tcp: str | None, *, max_bytes: int
+        self,
+        context: zmq.Context[Any],
+        ipc: str,
+        tcp: str | None,
+        *,
+        max_bytes: int,
+        heartbeat_timeout_s: float,
     ) -> None:
         self._socket = context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a requester's id goes to its newest
         self._socket.setsockopt(zmq.MAXMSGSIZE, max_bytes)  # a larger request: disconnected
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a reply to a gone requester: dropped
         self._ipc_path = ipc[len("ipc://") :]
         self._monitor: zmq.Socket[Any] | None = None
         self._on_connection: dict[int, set[bytes]] = {}  # requester identities, by descriptor
+        self._connection_of: dict[bytes, int] = {}  # the newest descriptor of each identity
         self._gone: set[bytes] = set()
         try:
             self._monitor = unbounded_monitor(self._socket, zmq.EVENT_DISCONNECTED)
             bind_secured(self._socket, ipc)
             bound = Addresses.of(self._socket.getsockopt_string(zmq.LAST_ENDPOINT))
             if tcp is not None:
-                send_heartbeats(self._socket)  # on its tcp connections only (bound after)
+                # on its tcp connections only (bound after)
+                send_heartbeats(self._socket, heartbeat_timeout_s)
                 bind_secured(self._socket, tcp)
                 bound = bound.with_tcp(self._socket.getsockopt_string(zmq.LAST_ENDPOINT))
         except BaseException:
@@ -91,19 +105,24 @@ class Responder:
         # The closing of an earlier connection on the same descriptor is reported before this
         # request could come: taken now, it is not blamed on this requester.
         self._take_closed()
-        identity = frames[0].bytes
-        self._on_connection.setdefault(frames[0].get(zmq.SRCFD), set()).add(identity)
+        identity, descriptor = frames[0].bytes, frames[0].get(zmq.SRCFD)
+        self._on_connection.setdefault(descriptor, set()).add(identity)
+        self._connection_of[identity] = descriptor
         return identity, [frame.bytes for frame in frames[1:]]
 
     def _take_closed(self) -> None:
-        """Note the requesters of every connection the monitor reports closed."""
+        """Note the requesters of every connection the monitor reports closed (not those
+        that asked through a newer connection since: they came back)."""
         assert self._monitor is not None
         while True:
             try:
                 event = recv_monitor_message(self._monitor, _NOBLOCK)
             except zmq.Again:
                 return
-            self._gone |= self._on_connection.pop(event["value"], set())
+            for identity in self._on_connection.pop(event["value"], set()):
+                if self._connection_of.get(identity) == event["value"]:
+                    del self._connection_of[identity]
+                    self._gone.add(identity)
 
     def reply(self, identity: bytes, frames: Sequence[bytes]) -> None:
         """Answer the requester `identity` (dropped if it is gone)."""
@@ -122,31 +141,43 @@ class Responder:
 
 
 class Requester:
-    """A DEALER socket connected to a responder at `address` (one thread uses it)."""
+    """A DEALER socket connected to a responder at `address` (one thread uses it), under a
+    routing id of its own that outlives its connections: after `reconnect`, the responder
+    sends the answers of this requester's requests down the new connection."""
 
     def __init__(self, context: zmq.Context[Any], address: str, *, max_bytes: int) -> None:
         check_address(address)
         self.address = address
-        self._socket = context.socket(zmq.DEALER)
-        self._monitor: zmq.Socket[Any] | None = None
+        self._context = context
+        self._max_bytes = max_bytes
+        self._routing_id = b"R" + os.urandom(15)  # never starts with 0: zmq reserves that
+        self._socket, self._monitor = self._open()
+
+    def _open(self) -> tuple[zmq.Socket[Any], zmq.Socket[Any]]:
+        """A socket connecting to the responder, and the monitor of its connections (closed,
+        and connection attempts that failed)."""
+        socket = self._context.socket(zmq.DEALER)
+        monitor: zmq.Socket[Any] | None = None
         try:
-            if address.startswith("tcp://"):
-                secure_client(self._socket, required_keys(address))
-                send_heartbeats(self._socket)
-            self._socket.setsockopt(zmq.MAXMSGSIZE, max_bytes)
-            self._socket.setsockopt(zmq.LINGER, 0)
-            self._socket.setsockopt(zmq.IMMEDIATE, 1)  # queued only once connected
-            self._monitor = unbounded_monitor(self._socket, zmq.EVENT_DISCONNECTED)
-            self._socket.connect(address)
-        except zmq.ZMQError as exc:
-            self.close()
-            raise TransportError(f"cannot connect to {address}: {exc}") from exc
-        except BaseException:
-            self.close()
+            if self.address.startswith("tcp://"):  # heartbeats: the responder imposes them
+                secure_client(socket, required_keys(self.address))
+            socket.setsockopt(zmq.ROUTING_ID, self._routing_id)
+            socket.setsockopt(zmq.MAXMSGSIZE, self._max_bytes)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.setsockopt(zmq.IMMEDIATE, 1)  # queued only once connected
+            monitor = unbounded_monitor(socket, zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
+            socket.connect(self.address)
+        except BaseException as exc:
+            _close(socket, monitor)
+            if isinstance(exc, zmq.ZMQError):
+                raise TransportError(f"cannot connect to {self.address}: {exc}") from exc
             raise
+        return socket, monitor
 
     def send(self, frames: Sequence[bytes], timeout_ms: int) -> bool:
-        """Send a request; False if no connection to the responder opened in `timeout_ms`."""
+        """Send a request; False if no connection to the responder opened in `timeout_ms`.
+        Connections that closed before are forgotten: the request goes down the open one."""
+        self._events()
         try:
             if self._socket.poll(min(timeout_ms, LONGEST_WAIT_MS), zmq.POLLOUT):
                 self._socket.send_multipart(frames, _NOBLOCK)
@@ -157,26 +188,58 @@ class Requester:
             raise TransportError(f"cannot send to {self.address}: {exc}") from exc
         return False
 
+    def reconnect(self, timeout_ms: int) -> bool:
+        """After `ResponderGone`: connect again on a new socket (a new handshake; a request
+        sent down the old one is lost with it), and wait up to `timeout_ms` for the connection.
+        False if none opened in time (a responder stopped, a host out of reach); raises
+        `ResponderGone` if nothing listens there any more (its process ended)."""
+        _close(self._socket, self._monitor)
+        self._socket, self._monitor = self._open()
+        items = [(self._socket, zmq.POLLOUT), (self._monitor, zmq.POLLIN)]
+        deadline = time.monotonic() + timeout_ms / 1000
+        while (left := deadline - time.monotonic()) > 0:
+            ready = dict(zmq.zmq_poll(items, min(int(left * 1000) + 1, LONGEST_WAIT_MS)))
+            if self._socket in ready:
+                return True
+            if zmq.EVENT_CLOSED in self._events():
+                raise ResponderGone(
+                    f"nothing listens at {self.address} any more: its process has ended"
+                )
+        return False
+
     def receive(self, timeout_ms: int) -> list[bytes] | None:
         """The next reply, or None after `timeout_ms`; `ResponderGone` if the connection
         to the responder closed meanwhile."""
-        assert self._monitor is not None
         items = [(self._socket, zmq.POLLIN), (self._monitor, zmq.POLLIN)]
         ready = dict(zmq.zmq_poll(items, min(timeout_ms, LONGEST_WAIT_MS)))
         if self._socket in ready:
             frames: list[bytes] = self._socket.recv_multipart(_NOBLOCK)
             return frames
-        if self._monitor in ready:
-            recv_monitor_message(self._monitor, _NOBLOCK)
+        if self._monitor in ready and zmq.EVENT_DISCONNECTED in self._events():
             raise ResponderGone(
                 f"the connection to {self.address} closed: its process has ended, or it "
-                "stopped answering heartbeats (its host is down or unreachable)"
+                "stopped answering heartbeats (it is stopped, or its host is down or "
+                "unreachable)"
             )
         return None
 
+    def _events(self) -> set[int]:
+        """The kinds of the monitor's events that wait, taken."""
+        kinds = set()
+        while True:
+            try:
+                kinds.add(recv_monitor_message(self._monitor, _NOBLOCK)["event"])
+            except zmq.Again:
+                return kinds
+
     def close(self) -> None:
-        if self._monitor is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                self._socket.disable_monitor()
-            self._monitor.close(linger=0)
-        self._socket.close(linger=0)
+        _close(self._socket, self._monitor)
+
+
+def _close(socket: zmq.Socket[Any], monitor: zmq.Socket[Any] | None) -> None:
+    """Close `socket` and its `monitor`, if it has one yet."""
+    if monitor is not None:
+        with contextlib.suppress(zmq.ZMQError):
+            socket.disable_monitor()
+        monitor.close(linger=0)
+    socket.close(linger=0)
