@@ -8,6 +8,7 @@ meshvisor program running on the same machine at the same time.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -63,6 +64,9 @@ os.environ.pop("MESHVISOR_LOG_LEVEL", None)  # the suite checks that logs are qu
 SUITE_KEYS = os.path.join(RUN_BASE, "keys")
 if OWN_RUN_BASE:
     transport.CurveKeys.create(SUITE_KEYS)
+    # pytest skips pytest_unconfigure after a usage error (an unknown option): still leave
+    # nothing in /tmp
+    atexit.register(shutil.rmtree, RUN_BASE, ignore_errors=True)
 os.environ[transport.KEYS_ENV] = SUITE_KEYS
 
 
