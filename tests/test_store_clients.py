@@ -12,37 +12,16 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from store_processes import store_process
+from store_processes import WAITER, python, store_process
 
 from recovery.testing import StoreClient, StoreServer
 from transport import Addresses
-
-ROOT = Path(__file__).resolve().parents[1]
-
-WAITER = """
-import sys
-from transport import Addresses
-from recovery.testing import StoreClient
-store = StoreClient(Addresses(sys.argv[1]), 120.0)
-store.get("dead/never")
-"""
-
-
-TCP_WAITER = """
-import sys
-from transport import Addresses
-from recovery.testing import StoreClient
-store = StoreClient(Addresses.of(sys.argv[1]), 120.0)
-store.get("stopped/never")
-"""
 
 #: How long a client process may take to start (import torch) on a loaded 2-core machine.
 STARTUP_S = 60.0
@@ -73,9 +52,8 @@ def test_the_waits_of_a_killed_client_are_dropped_at_once(server: StoreServer) -
     answered: list[bytes] = []
     keeper = threading.Thread(target=lambda: answered.append(live.get("dead/later")))
     keeper.start()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     assert server.addresses.ipc is not None
-    process = subprocess.Popen([sys.executable, "-c", WAITER, server.addresses.ipc], env=env)
+    process = python(WAITER, server.addresses.ipc)
     try:
         assert eventually(lambda: server.waiting() == 2, STARTUP_S), "the client never waited"
         process.send_signal(signal.SIGKILL)
@@ -145,8 +123,7 @@ def test_the_waits_of_a_stopped_tcp_client_are_dropped_within_the_heartbeat_time
     server: StoreServer,
 ) -> None:
     assert server.addresses.tcp is not None, "the suite has keys: the store listens on tcp"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen([sys.executable, "-c", TCP_WAITER, server.addresses.tcp], env=env)
+    process = python(WAITER, server.addresses.tcp)
     try:
         assert eventually(lambda: server.waiting() == 1, STARTUP_S), "the client never waited"
         process.send_signal(signal.SIGSTOP)  # its connection stays open, its wait lasts 120 s
@@ -203,13 +180,7 @@ def test_a_client_stopped_past_the_heartbeat_timeout_gets_its_answer_after_all()
     the client connects again, re-authenticated, and sends its wait again, answered since."""
     server = StoreServer(name="test-store-paused", heartbeat_timeout_s=1.0)
     assert server.addresses.tcp is not None, "the suite has keys: the store listens on tcp"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(
-        [sys.executable, "-c", PAUSED_CLIENT, server.addresses.tcp],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    process = python(PAUSED_CLIENT, server.addresses.tcp, stdout=subprocess.PIPE)
     try:
         assert eventually(lambda: server.waiting() == 1, STARTUP_S), "the client never waited"
         process.send_signal(signal.SIGSTOP)
