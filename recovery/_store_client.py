@@ -8,7 +8,8 @@ that does not come, a server that does not answer or went away (its controller d
 `DistStoreError` or `DistNetworkError`, as torch's stores do, so that gloo reports a timeout.
 A connection that closes while its process lives on (a pause of either side past the store's
 heartbeat timeout) is opened again, and the request in flight sent again within its timeout;
-the store applies it at most once (`_store_replies`).
+the store applies it at most once (`_store_replies`). A call made after the store's process
+ended, in flight or not, ends at once: its attempts to connect are refused.
 Any thread may call: each has a connection of its own; any thread may `close` (a call in
 flight ends as it would have, and its connection closes then).
 """
@@ -210,7 +211,8 @@ class StoreClient(dist.Store):  # type: ignore[misc,name-defined]
             try:
                 return _answer(requester, request_id, deadline, op)
             except ResponderGone as gone:
-                _send_again(requester, request, deadline, gone)
+                again = encode_request(op, request_id, timeout_ms, args, resent=True)
+                _send_again(requester, again, deadline, gone)
 
 
 def _send_again(
@@ -238,7 +240,7 @@ def _answer(requester: Requester, request_id: int, deadline: float, op: Op) -> l
         if status == Status.OK:
             return answer
         reason = answer[0].decode(errors="replace") if answer else "no reason given"
-        if status == Status.TIMEOUT:
+        if status in (Status.TIMEOUT, Status.FORGOTTEN):
             raise dist.DistStoreError(reason)  # type: ignore[attr-defined]
         raise ValueError(f"the replica group's store refused {op.name}: {reason}")
     raise dist.DistStoreError(  # type: ignore[attr-defined]

@@ -8,13 +8,19 @@ DELETE_PREFIXES) is answered immediately and its answer kept here, by requester;
 request again gets that answer back, so that a write in flight is applied at most once, and
 its caller learns its result either way. A requester asks one request at a time, so its last
 write is the only one it can send again. Bounded: the oldest requesters' answers go first.
+
+A request sent again says so (`Request.resent`). When the store no longer holds its
+requester's last write (gone to make room, or never seen: the store cannot tell which), a
+write sent again may have been applied before: it is refused (`Status.FORGOTTEN`), never
+applied a second time. When the store holds an older write of that requester, this one never
+reached it, and is applied.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
-from ._store_wire import Op, Request
+from ._store_wire import Op, Request, Status, encode_reply
 
 #: Operations that change the store: applied once, their answer kept.
 WRITES = frozenset({Op.SET, Op.ADD, Op.COMPARE_SET, Op.DELETE, Op.DELETE_PREFIXES})
@@ -31,11 +37,16 @@ class LastWrites:
         self._bytes = 0
 
     def replay(self, asker: bytes, request: Request) -> list[bytes] | None:
-        """The reply `asker` got to `request` if the store applied it already, else None."""
-        kept = self._kept.get(asker)
-        if request.op not in WRITES or kept is None or kept[0] != request.request_id:
+        """The reply to `request` without applying it: the one `asker` got if the store applied
+        it already, a refusal if it was sent again and the store cannot tell; None: apply it."""
+        if request.op not in WRITES:
             return None
-        return kept[1]
+        kept = self._kept.get(asker)
+        if kept is not None and kept[0] == request.request_id:
+            return kept[1]
+        if request.resent and (kept is None or kept[0] > request.request_id):
+            return encode_reply(request.request_id, Status.FORGOTTEN, [_forgotten(request)])
+        return None
 
     def keep(self, asker: bytes, request: Request, reply: list[bytes]) -> None:
         """Remember `reply`, the answer to `asker`'s write `request`."""
@@ -55,3 +66,13 @@ class LastWrites:
 
 def _size(reply: list[bytes]) -> int:
     return sum(len(frame) for frame in reply)
+
+
+def _forgotten(request: Request) -> bytes:
+    why = (
+        f"{request.op.name} (request {request.request_id}) was sent again after a reconnect, "
+        "and the store no longer remembers whether it applied the first copy (it keeps the "
+        f"last write of {MAX_REQUESTERS} clients, {MAX_KEPT_BYTES >> 20} MiB of answers at "
+        "most): it was not applied again; read the key to see whether the write took effect"
+    )
+    return why.encode()

@@ -8,10 +8,10 @@ directory, for replicas on this host; on tcp at `host` too when the allocation h
 keys, authenticated, for replicas whose ipc file is out of reach. Requests are bytes checked
 against the store's bounds (`_store_wire`); a bad one gets an error, never a crash. The waits
 of a client whose connection closed (its process died) are dropped then, not at their timeout.
-Its tcp connections are closed after `heartbeat_timeout_s` of silence (a stopped process, a
-vanished host), the replica group's own failure-detection timeout; a client back from a pause
-connects again and sends its request in flight again, which is answered at most once
-(`_store_replies`).
+Its connections (ipc and tcp) are closed after `heartbeat_timeout_s` of silence (a stopped
+process, a vanished host), the replica group's own failure-detection timeout; a client back
+from a pause connects again and sends its request in flight again, which is answered at most
+once (`_store_replies`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ STOP_WAIT_S = 5.0
 
 
 class StoreServer:
-    """The store, served until `close` (from any thread). Its tcp connections close after
+    """The store, served until `close` (from any thread). Its connections close after
     `heartbeat_timeout_s` without a word from the peer (None: this process's settings'
     `heartbeat_timeout_s`, the timeout after which a silent proc counts as hung)."""
 

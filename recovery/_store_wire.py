@@ -2,8 +2,10 @@
 
 Plain bytes, never pickled: a request is a fixed header (magic, operation, request id, timeout)
 and the operation's arguments, one frame each; a reply is the request id, a status and the
-answer's frames. `parse_request` is the one check of a request, with the store's bounds; what
-fails it is answered with an error naming the broken rule.
+answer's frames. The operation's byte has its high bit set (`RESENT`) on a request sent again
+after a reconnect, whose first copy may or may not have reached the store. `parse_request` is
+the one check of a request, with the store's bounds; what fails it is answered with an error
+naming the broken rule.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ MAX_WAITING = 4096
 MAX_FRAME_BYTES = MAX_VALUE_BYTES + 4096
 #: The longest wait a request can ask for (the header's field), about 49 days.
 MAX_TIMEOUT_MS = (1 << 32) - 1
+#: The bit of the operation's byte that marks a request sent again.
+RESENT = 0x80
 
 
 class Op(enum.IntEnum):
@@ -47,6 +51,7 @@ class Status(enum.IntEnum):
     OK = 0
     ERROR = 1  # a bad request: the answer is the reason
     TIMEOUT = 2  # the keys waited for did not come in time
+    FORGOTTEN = 3  # a write sent again that the store cannot tell it applied: not applied
 
 
 #: How many argument frames each operation takes: (at least, at most).
@@ -77,6 +82,7 @@ class Request:
     request_id: int
     timeout_ms: int
     args: tuple[bytes, ...]
+    resent: bool = False  # sent again after a reconnect: the store may have it already
 
     @property
     def keys(self) -> tuple[bytes, ...]:
@@ -86,21 +92,25 @@ class Request:
         return self.args[:1]
 
 
-def encode_request(op: Op, request_id: int, timeout_ms: int, args: list[bytes]) -> list[bytes]:
+def encode_request(
+    op: Op, request_id: int, timeout_ms: int, args: list[bytes], *, resent: bool = False
+) -> list[bytes]:
     timeout_ms = min(max(timeout_ms, 0), MAX_TIMEOUT_MS)
-    return [_REQUEST.pack(MAGIC, op, request_id, timeout_ms), *args]
+    return [_REQUEST.pack(MAGIC, op | (RESENT if resent else 0), request_id, timeout_ms), *args]
 
 
 def parse_request(frames: list[bytes]) -> Request:
     """The request `frames` hold, checked against the store's bounds; `BadRequest` if not."""
     if not frames or len(frames[0]) != _REQUEST.size:
         raise BadRequest(0, "not a store request: its header is missing or has the wrong size")
-    magic, op, request_id, timeout_ms = _REQUEST.unpack(frames[0])
+    magic, flagged_op, request_id, timeout_ms = _REQUEST.unpack(frames[0])
     if magic != MAGIC:
         raise BadRequest(0, f"not a store request: its header starts with {magic!r}")
+    op = flagged_op & ~RESENT
     if op not in _ARGUMENTS:
         raise BadRequest(request_id, f"unknown store operation {op}")
-    request = Request(Op(op), request_id, timeout_ms, tuple(frames[1:]))
+    resent = bool(flagged_op & RESENT)
+    request = Request(Op(op), request_id, timeout_ms, tuple(frames[1:]), resent)
     least, most = _ARGUMENTS[request.op]
     if not least <= len(request.args) <= most:
         raise BadRequest(

@@ -358,6 +358,7 @@ def test_local_procs_work_beside_attached_tcp_agents(tmp_path: Path) -> None:
 
 
 IPC_DAEMON_CLIENT = textwrap.dedent("""
+    import time
     from mesh import Actor, Channel, attach, endpoint
     from mesh.testing import hand_out_widest_address
     from supervision import SupervisionError
@@ -378,6 +379,27 @@ IPC_DAEMON_CLIENT = textwrap.dedent("""
             except SupervisionError as error:
                 return "FAILED " + str(error).replace(chr(10), " ")
 
+        @endpoint
+        def fail_soon(self) -> None:
+            time.sleep(0.5)
+            raise Abort("on purpose")  # a BaseException: the actor fails
+
+        @endpoint
+        def ask_failing(self, other) -> str:  # its answers cannot come: failures, not values
+            calls = [other.fail_soon.call_one(), other.length.call_one(b"queued behind")]
+            return " | ".join(_outcome(call) for call in calls)
+
+    class Abort(BaseException):
+        pass
+
+    def _outcome(call) -> str:
+        try:
+            return str(call.get(timeout=20))
+        except SupervisionError as error:
+            return "FAILED " + str(error).replace(chr(10), " ")
+        except TimeoutError:
+            return "NO ANSWER"
+
     LARGE = b"x" * (4 << 20)  # sent as a shared payload file
     try:
         daemon = attach([{daemon!r}])  # a keyless agent on this host, reached over ipc
@@ -393,6 +415,9 @@ IPC_DAEMON_CLIENT = textwrap.dedent("""
         remote.tell.call_one(port, 6).get(timeout=15)
         print("PORT", sorted(receiver.recv().get(timeout=15) for _ in range(2)), flush=True)
         print("ASKED", remote.ask.call_one(before).get(timeout=30), flush=True)
+        doomed = daemon.spawn_procs(per_host={{"gpus": 1}}).spawn("doomed", Echo)
+        doomed.on_failure(lambda event: True)  # its failure is expected: handled
+        print("QUEUED", remote.ask_failing.call_one(doomed).get(timeout=60), flush=True)
         with hand_out_widest_address():  # its replies go to tcp, which it has no keys for
             try:
                 before.length.call_one(b"lost").get()  # no timeout: it must end by itself
@@ -439,13 +464,18 @@ def test_a_keyless_ipc_daemon_beside_tcp_agents_reaches_the_client(tmp_path: Pat
             agent.wait(T)
         shutil.rmtree(folder, ignore_errors=True)
     lines = [line for line in done.stdout.splitlines() if line.split()[0].isupper()]
-    answers = [line for line in lines if not line.startswith(("LOST", "ASKED"))]
+    answers = [line for line in lines if not line.startswith(("LOST", "ASKED", "QUEUED"))]
     expected = ["BEFORE 1", "REMOTE 2", f"AFTER {4 << 20}", "LATE 3", "PORT [5, 6]", "AGAIN 4"]
     assert answers == expected, done.stdout + done.stderr
     for lost in [line for line in lines if line.startswith(("LOST", "ASKED"))] or [""]:
         for part in ("became unreachable", "'length'", "could not be sent from proc", "CURVE"):
             assert part in lost, done.stdout + done.stderr
     assert len([line for line in lines if line.startswith(("LOST", "ASKED"))]) == 2, lines
+    # the failures of a call whose actor failed, and of one queued behind it, reach a caller
+    # they cannot be sent to through the actor's owner (they would never come)
+    (queued,) = [line for line in lines if line.startswith("QUEUED")] or [done.stdout]
+    for outcome in queued.removeprefix("QUEUED ").split(" | "):
+        assert outcome.startswith("FAILED") and "'fail_soon' raised Abort" in outcome, queued
 
 
 QUIET_STOP_CLIENT = textwrap.dedent("""

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import structlog
 from polling import wait_until
+from taps import tapped
 
 from mesh import Actor, endpoint, this_proc
 
@@ -131,20 +132,17 @@ def test_lines_differing_only_in_numbers_are_shown_once_with_their_values(
     assert sorted(lines) == [f"[trainers {{'gpus': {rank}}}] rank {rank}" for rank in range(4)]
 
 
-def test_a_window_closes_by_itself(
-    make_procs: Callable[..., Any], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_window_closes_by_itself(make_procs: Callable[..., Any]) -> None:
     # One rank: which window a line falls in never depends on how fast the others are.
     procs = make_procs({"gpus": 1}, name="trainers")
     talkers = procs.spawn("talkers", Talker)
     procs.logging_option(aggregate_window_sec=0.2).get(timeout=CALL_TIMEOUT_S)
-    talkers.say.call("epoch 1").get(timeout=CALL_TIMEOUT_S)
-    talkers.say.call("epoch 1").get(timeout=CALL_TIMEOUT_S)
-    seen: list[str] = []
-    wait_until(lambda: seen.extend(_lines(capsys.readouterr().out)) or seen, what="the window")
-    procs.flush_logs().get(timeout=CALL_TIMEOUT_S)  # a second window, if there is one
-    seen.extend(_lines(capsys.readouterr().out))
-    assert seen in (
+    with tapped("stdout") as stdout:  # the client's loop thread prints the lines
+        talkers.say.call("epoch 1").get(timeout=CALL_TIMEOUT_S)
+        talkers.say.call("epoch 1").get(timeout=CALL_TIMEOUT_S)
+        wait_until(lambda: _lines(stdout.text()), what="the window")
+        procs.flush_logs().get(timeout=CALL_TIMEOUT_S)  # a second window, if there is one
+    assert _lines(stdout.text()) in (
         ["[1 rank, 2 times: trainers{gpus=0}] epoch 1"],  # both within one window
         ["[trainers {'gpus': 0}] epoch 1"] * 2,  # the first window closed between them
     )

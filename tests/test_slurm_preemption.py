@@ -17,6 +17,7 @@ from typing import Any
 import actors
 import pytest
 from polling import wait_until
+from taps import tapped
 
 from job import SlurmJob
 from mesh import Actor, attach, endpoint
@@ -99,15 +100,14 @@ def test_the_notice_signal_reaches_the_owners_handlers_with_the_time_left(
         procs.stop().get(timeout=T)
 
 
-def test_an_unhandled_notice_is_printed_and_nothing_fails(
-    notice_agent: Any, capfd: pytest.CaptureFixture[str]
-) -> None:
+def test_an_unhandled_notice_is_printed_and_nothing_fails(notice_agent: Any) -> None:
     procs = attach([notice_agent.address]).spawn_procs(per_host={"gpus": 1}, name="ignored")
     try:
         echo = procs.spawn("echo", actors.Echo)
         assert echo.echo.call_one(1).get(timeout=T) == 1
-        os.kill(notice_agent.pid, signal.SIGUSR1)
-        wait_until(lambda: "Nothing handles it" in capfd.readouterr().err, T, "the warning")
+        with tapped("stderr") as stderr:  # the client's loop thread prints the warning
+            os.kill(notice_agent.pid, signal.SIGUSR1)
+            wait_until(lambda: "Nothing handles it" in stderr.text(), T, "the warning")
         for value in range(3):  # fail-fast would raise a SupervisionError here
             assert echo.echo.call_one(value).get(timeout=T) == value
     finally:

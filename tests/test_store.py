@@ -152,20 +152,23 @@ _WRITES = st.lists(
         st.sampled_from(["set", "add", "delete"]),
         st.sampled_from(["a", "b"]),
         st.integers(-5, 5),
-        st.booleans(),
+        st.sampled_from(["once", "twice", "resent only"]),
     ),
     max_size=20,
 )
 _HEADER = struct.Struct("!4sBQI")  # magic, operation, request id, timeout (ms)
+_RESENT = 0x80  # the operation's high bit: a request sent again after a reconnect
+_FORGOTTEN = 3  # the status of a write sent again that the store cannot tell it applied
 
 
-def _write(op: str, request_id: int, key: bytes, amount: int) -> list[bytes]:
+def _write(op: str, request_id: int, key: bytes, amount: int, resent: bool = False) -> list[bytes]:
     """A SET (to the amount, written out), ADD (of the amount) or DELETE request."""
+    flag = _RESENT if resent else 0
     if op == "set":
-        return [_HEADER.pack(b"MVS1", 1, request_id, 0), key, str(amount).encode()]
+        return [_HEADER.pack(b"MVS1", 1 | flag, request_id, 0), key, str(amount).encode()]
     if op == "add":
-        return [_HEADER.pack(b"MVS1", 4, request_id, 0), key, struct.pack("!q", amount)]
-    return [_HEADER.pack(b"MVS1", 6, request_id, 0), key]
+        return [_HEADER.pack(b"MVS1", 4 | flag, request_id, 0), key, struct.pack("!q", amount)]
+    return [_HEADER.pack(b"MVS1", 6 | flag, request_id, 0), key]
 
 
 def _applied(model: dict[bytes, bytes], op: str, key: bytes, amount: int) -> list[bytes]:
@@ -182,25 +185,35 @@ def _applied(model: dict[bytes, bytes], op: str, key: bytes, amount: int) -> lis
 @settings(max_examples=40, deadline=None)
 @given(writes=_WRITES)
 def test_a_write_sent_again_with_its_id_is_answered_not_applied_again(
-    server: StoreServer, writes: list[tuple[str, str, int, bool]]
+    server: StoreServer, writes: list[tuple[str, str, int, str]]
 ) -> None:
     """A requester that sends a write again with the same request id, as a client does after
     a reconnect when it cannot know whether the first one arrived, gets the first answer
-    again, and the store changes once: the same answers and values as sending each once."""
+    again, and the store changes once: the same answers and values as sending each once. A
+    write whose first copy was lost is applied when it comes again, if the store holds an
+    earlier write of that requester (so it knows this one is new); else it cannot tell, and
+    refuses it."""
     prefix = f"again{next(_runs)}/"
     requester = transport.Requester(
         zmq.Context.instance(), str(server.addresses.ipc), max_bytes=1 << 21
     )
     store = StoreClient(server.addresses, 5.0)
     model: dict[bytes, bytes] = {}
+    wrote = False
     try:
-        for request_id, (op, name, amount, again) in enumerate(writes, 1):
+        for request_id, (op, name, amount, sent) in enumerate(writes, 1):
             key = (prefix + name).encode()
-            frames = _write(op, request_id, key, amount)
+            copies = {"once": [False], "twice": [False, True], "resent only": [True]}[sent]
+            if copies == [True] and not wrote:
+                assert requester.send(_write(op, request_id, key, amount, resent=True), 5000)
+                reply = requester.receive(5000)
+                assert reply is not None and reply[0] == struct.pack("!QB", request_id, _FORGOTTEN)
+                continue
             expected = [struct.pack("!QB", request_id, 0), *_applied(model, op, key, amount)]
-            for _ in range(2 if again else 1):
-                assert requester.send(frames, 5000)
+            for resent in copies:
+                assert requester.send(_write(op, request_id, key, amount, resent), 5000)
                 assert requester.receive(5000) == expected
+            wrote = True
         for name in ("a", "b"):
             key = (prefix + name).encode()
             assert store.check([key.decode()]) == (key in model)
@@ -209,6 +222,38 @@ def test_a_write_sent_again_with_its_id_is_answered_not_applied_again(
     finally:
         requester.close()
         store.close()
+
+
+def test_a_write_sent_again_after_the_store_forgot_it_is_refused_not_applied_twice(
+    server: StoreServer,
+) -> None:
+    """The store keeps the last write of each requester within bounds (32 MiB of answers):
+    once 33 clients' answers of 1 MiB pushed a requester's ADD out, the same ADD sent again
+    (as after a reconnect) cannot be told from a new one: it is refused, not added twice."""
+    key = f"forgot{next(_runs)}/count"
+    requester = transport.Requester(
+        zmq.Context.instance(), str(server.addresses.ipc), max_bytes=1 << 21
+    )
+    clients = [StoreClient(server.addresses, 30.0) for _ in range(33)]
+    try:
+        add = _write("add", 1, key.encode(), 5)
+        assert requester.send(add, 5000) and requester.receive(5000) == [
+            struct.pack("!QB", 1, 0),
+            b"5",
+        ]
+        big = b"x" * (1 << 20)
+        for index, client in enumerate(clients):  # each answer holds the 1 MiB value
+            assert client.compare_set(f"forgot-big/{index}", b"", big) == big
+        assert requester.send(_write("add", 1, key.encode(), 5, resent=True), 5000)
+        reply = requester.receive(5000)
+        assert reply is not None and reply[0] == struct.pack("!QB", 1, _FORGOTTEN), reply
+        assert b"no longer remembers whether it applied" in reply[1], reply
+        assert clients[0].get(key) == b"5"  # added once
+    finally:
+        clients[0].delete_prefixes(["forgot-big/"])
+        for client in clients:
+            client.close()
+        requester.close()
 
 
 GLOO_RANK = """

@@ -9,50 +9,19 @@ answered, a write applied once.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 import torch.distributed as dist
+from store_processes import WAITER, python, store_process
 
 from recovery.testing import StoreClient, StoreServer
 from transport import Addresses
-
-ROOT = Path(__file__).resolve().parents[1]
-
-WAITER = """
-import sys
-from transport import Addresses
-from recovery.testing import StoreClient
-store = StoreClient(Addresses(sys.argv[1]), 120.0)
-store.get("dead/never")
-"""
-
-
-TCP_WAITER = """
-import sys
-from transport import Addresses
-from recovery.testing import StoreClient
-store = StoreClient(Addresses.of(sys.argv[1]), 120.0)
-store.get("stopped/never")
-"""
-
-TCP_SERVER = """
-import ast, sys, time
-from recovery.testing import StoreServer
-server = StoreServer(heartbeat_timeout_s=ast.literal_eval(sys.argv[1]))
-print(server.addresses.ipc, server.addresses.tcp, flush=True)
-time.sleep(600)
-"""
 
 #: How long a client process may take to start (import torch) on a loaded 2-core machine.
 STARTUP_S = 60.0
@@ -83,9 +52,8 @@ def test_the_waits_of_a_killed_client_are_dropped_at_once(server: StoreServer) -
     answered: list[bytes] = []
     keeper = threading.Thread(target=lambda: answered.append(live.get("dead/later")))
     keeper.start()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     assert server.addresses.ipc is not None
-    process = subprocess.Popen([sys.executable, "-c", WAITER, server.addresses.ipc], env=env)
+    process = python(WAITER, server.addresses.ipc)
     try:
         assert eventually(lambda: server.waiting() == 2, STARTUP_S), "the client never waited"
         process.send_signal(signal.SIGKILL)
@@ -155,8 +123,7 @@ def test_the_waits_of_a_stopped_tcp_client_are_dropped_within_the_heartbeat_time
     server: StoreServer,
 ) -> None:
     assert server.addresses.tcp is not None, "the suite has keys: the store listens on tcp"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen([sys.executable, "-c", TCP_WAITER, server.addresses.tcp], env=env)
+    process = python(WAITER, server.addresses.tcp)
     try:
         assert eventually(lambda: server.waiting() == 1, STARTUP_S), "the client never waited"
         process.send_signal(signal.SIGSTOP)  # its connection stays open, its wait lasts 120 s
@@ -170,8 +137,8 @@ def test_the_waits_of_a_stopped_tcp_client_are_dropped_within_the_heartbeat_time
 def test_a_wait_on_a_store_stopped_for_good_ends_at_its_timeout_saying_why() -> None:
     """The client takes the silent connection for closed at the heartbeat timeout and tries
     to connect again until the request's timeout: then it gives up, saying what happened."""
-    with store_process() as (process, tcp):
-        store = StoreClient(Addresses.of(tcp), 5.0)
+    with store_process() as (process, addresses):
+        store = StoreClient(Addresses.of(str(addresses.tcp)), 5.0)
         store.set("stopped/here", b"1")
         threading.Timer(0.5, os.kill, (process.pid, signal.SIGSTOP)).start()
         started = time.monotonic()
@@ -187,8 +154,8 @@ def test_a_write_in_flight_while_the_store_is_stopped_is_applied_once() -> None:
     with the request unanswered; once the store goes on (3 s), it applies the ADD that came
     down the old connection, and answers the same request sent again down the new one from
     memory: the key holds the amount once, and the caller has its answer."""
-    with store_process(heartbeat_timeout_s=1.0) as (process, tcp):
-        store = StoreClient(Addresses.of(tcp), 30.0)
+    with store_process(heartbeat_timeout_s=1.0) as (process, addresses):
+        store = StoreClient(Addresses.of(str(addresses.tcp)), 30.0)
         store.set("paused/ready", b"1")
         os.kill(process.pid, signal.SIGSTOP)
         threading.Timer(3.0, os.kill, (process.pid, signal.SIGCONT)).start()
@@ -213,13 +180,7 @@ def test_a_client_stopped_past_the_heartbeat_timeout_gets_its_answer_after_all()
     the client connects again, re-authenticated, and sends its wait again, answered since."""
     server = StoreServer(name="test-store-paused", heartbeat_timeout_s=1.0)
     assert server.addresses.tcp is not None, "the suite has keys: the store listens on tcp"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(
-        [sys.executable, "-c", PAUSED_CLIENT, server.addresses.tcp],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    process = python(PAUSED_CLIENT, server.addresses.tcp, stdout=subprocess.PIPE)
     try:
         assert eventually(lambda: server.waiting() == 1, STARTUP_S), "the client never waited"
         process.send_signal(signal.SIGSTOP)
@@ -234,26 +195,3 @@ def test_a_client_stopped_past_the_heartbeat_timeout_gets_its_answer_after_all()
         if process.stdout:
             process.stdout.close()
         server.close()
-
-
-@contextlib.contextmanager
-def store_process(heartbeat_timeout_s: float | None = None) -> Iterator[tuple[Any, str]]:
-    """A store served by a process of its own: (the process, the store's tcp address)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(
-        [sys.executable, "-c", TCP_SERVER, repr(heartbeat_timeout_s)],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    ipc = ""
-    try:
-        ipc, tcp = (process.stdout.readline() if process.stdout else "").split()
-        yield process, tcp
-    finally:
-        process.kill()
-        process.wait()
-        if process.stdout:
-            process.stdout.close()
-        if ipc:  # (a killed store cannot remove its directory)
-            shutil.rmtree(os.path.dirname(ipc[len("ipc://") :]), ignore_errors=True)

@@ -1,4 +1,5 @@
-"""Heartbeats on tcp connections, so that a peer whose host vanished is seen as gone.
+"""Heartbeats on connections, so that a peer whose host vanished, or that is stopped, is seen
+as gone.
 
 A process that dies closes its connections, and its peers notice at once; a host that loses
 power or its network, or a process stopped (SIGSTOP, a debugger), closes nothing, and TCP
@@ -7,8 +8,8 @@ own I/O thread, so a busy Python thread does not miss them) end such a connectio
 timeout without a word from the peer, which the socket's monitor reports as a closed
 connection. The listener chooses the timeout and imposes it on both ends: its PINGs carry it
 as their TTL, after which a peer that heard nothing closes the connection too, so a connecting
-side needs no setting of its own. Only for tcp: a peer on ipc is on this host, where its death
-closes it.
+side needs no setting of its own. On ipc as on tcp: a peer on this host closes its connections
+when it dies, but not when it is stopped.
 """
 
 from __future__ import annotations

@@ -4,15 +4,17 @@ For services that answer questions (a key-value store) rather than pass messages
 responder is a ROUTER socket bound like an inbox (`bind_secured`: ipc without keys, tcp as a
 CURVE server that admits only the allocation's key holders, so nothing from another peer ever
 reaches it); a requester is a DEALER socket, one per thread (zmq sockets are not thread-safe),
-which also watches its connection: a responder that goes away (its process died) ends a wait
-at once (`ResponderGone`) instead of at its timeout. The responder watches its connections
-too: `gone_nowait` names the requesters whose connection closed (their process died), so that
-what it holds for them (a request waiting for its answer) can be dropped at once. On tcp both
+which also watches its connection: a responder that goes away (its process died) ends a wait at
+once (`ResponderGone`) instead of at its timeout. The responder watches its connections too:
+`gone_nowait` names the requesters whose connection closed (their process died), so that what it
+holds for them (a request waiting for its answer) can be dropped at once. On ipc and tcp alike
 the responder sends heartbeats (`_keepalive`), whose timeout it imposes on both ends: a peer
-whose host vanished, or a process stopped, closes nothing, and is seen as gone after that much
-silence. A requester keeps its routing id across connections (`Requester.reconnect`), and the
-responder hands that id over to the newest connection, so that a requester back from a pause
-gets its answers, and the closing of its old connection is not taken for its going away.
+whose host vanished, or a process stopped (on this host too), closes nothing, and is seen as
+gone after that much silence. A requester whose responder ended while it was idle learns it from
+its next call at once: its attempts to connect again are refused. A requester keeps its routing
+id across connections (`Requester.reconnect`), and the responder hands that id over to the
+newest connection, so that a requester back from a pause gets its answers, and the closing of
+its old connection is not taken for its going away.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ class ResponderGone(TransportError):
 
 
 class Responder:
-    """A ROUTER socket bound at ipc `ipc` (and tcp `tcp`, authenticated, its connections
-    closed after `heartbeat_timeout_s` of silence): requests come with the identity of their
+    """A ROUTER socket bound at ipc `ipc` (and tcp `tcp`, authenticated), its connections
+    closed after `heartbeat_timeout_s` of silence: requests come with the identity of their
     requester, which `reply` sends the answer to.
 
     Which requesters went away is known from the socket's monitor: a closed connection is
@@ -71,11 +73,10 @@ class Responder:
         self._gone: set[bytes] = set()
         try:
             self._monitor = unbounded_monitor(self._socket, zmq.EVENT_DISCONNECTED)
+            send_heartbeats(self._socket, heartbeat_timeout_s)  # before its binds: on both
             bind_secured(self._socket, ipc)
             bound = Addresses.of(self._socket.getsockopt_string(zmq.LAST_ENDPOINT))
             if tcp is not None:
-                # on its tcp connections only (bound after)
-                send_heartbeats(self._socket, heartbeat_timeout_s)
                 bind_secured(self._socket, tcp)
                 bound = bound.with_tcp(self._socket.getsockopt_string(zmq.LAST_ENDPOINT))
         except BaseException:
@@ -159,7 +160,7 @@ class Requester:
         socket = self._context.socket(zmq.DEALER)
         monitor: zmq.Socket[Any] | None = None
         try:
-            if self.address.startswith("tcp://"):  # heartbeats: the responder imposes them
+            if self.address.startswith("tcp://"):  # (heartbeats: the responder imposes them)
                 secure_client(socket, required_keys(self.address))
             socket.setsockopt(zmq.ROUTING_ID, self._routing_id)
             socket.setsockopt(zmq.MAXMSGSIZE, self._max_bytes)
@@ -175,11 +176,12 @@ class Requester:
         return socket, monitor
 
     def send(self, frames: Sequence[bytes], timeout_ms: int) -> bool:
-        """Send a request; False if no connection to the responder opened in `timeout_ms`.
+        """Send a request; False if no connection to the responder opened in `timeout_ms`;
+        `ResponderGone` at once if an attempt to connect was refused since the last call (the
+        responder's process ended while this requester was idle), without waiting that long.
         Connections that closed before are forgotten: the request goes down the open one."""
-        self._events()
         try:
-            if self._socket.poll(min(timeout_ms, LONGEST_WAIT_MS), zmq.POLLOUT):
+            if self._wait_connected(timeout_ms, zmq.EVENT_CLOSED in self._events()):
                 self._socket.send_multipart(frames, _NOBLOCK)
                 return True
         except zmq.Again:
@@ -195,17 +197,25 @@ class Requester:
         `ResponderGone` if nothing listens there any more (its process ended)."""
         _close(self._socket, self._monitor)
         self._socket, self._monitor = self._open()
+        return self._wait_connected(timeout_ms, refused=False)
+
+    def _wait_connected(self, timeout_ms: int, refused: bool) -> bool:
+        """Wait up to `timeout_ms` for an open connection; False if none opened. A refused
+        attempt to connect (zmq's "closed" event of a connecting socket: a port or ipc file
+        nothing listens at), before (`refused`) or meanwhile, raises `ResponderGone`."""
         items = [(self._socket, zmq.POLLOUT), (self._monitor, zmq.POLLIN)]
         deadline = time.monotonic() + timeout_ms / 1000
-        while (left := deadline - time.monotonic()) > 0:
-            ready = dict(zmq.zmq_poll(items, min(int(left * 1000) + 1, LONGEST_WAIT_MS)))
+        while True:
+            left_ms = 0 if refused else max(0, int((deadline - time.monotonic()) * 1000) + 1)
+            ready = dict(zmq.zmq_poll(items, min(left_ms, LONGEST_WAIT_MS)))
             if self._socket in ready:
                 return True
-            if zmq.EVENT_CLOSED in self._events():
+            if refused or zmq.EVENT_CLOSED in self._events():
                 raise ResponderGone(
                     f"nothing listens at {self.address} any more: its process has ended"
                 )
-        return False
+            if time.monotonic() >= deadline:
+                return False
 
     def receive(self, timeout_ms: int) -> list[bytes] | None:
         """The next reply, or None after `timeout_ms`; `ResponderGone` if the connection

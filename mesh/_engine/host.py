@@ -280,7 +280,7 @@ class ActorHost:
         if header.reply_to is not None:
             kind = "stopped" if actor.state == "stopped" else "failed"
             event = actor.event or actor.make_event("stopped", "by its owner")
-            self._replier.failure(header, kind, event)
+            self._replier.failure(header, kind, event, actor)
 
     def _prepare(self, actor: HostedActor, work: Work[CallActor]) -> Callable[[], Any] | None:
         """A no-argument function for the call, or None after reporting why there is none.
@@ -321,7 +321,7 @@ class ActorHost:
             return
         where = "a broadcast to" if header.reply_to is None else "a call to"
         event = self._fail(actor, exc, f"{where} endpoint {header.endpoint!r} raised")
-        self._replier.failure(header, "failed", event)
+        self._replier.failure(header, "failed", event, actor)
 
     # -- failing -------------------------------------------------------------------------------
 
@@ -350,7 +350,7 @@ class ActorHost:
             actor.owner, ActorFailed(actor.mesh_id, actor.point.rank), Payload.dump(event)
         )
         for header in actor.take_waiting_calls():
-            self._replier.failure(header, "failed", event)
+            self._replier.failure(header, "failed", event, actor)
 
 
 def _raise(error: BaseException) -> None:
@@ -366,5 +366,5 @@ def _fail_stuck(
     """The call watch's thread: `call` ran past its limit and `actor` gave it up. Its caller
     and its owner hear a "stuck" event with the stack where it waits."""
     event = actor.make_event("stuck", call.describe(), clip(call.stack()))
-    replier.failure(call.header, "failed", event)
+    replier.failure(call.header, "failed", event, actor)
     fail_with(actor, event)

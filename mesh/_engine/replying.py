@@ -16,6 +16,7 @@ from typing import Any
 from mesh._engine.host_services import HostServices
 from mesh._engine.hosted_actor import HostedActor
 from mesh._engine.messages import CallActor, Failure, Reply, ReplyLost, StopActor
+from supervision import SupervisionEvent
 from transport import (
     MessageTooLarge,
     Payload,
@@ -92,12 +93,28 @@ class Replier:
             "reply_lost", actor_id=actor.actor_id, call_id=header.call_id, reason=safe_str(error)
         )
 
-    def failure(self, header: CallActor | StopActor, kind: str, detail: Any) -> None:
-        """Tell the caller the actor could not serve its call (`kind`: failed, stopped...)."""
-        if header.reply_to is not None:
-            self._services.send_message(
-                header.reply_to, Failure(header.call_id, header.rank, kind), Payload.dump(detail)
-            )
+    def failure(
+        self,
+        header: CallActor | StopActor,
+        kind: str,
+        detail: Any,
+        actor: HostedActor | None = None,
+    ) -> None:
+        """Tell the caller the actor could not serve its call (`kind`: failed, stopped...).
+        If that cannot reach the caller, `actor`'s owner is told, as of a lost answer, with
+        `detail` (the actor's event) for the caller; without `actor` (one unknown here), it is
+        only logged as a send that failed."""
+        if header.reply_to is None:
+            return
+        try:
+            frames = encode(Failure(header.call_id, header.rank, kind), Payload.dump(detail))
+        except TransportError as exc:
+            self._log.error("reply_lost", call_id=header.call_id, reason=safe_str(exc))
+            return
+        lost = self._services.send_frames(header.reply_to, Failure, frames)
+        if lost is not None and actor is not None and isinstance(header, CallActor):
+            event = detail if isinstance(detail, SupervisionEvent) else None
+            self._report_lost(actor, header, lost, event)
 
     def stopped(self, header: StopActor) -> None:
         """Acknowledge a stop, to whoever waits for it."""
@@ -122,9 +139,16 @@ class Replier:
             self._report_lost(actor, call, lost)
         return None
 
-    def _report_lost(self, actor: HostedActor, call: CallActor, error: TransportError) -> None:
+    def _report_lost(
+        self,
+        actor: HostedActor,
+        call: CallActor,
+        error: TransportError,
+        event: SupervisionEvent | None = None,
+    ) -> None:
         """The answer to `call` cannot reach its caller: tell the actor's owner, which ends
-        the call if it is its own (its process is reachable from here: it spawned the actor)."""
+        the call if it is its own (its process is reachable from here: it spawned the actor),
+        else sends the caller `event` (None: the actor's "unreachable" one)."""
         assert call.reply_to is not None
         reason, proc_id = clip(safe_str(error)), self._services.proc_id
         lost = ReplyLost(call.call_id, call.rank, call.reply_to, proc_id, call.endpoint, reason)
@@ -132,9 +156,8 @@ class Replier:
             f"its answer to call {call.call_id} of endpoint {call.endpoint!r} could not be "
             f"sent from proc {proc_id} to {call.reply_to}: {reason}"
         )
-        self._services.send_message(
-            actor.owner, lost, Payload.dump(actor.make_event("unreachable", why))
-        )
+        told = actor.make_event("unreachable", why) if event is None else event
+        self._services.send_message(actor.owner, lost, Payload.dump(told))
 
 
 def _exception_fields(actor: HostedActor, header: CallActor, exc: BaseException) -> dict[str, Any]:

@@ -84,7 +84,7 @@ class ResponsePort:
             self._answered = True
         actor = self._actor
         if actor.state == "failed" and actor.event is not None:
-            self._replier.failure(self._header, "failed", actor.event)
+            self._replier.failure(self._header, "failed", actor.event, actor)
             return
         self._answer_with(
             RuntimeError(
