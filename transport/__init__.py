@@ -7,6 +7,7 @@ between addresses, FIFO per sender→receiver pair.
 from ._addresses import Addresses as Addresses
 from ._addresses import is_address as is_address
 from ._arguments import dump_arguments as dump_arguments
+from ._arguments import dump_value as dump_value
 from ._batches import BATCH_MAGIC as BATCH_MAGIC
 from ._batches import MAX_BATCH_MESSAGES as MAX_BATCH_MESSAGES
 from ._errors import MalformedMessage as MalformedMessage
@@ -101,6 +102,7 @@ __all__ = (
     "configured_keys",
     "decode",
     "dump_arguments",
+    "dump_value",
     "dumps",
     "encode",
     "encode_fields",

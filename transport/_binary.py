@@ -23,6 +23,7 @@ the layout (a length past the end, bad UTF-8, bytes left over) raise MalformedMe
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from ._errors import MalformedMessage
@@ -30,6 +31,7 @@ from ._errors import MalformedMessage
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _NONE = 0xFFFFFFFF
+_new = object.__new__
 #: The declared type of a field (as written in its class) → its kind in a layout.
 _KINDS = {
     "int": "i",
@@ -72,6 +74,13 @@ class BinaryLayout:
         # a value equal to a kept one (True for 1) is sent as the kept one: of declared type
         self._encoded: dict[tuple[Any, ...], bytes] = {}
         self._decoded: dict[bytes, tuple[Any, ...]] = {}
+        self._cls: type = tuple  # what `decode_message` builds (`builds`)
+        self._setters: tuple[Callable[[Any, Any], None], ...] | None = None
+
+    def builds(self, cls: type, setters: tuple[Callable[[Any, Any], None], ...] | None) -> None:
+        """`decode_message` makes a `cls`: through its slot `setters` (one per field, in
+        order), or by calling it with the fields when None."""
+        self._cls, self._setters = cls, setters
 
     def encode(self, values: tuple[Any, ...]) -> bytes | None:
         """The header of a message whose fields are `values`; None when one of them is not
@@ -126,6 +135,37 @@ class BinaryLayout:
                 parts.append(struct.pack(f"<I{len(value)}q", len(value), *value))
         return b"".join(parts)
 
+    def decode_message(self, frame: memoryview, start: int, end: int) -> Any:
+        """The message whose header is ``frame[start:end]`` (see `builds`): the fields
+        unpacked from the frame where they lie and the message built in one call, for every
+        call and reply received; MalformedMessage if the header does not follow this layout."""
+        ints = self._ints
+        if ints is not None:  # a reply: ints only
+            if end - start != ints.size:
+                raise MalformedMessage(
+                    f"a {self.name} header of {end - start} bytes: it holds {ints.size}"
+                )
+            values = ints.unpack_from(frame, start)
+        else:
+            head = self._head
+            if end - start < head.size:
+                raise MalformedMessage(
+                    f"a truncated {self.name} header: {end - start} bytes, fewer than its "
+                    "leading ints"
+                )
+            tail = bytes(frame[start + head.size : end])
+            rest = self._decoded.get(tail)
+            if rest is None:
+                rest = self._read_rest(tail)
+            values = head.unpack_from(frame, start) + rest
+        setters = self._setters
+        if setters is None:
+            return self._cls(*values)
+        message: Any = _new(self._cls)
+        for setter, value in zip(setters, values, strict=True):
+            setter(message, value)
+        return message
+
     def decode(self, data: memoryview) -> tuple[Any, ...]:
         """The fields (in declaration order) of the header `data`; MalformedMessage if it
         does not follow this layout."""
@@ -143,12 +183,17 @@ class BinaryLayout:
         tail = bytes(data[head.size :])
         rest = self._decoded.get(tail)
         if rest is None:
-            rest = _Reader(self, tail).fields()
-            if len(tail) <= _CACHED_BYTES:
-                if len(self._decoded) >= _CACHED:
-                    self._decoded.clear()
-                self._decoded[tail] = rest
+            rest = self._read_rest(tail)
         return head.unpack_from(data) + rest
+
+    def _read_rest(self, tail: bytes) -> tuple[Any, ...]:
+        """The fields after the leading ints, read from `tail` and kept (small ones)."""
+        rest = _Reader(self, tail).fields()
+        if len(tail) <= _CACHED_BYTES:
+            if len(self._decoded) >= _CACHED:
+                self._decoded.clear()
+            self._decoded[tail] = rest
+        return rest
 
     def field_name(self, position: int) -> str:
         return self._names[position]

@@ -72,8 +72,8 @@ _counts_of: dict[type, int] = {}
 _new = object.__new__
 #: The types with a binary header (`binary_header`): by type, its codec byte and layout...
 _binary_of: dict[type, tuple[bytes, BinaryLayout, Callable[[Any], tuple[Any, ...]]]] = {}
-#: ... and by codec byte, its layout and the builder of its messages.
-_binary_by_code: dict[int, tuple[BinaryLayout, Callable[[tuple[Any, ...], int], Any]]] = {}
+#: ... and by codec byte, its layout (which builds its messages too).
+_binary_by_code: dict[int, BinaryLayout] = {}
 _MEMBER_DESCRIPTOR = types.MemberDescriptorType
 
 
@@ -119,8 +119,10 @@ def binary_header(code: bytes) -> Callable[[_T], _T]:
         values = (
             operator.attrgetter(*names) if len(names) > 1 else lambda m: (getattr(m, names[0]),)
         )
+        slotted = _built_by_slots(cls, names)
+        layout.builds(cls, tuple(_slot_setter(cls, n) for n in names) if slotted else None)
         _binary_of[cls] = code, layout, values
-        _binary_by_code[code[0]] = layout, _builders[_names_of[cls]]
+        _binary_by_code[code[0]] = layout
         return cls
 
     return register
@@ -378,7 +380,7 @@ def decode(frames: Sequence[Any], *, max_bytes: int | None = None) -> Envelope:
     binary = _binary_by_code.get(codec)
     try:  # a binary header (the hot messages) decoded here: `_decode_header` does the others
         if binary is not None:
-            header = binary[1](binary[0].decode(first[_PREFIX : _PREFIX + length]), 0)
+            header = binary.decode_message(first, _PREFIX, _PREFIX + length)
         else:
             header = _decode_header(codec, first[_PREFIX : _PREFIX + length])
     except MalformedMessage:

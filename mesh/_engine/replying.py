@@ -22,6 +22,7 @@ from transport import (
     PreparedHeader,
     SerializationError,
     TransportError,
+    dump_value,
     dumps,
     encode,
     encode_fields,
@@ -53,7 +54,7 @@ class Replier:
         if reply_to is None:
             return
         try:  # one reply per call: the hot path
-            payload = Payload.dump(result)
+            payload = dump_value(result)
             head, call_id = self._reply_heads.get(header.rank), header.call_id
             if head is not None and type(call_id) is int and _I64_MIN <= call_id <= _I64_MAX:
                 frames = encode_prepared(head, call_id, payload)
