@@ -372,24 +372,25 @@ def decode(frames: Sequence[Any], *, max_bytes: int | None = None) -> Envelope:
         raise MessageTooLarge(
             f"received a header of {length} bytes, over the limit of {MAX_HEADER_BYTES}"
         )
-    if _PREFIX + length > first.nbytes:
+    end = _PREFIX + length
+    if end > first.nbytes:
         raise MalformedMessage(
             f"truncated message: the header claims {length} bytes but the "
             f"frame holds {first.nbytes - _PREFIX}"
         )
     binary = _binary_by_code.get(codec)
     try:  # a binary header (the hot messages) decoded here: `_decode_header` does the others
-        if binary is not None:
-            header = binary.decode_message(first, _PREFIX, _PREFIX + length)
+        if binary is not None:  # (its layout builds a registered type)
+            header = binary.decode_message(first, _PREFIX, end)
         else:
-            header = _decode_header(codec, first[_PREFIX : _PREFIX + length])
+            header = _decode_header(codec, first[_PREFIX:end])
     except MalformedMessage:
         raise
     except Exception as exc:
         raise MalformedMessage(f"cannot decode a message header: {exc!r}") from exc
-    if type(header) not in _registered:
+    if binary is None and type(header) not in _registered:
         raise MalformedMessage(f"received a header of unknown type {type(header).__name__}")
-    body = first[_PREFIX + length :]
+    body = first[end:]
     envelope, payload = _new(Envelope), _new(Payload) if body.nbytes or buffers else None
     _set_header(envelope, header)  # built here, not by `_payload`: two calls per message
     _set_payload(envelope, payload)
