@@ -64,23 +64,27 @@ def layout_kinds(cls: type, types: tuple[str, ...]) -> str:
 class BinaryLayout:
     """Encodes and decodes the fields of one message type (see the module's docstring)."""
 
-    def __init__(self, name: str, names: tuple[str, ...], kinds: str) -> None:
+    def __init__(
+        self,
+        cls: type,
+        names: tuple[str, ...],
+        kinds: str,
+        setters: tuple[Callable[[Any, Any], None], ...] | None,
+    ) -> None:
+        """The layout of `cls` messages, whose fields `names` are of `kinds`; `decode_message`
+        builds one through its slot `setters` (one per field, in order), or by calling `cls`
+        with the fields when None."""
+        name = cls.__name__
         if kinds[:1] != "i":
             raise TypeError(f"{name} cannot have a binary header: its first field is no int")
         self.name, self._names, self._kinds = name, names, kinds
+        self._cls, self._setters = cls, setters
         self._ints = struct.Struct("<" + "q" * len(kinds)) if set(kinds) == {"i"} else None
         self.lead = len(kinds) - len(kinds.lstrip("i"))  # leading ints: never kept
         self._head = struct.Struct("<" + "q" * self.lead)
         # a value equal to a kept one (True for 1) is sent as the kept one: of declared type
         self._encoded: dict[tuple[Any, ...], bytes] = {}
         self._decoded: dict[bytes, tuple[Any, ...]] = {}
-        self._cls: type = tuple  # what `decode_message` builds (`builds`)
-        self._setters: tuple[Callable[[Any, Any], None], ...] | None = None
-
-    def builds(self, cls: type, setters: tuple[Callable[[Any, Any], None], ...] | None) -> None:
-        """`decode_message` makes a `cls`: through its slot `setters` (one per field, in
-        order), or by calling it with the fields when None."""
-        self._cls, self._setters = cls, setters
 
     def encode(self, values: tuple[Any, ...]) -> bytes | None:
         """The header of a message whose fields are `values`; None when one of them is not
@@ -136,7 +140,7 @@ class BinaryLayout:
         return b"".join(parts)
 
     def decode_message(self, frame: memoryview, start: int, end: int) -> Any:
-        """The message whose header is ``frame[start:end]`` (see `builds`): the fields
+        """The message whose header is ``frame[start:end]``: the fields
         unpacked from the frame where they lie and the message built in one call, for every
         call and reply received; MalformedMessage if the header does not follow this layout."""
         ints = self._ints
@@ -165,26 +169,6 @@ class BinaryLayout:
         for setter, value in zip(setters, values, strict=True):
             setter(message, value)
         return message
-
-    def decode(self, data: memoryview) -> tuple[Any, ...]:
-        """The fields (in declaration order) of the header `data`; MalformedMessage if it
-        does not follow this layout."""
-        if self._ints is not None:
-            if len(data) != self._ints.size:
-                raise MalformedMessage(
-                    f"a {self.name} header of {len(data)} bytes: it holds {self._ints.size}"
-                )
-            return self._ints.unpack_from(data)
-        head = self._head
-        if len(data) < head.size:
-            raise MalformedMessage(
-                f"a truncated {self.name} header: {len(data)} bytes, fewer than its leading ints"
-            )
-        tail = bytes(data[head.size :])
-        rest = self._decoded.get(tail)
-        if rest is None:
-            rest = self._read_rest(tail)
-        return head.unpack_from(data) + rest
 
     def _read_rest(self, tail: bytes) -> tuple[Any, ...]:
         """The fields after the leading ints, read from `tail` and kept (small ones)."""

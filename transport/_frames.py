@@ -115,12 +115,12 @@ def binary_header(code: bytes) -> Callable[[_T], _T]:
         fields = dataclasses.fields(cls)
         names = tuple(f.name for f in fields)
         types = tuple(f.type if isinstance(f.type, str) else f.type.__name__ for f in fields)
-        layout = BinaryLayout(cls.__name__, names, layout_kinds(cls, types))
+        slotted = _built_by_slots(cls, names)
+        setters = tuple(_slot_setter(cls, n) for n in names) if slotted else None
+        layout = BinaryLayout(cls, names, layout_kinds(cls, types), setters)
         values = (
             operator.attrgetter(*names) if len(names) > 1 else lambda m: (getattr(m, names[0]),)
         )
-        slotted = _built_by_slots(cls, names)
-        layout.builds(cls, tuple(_slot_setter(cls, n) for n in names) if slotted else None)
         _binary_of[cls] = code, layout, values
         _binary_by_code[code[0]] = layout
         return cls
