@@ -39,6 +39,7 @@ from ._log import get_logger as get_logger
 from ._log import reset_logging as reset_logging
 from ._prepared import PreparedHeader as PreparedHeader
 from ._prepared import encode_prepared as encode_prepared
+from ._prepared import encode_prepared_value as encode_prepared_value
 from ._prepared import prepare_header as prepare_header
 from ._requests import Requester as Requester
 from ._requests import Responder as Responder
@@ -107,6 +108,7 @@ __all__ = (
     "encode",
     "encode_fields",
     "encode_prepared",
+    "encode_prepared_value",
     "follow_keys_pointer",
     "get_logger",
     "is_address",
