@@ -10,6 +10,9 @@ from ._arguments import dump_arguments as dump_arguments
 from ._arguments import dump_value as dump_value
 from ._batches import BATCH_MAGIC as BATCH_MAGIC
 from ._batches import MAX_BATCH_MESSAGES as MAX_BATCH_MESSAGES
+from ._contexts import close_context as close_context
+from ._contexts import new_context as new_context
+from ._contexts import tcp_address as tcp_address
 from ._errors import MalformedMessage as MalformedMessage
 from ._errors import MessageTooLarge as MessageTooLarge
 from ._errors import SerializationError as SerializationError
@@ -62,9 +65,6 @@ from ._settings import use_curve_keys as use_curve_keys
 from ._settings import use_transport_settings as use_transport_settings
 from ._sockets import Inbox as Inbox
 from ._sockets import Outbox as Outbox
-from ._sockets import close_context as close_context
-from ._sockets import new_context as new_context
-from ._sockets import tcp_address as tcp_address
 
 __all__ = (
     "BATCH_MAGIC",
