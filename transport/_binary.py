@@ -140,9 +140,9 @@ class BinaryLayout:
         return b"".join(parts)
 
     def decode_message(self, frame: memoryview, start: int, end: int) -> Any:
-        """The message whose header is ``frame[start:end]``: the fields
-        unpacked from the frame where they lie and the message built in one call, for every
-        call and reply received; MalformedMessage if the header does not follow this layout."""
+        """The message whose header is ``frame[start:end]``, unpacked where it lies and built
+        in the same call (every call and reply received pays this); MalformedMessage if the
+        header does not follow this layout."""
         ints = self._ints
         if ints is not None:  # a reply: ints only
             if end - start != ints.size:
