@@ -29,6 +29,7 @@ from transport import (
     encode,
     encode_fields,
     encode_prepared,
+    encode_prepared_value,
     message_type,
     prepare_header,
     transport_settings,
@@ -237,6 +238,28 @@ def test_a_prepared_header_sends_what_encode_fields_sends(
         assert decode(frames).header == Every(first, *rest)
 
 
+@settings(max_examples=200, deadline=None, database=None)
+@given(
+    INT64,
+    st.none()
+    | st.booleans()
+    | INT64
+    | st.floats()
+    | TEXT
+    | st.binary(max_size=4096)
+    | st.lists(INT64, max_size=3)
+    | st.builds(Every, INT64, TEXT, st.none(), st.just(()), INT64, st.just(())),
+)
+def test_a_prepared_value_sends_what_its_payload_sends(first: int, value: Any) -> None:
+    """A result sent with a prepared header (`encode_prepared_value`, a scalar pickled
+    inline): the same frames as `encode_prepared` of its `Payload.dump`."""
+    prepared = prepare_header(Every, ("", None, (), 0, ()))
+    assert prepared is not None
+    want = encode_prepared(prepared, first, Payload.dump(value))
+    got = encode_prepared_value(prepared, first, value)
+    assert [bytes(f) for f in got] == [bytes(f) for f in want]
+
+
 @pytest.mark.parametrize(
     ("kind", "rest"),
     [
@@ -260,6 +283,8 @@ def test_a_prepared_header_refuses_a_payload_past_the_limit() -> None:
         with pytest.raises(MessageTooLarge, match="Every message of 101 bytes"):
             encode_prepared(prepared, 1, Payload(b"x" * 101))
         assert len(encode_prepared(prepared, 1, Payload(b"x" * 100))) == 1  # at the limit
+        with pytest.raises(MessageTooLarge, match="Every message of"):
+            encode_prepared_value(prepared, 1, "x" * 101)
     finally:
         use_transport_settings(before)
 

@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transport import OUT_OF_BAND_MIN_BYTES, Payload, dump_arguments
+from transport import OUT_OF_BAND_MIN_BYTES, Payload, dump_arguments, dump_value
 
 #: How deep, and into containers how small, large bytes are lifted out of band (see DESIGN).
 LIFT_DEPTH, LIFT_MAX_ITEMS = 3, 64
@@ -97,4 +97,14 @@ def test_a_calls_arguments_are_dumped_as_their_tuple_would_be(
     and buffers `Payload.dump((args, kwargs))` sends, for any mix (long ones included)."""
     got, want = dump_arguments(tuple(args), kwargs), Payload.dump((tuple(args), kwargs))
     assert bytes(got.body) == bytes(want.body), reprlib.repr((args, kwargs))
+    assert [bytes(b) for b in got.buffers] == [bytes(b) for b in want.buffers]
+
+
+@settings(max_examples=150, deadline=None)
+@given(values)
+def test_a_result_is_dumped_as_payload_dump_would(value: Any) -> None:
+    """`dump_value`, which checks a result's plainness inline, sends the very bytes and
+    buffers `Payload.dump(value)` sends, for any value."""
+    got, want = dump_value(value), Payload.dump(value)
+    assert bytes(got.body) == bytes(want.body), reprlib.repr(value)
     assert [bytes(b) for b in got.buffers] == [bytes(b) for b in want.buffers]

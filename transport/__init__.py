@@ -7,8 +7,12 @@ between addresses, FIFO per sender→receiver pair.
 from ._addresses import Addresses as Addresses
 from ._addresses import is_address as is_address
 from ._arguments import dump_arguments as dump_arguments
+from ._arguments import dump_value as dump_value
 from ._batches import BATCH_MAGIC as BATCH_MAGIC
 from ._batches import MAX_BATCH_MESSAGES as MAX_BATCH_MESSAGES
+from ._contexts import close_context as close_context
+from ._contexts import new_context as new_context
+from ._contexts import tcp_address as tcp_address
 from ._errors import MalformedMessage as MalformedMessage
 from ._errors import MessageTooLarge as MessageTooLarge
 from ._errors import SerializationError as SerializationError
@@ -38,6 +42,7 @@ from ._log import get_logger as get_logger
 from ._log import reset_logging as reset_logging
 from ._prepared import PreparedHeader as PreparedHeader
 from ._prepared import encode_prepared as encode_prepared
+from ._prepared import encode_prepared_value as encode_prepared_value
 from ._prepared import prepare_header as prepare_header
 from ._requests import Requester as Requester
 from ._requests import Responder as Responder
@@ -60,9 +65,6 @@ from ._settings import use_curve_keys as use_curve_keys
 from ._settings import use_transport_settings as use_transport_settings
 from ._sockets import Inbox as Inbox
 from ._sockets import Outbox as Outbox
-from ._sockets import close_context as close_context
-from ._sockets import new_context as new_context
-from ._sockets import tcp_address as tcp_address
 
 __all__ = (
     "BATCH_MAGIC",
@@ -101,10 +103,12 @@ __all__ = (
     "configured_keys",
     "decode",
     "dump_arguments",
+    "dump_value",
     "dumps",
     "encode",
     "encode_fields",
     "encode_prepared",
+    "encode_prepared_value",
     "follow_keys_pointer",
     "get_logger",
     "is_address",

@@ -23,6 +23,7 @@ the layout (a length past the end, bad UTF-8, bytes left over) raise MalformedMe
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from ._errors import MalformedMessage
@@ -30,6 +31,7 @@ from ._errors import MalformedMessage
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _NONE = 0xFFFFFFFF
+_new = object.__new__
 #: The declared type of a field (as written in its class) → its kind in a layout.
 _KINDS = {
     "int": "i",
@@ -62,10 +64,21 @@ def layout_kinds(cls: type, types: tuple[str, ...]) -> str:
 class BinaryLayout:
     """Encodes and decodes the fields of one message type (see the module's docstring)."""
 
-    def __init__(self, name: str, names: tuple[str, ...], kinds: str) -> None:
+    def __init__(
+        self,
+        cls: type,
+        names: tuple[str, ...],
+        kinds: str,
+        setters: tuple[Callable[[Any, Any], None], ...] | None,
+    ) -> None:
+        """The layout of `cls` messages, whose fields `names` are of `kinds`; `decode_message`
+        builds one through its slot `setters` (one per field, in order), or by calling `cls`
+        with the fields when None."""
+        name = cls.__name__
         if kinds[:1] != "i":
             raise TypeError(f"{name} cannot have a binary header: its first field is no int")
         self.name, self._names, self._kinds = name, names, kinds
+        self._cls, self._setters = cls, setters
         self._ints = struct.Struct("<" + "q" * len(kinds)) if set(kinds) == {"i"} else None
         self.lead = len(kinds) - len(kinds.lstrip("i"))  # leading ints: never kept
         self._head = struct.Struct("<" + "q" * self.lead)
@@ -126,29 +139,45 @@ class BinaryLayout:
                 parts.append(struct.pack(f"<I{len(value)}q", len(value), *value))
         return b"".join(parts)
 
-    def decode(self, data: memoryview) -> tuple[Any, ...]:
-        """The fields (in declaration order) of the header `data`; MalformedMessage if it
-        does not follow this layout."""
-        if self._ints is not None:
-            if len(data) != self._ints.size:
+    def decode_message(self, frame: memoryview, start: int, end: int) -> Any:
+        """The message whose header is ``frame[start:end]``, unpacked where it lies and built
+        in the same call (every call and reply received pays this); MalformedMessage if the
+        header does not follow this layout."""
+        ints = self._ints
+        if ints is not None:  # a reply: ints only
+            if end - start != ints.size:
                 raise MalformedMessage(
-                    f"a {self.name} header of {len(data)} bytes: it holds {self._ints.size}"
+                    f"a {self.name} header of {end - start} bytes: it holds {ints.size}"
                 )
-            return self._ints.unpack_from(data)
-        head = self._head
-        if len(data) < head.size:
-            raise MalformedMessage(
-                f"a truncated {self.name} header: {len(data)} bytes, fewer than its leading ints"
-            )
-        tail = bytes(data[head.size :])
-        rest = self._decoded.get(tail)
-        if rest is None:
-            rest = _Reader(self, tail).fields()
-            if len(tail) <= _CACHED_BYTES:
-                if len(self._decoded) >= _CACHED:
-                    self._decoded.clear()
-                self._decoded[tail] = rest
-        return head.unpack_from(data) + rest
+            values = ints.unpack_from(frame, start)
+        else:
+            head = self._head
+            if end - start < head.size:
+                raise MalformedMessage(
+                    f"a truncated {self.name} header: {end - start} bytes, fewer than its "
+                    "leading ints"
+                )
+            tail = bytes(frame[start + head.size : end])
+            rest = self._decoded.get(tail)
+            if rest is None:
+                rest = self._read_rest(tail)
+            values = head.unpack_from(frame, start) + rest
+        setters = self._setters
+        if setters is None:
+            return self._cls(*values)
+        message: Any = _new(self._cls)
+        for setter, value in zip(setters, values, strict=True):
+            setter(message, value)
+        return message
+
+    def _read_rest(self, tail: bytes) -> tuple[Any, ...]:
+        """The fields after the leading ints, read from `tail` and kept (small ones)."""
+        rest = _Reader(self, tail).fields()
+        if len(tail) <= _CACHED_BYTES:
+            if len(self._decoded) >= _CACHED:
+                self._decoded.clear()
+            self._decoded[tail] = rest
+        return rest
 
     def field_name(self, position: int) -> str:
         return self._names[position]

@@ -72,8 +72,8 @@ _counts_of: dict[type, int] = {}
 _new = object.__new__
 #: The types with a binary header (`binary_header`): by type, its codec byte and layout...
 _binary_of: dict[type, tuple[bytes, BinaryLayout, Callable[[Any], tuple[Any, ...]]]] = {}
-#: ... and by codec byte, its layout and the builder of its messages.
-_binary_by_code: dict[int, tuple[BinaryLayout, Callable[[tuple[Any, ...], int], Any]]] = {}
+#: ... and by codec byte, its layout (which builds its messages too).
+_binary_by_code: dict[int, BinaryLayout] = {}
 _MEMBER_DESCRIPTOR = types.MemberDescriptorType
 
 
@@ -115,12 +115,14 @@ def binary_header(code: bytes) -> Callable[[_T], _T]:
         fields = dataclasses.fields(cls)
         names = tuple(f.name for f in fields)
         types = tuple(f.type if isinstance(f.type, str) else f.type.__name__ for f in fields)
-        layout = BinaryLayout(cls.__name__, names, layout_kinds(cls, types))
+        slotted = _built_by_slots(cls, names)
+        setters = tuple(_slot_setter(cls, n) for n in names) if slotted else None
+        layout = BinaryLayout(cls, names, layout_kinds(cls, types), setters)
         values = (
             operator.attrgetter(*names) if len(names) > 1 else lambda m: (getattr(m, names[0]),)
         )
         _binary_of[cls] = code, layout, values
-        _binary_by_code[code[0]] = layout, _builders[_names_of[cls]]
+        _binary_by_code[code[0]] = layout
         return cls
 
     return register
@@ -370,24 +372,25 @@ def decode(frames: Sequence[Any], *, max_bytes: int | None = None) -> Envelope:
         raise MessageTooLarge(
             f"received a header of {length} bytes, over the limit of {MAX_HEADER_BYTES}"
         )
-    if _PREFIX + length > first.nbytes:
+    end = _PREFIX + length
+    if end > first.nbytes:
         raise MalformedMessage(
             f"truncated message: the header claims {length} bytes but the "
             f"frame holds {first.nbytes - _PREFIX}"
         )
     binary = _binary_by_code.get(codec)
     try:  # a binary header (the hot messages) decoded here: `_decode_header` does the others
-        if binary is not None:
-            header = binary[1](binary[0].decode(first[_PREFIX : _PREFIX + length]), 0)
+        if binary is not None:  # (its layout builds a registered type)
+            header = binary.decode_message(first, _PREFIX, end)
         else:
-            header = _decode_header(codec, first[_PREFIX : _PREFIX + length])
+            header = _decode_header(codec, first[_PREFIX:end])
     except MalformedMessage:
         raise
     except Exception as exc:
         raise MalformedMessage(f"cannot decode a message header: {exc!r}") from exc
-    if type(header) not in _registered:
+    if binary is None and type(header) not in _registered:
         raise MalformedMessage(f"received a header of unknown type {type(header).__name__}")
-    body = first[_PREFIX + length :]
+    body = first[end:]
     envelope, payload = _new(Envelope), _new(Payload) if body.nbytes or buffers else None
     _set_header(envelope, header)  # built here, not by `_payload`: two calls per message
     _set_payload(envelope, payload)

@@ -4,12 +4,15 @@ header and payload body in one copy (`encode_fields` hashes the fields and copie
 
 from __future__ import annotations
 
+import pickle
 import struct
 from dataclasses import dataclass
 from typing import Any
 
 from . import _settings
+from ._arguments import dump_value
 from ._frames import _LENGTH, MAGIC, MAX_HEADER_BYTES, Payload, _binary_of, _counts_of, _framed
+from ._serialize import _PLAIN_SCALARS, OUT_OF_BAND_MIN_BYTES
 from ._settings import transport_settings
 
 _I64 = struct.Struct("<q")
@@ -50,3 +53,15 @@ def encode_prepared(header: PreparedHeader, first: int, payload: Payload) -> lis
         return _framed(header.kind, header.codec, _I64.pack(first) + header.tail, payload, None)
     frame = b"".join((header.lead, _I64.pack(first), header.tail, payload.body))
     return [frame, *payload.buffers] if payload.buffers else [frame]
+
+
+def encode_prepared_value(header: PreparedHeader, first: int, value: Any) -> list[Any]:
+    """`encode_prepared(header, first, dump_value(value))`: the same frames, with a scalar's
+    pickling inline (a reply to a call: one Python call where that made three)."""
+    kind = type(value)
+    if kind in _PLAIN_SCALARS or (kind is bytes and len(value) < OUT_OF_BAND_MIN_BYTES):
+        body = pickle.dumps(value, protocol=5)
+        settings = _settings.current
+        if len(body) <= (settings or transport_settings()).max_message_bytes:
+            return [b"".join((header.lead, _I64.pack(first), header.tail, body))]
+    return encode_prepared(header, first, dump_value(value))

@@ -38,7 +38,6 @@ from ._security import (
     required_keys,
     secure_client,
     secure_server,
-    stop_authenticator,
 )
 from ._settings import transport_settings
 
@@ -55,35 +54,6 @@ LONGEST_WAIT_MS = (1 << 31) - 1
 _zmq_poll = zmq.zmq_poll
 #: pyzmq's compiled send, under the Python layer its sockets add (for options unused here).
 _send_one_frame = zmq.backend.Socket.send
-
-
-def new_context() -> zmq.Context[Any]:
-    """A fresh zmq context for this process (never share one across fork)."""
-    return zmq.Context(io_threads=1)
-
-
-#: How long closing a context waits for its last messages to leave before giving up on them.
-CONTEXT_TERM_S = 5.0
-
-
-def close_context(context: zmq.Context[Any]) -> None:
-    """Terminate a context made by `new_context` (its sockets must be closed). Bounded: a
-    socket still open somewhere would make ``term()`` wait forever, and with it the exit of
-    this process, so after `CONTEXT_TERM_S` it is left to the end of the process, logged."""
-    stop_authenticator(context)
-    term = threading.Thread(target=context.term, name="meshvisor-context-term", daemon=True)
-    term.start()
-    term.join(CONTEXT_TERM_S)
-    if term.is_alive():
-        get_logger("transport.context").warning(
-            "context_left_open",
-            reason=f"a socket was still open after {CONTEXT_TERM_S:g} s; its messages are lost",
-        )
-
-
-def tcp_address(host: str = "127.0.0.1", port: int = 0) -> str:
-    """A tcp address; port 0 lets the inbox pick a free port when it binds."""
-    return f"tcp://{host}:{port if port else '*'}"
 
 
 class Inbox:
@@ -247,7 +217,13 @@ class Outbox:
             batch = self._batches.pop(address, None) if self._batches else None
             if batch is not None:  # what waited goes first: FIFO per destination
                 _send_frames(socket, address, [batch.packed()])
-            _send_frames(socket, address, frames)
+            if len(frames) == 1:  # `_send_frames`, inlined: once per message
+                try:
+                    _send_one_frame(socket, frames[0], _NOBLOCK)
+                except zmq.ZMQError as exc:
+                    raise _send_error(address, exc) from exc
+            else:
+                _send_frames(socket, address, frames)
             watch = self._handshakes.get(address) if self._handshakes else None
             if watch is not None:
                 watch.refusal()  # takes its waiting events, so that they never pile up
@@ -390,10 +366,15 @@ def _send_frames(socket: zmq.Socket[Any], address: str, frames: Sequence[Any]) -
             # (`Lent` buffers) go without a copy, their owner waits until they are released
             socket.send(frames[0], zmq.NOBLOCK | zmq.SNDMORE)
             socket.send_multipart(frames[1:], zmq.NOBLOCK)
-    except zmq.Again as exc:  # only with a send high-water mark, which is unset
-        raise TransportError(
+    except zmq.ZMQError as exc:
+        raise _send_error(address, exc) from exc
+
+
+def _send_error(address: str, error: zmq.ZMQError) -> TransportError:
+    """What a sender is told when zmq refused to queue its message for `address`."""
+    if isinstance(error, zmq.Again):  # only with a send high-water mark, which is unset
+        return TransportError(
             f"cannot send to {address}: its send queue is full (the receiver is not "
             "reading); the message was not sent"
-        ) from exc
-    except zmq.ZMQError as exc:
-        raise TransportError(f"cannot send to {address}: {exc}") from exc
+        )
+    return TransportError(f"cannot send to {address}: {error}")

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from mesh._engine.alarm import new_alarm
 from mesh._engine.hand_over import HolderCheck
 from mesh._engine.messages import Wake
-from mesh._engine.workers import Workers, run_task
+from mesh._engine.workers import Workers
 from transport import Envelope, Inbox, get_logger
 
 #: How long a task may run on the receiver before the watch looks whether it is stuck; also the
@@ -135,8 +135,11 @@ class Receiver:
                 task = self._receive_pass()
             finally:
                 self._end_pass(task is not None)
-            if task is not None:
-                run_task(*task)
+            if task is not None:  # `run_task`, inlined: once per call
+                try:
+                    task[0](*task[1])
+                except BaseException:
+                    self._log.exception("worker_task_failed")
 
     def _begin_pass(self, me: int) -> bool:
         """Whether this thread still holds the inbox (then its pass begins, and the task it

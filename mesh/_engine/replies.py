@@ -109,18 +109,19 @@ class ReplyInbox:
         if receiver is not None:  # a sync call that blocks: the reply may need the inbox
             receiver.step_aside()
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not future.finished():
+        while True:  # (`_receive_until` first asks whether `future` is done)
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return
-            if not self.lock.acquire(timeout=_RETRY_S):
-                future.wait_briefly(_RETRY_S if remaining is None else min(_RETRY_S, remaining))
-                continue
-            try:
-                self._receive_until(future, deadline)  # until done or the deadline
-            finally:
-                self.lock.release()
-            return
+            if self.lock.acquire(timeout=_RETRY_S):
+                break
+            if future.finished():  # settled by the thread that holds the inbox
+                return
+            future.wait_briefly(_RETRY_S if remaining is None else min(_RETRY_S, remaining))
+        try:
+            self._receive_until(future, deadline)  # until done or the deadline
+        finally:
+            self.lock.release()
 
     def _receive_until(self, future: Future[Any], deadline: float | None) -> None:
         """Receive (lock held) until `future` is done or `deadline` (monotonic) passes."""

@@ -23,10 +23,11 @@ from transport import (
     PreparedHeader,
     SerializationError,
     TransportError,
+    dump_value,
     dumps,
     encode,
     encode_fields,
-    encode_prepared,
+    encode_prepared_value,
     get_logger,
     prepare_header,
     safe_str,
@@ -54,12 +55,11 @@ class Replier:
         if reply_to is None:
             return
         try:  # one reply per call: the hot path
-            payload = Payload.dump(result)
             head, call_id = self._reply_heads.get(header.rank), header.call_id
             if head is not None and type(call_id) is int and _I64_MIN <= call_id <= _I64_MAX:
-                frames = encode_prepared(head, call_id, payload)
+                frames = encode_prepared_value(head, call_id, result)
             else:
-                frames = self._reply_frames(header, payload)
+                frames = self._reply_frames(header, dump_value(result))
         except Exception as exc:  # whatever pickling raises must not lose the call
             self.exception(actor, header, _unsendable_result(header, exc))
             return
