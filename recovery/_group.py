@@ -188,8 +188,10 @@ class ReplicaGroup:
             self._abort(members, step, failed)
             reasons = "; ".join(f"replica {i}: {short(e)}" for i, e in sorted(failed.items()))
             return self._outcome(step, False, members, started, reasons)
-        # every participant's digest every check_every steps; with spares, one's in between
+        # every participant's digest every check_every steps; with spares, or a replacement
+        # on its way (its catch-up is checked against it), one's in between
         with_digest = step % self.replica_class.check_every == 0 or self._standbys.meshes != []
+        with_digest = with_digest or self._rejoins.under_way()
         keep = max(self._keep_updates, KEEP_WHILE_HEALING if self._rejoins.under_way() else 0)
         committed = self._call_all(members, "commit", step, with_digest, keep)
         for index, result in committed.items():  # the step is decided: a late death is a
