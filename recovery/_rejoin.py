@@ -85,6 +85,27 @@ class Rejoins:
                 self._healed(member, committed)
         return replaced
 
+    def joinable(self, committed: int) -> list[int]:
+        """The failed members whose replacement holds committed step `committed`, checked
+        (healed, caught up, with the group's digest): they may join the step in flight
+        (`_inflight`). Looks only: `joined` makes them live."""
+        found = []
+        for member in self._members:
+            with member.lock:
+                state, up, healing = member.state, member.up, member.healing
+            if state != "failed" or up is not None or healing is None or not healing.done():
+                continue
+            if healing.exception() is None:
+                reports = list(healing.get().values())
+                if all(r.step == committed for r in reports) and self._checked(reports, committed):
+                    found.append(member.index)
+        return found
+
+    def joined(self, member: Member) -> None:
+        """`member`'s replacement joins the step in flight (it was `joinable`)."""
+        member.healing = None
+        self._live(member)
+
     def respawn(self, member: Member) -> None:
         """Re-spawn failed `member` in the background (on a spare host if its host is lost).
         Any thread: the group calls it as soon as it hears of the failure, from the event
