@@ -103,7 +103,8 @@ class Rejoins:
 
     def joined(self, member: Member) -> None:
         """`member`'s replacement joins the step in flight (it was `joinable`)."""
-        member.healing = None
+        assert member.recovery is not None
+        member.healing, member.recovery.in_flight = None, True
         self._live(member)
 
     def respawn(self, member: Member) -> None:

@@ -151,7 +151,7 @@ def test_a_replacement_joins_the_step_in_flight_once_it_holds_the_committed_stat
         held.unlink(missing_ok=True)
         stepping.join(timeout=120)
     assert [(o.step, o.committed, o.participants) for o in outcomes] == [(3, True, (0, 1, 2))]
-    assert group.history[-1] == (3, (0, 1, 2))
+    assert group.history[-1] == (3, (0, 1, 2)) and group.recoveries[-1].in_flight
     forwards = hold.with_suffix(".forwards").read_text().split("\n")
     assert [forwards.count(f"{replica} 3") for replica in range(3)] == [1, 1, 1]
     train(group, 5)
