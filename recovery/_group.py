@@ -7,8 +7,9 @@ and stage the update (`prepare`); only if every participant succeeded is the ste
 everywhere, else it is aborted everywhere and retried. A replica that fails (a
 `SupervisionEvent` reaches the group's handler, or its calls raise `SupervisionError`) is
 re-spawned on the same allocation in the background and heals from the live replicas while
-they go on stepping (`_rejoin`); it takes part from the step after its heal. Below
-`min_replicas` the group waits for replacements, within a bound, rather than train alone.
+they go on stepping (`_rejoin`); it joins the step in flight once it holds the committed
+state (`_inflight`), else the next one. Below `min_replicas` the group waits for
+replacements, within a bound, rather than train alone.
 A replica whose host is lost ("unreachable": its node died) comes back on a `spare_hosts` host.
 With `spares=K`, K standby replicas follow the committed steps and a failed replica's place is
 taken by one of them instead (`_standby`): in the step in flight if it died during `prepare`
@@ -124,8 +125,9 @@ class ReplicaGroup:
             self.step_timeout_s, self.name,
         )  # fmt: skip
         self._inflight = InFlight(
-            self._members, self._standbys, self._failed, self._form_group, self._call_all,
-            lambda: self._current[0], self.name,
+            self._members, self._standbys, self._rejoins, self._aborts, self._failed,
+            self._form_group, self._call_all, lambda: self._current[0], self.name,
+            self.ranks_per_replica,
         )  # fmt: skip
         self._start()
 
@@ -181,15 +183,17 @@ class ReplicaGroup:
         if not self._form_group(members, step):
             return self._outcome(step, False, members, started, "the process group did not form")
         world = len(members) * self.ranks_per_replica
-        until = self._inflight.possible(members)  # a spare can start as soon as one dies
+        until = self._inflight.possible(members, step)  # a spare or a replacement joins now
         prepared = self._call_all(members, "prepare", step, self._current[0], world, until=until)
-        failed = self._inflight.complete(members, step, world, prepared)  # spares, or failures
+        members, failed = self._inflight.complete(members, step, prepared)
         if failed:
             self._abort(members, step, failed)
             reasons = "; ".join(f"replica {i}: {short(e)}" for i, e in sorted(failed.items()))
             return self._outcome(step, False, members, started, reasons)
-        # every participant's digest every check_every steps; with spares, one's in between
+        # every participant's digest every check_every steps; with spares, or a replacement on
+        # its way (its catch-up is checked against it), one's in between
         with_digest = step % self.replica_class.check_every == 0 or self._standbys.meshes != []
+        with_digest = with_digest or self._rejoins.under_way()
         keep = max(self._keep_updates, KEEP_WHILE_HEALING if self._rejoins.under_way() else 0)
         committed = self._call_all(members, "commit", step, with_digest, keep)
         for index, result in committed.items():  # the step is decided: a late death is a
@@ -384,12 +388,7 @@ class ReplicaGroup:
         self._quorum_members = None  # a collective failed: the group must be formed again
 
     def _outcome(
-        self,
-        step: int,
-        committed: bool,
-        members: tuple[int, ...],
-        started: float,
-        reason: str = "",
+        self, step: int, committed: bool, members: tuple[int, ...], started: float, reason: str = ""
     ) -> StepOutcome:
         outcome = StepOutcome(step, committed, members, time.monotonic() - started, reason)
         self.outcomes.append(outcome)

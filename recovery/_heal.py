@@ -47,7 +47,11 @@ _RELEASE_GRACE_S = 0.1
 
 @dataclass(frozen=True)
 class HealReport:
-    """What one heal moved: the step healed to, bytes, seconds, and chunks per donor."""
+    """What one heal moved: the step healed to, bytes, seconds, and chunks per donor. A
+    replacement's heal (`Replica.rejoin`) may end with a catch-up on the steps the group
+    committed meanwhile: then `step` is the step reached, `updates` how many it applied,
+    `digest` that of its parameters there (for the group to check: `_rejoin`), and `seconds`
+    count the catch-up too."""
 
     step: int
     nbytes: int
@@ -55,6 +59,8 @@ class HealReport:
     chunks_per_donor: tuple[int, ...]  # in the order the donors were given
     lost_donors: tuple[int, ...]  # donors that died or went silent during the heal
     allocated_bytes: int  # new tensors the receiver made (state it did not hold before)
+    updates: int = 0  # committed updates applied after the heal
+    digest: str = ""  # of the parameters at `step`, when updates were applied
 
     @property
     def gigabytes_per_second(self) -> float:

@@ -38,6 +38,7 @@ class Recovery:
     healed_at: float | None = None
     first_commit_at: float | None = None
     by_spare: bool = False  # a spare took the replica's place (no re-spawn, no full heal)
+    in_flight: bool = False  # the replacement joined a step in flight (`InFlight.join`)
 
 
 def alive(error: BaseException) -> bool:

@@ -21,7 +21,7 @@ from mesh import Future
 from supervision import ActorError, SupervisionError
 from transport import get_logger
 
-from ._heal import OLD_STEP_COMMITS
+from ._heal import OLD_STEP_COMMITS, HealReport
 from ._members import Member, ReplicaSpawner
 from ._outcomes import short
 from ._standby import Standbys
@@ -85,6 +85,28 @@ class Rejoins:
                 self._healed(member, committed)
         return replaced
 
+    def joinable(self, committed: int) -> list[int]:
+        """The failed members whose replacement holds committed step `committed`, checked
+        (healed, caught up, with the group's digest): they may join the step in flight
+        (`_inflight`). Looks only: `joined` makes them live."""
+        found = []
+        for member in self._members:
+            with member.lock:
+                state, up, healing = member.state, member.up, member.healing
+            if state != "failed" or up is not None or healing is None or not healing.done():
+                continue
+            if healing.exception() is None:
+                reports = list(healing.get().values())
+                if all(r.step == committed for r in reports) and self._checked(reports, committed):
+                    found.append(member.index)
+        return found
+
+    def joined(self, member: Member) -> None:
+        """`member`'s replacement joins the step in flight (it was `joinable`)."""
+        assert member.recovery is not None
+        member.healing, member.recovery.in_flight = None, True
+        self._live(member)
+
     def respawn(self, member: Member) -> None:
         """Re-spawn failed `member` in the background (on a spare host if its host is lost).
         Any thread: the group calls it as soon as it hears of the failure, from the event
@@ -140,26 +162,39 @@ class Rejoins:
             return
         reports = list(healing.get().values())
         step = min(report.step for report in reports)
-        if step == committed or self._catch_up(member, committed):
+        if (step == committed and self._checked(reports, committed)) or self._catch_up(
+            member, committed
+        ):
             self._live(member)
         else:
             self._heal(member, committed)
 
+    def _checked(self, reports: list[HealReport], committed: int) -> bool:
+        """Whether `reports` (of a heal that reached committed step `committed`) hold its
+        state: a heal alone takes it whole; a heal followed by a catch-up on updates
+        (`_heal_catch_up`) must show the group's digest of that step."""
+        expected = self._standbys.digest_of(committed) or "unknown"
+        return all(not report.updates or report.digest == expected for report in reports)
+
     def _catch_up(self, member: Member, committed: int) -> bool:
         """Apply the committed updates `member` lacks, from a live peer (between two steps).
-        Its parameters are then checked against a live peer's: state that changes outside the
-        updates (buffers a forward pass updates) makes it heal whole instead. The peer hashes
-        its parameters while the member catches up, not before it (~0.1 to 0.6 s at 1 GB,
-        between two steps, where the whole group waits)."""
+        Its parameters are then checked against the group's digest of `committed` (taken as
+        it committed, while a replacement is on its way): state that changes outside the
+        updates (buffers a forward pass updates) makes it heal whole instead, in the same
+        call. Without that digest, a peer hashes its parameters while the member catches up."""
         donors = self._donors()
         if not donors:
             return False
-        theirs = donors[0].status.call()
-        take = member.actors.take_place.call(member.index, committed, None, donors)
+        expected = self._standbys.digest_of(committed)
+        theirs = donors[0].status.call() if expected is None else None
+        take = member.actors.take_place.call(member.index, committed, expected, donors)
         try:
-            done = take.get(timeout=self._timeout_s)
-            if any(takeover.step != committed for takeover in done.values()):
+            done = list(take.get(timeout=self._timeout_s).values())
+            if any(takeover.step != committed for takeover in done):
                 return False
+            if any(takeover.healed for takeover in done) or theirs is None:
+                self._log.info("replica_caught_up", replica=member.index, how=done)
+                return True  # `take_place` checked it (healed it whole if it differed)
             mine = list(member.actors.status.call().get(timeout=self._timeout_s).values())
             expected = _digest_of(theirs, donors[1:], committed, self._timeout_s)
             if all(held == (committed, expected) for held in mine):

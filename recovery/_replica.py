@@ -48,6 +48,7 @@ from ._follow import (
     warm_up_gloo,
 )
 from ._heal import DonorCache, HealReport, StepStart, endpoints_of, heal
+from ._heal_catch_up import caught_up
 from ._heal_state import Chunk, Piece, StateLayout
 from ._position import capture_position, restore_position
 from ._prefetch import Prefetched, follow_group, take_over
@@ -158,12 +159,14 @@ class Replica(Actor):
         peers: Sequence[ActorMesh[Replica]],
     ) -> HealReport:
         """A replacement: take the place of replica `replica_id` and heal from `peers` at once,
-        as soon as it runs (they go on stepping meanwhile)."""
+        as soon as it runs, then catch up on the steps they committed meanwhile: all of it
+        while they go on stepping (`_heal_catch_up`)."""
         self._configure(replica_id, ranks_per_replica, keep_updates)
         report = self._heal(list(peers))
         kept = (lambda g: setattr(self, "_gradient", g), lambda u: setattr(self, "_reused", u))
         warm_up_in_background(self.model, self._stepping, *kept)  # memory for its first step
-        return report
+        with self._lowered.first():
+            return caught_up(self, report, peers, context().rank.rank)
 
     def _built(self) -> None:
         """Build the model again, initialised, if this replacement skipped its initialisation

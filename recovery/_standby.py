@@ -110,6 +110,11 @@ class Standbys:
         with self._lock:
             return [(s.procs, s.actors) for s in self._spares if s.state == "ready"]
 
+    def digest_of(self, step: int) -> str | None:
+        """The parameter digest of committed `step`, if the group took it (every step with
+        spares, and while a replacement is on its way), for the last `DIGESTS_KEPT` steps."""
+        return self._digests.get(step)
+
     def ready(self) -> int:
         """How many spares could take a place now."""
         with self._lock:

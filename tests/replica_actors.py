@@ -200,6 +200,25 @@ class HeldHeals(Trainer):
         return None if self.last_heal is None else self.last_heal.step
 
 
+class HeldExchanges(HeldHeals):
+    """`HeldHeals` whose replicas also wait before each exchange while the file `hold` +
+    ".exchange" exists (at most 30 s; `hold` + ".waiting" says one waits), so that a test
+    keeps a step in flight. Each forward pass is noted: a line "<replica id> <step>" in
+    `hold` + ".forwards"."""
+
+    def on_phase(self, phase: str, step: int) -> None:
+        held = self.hold.with_suffix(".exchange")
+        if phase == "forward":
+            with self.hold.with_suffix(".forwards").open("a") as noted:
+                noted.write(f"{self.replica_id} {step}\n")
+        if phase == "allreduce" and held.exists():
+            self.hold.with_suffix(".waiting").touch()
+            deadline = time.monotonic() + 30.0
+            while held.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        super().on_phase(phase, step)
+
+
 class HeldStandBy(Trainer):
     """A spare forms no standing group while the file `hold` exists (at most two minutes), so
     a test decides when the groups of its take-overs form; `hold` + ".asked" gets a line per

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -117,3 +119,47 @@ def test_a_replacement_live_before_the_next_step_gets_a_fresh_process_group(
     outcome = group.step()
     assert outcome.committed, outcome
     assert_invariants(group)
+
+
+def test_a_replacement_joins_the_step_in_flight_once_it_holds_the_committed_state(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    """The survivors are in step 3 (held before its exchange) when the replacement of replica 1
+    ends its heal: it joins step 3 at once. The survivors give their exchange up and redo it
+    with it, each with the gradient it had (one forward pass each); the step commits with the
+    three replicas and the run equals a replay."""
+    hold = tmp_path / "hold"
+    held = hold.with_suffix(".exchange")
+    group = ReplicaGroup(
+        this_host(), ra.HeldExchanges, str(hold), replicas=3, heartbeat_timeout_s=HB
+    )
+    groups.append(group)
+    train(group, 2)
+    outcomes = []
+    stepping = threading.Thread(target=lambda: outcomes.append(group.step()))
+    try:
+        hold.touch()  # the donors hold the replacement's heal
+        held.touch()  # and themselves before step 3's exchange
+        os.kill(pid_of(group, 1), signal.SIGKILL)
+        _wait(lambda: 1 not in group.live() and hold.with_suffix(".asked").exists(), "healing")
+        stepping.start()
+        _wait(hold.with_suffix(".waiting").exists, "the survivors never reached the exchange")
+        hold.unlink()  # the heal goes through while step 3 is in flight
+        _wait(lambda: 1 in group.live(), "the replacement never joined")
+    finally:
+        hold.unlink(missing_ok=True)
+        held.unlink(missing_ok=True)
+        stepping.join(timeout=120)
+    assert [(o.step, o.committed, o.participants) for o in outcomes] == [(3, True, (0, 1, 2))]
+    assert group.history[-1] == (3, (0, 1, 2)) and group.recoveries[-1].in_flight
+    forwards = hold.with_suffix(".forwards").read_text().split("\n")
+    assert [forwards.count(f"{replica} 3") for replica in range(3)] == [1, 1, 1]
+    train(group, 5)
+    assert_invariants(group)
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)

@@ -101,7 +101,8 @@ def test_kills_at_every_point_of_a_step_keep_the_invariants(
     assert len(discarded) == len(set(discarded)), discarded
     assert set(discarded) <= {4, 8, 20}, discarded
     by_step = dict(group.history)
-    assert 1 not in by_step[4] and 2 not in by_step[8]
+    # (the replacements of 1, killed in step 4, and 2, in step 8, may join the retry of that
+    # step in flight, or a later one: `InFlight.join`; the replay above holds either way)
     assert by_step[12] == by_step[16] == (0, 1, 2)  # a replica died committing each
 
 
@@ -119,7 +120,8 @@ def test_a_kill_mid_exchange_costs_the_survivors_no_second_forward_pass(
     train_until_recovered(group)
     assert_invariants(group)
     assert {o.step for o in group.outcomes if not o.committed} == {5}, group.outcomes
-    assert dict(group.history)[5] == (0, 1)
+    # without the dead replica, unless its replacement joined the retry in flight
+    assert dict(group.history)[5] == (0, 1) or group.recoveries[0].in_flight, group.history
     for survivor in (0, 1):
         forwards = (tmp_path / f"forwards-{survivor}").read_text().split()
         assert forwards.count("5") == 1, forwards

@@ -265,7 +265,8 @@ def test_a_replica_group_with_a_spare_node_keeps_training_and_heals_on_it(
         assert recovery.replica == 1 and recovery.healed_at is not None, recovery
         assert "n2" in recovery.event, recovery
         assert _node_of(group, 1) == "n4"
-        assert any(len(members) == 2 for _, members in group.history), "trained on without it"
+        without = any(len(members) == 2 for _, members in group.history)
+        assert without or recovery.in_flight, "trained on without it, or it joined in flight"
     finally:
         group.close()
 
