@@ -40,9 +40,7 @@ SHARED_MODULES = (
     "mesh._engine.proc_faults",
     "mesh._engine.workspace_files",
     "mesh._engine.debug_messages",
-    "mesh._engine.detached_messages",
     "mesh._engine.view_messages",
-    "mesh._engine.workspace_messages",
 )
 
 
