@@ -84,12 +84,15 @@ def test_the_agent_forks_its_fork_server_before_its_own_imports_after_the_shared
     procs = _modules_loaded_by("import mesh._agent.proc_main, anyio._backends._asyncio")
     assert "mesh._agent.host_agent" not in before_fork
     assert not (agent & procs) - before_fork, "imported twice: by the agent and its fork server"
-    # zmq's monitor helpers and its ZAP thread (CURVE only) would bring zmq.asyncio, and
-    # queries to agents (detached meshes, workspaces) load their messages with the first one
+    # zmq's monitor helpers and its ZAP thread (CURVE only) would bring zmq.asyncio; queries
+    # to agents (detached meshes, workspaces) load their messages with the first one, and a
+    # proc's debugger (pdb) with its first breakpoint
     rarely_used = {
         "zmq.asyncio",
         "mesh._engine.detached_messages",
         "mesh._engine.workspace_messages",
+        "mesh._engine.debug_session",
+        "pdb",
     }
     assert not rarely_used & (before_fork | procs)
 
