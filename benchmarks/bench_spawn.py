@@ -114,8 +114,9 @@ def floor_main(n: int, reps: int) -> None:
     import zmq
 
     import mesh._agent.daemon  # noqa: F401  (what the fork server has imported)
-    from mesh._agent.warm_start import warm_up
+    from mesh._agent.warm_start import import_shared, warm_up
 
+    import_shared()
     warm_up()
     context = zmq.Context()
     results = []

@@ -27,10 +27,14 @@ import mesh
 import transport
 from mesh.testing import stop_local_agent
 
-#: What `meshvisor agent` imports before it listens (its fork server forks procs from these).
-AGENT_IMPORTS = "import meshvisor._cli, mesh._agent.daemon"
+#: What `meshvisor agent` imports before it forks its fork server, which inherits these.
+BEFORE_FORK = (
+    "import meshvisor._cli, mesh._agent.daemon, mesh._agent.warm_start as w; w.import_shared()"
+)
+#: What `meshvisor agent` imports before it listens.
+AGENT_IMPORTS = f"{BEFORE_FORK}; import mesh._agent.host_agent"
 #: What a fork server has imported when it forks a proc.
-FORK_SERVER_IMPORTS = "import mesh._agent.daemon, mesh._agent.warm_start as w; w.warm_up()"
+FORK_SERVER_IMPORTS = f"{BEFORE_FORK}; w.warm_up()"
 #: The packages a proc runs on: none of their modules may be left for each proc to import.
 RUNTIME_PACKAGES = ("mesh", "transport", "supervision", "anyio", "asyncio", "zmq", "cloudpickle")
 LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -70,6 +74,27 @@ def test_an_agent_leaves_the_client_api_and_the_procs_runtime_to_its_fork_server
     assert {"cloudpickle", "zmq", "mesh._engine.messages"} <= agent  # what it runs on
     fork_server = _modules_loaded_by(FORK_SERVER_IMPORTS)
     assert procs_only | {"mesh._api.host_mesh", "anyio._backends._asyncio"} <= fork_server
+
+
+def test_the_agent_forks_its_fork_server_before_its_own_imports_after_the_shared_ones() -> None:
+    # the agent's own modules come after the fork, beside the fork server's warm-up, and
+    # nothing both run on is left for each of them to import again
+    before_fork = _modules_loaded_by(BEFORE_FORK)
+    agent = _modules_loaded_by(AGENT_IMPORTS)
+    procs = _modules_loaded_by("import mesh._agent.proc_main, anyio._backends._asyncio")
+    assert "mesh._agent.host_agent" not in before_fork
+    assert not (agent & procs) - before_fork, "imported twice: by the agent and its fork server"
+    # zmq's monitor helpers and its ZAP thread (CURVE only) would bring zmq.asyncio; queries
+    # to agents (detached meshes, workspaces) load their messages with the first one, and a
+    # proc's debugger (pdb) with its first breakpoint
+    rarely_used = {
+        "zmq.asyncio",
+        "mesh._engine.detached_messages",
+        "mesh._engine.workspace_messages",
+        "mesh._engine.debug_session",
+        "pdb",
+    }
+    assert not rarely_used & (before_fork | procs)
 
 
 def test_each_public_name_of_mesh_loads_at_its_first_use() -> None:

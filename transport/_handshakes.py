@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import struct
 import time
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from ._log import get_logger
 
@@ -22,6 +22,8 @@ _HANDSHAKE_SUCCEEDED = zmq.EVENT_HANDSHAKE_SUCCEEDED
 #: How libzmq reports a peer that closed its connection before the handshake ended: an
 #: EOF is EPIPE, a reset ECONNRESET.
 _HUNG_UP = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ECONNABORTED})
+#: A libzmq monitor event's first frame: the event (u16), then its value (an fd, an errno).
+_MONITOR_EVENT = struct.Struct("=Hi")
 
 
 class HandshakeWatch:
@@ -34,15 +36,13 @@ class HandshakeWatch:
         self._reason: str | None = None
 
     def refusal(self) -> str | None:
-        while True:
-            try:
-                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return self._reason
-            if event["event"] == _HANDSHAKE_SUCCEEDED:
+        while (found := next_monitor_event(self._monitor)) is not None:
+            event, value = found
+            if event == _HANDSHAKE_SUCCEEDED:
                 self._reason = None
             else:
-                self._reason = _handshake_failure(event["event"], event["value"])
+                self._reason = _handshake_failure(event, value)
+        return self._reason
 
     def close(self) -> None:
         """Stop watching. The events waiting unread are taken first: libzmq's "monitor
@@ -71,13 +71,9 @@ class RefusalWatch:
         return int(self._monitor.getsockopt(zmq.FD))
 
     def drain(self) -> None:
-        while True:
-            try:
-                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            hung_up = _peer_hung_up(event["event"], event["value"])
-            reason = _refused_peer(event["event"], event["value"])
+        while (event := next_monitor_event(self._monitor)) is not None:
+            hung_up = _peer_hung_up(*event)
+            reason = _refused_peer(*event)
             self._count("peer_hung_up" if hung_up else "peer_refused", reason)
 
     def _count(self, kind: str, reason: str) -> None:
@@ -111,6 +107,18 @@ def unbounded_monitor(socket: zmq.Socket[Any], events: int) -> zmq.Socket[Any]:
     monitor.setsockopt(zmq.RCVHWM, 0)
     monitor.connect(address)
     return monitor
+
+
+def next_monitor_event(monitor: zmq.Socket[Any]) -> tuple[int, int] | None:
+    """The next (event, value) waiting in `monitor` (a socket from `unbounded_monitor`), or
+    None when none waits. Read here rather than with `zmq.utils.monitor`, which imports
+    `zmq.asyncio` and all of asyncio into every process (the agent needs neither)."""
+    try:
+        frames = monitor.recv_multipart(zmq.NOBLOCK)
+    except zmq.Again:
+        return None
+    event, value = _MONITOR_EVENT.unpack(frames[0])
+    return event, value
 
 
 def _peer_hung_up(event: int, value: int) -> bool:

@@ -26,11 +26,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from ._addresses import Addresses, check_address
 from ._errors import TransportError
-from ._handshakes import unbounded_monitor
+from ._handshakes import next_monitor_event, unbounded_monitor
 from ._keepalive import send_heartbeats
 from ._security import required_keys, secure_client
 from ._sockets import LONGEST_WAIT_MS, bind_secured
@@ -115,13 +114,10 @@ class Responder:
         """Note the requesters of every connection the monitor reports closed (not those
         that asked through a newer connection since: they came back)."""
         assert self._monitor is not None
-        while True:
-            try:
-                event = recv_monitor_message(self._monitor, _NOBLOCK)
-            except zmq.Again:
-                return
-            for identity in self._on_connection.pop(event["value"], set()):
-                if self._connection_of.get(identity) == event["value"]:
+        while (event := next_monitor_event(self._monitor)) is not None:
+            closed = event[1]  # the descriptor of the connection
+            for identity in self._on_connection.pop(closed, set()):
+                if self._connection_of.get(identity) == closed:
                     del self._connection_of[identity]
                     self._gone.add(identity)
 
@@ -236,11 +232,9 @@ class Requester:
     def _events(self) -> set[int]:
         """The kinds of the monitor's events that wait, taken."""
         kinds = set()
-        while True:
-            try:
-                kinds.add(recv_monitor_message(self._monitor, _NOBLOCK)["event"])
-            except zmq.Again:
-                return kinds
+        while (event := next_monitor_event(self._monitor)) is not None:
+            kinds.add(event[0])
+        return kinds
 
     def close(self) -> None:
         _close(self._socket, self._monitor)

@@ -21,11 +21,13 @@ import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
+
+if TYPE_CHECKING:
+    from zmq.auth.thread import ThreadAuthenticator
 
 from ._errors import TransportError
 from ._log import get_logger
@@ -256,6 +258,9 @@ def _start_authenticator(context: zmq.Context[Any], keys: CurveKeys) -> None:
     with _lock:
         if id(context) in _authenticators:
             return
+        # Imported here: it brings all of asyncio, which only a CURVE-secured process needs.
+        from zmq.auth.thread import ThreadAuthenticator
+
         authenticator = ThreadAuthenticator(context)
         authenticator.start()
         authenticator.configure_curve_callback("*", credentials_provider=_AllocationMembers(keys))

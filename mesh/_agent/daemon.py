@@ -2,7 +2,8 @@
 
 It forks its fork server before anything else (so the server stays single-threaded), then runs
 a `HostAgent` until it is shut down (SIGTERM) or its owner is gone. The agent imports only what
-it runs on, so that it answers sooner; its fork server imports what procs run on meanwhile
+it runs on, so that it answers sooner: what its procs run on too before forking the fork
+server, its own modules (`host_agent`) after, while the fork server imports the procs' runtime
 (`warm_start`). It chooses the CURVE keys of a tcp agent, writes the address actually listened
 on where asked, joins and leaves its allocation, and removes its run directory when it is its
 own.
@@ -17,13 +18,14 @@ import shutil
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mesh._agent.allocations import add_to_allocation, allocation_keys_dir, remove_from_allocation
 from mesh._agent.forkserver import PRELOAD_ENV, ForkServerClient, start_forkserver
-from mesh._agent.host_agent import HostAgent
 from mesh._agent.log_files import LogFileConfig, default_log_dir, prepare_log_dir
 from mesh._agent.notices import NoticeWatch, notice_signal
 from mesh._agent.rundir import own_run_dir
+from mesh._agent.warm_start import import_shared
 from mesh._settings import reload_settings
 from transport import (
     KEYS_ENV,
@@ -35,6 +37,9 @@ from transport import (
     transport_settings,
     use_curve_keys,
 )
+
+if TYPE_CHECKING:
+    from mesh._agent.host_agent import HostAgent
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> None:
@@ -56,7 +61,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m mesh._agent") -> 
         reload_settings()  # the fork server preloads what its settings name
     if notices is not None:
         notices.ignore_in_children()  # the scheduler signals procs too: only the agent hears it
+    import_shared()  # what the procs run on too: their fork server inherits it
     forkserver = start_forkserver(log_files)
+    from mesh._agent.host_agent import HostAgent  # beside the fork server's warm-up
+
     if notices is not None:
         notices.install()
     agent = HostAgent(

@@ -27,6 +27,27 @@ from collections.abc import Callable, Iterator
 
 #: Modules every proc loads before it is ready that the agent's imports leave out.
 PROC_START_MODULES = ("mesh._agent.proc_main", "anyio._backends._asyncio")
+#: Modules the agent and its procs both run on, beyond what it takes to fork the fork server.
+#: The agent imports them before that fork, and its own modules (`host_agent` and what only
+#: it needs) after it, while the fork server imports the procs' runtime: so neither imports a
+#: module twice, and the agent's own imports are no longer on a first proc's way to ready.
+SHARED_MODULES = (
+    "supervision",
+    "mesh._engine.host_services",
+    "mesh._engine.fanout_messages",
+    "mesh._engine.payload_arena",
+    "mesh._engine.fault_rules",
+    "mesh._engine.proc_faults",
+    "mesh._engine.workspace_files",
+    "mesh._engine.debug_messages",
+    "mesh._engine.view_messages",
+)
+
+
+def import_shared() -> None:
+    """Import what the agent and its procs both run on (`SHARED_MODULES`)."""
+    for name in SHARED_MODULES:
+        importlib.import_module(name)
 
 
 def warm_up() -> None:

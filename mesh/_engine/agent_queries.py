@@ -1,6 +1,9 @@
 """`AgentQueries`: requests to host agents that each answer once, matched by request id (the
-registration, listing, adoption and stopping of detached meshes). Every wait ends: an agent
-that does not answer in time is named, never waited for forever."""
+registration, listing, adoption and stopping of detached meshes, workspace syncs). Every wait
+ends: an agent that does not answer in time is named, never waited for forever.
+
+Their message modules load with the first request (the API that sends one has loaded them
+already), not with every process's runtime: most procs never ask an agent anything."""
 
 from __future__ import annotations
 
@@ -10,18 +13,23 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from mesh._engine.detached_messages import (
-    DetachedListing,
-    DetachedStopped,
-    MeshClaim,
-    Registered,
-)
 from mesh._engine.future import Future, LoopPump
-from mesh._engine.workspace_messages import WORKSPACE_ANSWERS
 from transport import Envelope, Payload
 
-#: The answers these queries get, each carrying the `request_id` it answers.
-ANSWERS = (Registered, DetachedListing, MeshClaim, DetachedStopped, *WORKSPACE_ANSWERS)
+Handlers = dict[type, Callable[[Envelope], None]]
+
+
+def answer_types() -> tuple[type, ...]:
+    """The answers these queries get, each carrying the `request_id` it answers."""
+    from mesh._engine.detached_messages import (
+        DetachedListing,
+        DetachedStopped,
+        MeshClaim,
+        Registered,
+    )
+    from mesh._engine.workspace_messages import WORKSPACE_ANSWERS
+
+    return (Registered, DetachedListing, MeshClaim, DetachedStopped, *WORKSPACE_ANSWERS)
 
 
 class QueryHost(LoopPump, Protocol):
@@ -37,15 +45,13 @@ class QueryHost(LoopPump, Protocol):
 class AgentQueries:
     """Requests in flight to host agents, by request id."""
 
-    def __init__(self, runtime: QueryHost) -> None:
+    def __init__(self, runtime: QueryHost, handlers: Handlers) -> None:
         self._runtime = runtime
+        self._handlers = handlers  # the runtime's table: the answers' entries come with a request
+        self._expecting = False  # whether they are in it
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._waiting: dict[int, Future[Any]] = {}
-
-    def handlers(self) -> dict[type, Callable[[Envelope], None]]:
-        """The runtime's table entries for the answers."""
-        return dict.fromkeys(ANSWERS, self._on_answer)
 
     def ask(
         self, agents: list[str], request: Callable[[int, str], Any], timeout_s: float
@@ -86,6 +92,9 @@ class AgentQueries:
         request_id = next(self._ids)
         future: Future[Any] = Future(self._runtime, f"the answer of host agent {agent}")
         with self._lock:
+            if not self._expecting:  # the first request
+                self._handlers.update(dict.fromkeys(answer_types(), self._on_answer))
+                self._expecting = True
             self._waiting[request_id] = future
         self._runtime.send_message(agent, request(request_id, self._runtime.address_for(agent)))
         return request_id, future

@@ -19,7 +19,7 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mesh._context import context
 from mesh._engine.callwatch import resume_call_watchdog, suspend_call_watchdog
@@ -30,10 +30,12 @@ from mesh._engine.debug_messages import (
     DebugQuery,
     DebugSessions,
 )
-from mesh._engine.debug_session import PausedSession
 from mesh._engine.future import Future
 from mesh._engine.messages import invalid_fields
 from transport import Envelope, get_logger, is_address
+
+if TYPE_CHECKING:
+    from mesh._engine.debug_session import PausedSession
 
 #: Set to "0" (or "false", "no", "off") in a proc's environment: ``breakpoint()`` does nothing.
 ENABLE_ENV = "MESHVISOR_DEBUG"
@@ -92,6 +94,9 @@ class PausedCalls:
         session.debugger.set_trace(frame)
 
     def _start(self, frame: FrameType) -> PausedSession:
+        # pdb (and what it imports) loads with a proc's first breakpoint, not with every proc
+        from mesh._engine.debug_session import PausedSession
+
         running = context()
         number = next(self._numbers)
         session = PausedSession(

@@ -128,7 +128,6 @@ class Runtime:
         )
         self.agents = AgentWatch(self, self.loop, self.procs.fail_procs_of, proc_id)
         self.output = OutputSink(self, self.ownership)
-        self.queries = AgentQueries(self)
         self.paused_calls = PausedCalls(self)  # breakpoint() in a proc (installed by proc_main)
         self.receiver: Receiver | None = None  # a proc's (receive_on_workers)
         self._handlers: dict[type, Callable[[Envelope], None]] = {
@@ -153,9 +152,9 @@ class Runtime:
             OutputSynced: self.output.on_synced,
             SetProcLogLevel: _set_log_level,
             **self.host.message_handlers(),
-            **self.queries.handlers(),
             **self.paused_calls.message_handlers(),
         }
+        self.queries = AgentQueries(self, self._handlers)
 
     # -- the event loop ------------------------------------------------------------------------
 
