@@ -132,14 +132,14 @@ def relay_to(procs: int) -> Iterator[tuple[FanOutRelay, str, list[zmq.Socket[Any
 def agent_side(procs: int, payload: Payload) -> float:
     """Calls the agent's relay makes per proc to deliver one call of `payload` to `procs`."""
     with relay_to(procs) as (relay, folder, sockets):
-        targets = tuple((f"p{rank}", rank) for rank in range(procs))
+        targets = (tuple(f"p{rank}" for rank in range(procs)), tuple(range(procs)))
         calls = iter(range(1, 1 << 30))  # the caller's call ids, and the relay's (both from 1)
         relayed = iter(range(1, 1 << 30))
 
         def fan_out() -> None:
             caller = f"ipc://{folder}/p{procs}"
             message = wire.CallActor(next(calls), caller, "a", "ep", ("gpus",), (procs,), 0)
-            relay.handle(Envelope(fw.FanOut(message, targets), payload))
+            relay.handle(Envelope(fw.FanOut(message, *targets), payload))
             relay.flush()
 
         def answer_all() -> None:  # every proc answers: its slot is free for the next call

@@ -119,15 +119,16 @@ def test_the_agent_relays_well_formed_fan_outs_and_refuses_the_others(make_procs
 
         args = Payload.dump(((5,), {}))
         refused = [
-            fw.FanOut(call(1, "file:///nowhere"), targets),  # no address to answer
-            fw.FanOut(call(2, peer.inbox.address), ((peers[0].proc_id, 2),)),  # outside the sizes
-            fw.FanOut(call(3, peer.inbox.address), (targets[0], targets[0])),  # a rank twice
+            _fan_out(call(1, "file:///nowhere"), targets),  # no address to answer
+            _fan_out(call(2, peer.inbox.address), ((peers[0].proc_id, 2),)),  # outside the sizes
+            _fan_out(call(3, peer.inbox.address), (targets[0], targets[0])),  # a rank twice
+            fw.FanOut(call(6, peer.inbox.address), (peers[0].proc_id,), (0, 1)),  # a rank no proc
         ]
         for request in refused:
             peer.send(encode(request, args))
         unknown = ("never-ran-0", 1)  # skipped: its exit report is what tells a caller
-        peer.send(encode(fw.FanOut(call(4, peer.inbox.address), (targets[0], unknown)), args))
-        peer.send(encode(fw.FanOut(call(5, peer.inbox.address), targets), args))
+        peer.send(encode(_fan_out(call(4, peer.inbox.address), (targets[0], unknown)), args))
+        peer.send(encode(_fan_out(call(5, peer.inbox.address), targets), args))
         answers: dict[tuple[int, int], Any] = {}
         while len(answers) < 3:
             assert peer.inbox.poll(int(T * 1000)), f"answers so far: {answers}"
@@ -170,11 +171,16 @@ def test_a_batch_of_answers_unpacks_into_the_answers_packed(
     assert all(e.header.call_id == 7 for e in fw.unpack_answers(envelope))
     if answers:  # a batch whose entries do not add up to its payload is refused, not misread
         index = data.draw(st.integers(0, len(answers) - 1))
-        rank, kind, size, count = header.answers[index]
-        wrong = (rank, kind, size + data.draw(st.integers(1, 5)), count)
-        bad = fw.RelayedReplies(7, (*header.answers[:index], wrong, *header.answers[index + 1 :]))
+        sizes = list(header.sizes)
+        sizes[index] += data.draw(st.integers(1, 5))
+        bad = fw.RelayedReplies(7, header.ranks, header.kinds, tuple(sizes), header.counts)
         with pytest.raises(ValueError, match="declares"):
             fw.unpack_answers(Envelope(bad, envelope.payload))
+
+
+def _fan_out(message: wire.CallActor, targets: tuple[tuple[str, int], ...]) -> Any:
+    """A FanOut of `message` to (proc id, rank) `targets`."""
+    return fw.FanOut(message, tuple(p for p, _ in targets), tuple(r for _, r in targets))
 
 
 def _bytes_of(payload: Payload | None) -> tuple[bytes, list[bytes]]:

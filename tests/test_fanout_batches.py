@@ -131,8 +131,9 @@ def test_one_pass_reaches_each_proc_in_one_frame_in_order_and_answers_leave_toge
         for call_id, (ranks, answered) in enumerate(fan_outs, 1):
             reply_to = sockets.caller_address if answered else None
             message = wire.CallActor(call_id, reply_to, "a", "ep", ("gpus",), (PROCS,), 0)
-            targets = tuple((f"p{rank}", rank) for rank in sorted(ranks))
-            assert relay.handle(Envelope(fw.FanOut(message, targets), Payload(b"x%d" % call_id)))
+            ordered = sorted(ranks)
+            targets = (tuple(f"p{rank}" for rank in ordered), tuple(ordered))
+            assert relay.handle(Envelope(fw.FanOut(message, *targets), Payload(b"x%d" % call_id)))
             for rank in ranks:
                 sent[rank].append(call_id)
         relay.flush()  # the end of the agent's pass over its inbox
@@ -175,8 +176,8 @@ def test_one_pass_reaches_each_proc_in_one_frame_in_order_and_answers_leave_toge
 def call_all(relay: FanOutRelay, sockets: Sockets) -> list[Any]:
     """Fan one answered call out to every proc; the call as each proc got it."""
     message = wire.CallActor(1, sockets.caller_address, "a", "ep", ("gpus",), (PROCS,), 0)
-    targets = tuple((f"p{rank}", rank) for rank in range(PROCS))
-    assert relay.handle(Envelope(fw.FanOut(message, targets), Payload(b"x")))
+    targets = (tuple(f"p{rank}" for rank in range(PROCS)), tuple(range(PROCS)))
+    assert relay.handle(Envelope(fw.FanOut(message, *targets), Payload(b"x")))
     relay.flush()
     return [frames_waiting(socket, 1)[0][0].header for socket in sockets.procs]
 

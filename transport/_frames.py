@@ -60,6 +60,8 @@ DEFAULT_MAX_MESSAGE_BYTES = TransportSettings.max_message_bytes
 MAX_HEADER_BYTES = 4 << 20
 #: Headers nest registered messages at most this deep (SpawnProcs → ProcSpec is 1).
 _MAX_NESTING = 8
+#: The types of values that hold nothing: a tuple of only these is sent and rebuilt as it is.
+_SCALARS = frozenset({type(None), bool, int, float, str, bytes})
 
 _T = TypeVar("_T", bound=type)
 _registered: set[type] = set()
@@ -162,8 +164,8 @@ def _plain(value: Any) -> Any:
     fields = _fields_of.get(type(value))
     if fields is not None:
         return (..., *(_plain(v) for v in fields(value)))
-    if type(value) is tuple:
-        return tuple(_plain(v) for v in value)
+    if type(value) is tuple:  # one of scalars holds nothing to replace (tested in C)
+        return value if _SCALARS.issuperset(map(type, value)) else tuple(map(_plain, value))
     if type(value) is list:
         return [_plain(v) for v in value]
     if type(value) is dict:
@@ -244,9 +246,10 @@ def _rebuilt(value: Any, depth: int) -> Any:
         raise MalformedMessage(f"a header nests messages deeper than {_MAX_NESTING} levels")
     kind = type(value)
     if kind is tuple:
-        if value and value[0] is ...:
-            return _message(tuple(_rebuilt(v, depth + 1) for v in value), 1)
-        return tuple(_rebuilt(v, depth + 1) for v in value)
+        if _SCALARS.issuperset(map(type, value)):  # no message, nothing nested: tested in C
+            return value
+        rebuilt = tuple(_rebuilt(v, depth + 1) for v in value)
+        return _message(rebuilt, 1) if value and value[0] is ... else rebuilt
     if kind is list:
         return [_rebuilt(v, depth + 1) for v in value]
     if kind is dict:

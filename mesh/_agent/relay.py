@@ -118,9 +118,9 @@ class FanOutRelay:
             relay_id = next(self._ids)
             relayed = self._calls[relay_id] = _Relayed(message.call_id, message.reply_to)
         relayed_message = _for_rank(message, relay_id, reply_to, 0)
-        shared = self._shared.share(relay_id, relayed_message, payload, len(request.targets))
+        shared = self._shared.share(relay_id, relayed_message, payload, len(request.ranks))
         frames_for = _frames_for(relayed_message, shared, payload)
-        for proc_id, rank in request.targets:
+        for proc_id, rank in zip(request.proc_ids, request.ranks):
             proc = self._procs.get(proc_id)
             if proc is None:  # gone: its exit report tells the caller
                 continue
@@ -279,9 +279,12 @@ def _bad_fan_out(request: FanOut) -> str | None:
     if message.reply_to is not None and not is_address(message.reply_to):
         return f"reply_to {message.reply_to[:60]!r} is not a meshvisor address"
     sizes = message.sizes if isinstance(message, CallActor) else None
+    ranks = request.ranks
+    if len(request.proc_ids) != len(ranks):
+        return f"{len(request.proc_ids)} proc ids for {len(ranks)} ranks: one rank per proc"
     limit = math.inf if sizes is None else math.prod(sizes)
-    if any(not 0 <= rank < limit for _, rank in request.targets):
+    if ranks and not (min(ranks) >= 0 and max(ranks) < limit):
         return f"a target's rank is outside the sizes {sizes!r} of the call"
-    if len({rank for _, rank in request.targets}) != len(request.targets):
+    if len(set(ranks)) != len(ranks):
         return "two targets have the same rank"
     return None

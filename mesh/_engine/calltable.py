@@ -165,7 +165,7 @@ class CallTable:
         except ValueError as exc:  # the call must end: its ranks in this batch fail
             header = envelope.header
             if invalid_fields(header) is None:
-                for rank, *_ in header.answers:
+                for rank in header.ranks:
                     self.settle(header.call_id, rank, error=ActorError(str(exc)))
             return
         for answer in answers:
@@ -256,7 +256,7 @@ class CallTable:
             if not pending.peers:  # none left (or a call to one actor)
                 peer.calls.discard(call_id)
                 del self._calls[call_id]
-            elif not any(other is peer for other in pending.peers.values()):
+            elif peer not in pending.peers.values():  # (identity, compared in C)
                 peer.calls.discard(call_id)
         one = pending.one
         if one is not None:

@@ -101,8 +101,9 @@ def fan_out_frames(group: list[tuple[ProcPeer, Any]], payload: Payload | None) -
     """The one message to a host agent that delivers the headers of `group` (one call). The
     first header stands for all: the procs of one agent are all ipc or all tcp, so each was
     handed the same reply address (`Runtime.address_for`)."""
-    targets = tuple((peer.proc_id, header.rank) for peer, header in group)
-    return encode(FanOut(group[0][1], targets), payload)
+    proc_ids = tuple([peer.proc_id for peer, _ in group])
+    ranks = tuple([header.rank for _, header in group])
+    return encode(FanOut(group[0][1], proc_ids, ranks), payload)
 
 
 def _hosts_worth_fanning_out(

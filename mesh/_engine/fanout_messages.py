@@ -19,22 +19,28 @@ from transport import Envelope, Payload, message_type
 @message_type
 @dataclass(frozen=True, slots=True, repr=False, eq=False)
 class FanOut:
-    """Caller → host agent: deliver `message` to each proc of `targets` (proc id, rank in the
-    call) on this host, with that rank; answers come back batched to `message.reply_to`."""
+    """Caller → host agent: deliver `message` to each proc of `proc_ids` on this host, with
+    the rank in the call at the same index of `ranks`; answers come back batched to
+    `message.reply_to`. Columns of plain values, not pairs: checked and framed in C."""
 
     message: CallActor | StopActor
-    targets: tuple[tuple[str, int], ...]
+    proc_ids: tuple[str, ...]
+    ranks: tuple[int, ...]
 
 
 @message_type
 @dataclass(frozen=True, slots=True, repr=False, eq=False)
 class RelayedReplies:
-    """Host agent → caller: answers to call `call_id`, one (rank, kind, body bytes, buffer
-    count) per answer; kind "" is a Reply, else the kind of a Failure. Payload: the answers'
-    bodies one after the other, and their out-of-band buffers in the same order."""
+    """Host agent → caller: answers to call `call_id`, the i-th one from rank `ranks[i]`, of
+    kind `kinds[i]` ("" is a Reply, else the kind of a Failure), `sizes[i]` bytes of body and
+    `counts[i]` out-of-band buffers. Payload: the answers' bodies one after the other, and
+    their buffers in the same order. Columns of plain values: checked in C."""
 
     call_id: int
-    answers: tuple[tuple[int, str, int, int], ...]
+    ranks: tuple[int, ...]
+    kinds: tuple[str, ...]
+    sizes: tuple[int, ...]
+    counts: tuple[int, ...]
 
 
 #: The answers a relayed batch may hold: a call to more ranks is answered in several batches.
@@ -45,16 +51,22 @@ def pack_answers(
     call_id: int, answers: Sequence[tuple[int, str, Payload | None]]
 ) -> tuple[RelayedReplies, Payload]:
     """One message for several answers (rank, Failure kind or "", payload) to `call_id`."""
-    entries: list[tuple[int, str, int, int]] = []
+    ranks, kinds, sizes, counts = [], [], [], []
     bodies: list[bytes | memoryview] = []
     buffers: list[Any] = []
     for rank, kind, payload in answers:
-        body = b"" if payload is None else payload.body
-        more = () if payload is None else payload.buffers
-        entries.append((rank, kind, len(body), len(more)))
-        bodies.append(body)
-        buffers.extend(more)
-    return RelayedReplies(call_id, tuple(entries)), Payload(b"".join(bodies), buffers)
+        ranks.append(rank)
+        kinds.append(kind)
+        if payload is None:
+            sizes.append(0)
+            counts.append(0)
+            continue
+        sizes.append(len(payload.body))
+        counts.append(len(payload.buffers))
+        bodies.append(payload.body)
+        buffers.extend(payload.buffers)
+    header = RelayedReplies(call_id, tuple(ranks), tuple(kinds), tuple(sizes), tuple(counts))
+    return header, Payload(b"".join(bodies), buffers)
 
 
 def unpack_answers(envelope: Envelope) -> list[Envelope]:
@@ -66,15 +78,22 @@ def unpack_answers(envelope: Envelope) -> list[Envelope]:
         raise ValueError(f"a host agent sent a malformed batch of answers: {reason}")
     payload = envelope.payload or Payload(b"")
     body, buffers = memoryview(payload.body), list(payload.buffers)
-    wanted = sum(size for _, _, size, _ in batch.answers), sum(n for *_, n in batch.answers)
-    if wanted != (body.nbytes, len(buffers)) or len(batch.answers) > MAX_BATCH_ANSWERS:
+    ranks, kinds, sizes, counts = batch.ranks, batch.kinds, batch.sizes, batch.counts
+    if not len(ranks) == len(kinds) == len(sizes) == len(counts):
         raise ValueError(
-            f"a batch of {len(batch.answers)} answers to call {batch.call_id} declares "
+            f"a batch of answers to call {batch.call_id} has {len(ranks)} ranks, {len(kinds)} "
+            f"kinds, {len(sizes)} sizes and {len(counts)} buffer counts: one of each per answer"
+        )
+    wanted = sum(sizes), sum(counts)
+    negative = min(sizes, default=0) < 0 or min(counts, default=0) < 0
+    if wanted != (body.nbytes, len(buffers)) or negative or len(ranks) > MAX_BATCH_ANSWERS:
+        raise ValueError(
+            f"a batch of {len(ranks)} answers to call {batch.call_id} declares "
             f"{wanted[0]} bytes and {wanted[1]} buffers but carries {body.nbytes} and "
             f"{len(buffers)}"
         )
     envelopes, start, first = [], 0, 0
-    for rank, kind, size, count in batch.answers:
+    for rank, kind, size, count in zip(ranks, kinds, sizes, counts):
         header: Any = Reply(batch.call_id, rank) if not kind else Failure(batch.call_id, rank, kind)
         part = Payload(body[start : start + size], buffers[first : first + count])
         envelopes.append(Envelope(header, part if size or count else None))

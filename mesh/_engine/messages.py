@@ -19,14 +19,13 @@ checks of what a peer sent against the types each declares.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
-import types
-import typing
 from dataclasses import dataclass
 from typing import Any
 
+from mesh._engine.field_checks import invalid_fields as invalid_fields
+from mesh._engine.field_checks import short_repr as _short
 from transport import FaultRule, binary_header, is_address, message_type
 
 
@@ -340,21 +339,6 @@ class PortHeld:
 PROC_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 
 
-def invalid_fields(header: object) -> str | None:
-    """Why `header` (a decoded message) does not hold the types its class declares, or None.
-
-    Headers are decoded from whatever a peer sent, so a well-framed message may still carry a
-    list where a str belongs; receivers check before acting on it."""
-    for name, hint in _hints(type(header)).items():
-        value = getattr(header, name, None)
-        if not _conforms(value, hint):
-            return (
-                f"field {name!r} of {type(header).__name__} must be {_describe(hint)}, "
-                f"not {type(value).__name__} {_short(value)}"
-            )
-    return None
-
-
 def invalid_request(header: object) -> str | None:
     """Why an agent must refuse `header`: wrongly typed fields or values it cannot act on."""
     reason = invalid_fields(header)
@@ -362,55 +346,6 @@ def invalid_request(header: object) -> str | None:
         return reason
     check = _VALUE_CHECKS.get(type(header))
     return check(header) if check is not None else None
-
-
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    """The declared type of each field of a dataclass (none for other classes), cached."""
-    found = _HINTS.get(cls)
-    if found is None:
-        found = _HINTS[cls] = {}
-        if dataclasses.is_dataclass(cls):
-            hints = typing.get_type_hints(cls)
-            found.update((f.name, hints[f.name]) for f in dataclasses.fields(cls))
-    return found
-
-
-def _conforms(value: object, hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if origin is typing.Union or origin is types.UnionType:
-        return any(_conforms(value, option) for option in typing.get_args(hint))
-    if origin is tuple:
-        return type(value) is tuple and _items_conform(value, typing.get_args(hint))
-    if origin is frozenset:
-        (item,) = typing.get_args(hint)
-        return type(value) is frozenset and all(_conforms(v, item) for v in value)
-    if hint is type(None) or hint is None:
-        return value is None
-    if hint is float:
-        return type(value) in (float, int)
-    if hint in (int, str, bool, bytes):
-        return type(value) is hint
-    return type(value) is hint and invalid_fields(value) is None
-
-
-def _items_conform(value: tuple[Any, ...], args: tuple[Any, ...]) -> bool:
-    if len(args) == 2 and args[1] is Ellipsis:
-        return all(_conforms(item, args[0]) for item in value)
-    return len(value) == len(args) and all(map(_conforms, value, args))
-
-
-def _describe(hint: Any) -> str:
-    if typing.get_origin(hint) is None and hasattr(hint, "__name__"):
-        return str(hint.__name__)
-    return re.sub(r"\b(?:[A-Za-z_]\w*\.)+(\w+)", r"\1", str(hint))  # without module paths
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def refusable_spawn(header: object) -> tuple[str, tuple[str, ...]] | None:
