@@ -365,10 +365,7 @@ def decode(frames: Sequence[Any], *, max_bytes: int | None = None) -> Envelope:
         max_bytes = transport_settings().max_message_bytes
     if size > max_bytes:
         raise MessageTooLarge(f"received a message of {size} bytes, over the limit of {max_bytes}")
-    if first.nbytes < _PREFIX:
-        magic = b""
-    else:
-        magic, length, codec = _HEAD.unpack_from(first)
+    magic, length, codec = _HEAD.unpack_from(first) if first.nbytes >= _PREFIX else (b"", 0, 0)
     if magic != MAGIC:
         _refuse_prefix(first)
     if length > MAX_HEADER_BYTES:
