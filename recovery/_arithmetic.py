@@ -128,22 +128,25 @@ def digest(model: torch.nn.Module) -> str:
     return combine_digest(digest_part(model, 0, 1))
 
 
-def digest_part(model: torch.nn.Module, part: int, parts: int) -> DigestEntries:
+def digest_part(
+    model: torch.nn.Module, part: int, parts: int, piece_bytes: int = DIGEST_PIECE_BYTES
+) -> DigestEntries:
     """The entries of the pieces numbered `part` modulo `parts`: `parts` replicas holding the
-    same bits each hash one share, and `combine_digest` of all the shares is `digest`."""
+    same bits each hash one share, and `combine_digest` of all the shares is `digest` (for
+    the default `piece_bytes`; other sizes give other digests, for tests)."""
     entries: DigestEntries = []
     number = 0
     for name, tensor in sorted(model.state_dict().items()):
-        count = max(1, -(-tensor.numel() * tensor.element_size() // DIGEST_PIECE_BYTES))
+        count = max(1, -(-tensor.numel() * tensor.element_size() // piece_bytes))
         mine = [k for k in range(count) if (number + k) % parts == part]
         if mine:
-            entries += _piece_entries(name, tensor, number, mine)
+            entries += _piece_entries(name, tensor, number, mine, piece_bytes)
         number += count
     return entries
 
 
 def _piece_entries(
-    name: str, tensor: torch.Tensor, number: int, pieces: Sequence[int]
+    name: str, tensor: torch.Tensor, number: int, pieces: Sequence[int], piece_bytes: int
 ) -> DigestEntries:
     dense = tensor.detach().resolve_conj().resolve_neg().contiguous().cpu()
     head = f"{name}|{dense.dtype}|{tuple(dense.shape)}"
@@ -152,7 +155,7 @@ def _piece_entries(
         memory = memoryview((ctypes.c_ubyte * dense.nbytes).from_address(dense.data_ptr()))
     found = []
     for k in pieces:
-        piece = memory[k * DIGEST_PIECE_BYTES : (k + 1) * DIGEST_PIECE_BYTES]
+        piece = memory[k * piece_bytes : (k + 1) * piece_bytes]
         found.append((number + k, f"{head}|{k}|{zlib.crc32(piece):08x};"))
     return found
 
