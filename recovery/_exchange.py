@@ -48,12 +48,13 @@ ALLGATHER_BELOW_BYTES = 256 * 1024
 
 #: A large gradient is exchanged in segments of this size, pipelined: gloo moves several
 #: smaller collectives faster than one large one, and the averaging of a segment overlaps the
-#: transfer of the next. Float addition is elementwise, so segments change no bits.
-SEGMENT_BYTES = 4 << 20
+#: transfer of the next. Float addition is elementwise, so segments change no bits. Each
+#: segment costs two collectives, their system calls and a wake-up of the replica's thread:
+#: at 336 MB on 3 ranks, 16 MiB took a fifth less CPU than 4 MiB (docs/replica-recovery.md).
+SEGMENT_BYTES = 16 << 20
 
-#: Segments in flight at once; their buffers are reused for the segments after them. Other
-#: sizes (1 to 4 MiB, 4 to 16 in flight) came out ahead in one run and behind in the next at
-#: 336 MB on 3 ranks, here, under load averages of 15 to 40: no better choice stood out.
+#: Segments in flight at once; their buffers are reused for the segments after them. At
+#: 16 MiB, 2 and 4 in flight cost the same CPU here; wall times moved with the load.
 WINDOW = 4
 
 #: One standing group a replica forms (`_standing`): (quorum, its first group rank, world).
@@ -77,8 +78,15 @@ def bucket_bounds(numel: int, world: int) -> list[tuple[int, int]]:
 def average(parts: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
     """The mean of `parts`, summed left to right (participant order): the same bits wherever
     it is computed, a bucket at a time or whole. Written into `out` when given."""
-    total = parts[0].clone() if out is None else out.copy_(parts[0])
-    for part in parts[1:]:
+    import torch
+
+    dtypes = {part.dtype for part in parts[:2]} | ({out.dtype} if out is not None else set())
+    first = 2 if len(parts) > 1 and len(dtypes) == 1 else 1
+    if first == 2:  # the first sum written straight into `total`: one pass over memory less
+        total = torch.add(parts[0], parts[1], out=out) if out is not None else parts[0] + parts[1]
+    else:
+        total = parts[0].clone() if out is None else out.copy_(parts[0])
+    for part in parts[first:]:
         total += part
     total /= len(parts)
     return total

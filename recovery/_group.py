@@ -30,7 +30,7 @@ from transport import get_logger
 from ._aborts import AbortNotices
 from ._group_stop import stop_group
 from ._inflight import InFlight
-from ._members import PRELOAD, Member, ReplicaSpawner, failures, gather
+from ._members import PRELOAD, Member, ReplicaSpawner, commit_digests, failures, gather
 from ._outcomes import Recovery, ReplicaGroupError, ReplicaLost, StepOutcome, alive, short
 from ._rejoin import KEEP_WHILE_HEALING, Rejoins
 from ._replica import Replica
@@ -190,17 +190,16 @@ class ReplicaGroup:
             self._abort(members, step, failed)
             reasons = "; ".join(f"replica {i}: {short(e)}" for i, e in sorted(failed.items()))
             return self._outcome(step, False, members, started, reasons)
-        # every participant's digest every check_every steps; with spares, or a replacement on
-        # its way (its catch-up is checked against it), one's in between
-        with_digest = step % self.replica_class.check_every == 0 or self._standbys.meshes != []
-        with_digest = with_digest or self._rejoins.under_way()
+        # every participant's digest every check_every steps; in between, with spares or a
+        # replacement on its way (its catch-up is checked against it), a share each
+        check = step % self.replica_class.check_every == 0
         keep = max(self._keep_updates, KEEP_WHILE_HEALING if self._rejoins.under_way() else 0)
-        committed = self._call_all(members, "commit", step, with_digest, keep)
+        committed = self._call_all(members, "commit", step, check, keep)
         for index, result in committed.items():  # the step is decided: a late death is a
             if isinstance(result, BaseException):  # failure of that replica, not of the step
                 self._failed(index, f"died while committing: {short(result)}", host_lost(result))
         self.history.append((step, members))
-        digests = {d for v in committed.values() if isinstance(v, list) for d in v if d}
+        digests = commit_digests(committed, len(members))
         if len(digests) > 1:
             raise ReplicaGroupError(f"replicas {members} diverged at step {step}: {digests}")
         donors = [self._members[i].actors for i in members if self._members[i].state == "live"]
@@ -358,6 +357,10 @@ class ReplicaGroup:
 
     # -- calls ---------------------------------------------------------------------------------
 
+    def _digest_shared(self) -> bool:
+        """Whether each commit's digest is wanted (in shares) though no check is due."""
+        return self._standbys.meshes != [] or self._rejoins.under_way()
+
     def _call_all(
         self, members: tuple[int, ...], endpoint: str, *args: Any, until: Any = None
     ) -> dict[int, Any]:
@@ -368,8 +371,8 @@ class ReplicaGroup:
             call_args = list(args)
             if endpoint == "join":
                 call_args[1] = position * self.ranks_per_replica
-            elif endpoint == "commit" and position and args[0] % self.replica_class.check_every:
-                call_args[1] = False  # a spare's check needs one digest, not every one
+            elif endpoint == "commit" and not args[1] and self._digest_shared():
+                call_args[1] = (position, len(members))  # its share of the spares' digest
             member = self._members[index]
             with member.lock:  # a failed member's replacement may be on its way: not to it
                 if member.state != "live":

@@ -158,3 +158,19 @@ def _outcome(future: Future[ValueMesh[Any]], timeout_s: float) -> Any:
         return list(future.get(timeout=timeout_s).values())
     except (SupervisionError, ActorError, TimeoutError) as exc:
         return exc
+
+
+def commit_digests(committed: dict[int, Any], members: int) -> set[str]:
+    """The digests that the `members` participants' commits returned: whole ones (one unless
+    they diverged), or the one they returned a share each of (`digest_part`: the first
+    rank's of each; none unless every share came)."""
+    from ._arithmetic import combine_digest
+
+    shares = [
+        v[0] for v in committed.values() if isinstance(v, list) and v and isinstance(v[0], list)
+    ]
+    if not shares:
+        return {d for v in committed.values() if isinstance(v, list) for d in v if d}
+    if len(shares) < members:
+        return set()
+    return {combine_digest(entry for share in shares for entry in share)}

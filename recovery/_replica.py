@@ -32,6 +32,7 @@ from transport import Addresses
 from ._aborts import AbortWatch
 from ._arithmetic import (
     apply_average,
+    commit_digest,
     digest,
     local_gradient,
     restore_buffers,
@@ -39,14 +40,7 @@ from ._arithmetic import (
 )
 from ._build import random_init_skipped, warm_up_in_background
 from ._exchange import GroupPlace, HeldGroups, exchange_average, open_group
-from ._follow import (
-    Lowered,
-    Takeover,
-    UpdateLog,
-    rank_match,
-    warm_up_autograd,
-    warm_up_gloo,
-)
+from ._follow import Lowered, Takeover, UpdateLog, rank_match, warm_up_autograd, warm_up_gloo
 from ._heal import DonorCache, HealReport, StepStart, endpoints_of, heal
 from ._heal_catch_up import caught_up
 from ._heal_state import Chunk, Piece, StateLayout
@@ -267,9 +261,11 @@ class Replica(Actor):
             self._update = exchange_average(self._group, self._gradient, self._aborts, reused)
 
     @endpoint
-    def commit(self, step: int, with_digest: bool = False, keep_updates: int = 0) -> str | None:
-        """Phase two of `step`: apply the averaged gradient. Returns the digest of the new
-        parameters if `with_digest` (the group checks them every few steps, and for spares).
+    def commit(
+        self, step: int, with_digest: bool | tuple[int, int] = False, keep_updates: int = 0
+    ) -> str | list[tuple[int, str]] | None:
+        """Phase two of `step`: apply the averaged gradient. Returns the new parameters' digest
+        if `with_digest` (checks), or share (part, parts) of it (`digest_part`, for spares).
         Keeps the updates of the last `keep_updates` steps (for spares and replacements)."""
         with self._stepping, self._changing:
             if self._update is None or step != self.committed_step + 1:
@@ -284,7 +280,7 @@ class Replica(Actor):
                 self._updates.resize(keep_updates)
             self._reused = self._updates.record(step, self._update)  # memory for the next
             self._update = None
-            return digest(self.model) if with_digest else None
+            return commit_digest(self.model, with_digest)
 
     @endpoint
     def abort(self, step: int) -> int:

@@ -205,7 +205,7 @@ class Standbys:
             asked = spare.follows[-1][1] if self._following(spare) else spare.reached
             if spare.state == "ready" and step > asked and len(spare.follows) < self._in_flight:
                 check = step - spare.checked >= self._follow_every
-                # the last participant first: the first one hashes for the spares' checks
+                # from the participants, the last first
                 call = spare.actors.follow.call(step, list(reversed(donors)), check)
                 spare.follows.append((call, step))
                 spare.checked = step if check else spare.checked

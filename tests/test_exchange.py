@@ -27,7 +27,7 @@ from mesh import this_host
 from recovery import ReplicaGroup, bucket_bounds, replay_training, segment_bounds
 from recovery import fixed_order_average as average
 from recovery import parameter_digest as digest
-from recovery.testing import StoreClient, StoreServer
+from recovery.testing import StoreClient, StoreServer, combine_digest, digest_part
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -97,6 +97,39 @@ def test_segments_cover_the_gradient_in_order_without_padding_but_the_last(
     assert all(0 < b - a <= max(sizes | {b - a}) for a, b in segments)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    shapes=st.lists(st.lists(st.integers(0, 300), min_size=1, max_size=2), max_size=5),
+    parts=st.integers(1, 7),
+    piece_bytes=st.sampled_from([4, 1000, 8 << 20]),
+    seed=st.integers(0, 2**16),
+)
+def test_shares_of_a_digest_combine_into_the_whole_digest(
+    shapes: list[list[int]], parts: int, piece_bytes: int, seed: int
+) -> None:
+    """Participants that hash a share each (as with spares) give the digest of the whole
+    model, with tensors of one piece or many; a changed bit anywhere changes it."""
+    generator = torch.Generator().manual_seed(seed)
+    model = torch.nn.Module()
+    for index, shape in enumerate(shapes):
+        tensor = torch.randn(*shape, generator=generator)
+        model.register_parameter(f"p{index}", torch.nn.Parameter(tensor))
+
+    def shared() -> str:
+        shares = [digest_part(model, part, parts, piece_bytes) for part in range(parts)]
+        return combine_digest(entry for share in shares for entry in share)
+
+    whole = combine_digest(digest_part(model, 0, 1, piece_bytes))
+    assert shared() == whole
+    if piece_bytes == 8 << 20:
+        assert whole == digest(model)
+    filled = [p for p in model.parameters() if p.numel()]
+    if filled:
+        with torch.no_grad():
+            filled[-1].view(-1)[-1] += 1
+        assert shared() != whole
+
+
 def test_summing_order_matters_for_these_gradients() -> None:
     """The check above can fail: with these magnitudes, another order gives other bits."""
     grads = [xa.gradient(3, rank, 4096) for rank in range(4)]
@@ -111,7 +144,7 @@ def test_gloo_exchange_of_real_procs_has_the_bits_of_the_whole_average() -> None
     try:
         actors = procs.spawn("exchanger", xa.Exchanger).flatten("rank")
         cases = [(2, 1), (3, 1000), (4, 3), (2, 70_001), (4, 100_003), (3, 2_500_001)]
-        cases.append((3, 6_000_001))  # more segments than are in flight: buffers reused
+        cases.append((3, 18_000_001))  # more segments than are in flight: buffers reused
         for world, numel in cases:  # several segments, the last one padded
             ranks = actors.slice(rank=slice(0, world))
             tag = f"w{world}-n{numel}"
