@@ -357,21 +357,19 @@ class ReplicaGroup:
 
     # -- calls ---------------------------------------------------------------------------------
 
-    def _digest_shared(self) -> bool:
-        """Whether each commit's digest is wanted (in shares) though no check is due."""
-        return self._standbys.meshes != [] or self._rejoins.under_way()
-
     def _call_all(
         self, members: tuple[int, ...], endpoint: str, *args: Any, until: Any = None
     ) -> dict[int, Any]:
         """Call `endpoint` on every rank of each member at once; per member, the list of
         values (rank order) or the error (`until`: see `gather`)."""
         futures, gone = {}, {}
+        # with spares or a replacement on its way, each commit's digest though no check is due
+        shared = endpoint == "commit" and (self._standbys.meshes != [] or self._rejoins.under_way())
         for position, index in enumerate(members):
             call_args = list(args)
             if endpoint == "join":
                 call_args[1] = position * self.ranks_per_replica
-            elif endpoint == "commit" and not args[1] and self._digest_shared():
+            elif shared and not args[1]:
                 call_args[1] = (position, len(members))  # its share of the spares' digest
             member = self._members[index]
             with member.lock:  # a failed member's replacement may be on its way: not to it

@@ -133,9 +133,9 @@ def test_a_replacement_goes_on_with_the_groups_batches_and_random_numbers(
     )
     groups.append(group)
     train(group, 7, between={2: 1}, full_before={4, 5})
-    # step 4 without the dead replica, unless its replacement joined the retry in flight
-    joined = next(r.in_flight for r in group.recoveries if r.replica == 2)
-    assert group.history[3] == (4, (0, 1)) or joined, group.history
+    # step 4 retried by the survivors; the dead replica's replacement may be in the retry too,
+    # if it was healed and caught up by the retry's start (or joined it in flight)
+    assert group.history[3] in {(4, (0, 1)), (4, (0, 1, 2))}, group.history
     assert {r.replica for r in group.recoveries} == {1, 2}, group.recoveries
     reads = _committed_reads(group)
     for (replica, step), read in reads.items():
