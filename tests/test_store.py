@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import datetime
 import os
-import shutil
 import signal
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,12 +22,11 @@ import torch.distributed as dist
 import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from store_processes import python, store_process
 
 import transport
 from mesh.tooling import sweep_stale_run_dirs
 from recovery.testing import StoreClient, StoreServer
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -275,14 +272,14 @@ def test_a_gloo_group_of_three_processes_forms_through_it_and_reduces(
     server: StoreServer,
 ) -> None:
     """This process is rank 0; two others, ranks 1 and 2."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", GLOO_RANK, str(server.addresses.ipc), str(rank), "3"],
-            env=env,
+        python(
+            GLOO_RANK,
+            str(server.addresses.ipc),
+            str(rank),
+            "3",
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            text=True,
         )
         for rank in (1, 2)
     ]
@@ -417,24 +414,10 @@ def test_closing_the_server_ends_waits_and_removes_its_socket_file() -> None:
     assert not os.path.exists(server.addresses.ipc[len("ipc://") :])
 
 
-SERVER = """
-import sys, time
-from recovery.testing import StoreServer
-server = StoreServer()
-print(server.addresses.ipc, flush=True)
-time.sleep(600)
-"""
-
-
 def test_the_death_of_the_servers_process_ends_a_blocked_wait() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(
-        [sys.executable, "-c", SERVER], env=env, stdout=subprocess.PIPE, text=True
-    )
-    address = ""
-    try:
-        address = (process.stdout.readline() if process.stdout else "").strip()
-        store = StoreClient(transport.Addresses(address), 60.0)
+    with store_process() as (process, addresses):
+        assert addresses.ipc is not None
+        store = StoreClient(transport.Addresses(addresses.ipc), 60.0)
         store.set("death/here", b"1")
         threading.Timer(0.5, os.kill, (process.pid, signal.SIGKILL)).start()
         started = time.monotonic()
@@ -443,14 +426,7 @@ def test_the_death_of_the_servers_process_ends_a_blocked_wait() -> None:
         assert time.monotonic() - started < 30.0, "the wait lasted until its timeout"
         store.close()
         process.wait(30.0)
-        directory = os.path.dirname(address[len("ipc://") :])
+        directory = os.path.dirname(addresses.ipc[len("ipc://") :])
         assert os.path.isdir(directory), "a SIGKILLed process cannot remove its store's directory"
         sweep_stale_run_dirs(os.path.dirname(directory))  # what the next client does as it starts
         assert not os.path.exists(directory), "the dead process's store directory was not swept"
-    finally:
-        process.kill()
-        process.wait()
-        if process.stdout:
-            process.stdout.close()
-        if address:
-            shutil.rmtree(os.path.dirname(address[len("ipc://") :]), ignore_errors=True)
