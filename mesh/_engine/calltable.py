@@ -177,18 +177,19 @@ class CallTable:
     def on_reply(self, envelope: Envelope) -> None:
         header: Reply = envelope.header
         payload: Payload = envelope.payload  # type: ignore[assignment]
+        self.on_lone_reply(header.call_id, header.rank, payload.body, payload.buffers)
+
+    def on_lone_reply(
+        self, call_id: int, rank: int, body: bytes | memoryview, buffers: Any = ()
+    ) -> None:
+        """Recipient `rank` of call `call_id` answered with the pickled value `body`."""
         try:
-            value = loads(payload.body, payload.buffers)  # `Payload.load`, one call less
+            value = loads(body, buffers)  # `Payload.load`, one call less
         except Exception as exc:
-            self.settle(
-                header.call_id,
-                header.rank,
-                error=ActorError(
-                    f"the result of call {header.call_id} could not be unpickled here: {exc!r}"
-                ),
-            )
+            error = ActorError(f"the result of call {call_id} could not be unpickled here: {exc!r}")
+            self.settle(call_id, rank, error=error)
             return
-        self.settle(header.call_id, header.rank, value=value)
+        self.settle(call_id, rank, value=value)
 
     def on_failure(self, envelope: Envelope) -> None:
         header: Failure = envelope.header
