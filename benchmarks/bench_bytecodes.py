@@ -1,14 +1,15 @@
 """Bytecodes per sync round trip on each side, counted with `sys.settrace`: a figure the load
 on the machine does not move (issue 17, point 1).
 
-    python3 benchmarks/bench_bytecodes.py            # caller and callee, per round trip
+    python3 benchmarks/bench_bytecodes.py            # caller and callee, per message
     python3 benchmarks/bench_bytecodes.py --top 15   # and the functions that run the most
 
 The caller is this script's main thread (it pumps its own reply inbox in `get()`); the callee
 is the proc's receiving thread (it runs an idle actor's sync calls itself). On each, a trace
 function with `f_trace_opcodes` counts every bytecode executed (the frames already running
 included) over 2000 calls of `ping(0)`, one at a time; Python function calls are counted too.
-Both ends check that the callee's counting thread was the one that ran the calls.
+Both ends check that the callee's counting thread was the one that ran the calls. The same
+again with the 2000 calls pipelined (all issued, then collected: replies come in batches).
 
 Then, untraced, the CPU time each of those two threads uses per round trip (`thread_time`,
 median of 5 x 2000): the load on the machine moves it much less than the wall time, though
@@ -109,15 +110,35 @@ def counting(counter: OpcodeCounter) -> Iterator[None]:
 
 def report(label: str, opcodes: Counts, calls: int, top: int) -> None:
     total = sum(opcodes.values()) / CALLS
-    print(f"{label:7s} {total:7.0f} bytecodes, {calls / CALLS:5.1f} Python calls per round trip")
+    print(f"{label:17s} {total:7.0f} bytecodes, {calls / CALLS:5.1f} Python calls per message")
     for name, value in opcodes.most_common(top):
         print(f"    {value / CALLS:7.1f} {name}")
+
+
+def counted(actor: Any, pipelined: bool) -> tuple[OpcodeCounter, Counts, int]:
+    """What both sides ran for `CALLS` pings: one at a time, as bench_messaging.py's round
+    trip, or all issued before any is collected (its replies then come in batches)."""
+    ping = actor.ping
+    actor.count_from_here.call_one().get(timeout=60)
+    mine = OpcodeCounter()
+    with counting(mine):
+        if pipelined:
+            for future in [ping.call_one(0) for _ in range(CALLS)]:
+                future.get()
+        else:
+            for _ in range(CALLS):
+                ping.call_one(0).get()
+    theirs, calls, same_thread = actor.counts.call_one().get(timeout=60)
+    if not same_thread:
+        raise SystemExit("the calls ran on another thread than the one counting: run again")
+    return mine, collections.Counter(theirs), calls
 
 
 def cpu_per_round_trip(actor: Any) -> tuple[float, float]:
     """(caller's, callee's) CPU microseconds per round trip, each the median of 5 runs."""
     ping, cpu = actor.ping, actor.cpu
-    mine, theirs = [], []
+    mine: list[float] = []
+    theirs: list[float] = []
     while len(mine) < 5:
         before, start = cpu.call_one().get(timeout=60), time.thread_time()
         for _ in range(CALLS):
@@ -139,16 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         ping = actor.ping
         for _ in range(300):  # warm: headers prepared, threads started
             ping.call_one(0).get(timeout=60)
-        actor.count_from_here.call_one().get(timeout=60)
-        mine = OpcodeCounter()
-        with counting(mine):
-            for _ in range(CALLS):
-                ping.call_one(0).get()  # as bench_messaging.py's round trip
-        theirs, calls, same_thread = actor.counts.call_one().get(timeout=60)
-        if not same_thread:
-            raise SystemExit("the calls ran on another thread than the one counting: run again")
-        report("caller", mine.opcodes, mine.calls, args.top)
-        report("callee", collections.Counter(theirs), calls, args.top)
+        for pipelined in (False, True):
+            how = "pipelined" if pipelined else "round trip"
+            mine, theirs, calls = counted(actor, pipelined)
+            report(f"caller, {how}", mine.opcodes, mine.calls, args.top)
+            report(f"callee, {how}", theirs, calls, args.top)
         caller_us, callee_us = cpu_per_round_trip(actor)
         load = os.getloadavg()[0]
         print(
