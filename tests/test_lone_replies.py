@@ -139,6 +139,15 @@ def test_a_truncated_reply_is_dropped_not_raised(link: Link, cut: int) -> None:
     assert type(got) is tuple and got[:2] == (8, 0) and loads(got[2]) == "after"
 
 
+def test_a_reply_of_another_wire_version_is_dropped_not_misread(link: Link) -> None:
+    frame = bytearray(encode_fields(wire.Reply, (11, 0), Payload.dump("old"))[0])
+    frame[len(MAGIC) - 1] += 1  # the version byte
+    link.send([bytes(frame)])
+    link.send(encode_fields(wire.Reply, (12, 0), Payload.dump("new")))
+    got = link.receive()
+    assert type(got) is tuple and got[:2] == (12, 0) and loads(got[2]) == "new"
+
+
 def test_a_reply_past_the_size_limit_is_dropped_not_raised(link: Link) -> None:
     link.send(encode_fields(wire.Reply, (9, 0), Payload.dump("x" * (LIMIT + 1))))  # one frame
     link.send(encode_fields(wire.Reply, (10, 0), Payload.dump(None)))
