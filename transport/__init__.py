@@ -40,9 +40,12 @@ from ._lending import LEND_MIN_BYTES as LEND_MIN_BYTES
 from ._lending import Lent as Lent
 from ._log import get_logger as get_logger
 from ._log import reset_logging as reset_logging
+from ._lone_inbox import LoneInbox as LoneInbox
+from ._prepared import LoneShape as LoneShape
 from ._prepared import PreparedHeader as PreparedHeader
 from ._prepared import encode_prepared as encode_prepared
 from ._prepared import encode_prepared_value as encode_prepared_value
+from ._prepared import lone_shape as lone_shape
 from ._prepared import prepare_header as prepare_header
 from ._requests import Requester as Requester
 from ._requests import Responder as Responder
@@ -83,6 +86,8 @@ __all__ = (
     "Flusher",
     "Inbox",
     "Lent",
+    "LoneInbox",
+    "LoneShape",
     "MalformedMessage",
     "MessageTooLarge",
     "NetworkFaults",
@@ -113,6 +118,7 @@ __all__ = (
     "get_logger",
     "is_address",
     "loads",
+    "lone_shape",
     "message_type",
     "network_faults",
     "new_context",

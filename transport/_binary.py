@@ -22,8 +22,11 @@ the layout (a length past the end, bad UTF-8, bytes left over) raise MalformedMe
 
 from __future__ import annotations
 
+import operator
 import struct
+from collections import deque
 from collections.abc import Callable
+from itertools import repeat as _repeat
 from typing import Any
 
 from ._errors import MalformedMessage
@@ -32,6 +35,8 @@ _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _NONE = 0xFFFFFFFF
 _new = object.__new__
+_call = operator.call
+_drain: Callable[[Any], None] = deque(maxlen=0).extend  # runs an iterator to its end, in C
 #: The declared type of a field (as written in its class) → its kind in a layout.
 _KINDS = {
     "int": "i",
@@ -166,8 +171,8 @@ class BinaryLayout:
         if setters is None:
             return self._cls(*values)
         message: Any = _new(self._cls)
-        for setter, value in zip(setters, values, strict=True):
-            setter(message, value)
+        # each `setter(message, value)`, called from C: no bytecode per field
+        _drain(map(_call, setters, _repeat(message, len(values)), values))
         return message
 
     def _read_rest(self, tail: bytes) -> tuple[Any, ...]:
@@ -188,6 +193,11 @@ class BinaryLayout:
     @property
     def count(self) -> int:
         return len(self._kinds)
+
+    @property
+    def ints_only(self) -> bool:
+        """Whether every field is an int (a reply): the header is one fixed-size struct."""
+        return self._ints is not None
 
 
 def _encode_str(value: str, parts: list[bytes]) -> bool:

@@ -1,11 +1,14 @@
 """Headers prepared once: a caller that sends many messages differing only in their first
 field (a call's id) encodes the rest once, then each message packs its id and joins prefix,
-header and payload body in one copy (`encode_fields` hashes the fields and copies twice)."""
+header and payload body in one copy (`encode_fields` hashes the fields and copies twice).
+A receiver reads a one-frame message whose binary header holds only ints (a reply) with one
+unpack of its prefix and those ints (`LoneShape`), building no header, payload or envelope."""
 
 from __future__ import annotations
 
 import pickle
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +29,28 @@ class PreparedHeader:
     codec: bytes
     lead: bytes  # the frame prefix: magic, header length, codec byte
     tail: bytes  # the fields after the first
+
+
+@dataclass(frozen=True, slots=True)
+class LoneShape:
+    """How a one-frame `kind` message starts: `unpack_from(frame)` reads its prefix, which
+    must equal `lead`, and its header's ints at once; its payload body follows at `size`."""
+
+    kind: type
+    lead: bytes
+    unpack_from: Callable[[Any], tuple[Any, ...]]
+    size: int
+
+
+def lone_shape(kind: type) -> LoneShape:
+    """The `LoneShape` of `kind`, a message type whose binary header holds only ints."""
+    binary = _binary_of.get(kind)
+    if binary is None or not binary[1].ints_only:
+        raise TypeError(f"{kind.__qualname__} has no binary header made only of ints")
+    count = _counts_of[kind]
+    lead = MAGIC + _LENGTH.pack(_I64.size * count) + binary[0]
+    head = struct.Struct(f"<{len(lead)}s{count}q")
+    return LoneShape(kind, lead, head.unpack_from, head.size)
 
 
 def prepare_header(kind: type, rest: tuple[Any, ...]) -> PreparedHeader | None:

@@ -149,6 +149,19 @@ class Inbox:
                 self._dropped(exc, frames)
         return None
 
+    def _taken(self, frames: list[Any]) -> Envelope | None:
+        """The message `frames` hold (a batch's first); None when none is valid (logged).
+        `receive_nowait` has this inline: it runs once per message received."""
+        first = memoryview(frames[0])
+        if len(frames) == 1 and first[:_BATCH] == BATCH_MAGIC:
+            self._take_batch(first)
+            return self._split.popleft() if self._split else None
+        try:
+            return decode(frames, max_bytes=self._max_bytes)
+        except (MalformedMessage, MessageTooLarge) as exc:
+            self._dropped(exc, frames)
+            return None
+
     def receive_received(self) -> Envelope | None:
         """The next message of a batch already received (None if none): no socket call."""
         return self._split.popleft() if self._split else None

@@ -177,18 +177,23 @@ class CallTable:
     def on_reply(self, envelope: Envelope) -> None:
         header: Reply = envelope.header
         payload: Payload = envelope.payload  # type: ignore[assignment]
-        try:
+        try:  # `on_lone_reply`, inlined: once per reply of a batch
             value = loads(payload.body, payload.buffers)  # `Payload.load`, one call less
         except Exception as exc:
-            self.settle(
-                header.call_id,
-                header.rank,
-                error=ActorError(
-                    f"the result of call {header.call_id} could not be unpickled here: {exc!r}"
-                ),
-            )
+            self.settle(header.call_id, header.rank, error=_unpickling_error(header.call_id, exc))
             return
         self.settle(header.call_id, header.rank, value=value)
+
+    def on_lone_reply(
+        self, call_id: int, rank: int, body: bytes | memoryview, buffers: Any = ()
+    ) -> None:
+        """Recipient `rank` of call `call_id` answered with the pickled value `body`."""
+        try:
+            value = loads(body, buffers)
+        except Exception as exc:
+            self.settle(call_id, rank, error=_unpickling_error(call_id, exc))
+            return
+        self.settle(call_id, rank, value=value)
 
     def on_failure(self, envelope: Envelope) -> None:
         header: Failure = envelope.header
@@ -283,6 +288,11 @@ class CallTable:
                     self.settle(call_id, rank, error=gone_error(peer, event, pending.mesh))
             if pending.home is not None:
                 pending.home.wake()
+
+
+def _unpickling_error(call_id: int, exc: Exception) -> ActorError:
+    """The error of a call whose result could not be unpickled here."""
+    return ActorError(f"the result of call {call_id} could not be unpickled here: {exc!r}")
 
 
 def gone_error(

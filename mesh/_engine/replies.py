@@ -27,16 +27,29 @@ from mesh._engine.ownership import Ownership
 from mesh._engine.peers import ProcPeer
 from mesh._engine.receiver import Receiver
 from supervision import SupervisionEvent
-from transport import Addresses, Envelope, Inbox, Outbox, Payload, check_fd_headroom, get_logger
+from transport import (
+    Addresses,
+    Envelope,
+    LoneInbox,
+    Outbox,
+    Payload,
+    check_fd_headroom,
+    get_logger,
+    lone_shape,
+)
 
 #: How long a thread waits on a future before checking again whether it can pump its inbox.
 _RETRY_S = 0.01
+#: A reply alone in its frame, read as (call id, rank, payload body): no objects built.
+_LONE_REPLY = lone_shape(Reply)
 
 
 class ReplySettler(Protocol):
     """Where replies and failures received on a reply inbox go: the pending calls."""
 
     def on_reply(self, envelope: Envelope) -> None: ...
+
+    def on_lone_reply(self, call_id: int, rank: int, body: memoryview) -> None: ...
 
     def on_failure(self, envelope: Envelope) -> None: ...
 
@@ -87,7 +100,7 @@ class ReplyInbox:
 
     def __init__(self, runtime: ReplyHost, address: str, also: str | None = None) -> None:
         self.runtime = runtime
-        self.inbox = Inbox(runtime.zmq_context, address)
+        self.inbox = LoneInbox(runtime.zmq_context, address)
         try:
             bound = Addresses.of(self.inbox.address)
             if also is not None:  # tcp beside ipc: peers are handed the one nearest to them
@@ -136,7 +149,11 @@ class ReplyInbox:
             # one blocking receive, no poll before it: a Wake (`wake`) ends it when another
             # thread settles the future (a supervision event, a lost reply)
             wait_ms = -1 if left is None else max(1, int(min(left, LONGEST_SOCKET_WAIT_S) * 1000))
-            envelope = inbox.receive_nowait(wait_ms)
+            got = inbox.receive_lone(wait_ms, _LONE_REPLY)
+            if isinstance(got, tuple):  # a lone reply: settled from its ints and body
+                calls.on_lone_reply(*got)
+                continue
+            envelope: Envelope | None = got
             while envelope is not None:  # the rest of a batch of replies settles now too, so
                 if type(envelope.header) is Reply:  # that the get() of each of their futures
                     calls.on_reply(envelope)  # returns at once (`_handle`'s first case, inlined)

@@ -1,0 +1,169 @@
+"""Lone replies (`transport.LoneInbox.receive_lone`): a reply alone in its frame is read as its
+call id, rank and payload body; anything else comes back as `receive_nowait` gives it.
+
+On real ipc sockets: every reply the fast path reads holds what `decode` reads from the same
+frame; replies with out-of-band buffers, in batches, other messages and frames that only
+look like a reply (truncated, past the size limit) take the general path, and the malformed
+ones are dropped, never raised. End to end, calls answered through it keep their order.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import transport
+from mesh.testing import wire
+from tests.actors import Counter
+from transport import (
+    MAGIC,
+    OUT_OF_BAND_MIN_BYTES,
+    Envelope,
+    LoneInbox,
+    Outbox,
+    Payload,
+    encode,
+    encode_fields,
+    loads,
+    lone_shape,
+    new_context,
+    private_runtime_dir,
+)
+
+pytestmark = pytest.mark.timeout(120)
+REPLY = lone_shape(wire.Reply)
+LIMIT = 1 << 20  # the inbox's message size limit in these tests
+
+
+class Link:
+    """An outbox and a lone inbox on a real ipc socket, reused by every example."""
+
+    def __init__(self) -> None:
+        self.folder = private_runtime_dir("mvt-lone-")
+        self.context = new_context()
+        self.inbox = LoneInbox(self.context, f"ipc://{self.folder}/in", max_bytes=LIMIT)
+        self.outbox = Outbox(self.context)
+
+    def send(self, frames: list[Any]) -> None:
+        self.outbox.send(self.inbox.address, frames)
+
+    def receive(self, timeout_s: float = 30.0) -> tuple[Any, ...] | Envelope:
+        """The next message that is not dropped (a lone reply as a tuple)."""
+        deadline = time.monotonic() + timeout_s
+        while (got := self.inbox.receive_lone(1000, REPLY)) is None:
+            assert time.monotonic() < deadline, "a message sent was never received"
+        return got
+
+    def close(self) -> None:
+        self.outbox.close(0)
+        self.inbox.close()
+        transport.close_context(self.context)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def link() -> Iterator[Link]:
+    made = Link()
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+int64 = st.integers(-(1 << 63), (1 << 63) - 1)
+small = st.one_of(st.none(), st.integers(), st.text(max_size=50), st.binary(max_size=100))
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(int64, int64, small)
+def test_a_lone_reply_holds_what_decode_reads(
+    link: Link, call_id: int, rank: int, value: Any
+) -> None:
+    frames = encode_fields(wire.Reply, (call_id, rank), Payload.dump(value))
+    link.send(frames)
+    got = link.receive()
+    assert type(got) is tuple and len(got) == 3
+    decoded = transport.decode(frames)
+    assert got[:2] == (decoded.header.call_id, decoded.header.rank) == (call_id, rank)
+    assert bytes(got[2]) == bytes(decoded.payload.body)  # type: ignore[union-attr]
+    assert loads(got[2]) == value
+
+
+def test_what_is_no_lone_reply_comes_back_as_an_envelope(link: Link) -> None:
+    """A reply with out-of-band buffers, other messages, and the messages of a batch are
+    decoded as `receive_nowait` decodes them, in order."""
+    big = bytes(range(256)) * (OUT_OF_BAND_MIN_BYTES // 256 + 1)
+    link.send(encode_fields(wire.Reply, (1, 0), Payload.dump(big)))
+    link.send(encode(wire.Failure(2, 0, "failed"), Payload.dump("why")))
+    link.send(encode(wire.Wake()))
+    for call_id in (3, 4, 5):  # a busy destination: these wait, then leave in one batch
+        link.outbox.send_soon(link.inbox.address, encode(wire.Wake()))
+        link.outbox.send_soon(
+            link.inbox.address, encode_fields(wire.Reply, (call_id, 0), Payload.dump(call_id))
+        )
+    link.outbox.flush()
+    first = link.receive()
+    assert isinstance(first, Envelope) and first.header == wire.Reply(1, 0)
+    assert first.payload is not None and first.payload.load() == big
+    second = link.receive()
+    assert isinstance(second, Envelope) and second.header == wire.Failure(2, 0, "failed")
+    assert isinstance(link.receive(), Envelope)  # the Wake
+    batch = [link.receive() for _ in range(6)]
+    assert all(isinstance(got, Envelope) for got in batch)
+    replies = [got.header.call_id for got in batch if type(got.header) is wire.Reply]  # type: ignore[union-attr]
+    assert replies == [3, 4, 5]
+
+
+def test_a_reply_without_a_payload_comes_with_an_empty_body(link: Link) -> None:
+    """(Its call then fails: an empty body cannot be unpickled.)"""
+    link.send(encode(wire.Reply(6, 1)))
+    got = link.receive()
+    assert type(got) is tuple and got[:2] == (6, 1) and bytes(got[2]) == b""
+
+
+@pytest.mark.parametrize("cut", [1, 8, 16])
+def test_a_truncated_reply_is_dropped_not_raised(link: Link, cut: int) -> None:
+    frame = encode_fields(wire.Reply, (7, 0), None)[0]
+    assert frame.startswith(MAGIC)
+    link.send([frame[: len(frame) - cut]])
+    link.send(encode_fields(wire.Reply, (8, 0), Payload.dump("after")))
+    got = link.receive()  # the truncated one was dropped (logged)
+    assert type(got) is tuple and got[:2] == (8, 0) and loads(got[2]) == "after"
+
+
+def test_a_reply_of_another_wire_version_is_dropped_not_misread(link: Link) -> None:
+    frame = bytearray(encode_fields(wire.Reply, (11, 0), Payload.dump("old"))[0])
+    frame[len(MAGIC) - 1] += 1  # the version byte
+    link.send([bytes(frame)])
+    link.send(encode_fields(wire.Reply, (12, 0), Payload.dump("new")))
+    got = link.receive()
+    assert type(got) is tuple and got[:2] == (12, 0) and loads(got[2]) == "new"
+
+
+def test_a_reply_past_the_size_limit_is_dropped_not_raised(link: Link) -> None:
+    link.send(encode_fields(wire.Reply, (9, 0), Payload.dump("x" * (LIMIT + 1))))  # one frame
+    link.send(encode_fields(wire.Reply, (10, 0), Payload.dump(None)))
+    got = link.receive()
+    assert type(got) is tuple and got[:2] == (10, 0)
+
+
+def test_calls_answered_alone_or_in_batches_keep_their_order(make_procs: Any) -> None:
+    """Round trips (replies read alone) and pipelined calls (replies in batches) to one
+    actor, interleaved: each answer belongs to its call, in the order the calls were sent."""
+    counter = make_procs({"gpus": 1}).spawn("counter", Counter)
+    expected = 0
+    for _ in range(3):
+        for _ in range(20):
+            expected += 1
+            assert counter.incr.call_one().get(30) == expected
+        futures = [counter.incr.call_one() for _ in range(200)]
+        assert [future.get(30) for future in futures] == list(range(expected + 1, expected + 201))
+        expected += 200
