@@ -92,7 +92,7 @@ class CallTable:
             batched = self._send_direct(routed.direct, payload, busy)
             for agent, group in routed.relayed.items():  # to busy procs: may wait, as above
                 frames = fan_out_frames(group, payload)
-                if any(peer.proc_id in busy for peer, _ in group):
+                if busy and any(peer.proc_id in busy for peer, _ in group):
                     batched |= self._outbox.send_soon(agent, frames)
                 else:
                     self._outbox.send(agent, frames)
