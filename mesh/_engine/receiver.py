@@ -88,6 +88,8 @@ class Receiver:
         self._check_for: float | None = None  # (the `_task_since` of that task)
         #: How many times the watch gave the inbox to another thread (a stuck task).
         self.hand_overs = 0
+        #: How many times the alarm went off with no task to look at (a needless wake-up).
+        self.idle_alarms = 0
         self._in_pass = False  # the holder is reading the inbox now
         self._task_since: float | None = None  # when the holder's current task started
         self._armed = False  # the alarm will go off (the watch has not seen it go off yet)
@@ -243,6 +245,7 @@ class Receiver:
                     return
                 since = self._task_since
                 if since is None or self._in_pass:  # the next task arms it
+                    self.idle_alarms += 1
                     continue
                 left = since + HAND_OVER_S - time.monotonic()
                 if left <= 0:  # the task has run HAND_OVER_S: is it stuck?
