@@ -42,8 +42,10 @@ from ._log import get_logger as get_logger
 from ._log import reset_logging as reset_logging
 from ._prepared import PreparedHeader as PreparedHeader
 from ._prepared import encode_prepared as encode_prepared
+from ._prepared import encode_prepared_last as encode_prepared_last
 from ._prepared import encode_prepared_value as encode_prepared_value
 from ._prepared import prepare_header as prepare_header
+from ._prepared import prepare_header_but_last as prepare_header_but_last
 from ._requests import Requester as Requester
 from ._requests import Responder as Responder
 from ._requests import ResponderGone as ResponderGone
@@ -108,6 +110,7 @@ __all__ = (
     "encode",
     "encode_fields",
     "encode_prepared",
+    "encode_prepared_last",
     "encode_prepared_value",
     "follow_keys_pointer",
     "get_logger",
@@ -118,6 +121,7 @@ __all__ = (
     "new_context",
     "point_to_keys",
     "prepare_header",
+    "prepare_header_but_last",
     "private_runtime_dir",
     "raise_open_file_limit",
     "reset_logging",
