@@ -98,6 +98,7 @@ __all__ = (
     "local_agent",
     "probe",
     "receiver_hand_overs",
+    "receiver_idle_alarms",
     "run_dir",
     "settings",
     "shared_payload_wire",
@@ -230,3 +231,12 @@ def receiver_hand_overs() -> int:
     if receiver is None:
         raise RuntimeError("receiver_hand_overs() counts a proc's hand-overs: call it in an actor")
     return receiver.hand_overs
+
+
+def receiver_idle_alarms() -> int:
+    """In a proc (inside an actor): how many times its receiver's watch woke with no task to
+    look at (the receiving thread was idle or reading): wake-ups that cost CPU for nothing."""
+    receiver = _session.current_session().runtime.receiver
+    if receiver is None:
+        raise RuntimeError("receiver_idle_alarms() counts a proc's wake-ups: call it in an actor")
+    return receiver.idle_alarms

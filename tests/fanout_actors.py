@@ -43,6 +43,14 @@ class Dies(Actor):
     def fail(self, message: str) -> Any:
         raise ValueError(message)
 
+    @endpoint
+    def rank_or_raise(self, odd_raise: bool) -> int:
+        """Its rank; an odd rank raises instead (when `odd_raise`)."""
+        rank = current_rank().rank
+        if odd_raise and rank % 2:
+            raise ValueError(f"rank {rank} refuses")
+        return rank
+
 
 class RankedRecorder(Recorder):
     """A `Recorder` whose `note_rank` also answers with the rank that noted the token."""

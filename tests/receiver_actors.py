@@ -131,3 +131,7 @@ class Echo(Actor):
     @endpoint
     def hand_overs(self) -> int:
         return testing.receiver_hand_overs()
+
+    @endpoint
+    def idle_alarms(self) -> int:
+        return testing.receiver_idle_alarms()

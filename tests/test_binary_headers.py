@@ -29,9 +29,11 @@ from transport import (
     encode,
     encode_fields,
     encode_prepared,
+    encode_prepared_last,
     encode_prepared_value,
     message_type,
     prepare_header,
+    prepare_header_but_last,
     transport_settings,
     use_transport_settings,
 )
@@ -236,6 +238,39 @@ def test_a_prepared_header_sends_what_encode_fields_sends(
         frames = encode_prepared(prepared, first, Payload(body))
         assert frames == encode_fields(Every, (first, *rest), Payload(body))
         assert decode(frames).header == Every(first, *rest)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(
+    st.builds(
+        wire.CallActor,
+        INT64,
+        st.none() | TEXT,
+        TEXT,
+        TEXT,
+        st.lists(TEXT, max_size=3).map(tuple),
+        st.lists(INT64, max_size=3).map(tuple),
+        INT64,
+    ),
+    st.lists(INT64, min_size=1, max_size=3),
+    st.none() | st.binary(max_size=16),
+    st.lists(st.binary(min_size=1, max_size=8), max_size=2),
+)
+def test_a_header_prepared_but_its_last_field_sends_what_encode_fields_sends(
+    call: Any, lasts: list[int], body: bytes | None, buffers: list[bytes]
+) -> None:
+    """A call's header prepared once, sent with several ranks (its last field: a host agent
+    delivering it to its procs): the same frames as `encode_fields` makes for each; a type
+    whose last field is no int is not prepared."""
+    fields = dataclasses.astuple(call)[:-1]
+    prepared = prepare_header_but_last(wire.CallActor, fields)
+    assert prepared is not None
+    payload = None if body is None else Payload(body, buffers)
+    for last in lasts:
+        frames = encode_prepared_last(prepared, last, payload)
+        assert frames == encode_fields(wire.CallActor, (*fields, last), payload)
+        assert decode(frames).header == dataclasses.replace(call, rank=last)
+    assert prepare_header_but_last(Every, (1, "", None, (), 0)) is None  # ends with a tuple
 
 
 @settings(max_examples=200, deadline=None, database=None)

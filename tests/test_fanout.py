@@ -65,6 +65,31 @@ def test_a_rank_dying_in_a_fanned_out_call_fails_only_its_part(
     assert not root_events
 
 
+def test_answers_and_errors_of_one_batch_settle_each_rank_with_its_own(make_procs: Any) -> None:
+    """Values and exceptions that come back in the same batches: each rank gets its own
+    outcome (a stream sees all of them, the values and an ActorError naming each failed rank),
+    a call gathers the values, and the next call goes the same way."""
+    procs = make_procs({"gpus": 6})
+    with fan_out_from(2):
+        ranked = procs.spawn("ranked", fa.Dies)
+        for _ in range(2):
+            outcomes: dict[int, Any] = {}
+            for future in ranked.rank_or_raise.stream(True):
+                try:
+                    rank = future.get(timeout=T)
+                    outcomes[rank] = rank
+                except ValueError as exc:
+                    assert isinstance(exc, ActorError) and exc.rank is not None
+                    outcomes[exc.rank["gpus"]] = exc
+            assert sorted(outcomes) == list(range(6))
+            assert all(isinstance(outcomes[r], ActorError) == bool(r % 2) for r in range(6))
+            gathered = ranked.rank_or_raise.call(False).get(timeout=T)
+            assert list(gathered.values()) == list(range(6))
+            with pytest.raises(ValueError, match="refuses"):
+                ranked.rank_or_raise.call(True).get(timeout=T)
+        assert fanned_out(ranked) == [True] * 6
+
+
 # (adverb, first rank, past the last rank) of a message to a slice of three actors
 _MESSAGES = st.tuples(
     st.sampled_from(["call", "broadcast"]), st.integers(0, 2), st.integers(1, 3)

@@ -5,6 +5,7 @@ call that blocks never stops its proc from receiving."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -144,3 +145,31 @@ def test_a_drain_of_many_short_calls_keeps_the_inbox(one_proc: Any) -> None:
     futures = [echo.busy.call_one(i, 0.0001) for i in range(1500)]
     assert [future.get(timeout=T) for future in futures] == list(range(1500))
     assert echo.hand_overs.call_one().get(timeout=T) == before
+
+
+def test_calls_that_come_sparsely_do_not_wake_the_idle_proc(one_proc: Any) -> None:
+    """Calls far apart (as calls to a whole mesh, one after the other): the receiver disarms
+    its watch's alarm before waiting again, so that it does not go off in the idle proc after
+    each call. (Without that, each of these calls is followed by a wake-up 5 ms later; one
+    may still come where the receiving thread was preempted 5 ms between a call's end and
+    its next wait, on a loaded machine, hence the bound rather than zero.)"""
+    echo = one_proc.spawn("echo", ra.Echo)
+    calls = 20
+    before = echo.idle_alarms.call_one().get(timeout=T)
+    for i in range(calls):
+        time.sleep(0.01)  # more than the alarm's 5 ms: it would go off before the next call
+        assert echo.ping.call_one(i).get(timeout=T) == i
+    time.sleep(0.01)
+    assert echo.idle_alarms.call_one().get(timeout=T) - before <= calls // 2
+
+
+def test_a_blocking_call_after_sparse_ones_is_still_handed_over(one_proc: Any) -> None:
+    """The alarm, disarmed while the proc is idle, is armed again by the next call: a call
+    that blocks the receiving thread after sparse ones still leaves its proc receiving."""
+    gate, opener = one_proc.spawn("gate", ra.Gate), one_proc.spawn("opener", ra.Opener)
+    for _ in range(3):
+        time.sleep(0.01)
+        held = gate.hold.call_one(T)
+        assert opener.open.call_one().get(timeout=T) == "opened"
+        assert held.get(timeout=T) is True
+        assert opener.close.call_one().get(timeout=T) == "closed"

@@ -44,9 +44,11 @@ from ._lone_inbox import LoneInbox as LoneInbox
 from ._prepared import LoneShape as LoneShape
 from ._prepared import PreparedHeader as PreparedHeader
 from ._prepared import encode_prepared as encode_prepared
+from ._prepared import encode_prepared_last as encode_prepared_last
 from ._prepared import encode_prepared_value as encode_prepared_value
 from ._prepared import lone_shape as lone_shape
 from ._prepared import prepare_header as prepare_header
+from ._prepared import prepare_header_but_last as prepare_header_but_last
 from ._requests import Requester as Requester
 from ._requests import Responder as Responder
 from ._requests import ResponderGone as ResponderGone
@@ -113,6 +115,7 @@ __all__ = (
     "encode",
     "encode_fields",
     "encode_prepared",
+    "encode_prepared_last",
     "encode_prepared_value",
     "follow_keys_pointer",
     "get_logger",
@@ -124,6 +127,7 @@ __all__ = (
     "new_context",
     "point_to_keys",
     "prepare_header",
+    "prepare_header_but_last",
     "private_runtime_dir",
     "raise_open_file_limit",
     "reset_logging",

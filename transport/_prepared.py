@@ -2,7 +2,9 @@
 field (a call's id) encodes the rest once, then each message packs its id and joins prefix,
 header and payload body in one copy (`encode_fields` hashes the fields and copies twice).
 A receiver reads a one-frame message whose binary header holds only ints (a reply) with one
-unpack of its prefix and those ints (`LoneShape`), building no header, payload or envelope."""
+unpack of its prefix and those ints (`LoneShape`), building no header, payload or envelope.
+A host agent delivering one call to many procs does the same with the last field (the rank
+of each proc in the call: `prepare_header_but_last`)."""
 
 from __future__ import annotations
 
@@ -90,3 +92,33 @@ def encode_prepared_value(header: PreparedHeader, first: int, value: Any) -> lis
         if len(body) <= (settings or transport_settings()).max_message_bytes:
             return [b"".join((header.lead, _I64.pack(first), header.tail, body))]
     return encode_prepared(header, first, dump_value(value))
+
+
+def prepare_header_but_last(kind: type, fields: tuple[Any, ...]) -> PreparedHeader | None:
+    """The header of `kind` messages whose fields but the last (an int) are `fields`, for
+    `encode_prepared_last`; None when `kind` has no binary header, its last field is no int
+    or `fields` do not fit it (then use `encode_fields`, which says what is wrong)."""
+    binary = _binary_of.get(kind)
+    if binary is None or len(fields) + 1 != _counts_of[kind]:
+        return None
+    codec, layout, _ = binary
+    zero, one = layout.encode((*fields, 0)), layout.encode((*fields, 1))
+    if zero is None or one is None or len(zero) > MAX_HEADER_BYTES:
+        return None
+    head = zero[: -_I64.size]
+    if zero != head + _I64.pack(0) or one != head + _I64.pack(1):  # the last field, packed
+        return None
+    return PreparedHeader(kind, codec, MAGIC + _LENGTH.pack(len(zero)) + codec + head, b"")
+
+
+def encode_prepared_last(header: PreparedHeader, last: int, payload: Payload | None) -> list[Any]:
+    """The frames of the message of `header` (`prepare_header_but_last`) whose last field is
+    `last` (as `encode_fields`): one pack and one join per message."""
+    if payload is None:
+        return [header.lead + _I64.pack(last)]
+    size = payload.nbytes if payload.buffers else len(payload.body)
+    settings = _settings.current
+    if size > (settings or transport_settings()).max_message_bytes:  # raises MessageTooLarge
+        return _framed(header.kind, header.codec, b"", payload, None)
+    frame = b"".join((header.lead, _I64.pack(last), payload.body))
+    return [frame, *payload.buffers] if payload.buffers else [frame]

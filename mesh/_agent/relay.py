@@ -35,7 +35,9 @@ from transport import (
     TransportError,
     encode,
     encode_fields,
+    encode_prepared_last,
     is_address,
+    prepare_header_but_last,
     transport_settings,
 )
 
@@ -43,6 +45,9 @@ from transport import (
 MAX_BATCH_BYTES = 1 << 20
 #: An answer larger than this goes on alone, as it came: batching would copy it for nothing.
 MAX_SHARED_BYTES = 64 << 10
+
+#: The largest rank a prepared header packs (a signed 64-bit int).
+_MAX_I64 = 2**63 - 1
 
 #: How long answers to a call wait for its other answers before they leave without them.
 HOLD_S = 0.002
@@ -119,7 +124,7 @@ class FanOutRelay:
             relayed = self._calls[relay_id] = _Relayed(message.call_id, message.reply_to)
         relayed_message = _for_rank(message, relay_id, reply_to, 0)
         shared = self._shared.share(relay_id, relayed_message, payload, len(request.ranks))
-        frames_for = _frames_for(relayed_message, shared, payload)
+        frames_for = _frames_for(relayed_message, shared, payload, request.ranks)
         for proc_id, rank in zip(request.proc_ids, request.ranks):
             proc = self._procs.get(proc_id)
             if proc is None:  # gone: its exit report tells the caller
@@ -251,11 +256,14 @@ def _for_rank(
 
 
 def _frames_for(
-    message: CallActor | StopActor, shared: SharedCall | ArenaCall | None, payload: Payload | None
+    message: CallActor | StopActor,
+    shared: SharedCall | ArenaCall | None,
+    payload: Payload | None,
+    ranks: tuple[int, ...],
 ) -> Callable[[int], list[Any]]:
-    """``frames(rank)``: the message the proc of `rank` gets, `message` for its rank with its
-    payload (`shared`: where it lies). Built from the fields, not from a header per proc: one
-    encoding per proc is all the agent does for it."""
+    """``frames(rank)``: the message the proc of `rank` (one of `ranks`) gets, `message` for
+    its rank with its payload (`shared`: where it lies). Built from the fields, not from a
+    header per proc: a call's header is encoded once, and each proc's packs only its rank."""
     if shared is not None:
         kind = type(shared)
         fields = _PLACED_FIELDS[kind](shared)
@@ -264,6 +272,9 @@ def _frames_for(
         return lambda rank: encode_fields(kind, (*head, rank, *tail), None)
     if type(message) is CallActor:
         head = call_fields(message)[:6]
+        prepared = prepare_header_but_last(CallActor, head)  # the rank is its last field
+        if prepared is not None and max(ranks, default=0) <= _MAX_I64:
+            return lambda rank: encode_prepared_last(prepared, rank, payload)
         return lambda rank: encode_fields(CallActor, (*head, rank), payload)
     return lambda rank: encode(_with_rank(message, rank), payload)
 

@@ -108,14 +108,37 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
         payload = dump_arguments(args, kwargs)
         runtime = self._runtime
         call_id = runtime.calls.new_call_id()
+        messages = self._calls_to(endpoint, call_id, indices, sink is not None, home)
+        runtime.calls.send_to_procs(messages, payload, sink, call_id, home, state.view)
+
+    def _calls_to(
+        self,
+        endpoint: str,
+        call_id: int,
+        indices: Iterable[int],
+        answered: bool,
+        home: ReplyInbox | None,
+    ) -> list[tuple[ProcPeer, Any]]:
+        """The `CallActor` of call `call_id` for each recipient of `indices` (`answered`:
+        with the address to answer, found once per host agent for its ready procs, which
+        are all reached alike: all over ipc, or all over tcp)."""
+        state, runtime = self._state, self._runtime
         labels, sizes, ranks = self.extent.labels, self.extent.sizes, self._region.ranks
         messages = []
+        replies: dict[str | None, str] = {}  # by host agent
         for i in indices:
             peer = state.peers[ranks[i]]
-            reply_to = None if sink is None else runtime.address_for(peer.location, home)
+            reply_to = None
+            if answered:
+                ready = peer.address is not None and peer.agent is not None
+                reply_to = replies.get(peer.agent) if ready else None
+                if reply_to is None:
+                    reply_to = runtime.address_for(peer.location, home)
+                    if ready:
+                        replies[peer.agent] = reply_to
             call = CallActor(call_id, reply_to, state.actor_id, endpoint, labels, sizes, i)
             messages.append((peer, call))
-        runtime.calls.send_to_procs(messages, payload, sink, call_id, home, state.view)
+        return messages
 
     def _invoke_one(
         self,

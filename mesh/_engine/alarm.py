@@ -13,7 +13,7 @@ import ctypes
 import os
 import threading
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 _CLOCK_MONOTONIC = 1
 _TFD_CLOEXEC = 0o2000000
@@ -52,22 +52,28 @@ _LIBC = _libc()
 
 
 class _TimerFdAlarm:
-    """A Linux timerfd: arming and disarming are system calls that wake nobody."""
+    """A Linux timerfd: arming and disarming are system calls that wake nobody (each one
+    Python call: the receiver may arm and disarm it once per call)."""
 
     def __init__(self, libc: ctypes.PyDLL, fd: int) -> None:
         self._settime = libc.timerfd_settime
         self._fd = fd
         self._when = _Itimerspec()
         self._when_ref = ctypes.byref(self._when)
+        self._when_s = -1.0  # the delay `_when` holds
         self._off_ref = ctypes.byref(_Itimerspec())
 
     def arm(self, seconds: float) -> None:
-        nanoseconds = max(1, int(seconds * 1e9))
-        self._when.it_value.tv_sec, self._when.it_value.tv_nsec = divmod(nanoseconds, 10**9)
-        self._set(self._when_ref)
+        if seconds != self._when_s:  # (the receiver arms it for the same delay each time)
+            nanoseconds = max(1, int(seconds * 1e9))
+            self._when.it_value.tv_sec, self._when.it_value.tv_nsec = divmod(nanoseconds, 10**9)
+            self._when_s = seconds
+        if self._settime(self._fd, 0, self._when_ref, None) != 0:
+            _timerfd_failed()
 
     def disarm(self) -> None:
-        self._set(self._off_ref)
+        if self._settime(self._fd, 0, self._off_ref, None) != 0:
+            _timerfd_failed()
 
     def ring(self) -> None:
         self.arm(0)
@@ -78,9 +84,9 @@ class _TimerFdAlarm:
     def close(self) -> None:
         os.close(self._fd)
 
-    def _set(self, value: Any) -> None:
-        if self._settime(self._fd, 0, value, None) != 0:
-            raise OSError(ctypes.get_errno(), "timerfd_settime failed")
+
+def _timerfd_failed() -> None:
+    raise OSError(ctypes.get_errno(), "timerfd_settime failed")
 
 
 class _ConditionAlarm:

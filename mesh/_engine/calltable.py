@@ -14,7 +14,7 @@ from typing import Any
 
 from mesh._engine.calls import OneSink, PendingCall, ResultSink
 from mesh._engine.fanout import direct_route, fan_out_frames, note_answer, route
-from mesh._engine.fanout_messages import unpack_answers
+from mesh._engine.fanout_messages import RelayedReplies, split_answers
 from mesh._engine.fork import check_not_forked
 from mesh._engine.messages import CallActor, Failure, Reply, ReplyLost, invalid_fields
 from mesh._engine.notebook import note_call
@@ -31,6 +31,9 @@ from transport import (
     encode_prepared,
     loads,
 )
+
+#: How one recipient of a call ended: its rank, its value, or the error it ended with.
+Outcome = tuple[int, Any, BaseException | None]
 
 
 class CallTable:
@@ -89,7 +92,7 @@ class CallTable:
             batched = self._send_direct(routed.direct, payload, busy)
             for agent, group in routed.relayed.items():  # to busy procs: may wait, as above
                 frames = fan_out_frames(group, payload)
-                if any(peer.proc_id in busy for peer, _ in group):
+                if busy and any(peer.proc_id in busy for peer, _ in group):
                     batched |= self._outbox.send_soon(agent, frames)
                 else:
                     self._outbox.send(agent, frames)
@@ -159,20 +162,27 @@ class CallTable:
         return batched
 
     def on_relayed(self, envelope: Envelope) -> None:
-        """A host agent's batch of answers to one call (see `fanout`)."""
+        """A host agent's batch of answers to one call (see `fanout`): each answer taken
+        from its slice of the payload, and the call's table entry updated once for all."""
+        header: RelayedReplies = envelope.header
         try:
-            answers = unpack_answers(envelope)
+            parts = split_answers(envelope)
         except ValueError as exc:  # the call must end: its ranks in this batch fail
-            header = envelope.header
             if invalid_fields(header) is None:
                 for rank in header.ranks:
                     self.settle(header.call_id, rank, error=ActorError(str(exc)))
             return
-        for answer in answers:
-            if type(answer.header) is Reply:
-                self.on_reply(answer)
-            else:
-                self.on_failure(answer)
+        call_id = header.call_id
+        outcomes: list[Outcome] = []
+        for rank, kind, body, buffers in parts:
+            if kind:
+                outcomes.append((rank, None, _failure(call_id, kind, Payload(body, buffers))))
+                continue
+            try:
+                outcomes.append((rank, loads(body, buffers), None))
+            except Exception as exc:
+                outcomes.append((rank, None, _unreadable(call_id, exc)))
+        self._settle_all(call_id, outcomes)
 
     def on_reply(self, envelope: Envelope) -> None:
         header: Reply = envelope.header
@@ -180,7 +190,7 @@ class CallTable:
         try:  # `on_lone_reply`, inlined: once per reply of a batch
             value = loads(payload.body, payload.buffers)  # `Payload.load`, one call less
         except Exception as exc:
-            self.settle(header.call_id, header.rank, error=_unpickling_error(header.call_id, exc))
+            self.settle(header.call_id, header.rank, error=_unreadable(header.call_id, exc))
             return
         self.settle(header.call_id, header.rank, value=value)
 
@@ -191,25 +201,13 @@ class CallTable:
         try:
             value = loads(body, buffers)
         except Exception as exc:
-            self.settle(call_id, rank, error=_unpickling_error(call_id, exc))
+            self.settle(call_id, rank, error=_unreadable(call_id, exc))
             return
         self.settle(call_id, rank, value=value)
 
     def on_failure(self, envelope: Envelope) -> None:
         header: Failure = envelope.header
-        try:
-            detail = envelope.payload.load()  # type: ignore[union-attr]
-            if header.kind == "exception":
-                error: BaseException = _actor_error(*detail)
-            elif header.kind == "raised" and isinstance(detail, BaseException):
-                error = detail
-            else:
-                error = SupervisionError(detail)
-        except Exception as exc:  # the call must end even when its error cannot be rebuilt
-            error = ActorError(
-                f"call {header.call_id} failed ({header.kind}), but the error could not be "
-                f"unpickled here: {exc!r}"
-            )
+        error = _failure(header.call_id, header.kind, envelope.payload)
         self.settle(header.call_id, header.rank, error=error)
 
     def fail_lost_reply(self, lost: ReplyLost) -> bool:
@@ -271,6 +269,40 @@ class CallTable:
         else:
             pending.sink.fail(rank, error)
 
+    def _settle_all(self, call_id: int, outcomes: list[Outcome]) -> None:
+        """`settle` for several recipients of call `call_id` (rank, value, error each), in
+        their order: the lock taken once, each rank's bookkeeping done in one loop."""
+        with self._lock:
+            pending = self._calls.get(call_id)
+            if pending is None:
+                return
+            peers = pending.peers
+            fed: list[Outcome] = outcomes
+            if peers is not None:  # (else a call to one actor, never relayed: see below)
+                fed, done = [], []
+                for outcome in outcomes:
+                    peer = peers.pop(outcome[0], None)
+                    if peer is not None:
+                        note_answer(pending, outcome[0])
+                        fed.append(outcome)
+                        done.append(peer)
+                if not peers:
+                    del self._calls[call_id]
+                left = set(peers.values())
+                for peer in done:
+                    if peer not in left:
+                        peer.calls.discard(call_id)
+        if peers is None:
+            for rank, value, error in fed:
+                self.settle(call_id, rank, value=value, error=error)
+            return
+        sink = pending.sink
+        for rank, value, error in fed:
+            if error is None:
+                sink.deliver(rank, value)
+            else:
+                sink.fail(rank, error)
+
     def take_waiting_on(self, peer: ProcPeer) -> list[tuple[int, PendingCall]]:
         """The calls waiting on `peer`, which no longer waits for them (lock held)."""
         calls = self._calls
@@ -290,17 +322,31 @@ class CallTable:
                 pending.home.wake()
 
 
-def _unpickling_error(call_id: int, exc: Exception) -> ActorError:
-    """The error of a call whose result could not be unpickled here."""
-    return ActorError(f"the result of call {call_id} could not be unpickled here: {exc!r}")
-
-
 def gone_error(
     peer: ProcPeer, event: SupervisionEvent, mesh: ActorMeshView | None
 ) -> SupervisionError:
     """The error for a call to an actor on `peer`, whose proc failed or was stopped (`event`):
     about the actor when the actor mesh called is known, else about the proc."""
     return SupervisionError(event if mesh is None else mesh.proc_failed(peer, event))
+
+
+def _unreadable(call_id: int, exc: Exception) -> ActorError:
+    """The error for an answer to call `call_id` whose value cannot be unpickled here."""
+    return ActorError(f"the result of call {call_id} could not be unpickled here: {exc!r}")
+
+
+def _failure(call_id: int, kind: str, payload: Payload | None) -> BaseException:
+    """The error a Failure of `kind` to call `call_id` carries (its detail in `payload`)."""
+    try:
+        detail = payload.load()  # type: ignore[union-attr]
+        if kind == "exception":
+            return _actor_error(*detail)
+        if kind == "raised" and isinstance(detail, BaseException):
+            return detail
+        return SupervisionError(detail)
+    except Exception as exc:  # the call must end even when its error cannot be rebuilt
+        why = f"call {call_id} failed ({kind}), but the error could not be unpickled here"
+        return ActorError(f"{why}: {exc!r}")
 
 
 def _actor_error(

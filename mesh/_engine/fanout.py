@@ -54,7 +54,9 @@ def route(
         if path is None:
             path = peer.routes[actor_id] = Route()
         relayable = type(header) in _RELAYABLE
-        if path.settled or not relayable:  # (a re-spawn starts a new actor: no order to keep)
+        # `path.settled`, inlined: once per recipient (not relayable: a re-spawn starts a new
+        # actor, with no order to keep)
+        if path.seen == path.sent or not relayable:
             path.via_agent = relayable and peer.agent in fanned
         path.sent += 1
         if answered:

@@ -69,9 +69,27 @@ def pack_answers(
     return header, Payload(b"".join(bodies), buffers)
 
 
+#: One answer of a batch where it lies: rank, kind ("" for a Reply), body, buffers.
+Part = tuple[int, str, memoryview, list[Any]]
+
+
 def unpack_answers(envelope: Envelope) -> list[Envelope]:
     """The Reply and Failure envelopes a RelayedReplies carries, as if each came alone.
     Raises ValueError when its entries do not add up to its payload."""
+    call_id = envelope.header.call_id
+    return [
+        Envelope(
+            Reply(call_id, rank) if not kind else Failure(call_id, rank, kind),
+            Payload(body, buffers) if body.nbytes or buffers else None,
+        )
+        for rank, kind, body, buffers in split_answers(envelope)
+    ]
+
+
+def split_answers(envelope: Envelope) -> list[Part]:
+    """The answers a RelayedReplies carries, in order, as slices of its payload: no message
+    built per answer (the caller settles them from these). Raises ValueError when its
+    entries do not add up to its payload."""
     batch: RelayedReplies = envelope.header
     reason = invalid_fields(batch)
     if reason is not None:
@@ -92,10 +110,10 @@ def unpack_answers(envelope: Envelope) -> list[Envelope]:
             f"{wanted[0]} bytes and {wanted[1]} buffers but carries {body.nbytes} and "
             f"{len(buffers)}"
         )
-    envelopes, start, first = [], 0, 0
+    parts: list[Part] = []
+    start, first = 0, 0
     for rank, kind, size, count in zip(ranks, kinds, sizes, counts):
-        header: Any = Reply(batch.call_id, rank) if not kind else Failure(batch.call_id, rank, kind)
-        part = Payload(body[start : start + size], buffers[first : first + count])
-        envelopes.append(Envelope(header, part if size or count else None))
-        start, first = start + size, first + count
-    return envelopes
+        end, last = start + size, first + count
+        parts.append((rank, kind, body[start:end], buffers[first:last]))
+        start, first = end, last
+    return parts

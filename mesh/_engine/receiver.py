@@ -18,7 +18,10 @@ watch's alarm only when it is not armed already (`mesh/_engine/alarm.py`: no thr
 for that); when it goes off, the watch arms it again for what is left of the current task's
 `HAND_OVER_S`, or looks at the task, if a task runs. So the watch wakes at most once per
 `HAND_OVER_S` while calls keep coming, never once per call, and a call costs no system call
-for the watch (arming and disarming for each cost two).
+for the watch (arming and disarming for each cost two). When calls come sparsely (a task
+started more than `_SPARSE_S` after the one before, as in calls to a whole mesh one after the
+other), the receiver disarms the alarm before it waits again: otherwise it would go off in
+the idle proc after each call, a wake-up that costs far more than the system call.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ HAND_OVER_S = 0.005
 _PASS_MESSAGES = 256
 #: How long a task that the watch finds asleep (between naps) may go with no call ending.
 _NAPPING_S = 10 * HAND_OVER_S
+#: Tasks that start further apart than this: the alarm is disarmed before waiting (see above).
+_SPARSE_S = HAND_OVER_S / 5
 #: The longest the receiver waits in one receive (`stop` wakes it sooner, with a `Wake`).
 _WAIT_MS = 1000
 
@@ -83,9 +88,13 @@ class Receiver:
         self._check_for: float | None = None  # (the `_task_since` of that task)
         #: How many times the watch gave the inbox to another thread (a stuck task).
         self.hand_overs = 0
+        #: How many times the alarm went off with no task to look at (a needless wake-up).
+        self.idle_alarms = 0
         self._in_pass = False  # the holder is reading the inbox now
         self._task_since: float | None = None  # when the holder's current task started
         self._armed = False  # the alarm will go off (the watch has not seen it go off yet)
+        self._last_task = 0.0  # when the holder's last task started
+        self._sparse = False  # that task started `_SPARSE_S` after the one before it
         self._stopping = False
         self._alarm = new_alarm()  # expires when the holder's task has run HAND_OVER_S
         self._alarm_open = True  # until the watch closes it (under `_lock`)
@@ -143,7 +152,8 @@ class Receiver:
 
     def _begin_pass(self, me: int) -> bool:
         """Whether this thread still holds the inbox (then its pass begins, and the task it
-        ran before has ended: the alarm stays armed, the watch finds no task and waits)."""
+        ran before has ended: the alarm stays armed, the watch finds no task and waits; if
+        calls come sparsely, it is disarmed, so that it does not wake the idle proc)."""
         with self._lock:
             if self._holder != me:
                 return False
@@ -151,6 +161,9 @@ class Receiver:
             if self._stopping:
                 self._holder = None
                 return False
+            if self._sparse and self._armed:  # (the watch closes it only once stopping)
+                self._alarm.disarm()
+                self._armed = False
             self._in_pass = True
             return True
 
@@ -160,7 +173,8 @@ class Receiver:
             self._in_pass = False
             self._task_since = None
             if has_task and not self._stopping:
-                self._task_since = time.monotonic()
+                now = self._task_since = time.monotonic()
+                self._sparse, self._last_task = now - self._last_task > _SPARSE_S, now
                 if not self._armed:
                     self._alarm.arm(HAND_OVER_S)
                     self._armed = True
@@ -231,6 +245,7 @@ class Receiver:
                     return
                 since = self._task_since
                 if since is None or self._in_pass:  # the next task arms it
+                    self.idle_alarms += 1
                     continue
                 left = since + HAND_OVER_S - time.monotonic()
                 if left <= 0:  # the task has run HAND_OVER_S: is it stuck?
