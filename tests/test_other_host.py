@@ -37,7 +37,7 @@ def other_host() -> Iterator[tuple[Path, Path]]:
     alloc = folder / "hosts"
     agent = [sys.executable, "-m", "meshvisor", "agent", "--listen", "tcp://127.0.0.1:0"]
     agent += ["--rundir", str(rundir), "--allocation", str(alloc), "--owner-timeout", "2"]
-    hide = f"mount -t tmpfs tmpfs {client_base} && exec \"$@\""
+    hide = f'mount -t tmpfs tmpfs {client_base} && exec "$@"'
     command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", hide, "sh", *agent]
     with open(folder / "agent.err", "w+") as errors:
         process = subprocess.Popen(command, stderr=errors)
