@@ -37,6 +37,8 @@ def _agents(tmp_path: Path, daemon_keys: str | None) -> Iterator[tuple[Path, str
     tcp += ["--rundir", str(rundir), "--allocation", str(alloc)]
     ipc = [sys.executable, "-m", "meshvisor", "agent", "--listen", f"ipc://{folder}/agent"]
     ipc += ["--rundir", str(folder), "--address-file", str(folder / "address")]
+    # the client names itself by its tcp address while it hands that out: not an owner gone
+    ipc += ["--owner-timeout", "60"]
     daemon_env = {k: v for k, v in os.environ.items() if k != transport.KEYS_ENV}
     if daemon_keys is not None:
         daemon_env[transport.KEYS_ENV] = daemon_keys
@@ -87,7 +89,7 @@ CLIENT = """
 
     attach({alloc!r}).spawn_procs(per_host={{"gpus": 1}})  # the client listens on tcp
     daemon = attach([{daemon!r}])
-    procs = daemon.spawn_procs(per_host={{"gpus": 1}}, {spawn_options})
+    procs = daemon.spawn_procs(per_host={{"gpus": 1}}{spawn_options})
     echo = procs.spawn("echo", Echo)
     print("FIRST", outcome(echo.length.call_one(b"x")), flush=True)
     with hand_out_widest_address():  # its answers go to tcp, which it cannot reach
@@ -122,6 +124,19 @@ def test_an_answer_from_a_detached_mesh_that_cannot_reach_its_caller_ends_the_ca
     """The actors of a detached mesh report to their agent, not to the client: a lost answer
     goes there too, and the agent hands it to the mesh's owner, which ends the call."""
     alloc, daemon = keyless_daemon
-    for lost in _run(tmp_path, alloc, daemon, 'name="kept", detached=True'):
+    for lost in _run(tmp_path, alloc, daemon, ', name="kept", detached=True'):
         for part in ("FAILED", "became unreachable", "'length'", "could not be sent from proc"):
+            assert part in lost, lost
+
+
+@pytest.mark.timeout(180)
+def test_an_answer_refused_by_its_caller_for_other_keys_ends_the_call(
+    tmp_path: Path, other_keys_daemon: tuple[Path, str]
+) -> None:
+    """A proc holding other CURVE keys than its caller: zmq takes its answer and keeps it
+    while the caller refuses every handshake. The proc sees the refusal and tells the actor's
+    owner, which ends the call with an error naming the keys (each call, not only the first)."""
+    alloc, daemon = other_keys_daemon
+    for lost in _run(tmp_path, alloc, daemon, ""):
+        for part in ("FAILED", "became unreachable", "'length'", "refused", "CURVE keys"):
             assert part in lost, lost
