@@ -140,3 +140,100 @@ def test_an_answer_refused_by_its_caller_for_other_keys_ends_the_call(
     for lost in _run(tmp_path, alloc, daemon, ""):
         for part in ("FAILED", "became unreachable", "'length'", "refused", "CURVE keys"):
             assert part in lost, lost
+
+
+ASKING = """
+    import sys, time
+    from pathlib import Path
+    from mesh import Actor, attach, endpoint
+    from supervision import SupervisionError
+
+    class Echo(Actor):
+        @endpoint
+        def slow_length(self, data: bytes, go: str) -> int:
+            deadline = time.monotonic() + 60
+            while go and not Path(go).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)  # until the test says: its caller's owner is gone by then
+            return len(data)
+
+    class Asker(Actor):
+        def __init__(self) -> None:
+            self.outcome = "NOT ASKED"
+
+        @endpoint
+        def ask(self, other, go: str) -> str:
+            if go:
+                Path(go + ".asked").touch()
+            try:
+                self.outcome = str(other.slow_length.call_one(b"xyz", go).get(timeout=30))
+            except SupervisionError as error:
+                self.outcome = "FAILED " + str(error).replace(chr(10), " ")
+            except TimeoutError:
+                self.outcome = "NO ANSWER"
+            return self.outcome
+
+        @endpoint
+        def last(self) -> str:
+            return self.outcome
+"""
+
+SPAWNING = """
+    tcp, daemon = attach({alloc!r}), attach([{daemon!r}])
+    kept = daemon.spawn_procs(per_host={{"gpus": 1}}, name="kept", detached=True)
+    callers = tcp.spawn_procs(per_host={{"gpus": 1}}, name="callers", detached=True)
+    asker = callers.spawn("asker", Asker)
+    print("FIRST", asker.ask.call_one(kept.spawn("echo", Echo), "").get(timeout=30), flush=True)
+    asker.ask.broadcast(kept.actor_mesh("echo"), {go!r})  # answered once this client is gone
+    deadline = time.monotonic() + 30
+    while not Path({go!r} + ".asked").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+"""
+
+ADOPTING = """
+    tcp, daemon = attach({alloc!r}), attach([{daemon!r}])
+    deadline, kept = time.monotonic() + 30, 0
+    while kept == 0 and time.monotonic() < deadline:  # the lost answer, kept for an adopter
+        infos = [info for info in daemon.detached_meshes() if info.name == "kept"]
+        kept = infos[0].kept_failures if infos else 0
+        time.sleep(0.05)
+    print("KEPT", kept, flush=True)
+    kept_procs, callers = daemon.adopt_procs("kept"), tcp.adopt_procs("callers")
+    print("ASKED", callers.actor_mesh("asker").last.call_one().get(timeout=60), flush=True)
+    kept_procs.stop().get(timeout=20)
+    callers.stop().get(timeout=20)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_an_answer_lost_while_a_detached_mesh_has_no_owner_reaches_its_caller_via_the_adopter(
+    tmp_path: Path, keyless_daemon: tuple[Path, str]
+) -> None:
+    """A tcp proc calls an actor of a detached mesh on a keyless host, whose answer cannot
+    reach it (no keys), after the client that owned both meshes ended. The agent keeps the
+    lost answer like a failure; the client that adopts the mesh forwards it with its keys,
+    so the tcp proc's call ends with the reason, not its timeout."""
+    alloc, daemon = keyless_daemon
+    go = tmp_path / "go"
+    fields = {"alloc": str(alloc), "daemon": daemon, "go": str(go)}
+    spawned = _client(tmp_path / "spawning.py", ASKING + SPAWNING, fields)
+    # while the client owns the mesh, it forwards the lost answer (through the agent)
+    (first,) = [line for line in spawned.stdout.splitlines() if line.startswith("FIRST")] or [
+        spawned.stdout + spawned.stderr
+    ]
+    assert "FIRST FAILED" in first and "could not be sent from proc" in first, first
+    go.touch()  # the answer goes now: its caller's owner has ended
+    adopted = _client(tmp_path / "adopting.py", ASKING + ADOPTING, fields)
+    lines = adopted.stdout.splitlines()
+    # kept: this one, and the first (at-least-once: sent to an owner that was found gone)
+    assert "KEPT 0" not in lines, adopted.stdout + adopted.stderr
+    (asked,) = [line for line in lines if line.startswith("ASKED")] or [adopted.stderr]
+    for part in ("FAILED", "'slow_length'", "could not be sent from proc", "CURVE"):
+        assert part in asked, asked
+
+
+def _client(script: Path, source: str, fields: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    script.write_text(textwrap.dedent(source).format(**fields))
+    env = os.environ | {"MESHVISOR_AGENT_TIMEOUT_S": "20"}  # a busy machine is no lost agent
+    return subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )

@@ -9,7 +9,8 @@ agent of a mesh arbitrates: it refuses a second name, and a claim while another 
 An owner on this host is watched through its pid (gone at once); others by their
 `OwnerAlive` messages (gone after the owner timeout). An answer its actors could not send to
 their caller (`ReplyLost`) goes to the owner, which ends or forwards that call; without an
-owner, the caller is sent the call's failure from here.
+owner, the caller is sent the call's failure from here, and the `ReplyLost` is kept like a
+failure for the adopter, which forwards it with its keys.
 """
 
 from __future__ import annotations
@@ -188,18 +189,17 @@ class DetachedMeshes:
 
     def _reply_lost(self, envelope: Envelope) -> None:
         """An actor of a detached mesh could not send an answer to its caller (its owner is
-        this agent): the mesh's owner ends or forwards that call as for its other actors;
-        without an owner, the caller is sent the call's `Failure` (the actor's event) from here."""
+        this agent): the mesh's owner ends or forwards that call as for its other actors.
+        Without an owner, the caller is sent the call's `Failure` (the actor's event) from
+        here, and the adopter is told too (it may hold keys this host lacks)."""
         header: ReplyLost = envelope.header
+        self._log.warning("reply_lost", call_id=header.call_id, proc=header.proc_id)
         mesh = self._meshes.get(self._procs.detached.get(header.proc_id, ("", 0))[0])
-        if mesh is not None:
-            self._refresh(mesh, time.monotonic())
         payload = _owned(envelope.payload)
-        if mesh is not None and mesh.owner is not None:
-            self._send(mesh.owner, header, payload)
+        if mesh is not None and self._deliver(mesh, header, payload):
+            self._send(mesh.owner or "", header, payload)
         else:
             self._send(header.reply_to, Failure(header.call_id, header.rank, "failed"), payload)
-        self._log.warning("reply_lost", call_id=header.call_id, proc=header.proc_id)
 
     def _deliver(self, mesh: DetachedMesh, header: Any, payload: Payload | None) -> bool:
         """Whether a failure goes to the owner now (remembered as sent), else it is kept."""
