@@ -103,3 +103,19 @@ class StuckByClass(Stuck):
     def sleep_exempt(self, seconds: float) -> float:
         time.sleep(seconds)
         return seconds
+
+
+class StuckCaller(Actor):
+    """Calls an endpoint of a mesh it is handed (a caller that does not own it); says how the
+    call ended: its value, or the kind and text of its `SupervisionError`."""
+
+    @endpoint
+    def call(self, target: Any, name: str, *args: Any) -> str:
+        from supervision import SupervisionError
+
+        try:
+            return repr(getattr(target, name).call_one(*args).get(timeout=60))
+        except SupervisionError as error:
+            return f"FAILED {error.event.kind}: {error}"
+        except TimeoutError:
+            return "NO ANSWER"

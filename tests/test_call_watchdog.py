@@ -143,6 +143,29 @@ def test_an_owner_actor_decides_about_a_stuck_child_in_its_supervise(
 # -- what is not stuck -------------------------------------------------------------------------
 
 
+def test_callers_that_do_not_own_the_proc_hear_why_it_was_stopped(
+    make_procs: Callable[..., Any],
+) -> None:
+    """Callers in another proc (they hold handles, not the procs): the stuck call's caller
+    gets the "stuck" event; a call to another actor on the killed proc ends "stopped", with
+    the owner's reason (the stuck actor) rather than a bare "stopped by its owner"."""
+    procs = make_procs({"gpus": 2})
+    recorder = Recorder()
+    procs.on_failure(recorder)
+    stuck, others = (procs.slice(gpus=0).spawn(name, sa.Stuck) for name in ("stuck", "others"))
+    for actors in (stuck, others):
+        actors.on_failure(recorder)
+    first, second = (procs.slice(gpus=1).spawn(name, sa.StuckCaller) for name in ("c1", "c2"))
+    stuck_call = first.call.call_one(stuck, "wait_on_lock")
+    other_call = second.call.call_one(others, "sleep_unlimited", 10 * T)
+    outcome = stuck_call.get(timeout=T)
+    assert outcome.startswith("FAILED stuck:") and "'wait_on_lock'" in outcome, outcome
+    outcome = other_call.get(timeout=T)
+    assert outcome.startswith("FAILED stopped:"), outcome
+    assert "stopped by its owner, because actor stuck-" in outcome, outcome
+    assert "was stuck: endpoint 'wait_on_lock' was still running" in outcome, outcome
+
+
 def test_calls_within_their_limit_and_unlimited_ones_run_to_their_end(
     make_procs: Callable[..., Any],
 ) -> None:

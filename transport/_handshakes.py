@@ -34,14 +34,14 @@ class HandshakeWatch:
         self._socket = socket
         self._monitor = unbounded_monitor(socket, _HANDSHAKE_FAILURES | _HANDSHAKE_SUCCEEDED)
         self._reason: str | None = None
+        #: Whether the last handshake seen succeeded (as of the last look at the events).
+        self.confirmed = False
 
     def refusal(self) -> str | None:
         while (found := next_monitor_event(self._monitor)) is not None:
             event, value = found
-            if event == _HANDSHAKE_SUCCEEDED:
-                self._reason = None
-            else:
-                self._reason = _handshake_failure(event, value)
+            self.confirmed = event == _HANDSHAKE_SUCCEEDED
+            self._reason = None if self.confirmed else _handshake_failure(event, value)
         return self._reason
 
     def close(self) -> None:

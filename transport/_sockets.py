@@ -313,6 +313,13 @@ class Outbox:
             watch = self._handshakes.get(address)
             return watch.refusal() if watch is not None else None
 
+    def unconfirmed(self, address: str) -> bool:
+        """Whether the kept tcp connection to `address` has not passed a security handshake
+        as of its last send: what was sent may wait in zmq for a peer that refuses it (other
+        CURVE keys), so its sender looks at `refusal` again later. Cheap: no lock, no I/O."""
+        watch = self._handshakes.get(address) if self._handshakes else None
+        return watch is not None and not watch.confirmed
+
     def _connect(self, address: str, keep: bool = True) -> zmq.Socket[Any]:
         """A new PUSH socket connected to `address` (kept for later sends, with a watch of its
         handshakes, if `keep`); closed again if anything fails, since a socket left open makes

@@ -7,7 +7,10 @@ logged; the adopter gets them once it knows the procs (`ClaimDone`). Failures se
 owner shortly before it was found gone are kept again: it may never have read them. The first
 agent of a mesh arbitrates: it refuses a second name, and a claim while another owner lives.
 An owner on this host is watched through its pid (gone at once); others by their
-`OwnerAlive` messages (gone after the owner timeout).
+`OwnerAlive` messages (gone after the owner timeout). An answer its actors could not send to
+their caller (`ReplyLost`) goes to the owner, which ends or forwards that call; without an
+owner, the caller is sent the call's failure from here, and the `ReplyLost` is kept like a
+failure for the adopter, which forwards it with its keys.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from mesh._engine.detached_messages import (
     Registered,
     StopDetached,
 )
-from mesh._engine.messages import ActorFailed, ProcExited
+from mesh._engine.messages import ActorFailed, Failure, ProcExited, ReplyLost
 from transport import Envelope, Outbox, Payload, TransportError, encode
 
 #: Grace of the procs of a mesh stopped because it outlived its ttl_s.
@@ -71,6 +74,7 @@ class DetachedMeshes:
             ClaimDone: self._claim_done,
             StopDetached: self._stop,
             ActorFailed: self._actor_failed,
+            ReplyLost: self._reply_lost,
         }
 
     def handle(self, envelope: Envelope) -> bool:
@@ -179,11 +183,23 @@ class DetachedMeshes:
         if mesh is None:
             self._log.warning("message_ignored", kind="ActorFailed", actor_id=header.actor_id)
             return
-        payload = envelope.payload
-        if payload is not None:  # the frames it came in are not ours to keep
-            payload = Payload(bytes(payload.body), [bytes(b) for b in payload.buffers])
+        payload = _owned(envelope.payload)
         if self._deliver(mesh, header, payload):
             self._send(mesh.owner or "", header, payload)
+
+    def _reply_lost(self, envelope: Envelope) -> None:
+        """An actor of a detached mesh could not send an answer to its caller (its owner is
+        this agent): the mesh's owner ends or forwards that call as for its other actors.
+        Without an owner, the caller is sent the call's `Failure` (the actor's event) from
+        here, and the adopter is told too (it may hold keys this host lacks)."""
+        header: ReplyLost = envelope.header
+        self._log.warning("reply_lost", call_id=header.call_id, proc=header.proc_id)
+        mesh = self._meshes.get(self._procs.detached.get(header.proc_id, ("", 0))[0])
+        payload = _owned(envelope.payload)
+        if mesh is not None and self._deliver(mesh, header, payload):
+            self._send(mesh.owner or "", header, payload)
+        else:
+            self._send(header.reply_to, Failure(header.call_id, header.rank, "failed"), payload)
 
     def _deliver(self, mesh: DetachedMesh, header: Any, payload: Payload | None) -> bool:
         """Whether a failure goes to the owner now (remembered as sent), else it is kept."""
@@ -347,3 +363,10 @@ class DetachedMeshes:
             self._outbox.send(address, encode(header, payload))
         except TransportError as exc:
             self._log.warning("send_failed", to=address, reason=str(exc))
+
+
+def _owned(payload: Payload | None) -> Payload | None:
+    """A copy of a received payload: the frames it came in are not ours to keep."""
+    if payload is None:
+        return None
+    return Payload(bytes(payload.body), [bytes(b) for b in payload.buffers])

@@ -88,8 +88,7 @@ class HostAgent:
         self._shutting_down = False
         self._orphan_timeout_s = orphan_timeout_s
         self._asked_to_stop = ShutdownRequest()
-        self.address = self._inbox.address
-        self.owner_died = False
+        self.address, self.owner_died = self._inbox.address, False
         self._incarnation = f"{os.getpid()}-{time.time_ns()}"
         self._view = AgentView(self._procs, self._outbox, self._hostname, self.address, self._log)
         parts = (self._procs, self._watchdog, self._outbox, self._stop, self._log)
@@ -190,6 +189,7 @@ class HostAgent:
         if type(header) is SpawnProcs:
             self._spawn(header)
         elif type(header) is StopProcs:
+            self._procs.note_stop_why(header.proc_ids, header.why)  # its watchers hear it
             self._stop(header.proc_ids, header.grace_s, header.reply_to)
         elif type(header) is Heartbeat:
             if (proc := self._procs.get(header.proc_id)) is not None:

@@ -36,6 +36,7 @@ class ProcRecord:
     busy_timeout_s: float
     pid: int | None = None
     stop_requested: bool = False
+    stop_why: str = ""  # what its owner said when it stopped it (`StopProcs.why`)
     hung: bool = False
     why_hung: str = ""
     kill_at: float | None = None
@@ -113,6 +114,13 @@ class ProcTable:
 
     def get(self, proc_id: str) -> ProcRecord | None:
         return self._running.get(proc_id)
+
+    def note_stop_why(self, proc_ids: tuple[str, ...], why: str) -> None:
+        """What the owner said when it stopped these procs, for the first stop of each."""
+        for proc_id in proc_ids:
+            proc = self._running.get(proc_id)
+            if proc is not None and not proc.stop_requested and why:
+                proc.stop_why = why
 
     def add(self, proc: ProcRecord) -> None:
         """Add a proc about to be forked: it inherits the watchers of the proc it replaces,
@@ -216,6 +224,7 @@ def exit_report(
         proc.hung,
         proc.why_hung,
         *evidence,
+        why_stopped=proc.stop_why,
     )
 
 

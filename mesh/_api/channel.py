@@ -69,7 +69,14 @@ class Port(Generic[R]):
         runtime.send_frames(self._address, PortMessage, encode(header, Payload.dump(value)))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _rebuild_port, (self._addresses, self._port_id, self._proc_id, self._agent)
+        """Pickled in its receiver's process, a port carries the addresses that process has
+        now: it may listen on tcp since the port was opened (an `attach` after
+        ``Channel.open()``), and a holder on another host cannot use its ipc address."""
+        addresses = self._addresses
+        runtime = current_session().runtime
+        if runtime.proc_id == self._proc_id:
+            addresses = runtime.addresses
+        return _rebuild_port, (addresses, self._port_id, self._proc_id, self._agent)
 
     def __repr__(self) -> str:
         return f"<Port {self._port_id} of {self._proc_id}>"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from transport import Payload, TransportError
+from transport import Outbox, Payload, TransportError
 
 
 class HostServices(Protocol):
@@ -23,6 +23,10 @@ class HostServices(Protocol):
 
     @property
     def pid(self) -> int: ...
+
+    @property
+    def outbox(self) -> Outbox:
+        """This process's connections (a sender looks at a connection's handshake)."""
 
     def send_message(self, address: str, header: Any, payload: Payload | None = None) -> None:
         """Send one message; an unreachable address is logged, never raised."""

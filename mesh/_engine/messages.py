@@ -65,11 +65,13 @@ class SpawnProcs:
 @dataclass(frozen=True, slots=True, repr=False, eq=False)
 class StopProcs:
     """Owner → agent. `reply_to` hears of procs the agent no longer knows (they ended before,
-    or with a previous agent), so that a stop never waits for an exit report that cannot come."""
+    or with a previous agent), so that a stop never waits for an exit report that cannot come.
+    `why`: a reason the procs' watchers are told with their exit (a stuck actor), else ""."""
 
     proc_ids: tuple[str, ...]
     grace_s: float
     reply_to: str | None = None
+    why: str = ""
 
 
 @message_type
@@ -104,6 +106,7 @@ class ProcExited:
     why_hung: str = ""
     traceback: str = ""
     out_of_memory: str = ""
+    why_stopped: str = ""  # `StopProcs.why`
 
 
 @message_type

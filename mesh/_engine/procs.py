@@ -123,7 +123,7 @@ class ProcLifecycle:
         elif header.out_of_memory:  # the true cause, even when the agent declared it hung
             kind, message = "oom", header.out_of_memory + _also_hung(header)
         elif header.requested:
-            kind, message = "stopped", "by its owner"
+            kind, message = "stopped", _by_its_owner(header.why_stopped)
         elif header.hung:
             kind, message = "hung", f"it was killed by the host agent ({_how(header.signal)})"
             if header.why_hung:
@@ -225,9 +225,9 @@ class ProcLifecycle:
             return False
         self._stuck[peer.proc_id] = event
         self._log.warning("stuck_proc_killed", proc=peer.proc_id, pid=peer.pid)
-        self._runtime.send_message(
-            peer.agent, StopProcs((peer.proc_id,), 0.0, self._runtime.address_for(peer.agent))
-        )
+        why = f"actor {header.actor_id} on it was stuck: {event.message}"[:_MOST_WHY_CHARS]
+        reply_to = self._runtime.address_for(peer.agent)
+        self._runtime.send_message(peer.agent, StopProcs((peer.proc_id,), 0.0, reply_to, why))
         return True
 
     def fail_procs_of(self, agent: str, why: str) -> None:
@@ -299,3 +299,12 @@ def _about_proc(event: SupervisionEvent, peer: ProcPeer) -> SupervisionEvent:
     still the stuck actor, so that the actor mesh's view of it is the very event its caller
     got (the root then raises it once)."""
     return dataclasses.replace(event, mesh_name=peer.mesh_name, rank=peer.point)
+
+
+#: The longest reason a proc's owner gives its watchers when it stops the proc.
+_MOST_WHY_CHARS = 2000
+
+
+def _by_its_owner(why: str) -> str:
+    """How a watcher (not the owner) words a proc stopped by its owner, who said `why`."""
+    return f"by its owner, because {why}" if why else "by its owner"

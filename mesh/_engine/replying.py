@@ -2,17 +2,20 @@
 
 A value, an exception (the actor lives on) or a failure (the actor cannot serve the call). An
 outcome that cannot be sent as it is (unpicklable, too large) is sent in a form that surely
-can, and one that cannot reach its caller at all (no keys for its address) is reported to the
-actor's owner (`ReplyLost`), which ends that call if it made it: a caller must never wait
-forever because its answer could not travel.
+can, and one that cannot reach its caller at all (no keys for its address, or a caller that
+refuses this proc's keys: `HandshakeWaits`) is reported to the actor's owner (`ReplyLost`),
+which ends that call if it made it: a caller must never wait forever because its answer could
+not travel.
 """
 
 from __future__ import annotations
 
+import functools
 import traceback
 from collections.abc import Iterator
 from typing import Any
 
+from mesh._engine.handshake_waits import HandshakeWaits
 from mesh._engine.host_services import HostServices
 from mesh._engine.hosted_actor import HostedActor
 from mesh._engine.messages import CallActor, Failure, Reply, ReplyLost, StopActor
@@ -48,6 +51,8 @@ class Replier:
         #: A `Reply` header prepared for each rank answered (all but the call id), so that a
         #: reply packs only its call id: one call, where `encode_fields` makes three.
         self._reply_heads: dict[int, PreparedHeader] = {}
+        self._outbox = services.outbox
+        self._waits = HandshakeWaits(services.outbox, services.call_soon, services.call_later)
 
     def value(self, actor: HostedActor, header: CallActor, result: Any) -> None:
         """Send the result; one that cannot be sent (unpicklable, too large) fails the call."""
@@ -66,6 +71,8 @@ class Replier:
         lost = self._services.send_frames(reply_to, Reply, frames, soon=bool(actor.mailbox))
         if lost is not None:
             self._report_lost(actor, header, lost)
+        elif self._outbox.unconfirmed(reply_to):
+            self._waits.watch(reply_to, functools.partial(self._report_lost, actor, header))
 
     def _reply_frames(self, header: CallActor, payload: Payload) -> list[Any]:
         """The frames of a `Reply` from its fields; prepares the header of the call's rank
@@ -112,9 +119,14 @@ class Replier:
             self._log.error("reply_lost", call_id=header.call_id, reason=safe_str(exc))
             return
         lost = self._services.send_frames(header.reply_to, Failure, frames)
-        if lost is not None and actor is not None and isinstance(header, CallActor):
-            event = detail if isinstance(detail, SupervisionEvent) else None
+        if actor is None or not isinstance(header, CallActor):
+            return
+        event = detail if isinstance(detail, SupervisionEvent) else None
+        if lost is not None:
             self._report_lost(actor, header, lost, event)
+        elif self._outbox.unconfirmed(header.reply_to):
+            report = functools.partial(self._report_lost, actor, header, event=event)
+            self._waits.watch(header.reply_to, report)
 
     def stopped(self, header: StopActor) -> None:
         """Acknowledge a stop, to whoever waits for it."""
@@ -137,6 +149,8 @@ class Replier:
         lost = self._services.send_frames(call.reply_to, type(header), frames, soon=soon)
         if lost is not None:
             self._report_lost(actor, call, lost)
+        elif self._outbox.unconfirmed(call.reply_to):
+            self._waits.watch(call.reply_to, functools.partial(self._report_lost, actor, call))
         return None
 
     def _report_lost(

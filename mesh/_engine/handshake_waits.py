@@ -1,0 +1,86 @@
+"""`HandshakeWaits`: answers sent to a tcp caller whose connection had not passed its security
+handshake yet, looked at again until it has, or until the caller refused it.
+
+zmq takes a message for a tcp peer at once and keeps it while it connects. A caller that holds
+other CURVE keys refuses every handshake, so the answer would wait in zmq forever, and the
+caller with it. A refused answer is reported as one that could not be sent at all (the
+`Replier` tells the actor's owner, `ReplyLost`), so that the call ends with an error saying why.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from transport import Outbox, TransportError, get_logger
+
+#: How often the handshakes of waiting answers are looked at.
+CHECK_INTERVAL_S = 0.25
+#: How long an answer is watched at most: a caller that neither passes nor refuses a
+#: handshake for this long is gone (its death is reported by other means).
+GIVE_UP_AFTER_S = 60.0
+#: The most answers watched per caller address (a caller pipelining into a refusal).
+MOST_WAITING = 10_000
+
+#: What to do with an answer that its caller refused: told why.
+Refused = Callable[[TransportError], None]
+
+
+class HandshakeWaits:
+    """The answers sent to callers whose handshake had not passed, by caller address."""
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        call_soon: Callable[..., None],
+        call_later: Callable[..., None],
+    ) -> None:
+        self._outbox = outbox
+        self._call_soon, self._call_later = call_soon, call_later
+        self._waiting: dict[str, tuple[float, list[Refused]]] = {}
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def watch(self, address: str, refused: Refused) -> None:
+        """An answer went to `address`, whose handshake had not passed (any thread): call
+        `refused` on the loop thread if `address` refuses this process's connection."""
+        with self._lock:
+            _, waiting = self._waiting.setdefault(address, (time.monotonic(), []))
+            if len(waiting) < MOST_WAITING:
+                waiting.append(refused)
+            start, self._scheduled = not self._scheduled, True
+        if start:
+            self._call_soon(self._call_later, CHECK_INTERVAL_S, self._check)
+
+    def _check(self) -> None:
+        """(loop thread) Report the answers whose caller refused them, forget those whose
+        handshake passed, and look again later at the others."""
+        now, refusals = time.monotonic(), []
+        with self._lock:
+            for address, (since, waiting) in list(self._waiting.items()):
+                reason = self._outbox.refusal(address)
+                passed = reason is None and not self._outbox.unconfirmed(address)
+                if reason is not None or passed or now - since > GIVE_UP_AFTER_S:
+                    del self._waiting[address]
+                if reason is not None:
+                    refusals.append((address, reason, waiting))
+            self._scheduled = bool(self._waiting)
+        if self._scheduled:
+            self._call_later(CHECK_INTERVAL_S, self._check)
+        for address, reason, waiting in refusals:
+            _report(address, reason, waiting)
+
+
+def _report(address: str, reason: str, waiting: list[Refused]) -> None:
+    error = TransportError(
+        f"{address} refused this process's connection: {reason}; the caller and this proc "
+        "must hold the same allocation's CURVE keys"
+    )
+    for refused in waiting:
+        try:
+            refused(error)
+        except Exception as exc:  # the others must still be told
+            log: Any = get_logger("mesh.replies")
+            log.warning("reply_lost_unreported", to=address, reason=repr(exc))
