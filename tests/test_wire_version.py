@@ -3,6 +3,7 @@ error naming both versions, never decoded as if it were of this one.
 
 Version 3 had no binary headers: its peers refused codec bytes `C` and `R` as an "unknown
 header encoding". Version 4 brought them, so a version-3 peer must not be read as one.
+Version 5 added fields to two agent messages (`StopProcs.why`, `ProcExited.why_stopped`).
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ def of_version(frame: bytes, version: int) -> bytes:
 
 def test_the_version_is_the_byte_after_the_magic_letters() -> None:
     assert b"MV" + bytes([WIRE_VERSION]) == MAGIC
-    assert WIRE_VERSION == 4
+    assert WIRE_VERSION == 5
 
 
 def test_a_message_of_the_old_version_names_both_versions() -> None:
     frame = bytes(encode(wire.Reply(1, 2))[0])
-    with pytest.raises(WireVersionMismatch, match=r"wire version 3.*speaks version 4"):
-        decode([of_version(frame, 3)])
+    with pytest.raises(WireVersionMismatch, match=r"wire version 4.*speaks version 5"):
+        decode([of_version(frame, 4)])
 
 
 @given(st.integers(min_value=0, max_value=255).filter(lambda v: v != WIRE_VERSION))

@@ -46,8 +46,9 @@ from ._message_methods import fill_in_methods
 from ._settings import TransportSettings, transport_settings
 
 #: The version of this framing, the byte after b"MV": bumped whenever what a peer of the old
-#: version cannot read changes (4: binary headers, codec bytes `C` and `R`).
-WIRE_VERSION = 4
+#: version cannot read changes (4: binary headers, codec bytes `C` and `R`;
+#: 5: `StopProcs.why`, `ProcExited.why_stopped`).
+WIRE_VERSION = 5
 MAGIC = b"MV" + bytes([WIRE_VERSION])
 _LENGTH = struct.Struct("<I")
 _PREFIX = len(MAGIC) + _LENGTH.size + 1
