@@ -46,8 +46,7 @@ from ._message_methods import fill_in_methods
 from ._settings import TransportSettings, transport_settings
 
 #: The version of this framing, the byte after b"MV": bumped whenever what a peer of the old
-#: version cannot read changes (4: binary headers, codec bytes `C` and `R`;
-#: 5: `StopProcs.why`, `ProcExited.why_stopped`).
+#: version cannot read changes (5: two agent messages gained a field; tests/test_wire_version.py).
 WIRE_VERSION = 5
 MAGIC = b"MV" + bytes([WIRE_VERSION])
 _LENGTH = struct.Struct("<I")
