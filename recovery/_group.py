@@ -199,7 +199,7 @@ class ReplicaGroup:
             if isinstance(result, BaseException):  # failure of that replica, not of the step
                 self._failed(index, f"died while committing: {short(result)}", host_lost(result))
         self.history.append((step, members))
-        digests = commit_digests(committed, len(members))
+        digests = commit_digests(committed, len(members), self._call_all, step)
         if len(digests) > 1:
             raise ReplicaGroupError(f"replicas {members} diverged at step {step}: {digests}")
         donors = [self._members[i].actors for i in members if self._members[i].state == "live"]
