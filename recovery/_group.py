@@ -199,7 +199,7 @@ class ReplicaGroup:
             if isinstance(result, BaseException):  # failure of that replica, not of the step
                 self._failed(index, f"died while committing: {short(result)}", host_lost(result))
         self.history.append((step, members))
-        digests = commit_digests(committed, len(members))
+        digests = commit_digests(committed, len(members), self._call_all, step)
         if len(digests) > 1:
             raise ReplicaGroupError(f"replicas {members} diverged at step {step}: {digests}")
         donors = [self._members[i].actors for i in members if self._members[i].state == "live"]
@@ -333,13 +333,14 @@ class ReplicaGroup:
     def _form_group(self, members: tuple[int, ...], step: int) -> bool:
         if members == self._quorum_members:
             return True
+        left = self._current[0]  # a step in flight may still wait in it: its keys stay
         standing = self._standing.take([self._members[i].procs for i in members])
         self._current = (self._next_quorum() if standing is None else standing, members)
         if any(self._members[i].state != "live" for i in members):
             return False  # one failed since it was counted (its abort notice may be missed)
         if standing is not None:  # formed in advance: no rendezvous
             self._quorum_members = members
-            self._standing.formed(self._current[0])
+            self._standing.formed(self._current[0], left)
             return True
         world = len(members) * self.ranks_per_replica
         args = (self._current[0], None, world, self._store.addresses, self.group_timeout_s, step)

@@ -160,17 +160,32 @@ def _outcome(future: Future[ValueMesh[Any]], timeout_s: float) -> Any:
         return exc
 
 
-def commit_digests(committed: dict[int, Any], members: int) -> set[str]:
-    """The digests that the `members` participants' commits returned: whole ones (one unless
-    they diverged), or the one they returned a share each of (`digest_part`: the first
-    rank's of each; none unless every share came)."""
+def commit_digests(
+    committed: dict[int, Any], members: int, call_all: Callable[..., dict[int, Any]], step: int
+) -> set[str]:
+    """The digests that the `members` participants' commits of `step` returned: whole ones
+    (one unless they diverged), or the one they returned a share each of (`digest_part`: the
+    first rank's of each). A share lost with a participant that died while committing is made
+    up by asking a participant whose commit succeeded for its whole digest (`call_all`), so
+    that the spares and replacements checked at that step are not healed whole for it."""
     from ._arithmetic import combine_digest
 
-    shares = [
-        v[0] for v in committed.values() if isinstance(v, list) and v and isinstance(v[0], list)
-    ]
+    shares = {
+        i: v[0]
+        for i, v in committed.items()
+        if isinstance(v, list) and v and isinstance(v[0], list)
+    }
     if not shares:
         return {d for v in committed.values() if isinstance(v, list) for d in v if d}
     if len(shares) < members:
-        return set()
-    return {combine_digest(entry for share in shares for entry in share)}
+        found = _whole_digest(call_all, next(iter(shares)), step)
+        return {found} if found else set()
+    return {combine_digest(entry for share in shares.values() for entry in share)}
+
+
+def _whole_digest(call_all: Callable[..., dict[int, Any]], index: int, step: int) -> str | None:
+    """Member `index`'s whole digest (its first rank's) if it is still at committed `step`."""
+    found = call_all((index,), "status").get(index)
+    if isinstance(found, list) and found and found[0][0] == step:
+        return str(found[0][1])
+    return None

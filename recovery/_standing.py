@@ -98,12 +98,15 @@ class StandingGroups:
         self.give_up()
         return None
 
-    def formed(self, quorum: int) -> None:
+    def formed(self, quorum: int, left: int | None = None) -> None:
         """The group of `quorum` formed (a standing one taken, or a step's own): the store keys
-        of the older quorums that no standing group uses go (`QuorumKeys`)."""
+        of the older quorums that no standing group uses go (`QuorumKeys`). A standing group
+        is taken before its members leave the group of the step before, `left`: a step in
+        flight that a spare completes still waits in it for its abort notice, so its keys stay
+        until the next group forms (deleted at once, the notice was missed: issue #16)."""
         with self._lock:
             in_use = {standing.quorum for standing in (*self._formed, *self._forming)}
-        self._keys.formed(quorum, in_use)
+        self._keys.formed(quorum, in_use | ({left} if left is not None else set()))
 
     def drop(self, procs: ProcMesh) -> None:
         """`procs` failed (any thread): the groups it is in are broken; one it is joining

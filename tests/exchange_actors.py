@@ -6,6 +6,7 @@ import atexit
 import datetime
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,28 @@ class StallingTrainer(Trainer):
             except FileExistsError:
                 return
             signal_this_process(getattr(signal, signame))
+
+
+class LateToExchange(StallingTrainer):
+    """`StallingTrainer` whose replica `late` enters the exchange of step `at` only once the
+    file `go` of `marks` exists (at most 30 s); it then notes in `saw` of `marks` what its
+    abort watch says about the process group it is in (`none` if nothing)."""
+
+    def __init__(
+        self, plan: dict[int, list[tuple[int, str, str]]], marks: str, late: int, at: int
+    ) -> None:
+        super().__init__(plan, marks)
+        self.late, self.at = late, at
+
+    def on_phase(self, phase: str, step: int) -> None:
+        late = (self.replica_id, step, phase) == (self.late, self.at, "allreduce")
+        if late and not (self.marks / "saw").exists():
+            deadline = time.monotonic() + 30.0
+            while not (self.marks / "go").exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert self._aborts is not None  # in a group since its join
+            (self.marks / "saw").write_text(self._aborts() or "none")
+        super().on_phase(phase, step)
 
 
 class HangsWhileBuilt(Trainer):

@@ -58,6 +58,14 @@ class DyingTrainer(Trainer):
         signal_this_process(signal.SIGKILL)
 
 
+class HealsNoted(DyingTrainer):
+    """`DyingTrainer` that says the step its latest heal reached (None: never healed)."""
+
+    @endpoint
+    def last_healed(self) -> int | None:
+        return None if self.last_heal is None else self.last_heal.step
+
+
 class CountsForwards(DyingTrainer):
     """`DyingTrainer` that also notes each forward pass it makes: a line with the step in the
     file `forwards-<replica id>` of `marks`."""

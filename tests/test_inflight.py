@@ -7,8 +7,11 @@ and retried as before. Real procs, gloo and SIGKILL.
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
+import exchange_actors as xa
 import heal_actors as ha
 import pytest
 import replica_actors as ra
@@ -16,6 +19,7 @@ from test_heal import _committed_reads
 from test_replicas import assert_invariants, train
 from test_spares import _loader_run_without_failures, _with_a_ready_spare
 
+from mesh import this_host
 from recovery import ReplicaGroup, replay_training
 from recovery import parameter_digest as digest
 
@@ -96,4 +100,43 @@ def test_two_deaths_with_one_spare_discard_the_step_and_recover_as_before(
         [(1, True), (2, False)],
     ), group.recoveries
     assert 3 in [o.step for o in group.outcomes if not o.committed], group.outcomes
+    assert_invariants(group)
+
+
+def test_a_survivor_late_to_the_exchange_a_spare_completes_is_told_and_does_not_wait(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    """A spare takes replica 0's place at step 2 (the step's group is a standing one), and a
+    new spare's groups form. Replica 2 dies in the exchange of step 5; replica 1 enters that
+    exchange only after the spare took replica 2's place and a standing group formed after
+    the step's was taken. The abort notice of the group replica 1 enters must still be
+    there: taking that group deleted the older groups' store keys, notice included, and a
+    survivor that had not looked yet waited in a collective until the group's timeout
+    (issue #16: a take-over step of 3 s at 100 MB). Step 5 commits with the spare, well
+    within the timeout (a generous bound)."""
+    timeout_s = 30.0
+    plan = {0: [(2, "forward", "SIGKILL")], 2: [(5, "allreduce", "SIGKILL")]}
+    group = ReplicaGroup(
+        this_host(), xa.LateToExchange, plan, str(tmp_path), 1, 5, replicas=3, spares=1,
+        heartbeat_timeout_s=1.0, group_timeout_s=timeout_s, step_timeout_s=2 * timeout_s,
+    )  # fmt: skip
+    groups.append(group)
+    group.wait_for_all(timeout=120)
+
+    def go_once_the_spare_took_the_place() -> None:
+        deadline = time.monotonic() + 60
+        while len([r for r in group.recoveries if r.healed_at]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # the standing group is taken right after
+        (tmp_path / "go").touch()
+
+    going = threading.Thread(target=go_once_the_spare_took_the_place, daemon=True)
+    going.start()
+    train(group, 6, full_before={4})  # the new spare is ready, its groups formed
+    going.join(timeout=60)
+    assert (tmp_path / "saw").read_text().startswith("the process group of quorum")
+    assert [(r.replica, r.by_spare) for r in group.recoveries] == [(0, True), (2, True)]
+    fifth = [o for o in group.outcomes if o.step == 5]
+    assert [o.committed for o in fifth] == [True], fifth  # completed by the spare
+    assert fifth[0].seconds < timeout_s / 2, fifth  # not the group's timeout
     assert_invariants(group)

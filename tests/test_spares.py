@@ -390,6 +390,23 @@ def test_a_take_over_needs_no_rendezvous_and_a_kill_right_after_it_is_recovered(
     assert_spares_follow(group)
 
 
+def test_a_death_while_committing_leaves_the_step_its_digest_and_the_spare_is_not_healed(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    """Replica 1 dies as it commits step 4, whose digest the participants share (no check is
+    due): its share is made up from a survivor, so the spare, which hashes at step 4, and
+    takes replica 1's place at step 5, is found holding step 4's bits: it catches up on the
+    updates, never heals its whole state again (its last heal is the one it started with)."""
+    group = _with_a_ready_spare(groups, ra.HealsNoted, {1: [(4, "commit")]}, tmp_path)
+    spare = group.spare_replicas[0]
+    healed = spare.last_healed.call_one().get(timeout=30)
+    train(group, 6)
+    assert [(r.replica, r.by_spare) for r in group.recoveries] == [(1, True)], group.recoveries
+    assert group.history[3] == (4, (0, 1, 2)), group.history  # decided: it stands
+    assert group.replicas[1].last_healed.call_one().get(timeout=30) == healed
+    assert_invariants(group)
+
+
 def test_take_overs_in_a_row_leave_the_spare_ready_with_its_groups_formed(
     groups: list[ReplicaGroup],
 ) -> None:

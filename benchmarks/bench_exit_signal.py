@@ -1,0 +1,111 @@
+"""How soon a SIGKILLed process with a big address space can be seen dead, by each signal.
+
+A replica's death is noticed when its process is reaped (the fork server's SIGCHLD and
+`waitpid`); the kernel reports the exit (pidfd readable, sockets closed, zombie) only after it
+has torn the process's memory down, which takes longer the more memory it held (issue #16:
+detection took 0.46 s at 1 GB with a spare, TorchFT's 0.18 s). A robust process-shared mutex
+that the process holds is released by the kernel *before* that teardown (`exit_mm` handles
+the robust futex list first), so its waiter wakes with EOWNERDEAD at once. This measures,
+per resident size, the time from the SIGKILL to each signal, medians of `--reps`:
+
+    python3 benchmarks/bench_exit_signal.py [--sizes-gb 0.1,1,3] [--reps 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import mmap
+import os
+import select
+import signal
+import socket
+import statistics
+import threading
+import time
+
+EOWNERDEAD = 130
+LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+def robust_mutex(memory: mmap.mmap) -> ctypes.c_void_p:
+    """A robust, process-shared pthread mutex at the start of shared `memory`."""
+    attr = ctypes.create_string_buffer(64)
+    LIBC.pthread_mutexattr_init(attr)
+    LIBC.pthread_mutexattr_setpshared(attr, 1)  # PTHREAD_PROCESS_SHARED
+    LIBC.pthread_mutexattr_setrobust(attr, 1)  # PTHREAD_MUTEX_ROBUST
+    place = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(memory)))
+    if LIBC.pthread_mutex_init(place, attr) != 0:
+        raise OSError("pthread_mutex_init failed")
+    return place
+
+
+def one_kill(gigabytes: float) -> dict[str, float]:
+    """Fork a child that locks the mutex and touches `gigabytes`, SIGKILL it; ms to each
+    signal: the mutex's owner death, the pidfd, EOF on a socket only the child holds."""
+    memory = mmap.mmap(-1, 4096, flags=mmap.MAP_SHARED)
+    mutex = robust_mutex(memory)
+    ready_read, ready_write = os.pipe()
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # the child: holds the mutex, the socket's other end, and the memory
+        LIBC.pthread_mutex_lock(mutex)
+        held = bytearray(int(gigabytes * 1e9))
+        held[:: mmap.PAGESIZE] = b"\1" * len(held[:: mmap.PAGESIZE])  # every page resident
+        os.write(ready_write, b"x")
+        while True:
+            time.sleep(1)
+    theirs.close()
+    os.read(ready_read, 1)
+    seen: dict[str, float] = {}
+    waiter = threading.Thread(target=lambda: seen.update(mutex=_owner_died(mutex)))
+    waiter.start()
+    time.sleep(0.2)  # the waiter blocks in the mutex
+    pidfd = os.pidfd_open(pid)
+    started = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    poll = select.poll()
+    poll.register(pidfd, select.POLLIN)
+    poll.register(ours, select.POLLIN)
+    while len(seen) < 3:
+        for fd, _ in poll.poll(10):  # ms: the mutex's waiter may come last
+            seen["pidfd" if fd == pidfd else "socket"] = time.monotonic()
+            poll.unregister(fd)
+    waiter.join()
+    os.waitpid(pid, 0)
+    os.close(pidfd)
+    ours.close()
+    return {name: (at - started) * 1000 for name, at in seen.items()}
+
+
+def _owner_died(mutex: ctypes.c_void_p) -> float:
+    code = LIBC.pthread_mutex_lock(mutex)
+    at = time.monotonic()
+    if code != EOWNERDEAD:
+        raise RuntimeError(f"the mutex came back with {code}, not EOWNERDEAD")
+    return at
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes-gb", default="0.1,1,3")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = []
+    for size in (float(s) for s in args.sizes_gb.split(",")):
+        kills = [one_kill(size) for _ in range(args.reps)]
+        row = {"gb": size} | {k: statistics.median(x[k] for x in kills) for k in kills[0]}
+        rows.append(row)
+    if args.json:
+        print(json.dumps(rows))
+        return
+    print(f"load average {os.getloadavg()[0]:.1f}; ms from SIGKILL, median of {args.reps}")
+    print(f"{'GB':>5} {'robust mutex':>13} {'pidfd':>8} {'socket':>8}")
+    for row in rows:
+        print(f"{row['gb']:>5} {row['mutex']:>13.1f} {row['pidfd']:>8.1f} {row['socket']:>8.1f}")
+
+
+if __name__ == "__main__":
+    main()
