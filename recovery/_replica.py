@@ -308,10 +308,10 @@ class Replica(Actor):
     def heal_from(self, peers: ActorMesh[Replica] | Sequence[ActorMesh[Replica]]) -> HealReport:
         """Take the committed state of `peers` (live replicas; from each, the rank matching
         this one), in chunks spread over all of them; see `recovery._heal`."""
+        drop_ahead(self)
         return self._heal(peers)
 
     def _heal(self, peers: ActorMesh[Replica] | Sequence[ActorMesh[Replica]]) -> HealReport:
-        drop_ahead(self)
         meshes = [peers] if not isinstance(peers, Sequence) else list(peers)
         donors = [endpoints_of(rank_match(mesh, context().rank.rank)) for mesh in meshes]
         with self._changing:
