@@ -1,9 +1,9 @@
 """The heal's prefault thread makes memory present without changing a byte of it.
 
-`recovery._prefault.Prefault` runs beside the copy of a heal's chunks into the same tensors,
-so it must never write them: whatever the copy wrote, before, during or after it populates a
-page, stays. Tensors of any size and alignment (views that start inside a page), written in
-any order of pieces.
+`recovery.testing.Prefault` (`recovery/_prefault.py`) runs beside the copy of a heal's chunks
+into the same tensors, so it must never write them: whatever the copy wrote, before, during or
+after it populates a page, stays. Tensors of any size and alignment (views that start inside a
+page), written in any order of pieces.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recovery._prefault import STRIDE_BYTES, Prefault
+from recovery.testing import PREFAULT_STRIDE_BYTES as STRIDE_BYTES
+from recovery.testing import Prefault
 
 pytestmark = pytest.mark.timeout(120)
 
