@@ -67,18 +67,23 @@ def warm_up_in_background(
     stepping: threading.Lock,
     keep_gradient: Callable[[torch.Tensor], None],
     keep_update: Callable[[torch.Tensor], None],
+    then: Callable[[], None] = lambda: None,
 ) -> None:
     """On a thread, holding `stepping` (a step waits for it): gloo's one-time set-up, the flat
     gradient's memory (`keep_gradient` gets it) and the memory its first exchange writes the
     average into (`keep_update`), both written once, which a new process would otherwise pay
     in its first step, where the whole group waits for it (a page fault per 4 KiB page: ~0.2 s
     of CPU each at 1 GB). A replacement does this once healed, while the group finishes the
-    step under way."""
+    step under way. `then` runs after, still holding `stepping`."""
 
     def run() -> None:
-        with stepping:
+        try:
             warm_up_gloo()
             keep_gradient(flat_gradient(model))
             keep_update(flat_gradient(model))
+            then()
+        finally:
+            stepping.release()
 
+    stepping.acquire()  # held from now on: no step begins before the thread is done
     threading.Thread(target=run, name="replica-warm-up", daemon=True).start()

@@ -258,9 +258,12 @@ def heal(
     started = time.monotonic()
     lost: set[int] = set()
     layout = _first_layout(donors, lost, timeout_s)
-    targets = Targets(layout, replica.model, replica.optimizer)
     stream = _Stream(donors, plan_chunks(layout.tensors, chunk_bytes), layout.step, lost)
-    stream.run(targets, window, timeout_s)
+    targets = Targets(layout, replica.model, replica.optimizer)
+    try:
+        stream.run(targets, window, timeout_s)
+    finally:
+        targets.close()
     targets.finish(replica.optimizer)
     restore_position(replica, layout.position)
     replica.committed_step = layout.step

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from transport import Lent
 
 from ._position import Position
+from ._prefault import Prefault
 
 if TYPE_CHECKING:
     import torch
@@ -201,6 +202,11 @@ class Targets:
         self.tensors = [self._target(spec, own.get(spec.key)) for spec in layout.tensors]
         self._writable = [_contiguous(t) for t in self.tensors]
         self._bytes = [flat_bytes(t) for t in self._writable]
+        self._prefault = Prefault(self._writable)  # pages in place ahead of the copy
+
+    def close(self) -> None:
+        """Stop making the targets' memory present (the heal ended, or failed)."""
+        self._prefault.close()
 
     def _target(self, spec: TensorSpec, mine: torch.Tensor | None) -> torch.Tensor:
         import torch
@@ -235,6 +241,7 @@ class Targets:
 
     def finish(self, optimizer: torch.optim.Optimizer) -> None:
         """Copy back into non-contiguous targets and load the optimizer's state."""
+        self.close()
         for target, written in zip(self.tensors, self._writable):
             if written is not target:
                 target.copy_(written)

@@ -30,13 +30,11 @@ from mesh import Actor, concurrent_endpoint, context, endpoint
 from transport import Addresses
 
 from ._aborts import AbortWatch
+from ._ahead import Ahead, AheadPlan, begin_step, compute_gradient, drop_ahead, undo_step
 from ._arithmetic import (
     apply_average,
     commit_digest,
     digest,
-    local_gradient,
-    restore_buffers,
-    save_buffers,
 )
 from ._build import random_init_skipped, warm_up_in_background
 from ._exchange import GroupPlace, HeldGroups, exchange_average, open_group
@@ -44,7 +42,6 @@ from ._follow import Lowered, Takeover, UpdateLog, rank_match, warm_up_autograd,
 from ._heal import DonorCache, HealReport, StepStart, endpoints_of, heal
 from ._heal_catch_up import caught_up
 from ._heal_state import Chunk, Piece, StateLayout
-from ._position import capture_position, restore_position
 from ._prefetch import Prefetched, follow_group, take_over
 
 if TYPE_CHECKING:
@@ -99,6 +96,7 @@ class Replica(Actor):
         self._computed = 0  # the step whose local gradient `_gradient` holds, until decided
         self._rank = 0  # of this replica's ranks
         self._stepping = threading.Lock()  # prepare, commit and abort: one at a time
+        self._ahead = Ahead()  # a replacement's first gradient, computed as it waits
         self._changing = threading.Lock()  # a change of the state, against serving a heal
         self._gradient: torch.Tensor | None = None  # reused each step
         self._donor = DonorCache()
@@ -158,9 +156,16 @@ class Replica(Actor):
         self._configure(replica_id, ranks_per_replica, keep_updates)
         report = self._heal(list(peers))
         kept = (lambda g: setattr(self, "_gradient", g), lambda u: setattr(self, "_reused", u))
-        warm_up_in_background(self.model, self._stepping, *kept)  # memory for its first step
-        with self._lowered.first():
-            return caught_up(self, report, peers, context().rank.rank)
+        ahead = AheadPlan(self, context().rank.rank)  # then its first step's gradient
+        warm_up_in_background(self.model, self._stepping, *kept, ahead.after_warm_up)
+        try:
+            with self._lowered.first():
+                report = caught_up(self, report, peers, context().rank.rank)
+        except BaseException:
+            ahead.given_up()
+            raise
+        ahead.caught_up()
+        return report
 
     def _built(self) -> None:
         """Build the model again, initialised, if this replacement skipped its initialisation
@@ -193,8 +198,8 @@ class Replica(Actor):
         controller says that a member failed (`ExchangeAborted`)."""
         self.on_phase("join", step)
         self._built()
-        if self._started is not None:  # a prepare still in the old group (`_inflight`) ends
-            with self._stepping:  # first: it watches for the old group's abort
+        if self._started is not None and not self._ahead.running:  # a prepare still in the
+            with self._stepping:  # old group (`_inflight`) ends first: it watches its abort
                 pass
         self._rank = context().rank.rank
         self._group, self._quorum = None, -1  # the old group: its peers may be gone
@@ -239,20 +244,8 @@ class Replica(Actor):
                     f"replica {self.replica_id} asked to prepare step {step} after committing "
                     f"{self.committed_step}"
                 )
-            with self._changing:  # the data and RNG a retry must see again, and the buffers
-                self._update = None
-                kept = self._computed == step and self._started is not None
-                if not kept:
-                    _undo_step(self)  # an attempt that failed before its gradient
-                    if next(self.model.buffers(), None) is not None:
-                        self._donor.clear()  # the forward pass may change buffers lent to a heal
-                    self._started = StepStart(save_buffers(self.model), capture_position(self))
-            if not kept:
-                shard = self.replica_id * self.ranks_per_replica + self._rank
-                self.on_phase("forward", step)
-                loss = self.loss(self.model, step, shard)
-                self._gradient = local_gradient(self.model, loss, self._gradient)
-                self._computed = step
+            if not begin_step(self, step):
+                compute_gradient(self, step)
             if not exchange:
                 return
             self.on_phase("allreduce", step)
@@ -292,7 +285,7 @@ class Replica(Actor):
             self._update, self._reused = None, self._update
             if self._computed != step or step != self.committed_step + 1:
                 self._computed = 0
-                _undo_step(self)  # else put back by a later abort, or a heal
+                undo_step(self)  # else put back by a later abort, or a heal
             return self.committed_step
 
     # -- state ----------------------------------------------------------------------------------
@@ -304,7 +297,7 @@ class Replica(Actor):
             if self._update is not None:
                 raise RuntimeError("a step is prepared but not committed: its state is not final")
             self._computed = 0
-            _undo_step(self)
+            undo_step(self)
         return {
             "step": self.committed_step,
             "model": self.model.state_dict(),
@@ -315,6 +308,7 @@ class Replica(Actor):
     def heal_from(self, peers: ActorMesh[Replica] | Sequence[ActorMesh[Replica]]) -> HealReport:
         """Take the committed state of `peers` (live replicas; from each, the rank matching
         this one), in chunks spread over all of them; see `recovery._heal`."""
+        drop_ahead(self)
         return self._heal(peers)
 
     def _heal(self, peers: ActorMesh[Replica] | Sequence[ActorMesh[Replica]]) -> HealReport:
@@ -373,6 +367,7 @@ class Replica(Actor):
         state from them instead if it cannot, or if its parameters do not match `expected`
         (the digest of `step`; None: already checked). Concurrent: a follow under way (at a
         low priority) is raised to its own and waited for, not queued behind."""
+        drop_ahead(self)
         with self._lowered.first():
             self.replica_id = replica_id
             return take_over(self, step, expected, peers, context().rank.rank)
@@ -385,12 +380,3 @@ class Replica(Actor):
     @endpoint
     def parameters(self) -> dict[str, torch.Tensor]:
         return dict(self.model.state_dict())
-
-
-def _undo_step(replica: Replica) -> None:
-    """Put back what the step under way changed (with `_changing` held)."""
-    if replica._started is not None:
-        replica._donor.clear()
-        restore_buffers(replica.model, replica._started.buffers)
-        restore_position(replica, replica._started.position)
-        replica._started = None

@@ -11,7 +11,8 @@ the quorums no one needs any more; `abort_key` and `quorum_prefix` name those ke
 `StoreServer` and `StoreClient` are a replica group's key-value store (served by its controller)
 and a connection to it, a `torch.distributed.Store`.
 `open_group` and `wait_unless_aborted` are a replica's waits in gloo (its rendezvous, its
-collectives), for tests that leave them in flight.
+collectives), for tests that leave them in flight. `Prefault` populates a heal's target memory
+ahead of the copy (`PREFAULT_STRIDE_BYTES` at a time).
 """
 
 from __future__ import annotations
@@ -21,13 +22,17 @@ from ._aborts import AbortNotices, AbortWatch, QuorumKeys, abort_key, quorum_pre
 from ._arithmetic import combine_digest, digest_part, flatten_gradients, use_average
 from ._exchange import form_groups, open_group, wait_unless_aborted
 from ._loop_rounds import Rounds as LoopRounds
+from ._prefault import STRIDE_BYTES as PREFAULT_STRIDE_BYTES
+from ._prefault import Prefault
 from ._store_client import StoreClient
 from ._store_server import StoreServer
 
 __all__ = (
+    "PREFAULT_STRIDE_BYTES",
     "AbortNotices",
     "AbortWatch",
     "LoopRounds",
+    "Prefault",
     "QuorumKeys",
     "StoreClient",
     "StoreServer",

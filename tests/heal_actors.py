@@ -44,6 +44,8 @@ class BigTrainer(Trainer):
         """Resident bytes when built, peak since the last reset, the last heal's report, and
         the bytes of the parameters."""
         params = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        with self._stepping:  # a replacement's warm-up and first gradient (`_ahead`) are done
+            pass
         return {
             "built": self.rss_built,
             "peak": rss_kb("VmHWM"),

@@ -211,14 +211,14 @@ class HeldHeals(Trainer):
 class HeldExchanges(HeldHeals):
     """`HeldHeals` whose replicas also wait before each exchange while the file `hold` +
     ".exchange" exists (at most 30 s; `hold` + ".waiting" says one waits), so that a test
-    keeps a step in flight. Each forward pass is noted: a line "<replica id> <step>" in
-    `hold` + ".forwards"."""
+    keeps a step in flight. Each forward pass is noted: a line "<replica id> <step> <thread
+    name>" in `hold` + ".forwards"."""
 
     def on_phase(self, phase: str, step: int) -> None:
         held = self.hold.with_suffix(".exchange")
         if phase == "forward":
             with self.hold.with_suffix(".forwards").open("a") as noted:
-                noted.write(f"{self.replica_id} {step}\n")
+                noted.write(f"{self.replica_id} {step} {threading.current_thread().name}\n")
         if phase == "allreduce" and held.exists():
             self.hold.with_suffix(".waiting").touch()
             deadline = time.monotonic() + 30.0

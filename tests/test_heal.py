@@ -59,8 +59,10 @@ def test_a_200mb_state_heals_from_two_peers_in_bounded_memory(
         grown = memory[donor]["peak"] - before[donor]
         assert grown < 0.5 * state, f"donor {donor} grew by {grown} bytes for a {state} state"
     # A replacement's parameters take memory as the heal writes them, not when built (it
-    # skips their initialisation), and once healed it writes its flat gradient (as large).
-    made = report.allocated_bytes + 2 * memory[2]["params"]
+    # skips their initialisation); once healed it takes its first step's memory: its flat
+    # gradient and the averaged one (each as large), and, as it computes that gradient ahead,
+    # the gradient autograd makes of its largest parameter (here the weight, nearly all).
+    made = report.allocated_bytes + 4 * memory[2]["params"]
     grown = memory[2]["peak"] - memory[2]["built"] - made
     assert grown < 0.5 * state, f"the receiver grew by {grown} bytes beyond the state it made"
     assert group.check_consistency() is None  # the same step and bits everywhere
@@ -203,3 +205,37 @@ def test_a_heal_that_a_commit_overtakes_goes_on_at_its_step(
         assert group.check_consistency() is None
     else:
         assert_invariants(group)
+
+
+def test_a_replacement_two_steps_behind_after_its_heal_heals_again(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    """Two commits overtake a heal: it ends at the step it began at, two steps behind the
+    group, and the replacement heals again from the newest committed step (at model scale
+    cheaper than two optimizer steps) instead of applying the two updates; it then joins
+    without a step of catch-up, and the run equals a replay."""
+    hold = tmp_path / "hold"
+    group = ReplicaGroup(
+        this_host(), ha.HeldAfterFirstChunk, str(hold), replicas=3, heartbeat_timeout_s=HB
+    )
+    groups.append(group)
+    train(group, 2)
+    hold.touch()
+    os.kill(pid_of(group, 1), signal.SIGKILL)
+    _wait_for(hold.with_suffix(".asked").exists, "the replacement never asked for its state")
+    committed = 0
+    while committed < 2:  # two commits overtake the heal under way
+        committed += group.step().committed
+    hold.unlink()  # the heal goes on at step 2, with no step meanwhile
+
+    def healed_to() -> int | None:
+        return group.replicas[1].healed_to.call_one().get(timeout=30)  # type: ignore[no-any-return]
+
+    _wait_for(lambda: healed_to() is not None, "the replacement never healed")
+    assert healed_to() == group.committed_steps == 4, group.outcomes  # healed again, at 4
+    held = group.replicas[1].status.call_one().get(timeout=30)
+    assert held == group.replicas[0].status.call_one().get(timeout=30)
+    train_until_recovered(group)
+    assert group.live() == (0, 1, 2)
+    train(group, group.committed_steps + 1)
+    assert_invariants(group)

@@ -126,8 +126,9 @@ def test_a_replacement_joins_the_step_in_flight_once_it_holds_the_committed_stat
 ) -> None:
     """The survivors are in step 3 (held before its exchange) when the replacement of replica 1
     ends its heal: it joins step 3 at once. The survivors give their exchange up and redo it
-    with it, each with the gradient it had (one forward pass each); the step commits with the
-    three replicas and the run equals a replay."""
+    with it, each with the gradient it had (one forward pass each: the replacement's computed
+    ahead, as it waited, on the thread that warmed it up, not after the group formed); the step
+    commits with the three replicas and the run equals a replay."""
     hold = tmp_path / "hold"
     held = hold.with_suffix(".exchange")
     group = ReplicaGroup(
@@ -152,8 +153,13 @@ def test_a_replacement_joins_the_step_in_flight_once_it_holds_the_committed_stat
         stepping.join(timeout=120)
     assert [(o.step, o.committed, o.participants) for o in outcomes] == [(3, True, (0, 1, 2))]
     assert group.history[-1] == (3, (0, 1, 2)) and group.recoveries[-1].in_flight
-    forwards = hold.with_suffix(".forwards").read_text().split("\n")
-    assert [forwards.count(f"{replica} 3") for replica in range(3)] == [1, 1, 1]
+    forwards = [line.split() for line in hold.with_suffix(".forwards").read_text().splitlines()]
+    of_step_3 = {
+        replica: [t for r, step, t in forwards if (r, step) == (str(replica), "3")]
+        for replica in range(3)
+    }
+    assert [len(threads) for threads in of_step_3.values()] == [1, 1, 1], forwards
+    assert of_step_3[1] == ["replica-warm-up"], forwards
     train(group, 5)
     assert_invariants(group)
 
