@@ -315,8 +315,8 @@ def test_fifo_holds_across_clear_and_a_shorter_delay() -> None:
 
 def test_hold_keeps_messages_until_the_rule_ends_then_sends_them_in_order() -> None:
     faults, wire = NetworkFaults(), Wire()
+    installed = time.monotonic()  # before: the rule's 0.4 s count from inside install()
     faults.install([rule(hold=True, duration_s=0.4)])
-    installed = time.monotonic()
     for body in numbered(4):
         faults.route(A, [body], wire)
     faults.route(B, [b"b"], wire)

@@ -293,6 +293,14 @@ def test_non_leaf_tensor_requiring_grad_arrives_as_a_leaf_with_equal_values() ->
     assert torch.equal(got.detach(), result.detach())
 
 
+def test_a_function_pickled_by_value_keeps_its_file_name_for_tracebacks() -> None:
+    namespace: dict[str, Any] = {"__name__": "not_importable_module"}
+    exec(compile("def where():\n    return 1\n", "/some/script.py", "exec"), namespace)
+    got = roundtrip(namespace["where"])
+    assert got() == 1
+    assert got.__code__.co_filename == "/some/script.py"  # cloudpickle 3.1.3 writes <dynamic-code>
+
+
 def test_state_dict_roundtrip() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     state = model.state_dict()

@@ -13,6 +13,7 @@ import pickle
 import reprlib
 import sys
 import threading
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -91,7 +92,15 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
             reduced = _reduce_tensor(torch, obj)
             if reduced is not None:
                 return reduced
+        if kind is types.CodeType:
+            return self._reduce_code(obj)
         return super().reducer_override(obj)
+
+    def _reduce_code(self, code: types.CodeType) -> Any:
+        """cloudpickle's reduction of `code`, keeping its file name: newer cloudpickle writes
+        "<dynamic-code>", and a traceback in another process would lose its source lines."""
+        rebuild, args = self.dispatch_table[types.CodeType](code)
+        return rebuild, tuple(code.co_filename if a == "<dynamic-code>" else a for a in args)
 
 
 class _ReusablePickler(threading.local):
