@@ -47,7 +47,7 @@ class Link:
     def __init__(self) -> None:
         self.folder = private_runtime_dir("mvt-lone-")
         self.context = new_context()
-        self.inbox = LoneInbox(self.context, f"ipc://{self.folder}/in", max_bytes=LIMIT)
+        self.inbox = LoneInbox(self.context, f"ipc://{self.folder}/in", REPLY, max_bytes=LIMIT)
         self.outbox = Outbox(self.context)
 
     def send(self, frames: list[Any]) -> None:
@@ -56,7 +56,7 @@ class Link:
     def receive(self, timeout_s: float = 30.0) -> tuple[Any, ...] | Envelope:
         """The next message that is not dropped (a lone reply as a tuple)."""
         deadline = time.monotonic() + timeout_s
-        while (got := self.inbox.receive_lone(1000, REPLY)) is None:
+        while (got := self.inbox.receive_lone(1000)) is None:
             assert time.monotonic() < deadline, "a message sent was never received"
         return got
 
@@ -98,28 +98,49 @@ def test_a_lone_reply_holds_what_decode_reads(
 
 
 def test_what_is_no_lone_reply_comes_back_as_an_envelope(link: Link) -> None:
-    """A reply with out-of-band buffers, other messages, and the messages of a batch are
-    decoded as `receive_nowait` decodes them, in order."""
+    """A reply with out-of-band buffers and other messages are decoded as `receive_nowait`
+    decodes them; the replies of a batch are read alone each, in order with the rest."""
     big = bytes(range(256)) * (OUT_OF_BAND_MIN_BYTES // 256 + 1)
     link.send(encode_fields(wire.Reply, (1, 0), Payload.dump(big)))
     link.send(encode(wire.Failure(2, 0, "failed"), Payload.dump("why")))
     link.send(encode(wire.Wake()))
-    for call_id in (3, 4, 5):  # a busy destination: these wait, then leave in one batch
-        link.outbox.send_soon(link.inbox.address, encode(wire.Wake()))
-        link.outbox.send_soon(
-            link.inbox.address, encode_fields(wire.Reply, (call_id, 0), Payload.dump(call_id))
-        )
-    link.outbox.flush()
+    send_batch(link, (3, 4, 5))
     first = link.receive()
     assert isinstance(first, Envelope) and first.header == wire.Reply(1, 0)
     assert first.payload is not None and first.payload.load() == big
     second = link.receive()
     assert isinstance(second, Envelope) and second.header == wire.Failure(2, 0, "failed")
     assert isinstance(link.receive(), Envelope)  # the Wake
-    batch = [link.receive() for _ in range(6)]
-    assert all(isinstance(got, Envelope) for got in batch)
-    replies = [got.header.call_id for got in batch if type(got.header) is wire.Reply]  # type: ignore[union-attr]
-    assert replies == [3, 4, 5]
+    batch = [link.receive()]
+    while (got := link.inbox.received_lone()) is not None:
+        batch.append(got)
+    assert [type(got) for got in batch] == [Envelope, tuple] * 3
+    replies = [got[:2] for got in batch if type(got) is tuple]
+    assert replies == [(3, 0), (4, 0), (5, 0)]
+    assert [loads(got[2]) for got in batch if type(got) is tuple] == [3, 4, 5]
+
+
+def test_the_replies_of_a_batch_received_as_envelopes_hold_what_was_sent(link: Link) -> None:
+    """`receive_nowait` (and `receive_received`) hand every message over as an envelope,
+    those of a batch read alone included."""
+    send_batch(link, (6, 7))
+    deadline = time.monotonic() + 30
+    while (first := link.inbox.receive_nowait(1000)) is None:
+        assert time.monotonic() < deadline, "a message sent was never received"
+    got = [first, *iter(link.inbox.receive_received, None)]
+    assert [type(envelope.header) for envelope in got] == [wire.Wake, wire.Reply] * 2
+    assert [envelope.header for envelope in got[1::2]] == [wire.Reply(6, 0), wire.Reply(7, 0)]
+    assert [envelope.payload.load() for envelope in got[1::2]] == [6, 7]  # type: ignore[union-attr]
+
+
+def send_batch(link: Link, call_ids: tuple[int, ...]) -> None:
+    """A Wake and a reply per call id, sent to a busy destination: in one batch frame."""
+    for call_id in call_ids:
+        link.outbox.send_soon(link.inbox.address, encode(wire.Wake()))
+        link.outbox.send_soon(
+            link.inbox.address, encode_fields(wire.Reply, (call_id, 0), Payload.dump(call_id))
+        )
+    link.outbox.flush()
 
 
 def test_a_reply_without_a_payload_comes_with_an_empty_body(link: Link) -> None:

@@ -100,7 +100,7 @@ class ReplyInbox:
 
     def __init__(self, runtime: ReplyHost, address: str, also: str | None = None) -> None:
         self.runtime = runtime
-        self.inbox = LoneInbox(runtime.zmq_context, address)
+        self.inbox = LoneInbox(runtime.zmq_context, address, _LONE_REPLY)
         try:
             bound = Addresses.of(self.inbox.address)
             if also is not None:  # tcp beside ipc: peers are handed the one nearest to them
@@ -149,17 +149,15 @@ class ReplyInbox:
             # one blocking receive, no poll before it: a Wake (`wake`) ends it when another
             # thread settles the future (a supervision event, a lost reply)
             wait_ms = -1 if left is None else max(1, int(min(left, LONGEST_SOCKET_WAIT_S) * 1000))
-            got = inbox.receive_lone(wait_ms, _LONE_REPLY)
-            if isinstance(got, tuple):  # a lone reply: settled from its ints and body
-                calls.on_lone_reply(*got)
-                continue
-            envelope: Envelope | None = got
-            while envelope is not None:  # the rest of a batch of replies settles now too, so
-                if type(envelope.header) is Reply:  # that the get() of each of their futures
-                    calls.on_reply(envelope)  # returns at once (`_handle`'s first case, inlined)
+            got = inbox.receive_lone(wait_ms)
+            while got is not None:  # the rest of a batch of replies settles now too, so that
+                if isinstance(got, tuple):  # the get() of each of their futures returns at once
+                    calls.on_lone_reply(*got)  # a lone reply: settled from its ints and body
+                elif type(got.header) is Reply:  # (`_handle`'s first case, inlined)
+                    calls.on_reply(got)
                 else:
-                    self._handle(envelope)
-                envelope = inbox.receive_received()
+                    self._handle(got)
+                got = inbox.received_lone()
 
     def _handle(self, envelope: Any) -> None:
         kind = type(envelope.header)
