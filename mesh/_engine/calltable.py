@@ -46,7 +46,7 @@ class CallTable:
         self._outbox = outbox
         self._pid = pid
         self._flush_soon = flush_soon  # sends the batches started here soon (`send_soon`)
-        self._calls: dict[int, PendingCall] = {}
+        self._calls: dict[int, PendingCall | OneSink] = {}
         self._ids = itertools.count(1)
 
     def new_call_id(self) -> int:
@@ -127,11 +127,15 @@ class CallTable:
         with self._lock:
             address = peer.address if peer.alive else None
             path = direct_route(peer, fields[1]) if address is not None else None
-            if path is not None:
-                pending = PendingCall(call_id, sink, None, home, mesh)
-                pending.peer, pending.rank, pending.one = peer, rank, sink
-                pending.route, pending.sent = path, path.sent
-                self._calls[call_id] = pending
+            if path is not None:  # the future is the call's entry (see `OneSink`)
+                sink.peer, sink.rank, sink.mesh, sink.route, sink.sent = (
+                    peer,
+                    rank,
+                    mesh,
+                    path,
+                    path.sent,
+                )
+                self._calls[call_id] = sink
                 if home is not None:
                     home.called.add(peer)
                 if peer.calls:  # it has not answered earlier calls: this one may wait
@@ -242,28 +246,28 @@ class CallTable:
             pending = self._calls.get(call_id)
             if pending is None:
                 return
-            if pending.peers is None:  # a call to one actor (`send_one`)
+            if isinstance(pending, OneSink):  # a call to one actor (`send_one`)
                 peer = pending.peer
                 if peer is None or rank != pending.rank:
                     return
                 pending.peer = None
+                path = pending.route  # `fanout.note_answer`, inlined
+                if pending.sent > path.seen:
+                    path.seen = pending.sent
+                peer.calls.discard(call_id)
+                del self._calls[call_id]
             else:
                 peer = pending.peers.pop(rank, None)
                 if peer is None:
                     return
-            path = pending.route
-            if path is None:
                 note_answer(pending, rank)
-            elif pending.sent > path.seen:  # a call to one actor: `note_answer`, inlined
-                path.seen = pending.sent
-            if not pending.peers:  # none left (or a call to one actor)
-                peer.calls.discard(call_id)
-                del self._calls[call_id]
-            elif peer not in pending.peers.values():  # (identity, compared in C)
-                peer.calls.discard(call_id)
-        one = pending.one
-        if one is not None:
-            one.settle(value, error)
+                if not pending.peers:  # none left
+                    peer.calls.discard(call_id)
+                    del self._calls[call_id]
+                elif peer not in pending.peers.values():  # (identity, compared in C)
+                    peer.calls.discard(call_id)
+        if isinstance(pending, OneSink):
+            pending.settle(value, error)
         elif error is None:
             pending.sink.deliver(rank, value)
         else:
@@ -276,14 +280,13 @@ class CallTable:
             pending = self._calls.get(call_id)
             if pending is None:
                 return
-            peers = pending.peers
-            fed: list[Outcome] = outcomes
-            if peers is not None:  # (else a call to one actor, never relayed: see below)
-                fed, done = [], []
+            many = None if isinstance(pending, OneSink) else pending  # (one: never relayed)
+            if many is not None:
+                peers, fed, done = many.peers, [], []
                 for outcome in outcomes:
                     peer = peers.pop(outcome[0], None)
                     if peer is not None:
-                        note_answer(pending, outcome[0])
+                        note_answer(many, outcome[0])
                         fed.append(outcome)
                         done.append(peer)
                 if not peers:
@@ -292,18 +295,18 @@ class CallTable:
                 for peer in done:
                     if peer not in left:
                         peer.calls.discard(call_id)
-        if peers is None:
-            for rank, value, error in fed:
+        if many is None:
+            for rank, value, error in outcomes:
                 self.settle(call_id, rank, value=value, error=error)
             return
-        sink = pending.sink
+        sink = many.sink
         for rank, value, error in fed:
             if error is None:
                 sink.deliver(rank, value)
             else:
                 sink.fail(rank, error)
 
-    def take_waiting_on(self, peer: ProcPeer) -> list[tuple[int, PendingCall]]:
+    def take_waiting_on(self, peer: ProcPeer) -> list[tuple[int, PendingCall | OneSink]]:
         """The calls waiting on `peer`, which no longer waits for them (lock held)."""
         calls = self._calls
         waiting = [(call_id, calls[call_id]) for call_id in peer.calls if call_id in calls]
@@ -311,7 +314,10 @@ class CallTable:
         return waiting
 
     def fail_waiting(
-        self, peer: ProcPeer, event: SupervisionEvent, waiting: list[tuple[int, PendingCall]]
+        self,
+        peer: ProcPeer,
+        event: SupervisionEvent,
+        waiting: list[tuple[int, PendingCall | OneSink]],
     ) -> None:
         """`peer`'s proc is gone (`event`): the calls that waited on it fail."""
         for call_id, pending in waiting:
