@@ -14,12 +14,13 @@ from typing import Any
 
 import zmq
 
-from ._batches import split_batch_or_none
+from ._batches import _PREFIX, _U32, BATCH_MAGIC
 from ._errors import MalformedMessage, MessageTooLarge, TransportError
 from ._frames import Envelope, Payload, decode
 from ._prepared import LoneShape
 from ._sockets import _NOBLOCK, LONGEST_WAIT_MS, Inbox
 
+_MAGIC_BYTES = len(BATCH_MAGIC)
 #: What a lone inbox hands over: a lone message's ints and body, or any other message.
 Received = tuple[Any, ...] | Envelope
 
@@ -88,19 +89,54 @@ class LoneInbox(Inbox):
     def _take_batch(self, frame: memoryview) -> None:
         """Keep the messages of a batch frame to be taken one by one: a lone message of this
         inbox's shape as its ints and body (as `receive_lone` reads one), any other decoded
-        (the invalid ones dropped, logged)."""
-        split, max_bytes, shape = self._split, self._max_bytes, self._shape
-        size, lead, unpack_from = shape.size, shape.lead, shape.unpack_from
-        for message in split_batch_or_none(frame, self._log, self.address):
-            if size <= message.nbytes <= max_bytes:
-                head = unpack_from(message)
-                if head[0] == lead:
-                    split.append((*head[1:], message[size:]))
-                    continue
+        (the invalid ones dropped, logged; a malformed batch dropped whole)."""
+        try:
+            messages = self._split_lone(frame)
+        except MalformedMessage as exc:
+            self._log.warning("message_dropped", address=self.address, reason=str(exc), frames=1)
+            return
+        split, max_bytes = self._split, self._max_bytes
+        for message in messages:
+            if type(message) is tuple:
+                split.append(message)
+                continue
             try:
                 split.append(decode([message], max_bytes=max_bytes))
             except (MalformedMessage, MessageTooLarge) as exc:
                 self._dropped(exc, [message])
+
+    def _split_lone(self, frame: memoryview) -> list[Any]:
+        """`split_batch`, with each lone message of this inbox's shape read as it goes (its
+        ints and body, a tuple); the others as their slices of `frame`."""
+        end, shape, max_bytes = frame.nbytes, self._shape, self._max_bytes
+        size, lead, unpack_from = shape.size, shape.lead, shape.unpack_from
+        if end < _PREFIX:
+            raise MalformedMessage("a truncated batch: it ends before its message count")
+        (count,) = _U32.unpack_from(frame, _MAGIC_BYTES)
+        if count > (end - _PREFIX) // _U32.size:
+            raise MalformedMessage(
+                f"a batch declares {count} messages, more than its size can hold"
+            )
+        messages: list[Any] = []
+        position = _PREFIX
+        for _ in range(count):
+            if position + _U32.size > end:
+                raise MalformedMessage("a truncated batch: a message length runs past its end")
+            (length,) = _U32.unpack_from(frame, position)
+            position += _U32.size
+            stop = position + length
+            if stop > end:
+                raise MalformedMessage(
+                    f"a batch message declares {length} bytes, more than the {end - position} left"
+                )
+            if size <= length <= max_bytes and (head := unpack_from(frame, position))[0] == lead:
+                messages.append((*head[1:], frame[position + size : stop]))
+            else:
+                messages.append(frame[position:stop])
+            position = stop
+        if position != end:
+            raise MalformedMessage(f"a batch has {end - position} bytes after its last message")
+        return messages
 
     def _enveloped(self, got: Received | None) -> Envelope | None:
         """`got` as an envelope (a lone message's header built from its ints)."""

@@ -40,7 +40,7 @@ class LoneShape:
 
     kind: type
     lead: bytes
-    unpack_from: Callable[[Any], tuple[Any, ...]]
+    unpack_from: Callable[..., tuple[Any, ...]]  # (buffer, offset=0)
     size: int
 
 

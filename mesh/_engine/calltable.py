@@ -196,18 +196,16 @@ class CallTable:
         except Exception as exc:
             self.settle(header.call_id, header.rank, error=_unreadable(header.call_id, exc))
             return
-        self.settle(header.call_id, header.rank, value=value)
+        self.settle(header.call_id, header.rank, value)
 
-    def on_lone_reply(
-        self, call_id: int, rank: int, body: bytes | memoryview, buffers: Any = ()
-    ) -> None:
+    def on_lone_reply(self, call_id: int, rank: int, body: bytes | memoryview) -> None:
         """Recipient `rank` of call `call_id` answered with the pickled value `body`."""
         try:
-            value = loads(body, buffers)
+            value = loads(body)
         except Exception as exc:
             self.settle(call_id, rank, error=_unreadable(call_id, exc))
             return
-        self.settle(call_id, rank, value=value)
+        self.settle(call_id, rank, value)
 
     def on_failure(self, envelope: Envelope) -> None:
         header: Failure = envelope.header
@@ -239,7 +237,7 @@ class CallTable:
             return {id(call.home) for call in self._calls.values() if call.home is not None}
 
     def settle(
-        self, call_id: int, rank: int, *, value: Any = None, error: BaseException | None = None
+        self, call_id: int, rank: int, value: Any = None, error: BaseException | None = None
     ) -> None:
         """Recipient `rank` of call `call_id` answered `value` (or failed with `error`)."""
         with self._lock:

@@ -117,24 +117,31 @@ class ReplyInbox:
 
     def pump_until(self, future: Future[Any], timeout: float | None) -> None:
         """Receive replies until `future` is done or `timeout` passes."""
-        self.runtime.outbox.flush()  # what this thread's calls left waiting goes before it waits
-        receiver = self.runtime.receiver
+        runtime = self.runtime
+        runtime.outbox.flush()  # what this thread's calls left waiting goes before it waits
+        receiver = runtime.receiver
         if receiver is not None:  # a sync call that blocks: the reply may need the inbox
             receiver.step_aside()
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:  # (`_receive_until` first asks whether `future` is done)
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return
-            if self.lock.acquire(timeout=_RETRY_S):
-                break
-            if future.finished():  # settled by the thread that holds the inbox
-                return
-            future.wait_briefly(_RETRY_S if remaining is None else min(_RETRY_S, remaining))
+        if not self.lock.acquire(blocking=False) and not self._acquire(future, deadline):
+            return
         try:
             self._receive_until(future, deadline)  # until done or the deadline
         finally:
             self.lock.release()
+
+    def _acquire(self, future: Future[Any], deadline: float | None) -> bool:
+        """Take `lock` from another thread receiving here (it settles what it receives):
+        False, not taken, once `future` is done or `deadline` (monotonic) has passed."""
+        while True:  # (`_receive_until` first asks whether `future` is done)
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            if self.lock.acquire(timeout=_RETRY_S):
+                return True
+            if future.finished():  # settled by the thread that holds the inbox
+                return False
+            future.wait_briefly(_RETRY_S if remaining is None else min(_RETRY_S, remaining))
 
     def _receive_until(self, future: Future[Any], deadline: float | None) -> None:
         """Receive (lock held) until `future` is done or `deadline` (monotonic) passes."""
