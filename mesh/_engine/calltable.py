@@ -240,13 +240,11 @@ class CallTable:
         self, call_id: int, rank: int, value: Any = None, error: BaseException | None = None
     ) -> None:
         """Recipient `rank` of call `call_id` answered `value` (or failed with `error`)."""
-        with self._lock:
-            pending = self._calls.get(call_id)
-            if pending is None:
-                return
-            if isinstance(pending, OneSink):  # a call to one actor (`send_one`)
+        pending = self._calls.get(call_id)  # (atomic: whether it is still due is seen below)
+        if isinstance(pending, OneSink):  # a call to one actor (`send_one`)
+            with self._lock:
                 peer = pending.peer
-                if peer is None or rank != pending.rank:
+                if peer is None or rank != pending.rank:  # answered (or failed) already
                     return
                 pending.peer = None
                 path = pending.route  # `fanout.note_answer`, inlined
@@ -254,19 +252,21 @@ class CallTable:
                     path.seen = pending.sent
                 peer.calls.discard(call_id)
                 del self._calls[call_id]
-            else:
-                peer = pending.peers.pop(rank, None)
-                if peer is None:
-                    return
-                note_answer(pending, rank)
-                if not pending.peers:  # none left
-                    peer.calls.discard(call_id)
-                    del self._calls[call_id]
-                elif peer not in pending.peers.values():  # (identity, compared in C)
-                    peer.calls.discard(call_id)
-        if isinstance(pending, OneSink):
             pending.settle(value, error)
-        elif error is None:
+            return
+        if pending is None:
+            return
+        with self._lock:
+            peer = pending.peers.pop(rank, None)
+            if peer is None:
+                return
+            note_answer(pending, rank)
+            if not pending.peers:  # none left
+                peer.calls.discard(call_id)
+                del self._calls[call_id]
+            elif peer not in pending.peers.values():  # (identity, compared in C)
+                peer.calls.discard(call_id)
+        if error is None:
             pending.sink.deliver(rank, value)
         else:
             pending.sink.fail(rank, error)
