@@ -26,9 +26,11 @@ from transport import (
     Outbox,
     Payload,
     PreparedHeader,
+    dump_arguments,
     encode,
     encode_fields,
     encode_prepared,
+    encode_prepared_arguments,
     loads,
 )
 
@@ -106,23 +108,27 @@ class CallTable:
         peer: ProcPeer,
         fields: tuple[Any, ...],
         prepared: PreparedHeader | None,
-        payload: Payload,
+        arguments: tuple[tuple[Any, ...], dict[str, Any]],
         sink: OneSink,
         home: ReplyInbox | None,
         mesh: ActorMeshView,
     ) -> None:
-        """Send a call to one actor: `fields` are those of its `CallActor` after `call_id`,
-        `prepared` its header but for `call_id` when it has a binary one (`prepare_header`).
-        The common case (a ready proc reached straight) skips the machinery of calls to many
-        and builds no header object; anything else goes through `send_to_procs`. The caller
-        found its reply inbox first (`ReplyRoutes.for_current_thread`), which checked that
-        this is not a forked child."""
+        """Send a call to one actor with `arguments` (args, kwargs): `fields` are those of
+        its `CallActor` after `call_id`, `prepared` its header but for `call_id` when it has
+        a binary one (`prepare_header`). The common case (a ready proc reached straight, a few
+        scalars for arguments) skips the machinery of calls to many and builds no header or
+        payload object; anything else goes through `send_to_procs`. The caller found its
+        reply inbox first (`ReplyRoutes.for_current_thread`), which checked that this is not
+        a forked child."""
         note_call(peer.mesh_key)
         call_id, rank = next(self._ids), fields[-1]
-        if prepared is not None:
-            frames = encode_prepared(prepared, call_id, payload)
-        else:
-            frames = encode_fields(CallActor, (call_id, *fields), payload)
+        payload = None
+        if (
+            prepared is None
+            or (frames := encode_prepared_arguments(prepared, call_id, *arguments)) is None
+        ):
+            payload = dump_arguments(*arguments)
+            frames = _encoded(prepared, call_id, fields, payload)
         batched = False
         with self._lock:
             address = peer.address if peer.alive else None
@@ -143,8 +149,9 @@ class CallTable:
                 else:
                     self._outbox.send(address, frames)  # type: ignore[arg-type]
                 peer.calls.add(call_id)
-        if path is None:
+        if path is None:  # (a few scalars pickled again: cheaper than a payload every time)
             header = CallActor(call_id, *fields)
+            payload = dump_arguments(*arguments) if payload is None else payload
             self.send_to_procs([(peer, header)], payload, sink, call_id, home, mesh)
         elif batched:
             self._flush_soon()
@@ -332,6 +339,15 @@ def gone_error(
     """The error for a call to an actor on `peer`, whose proc failed or was stopped (`event`):
     about the actor when the actor mesh called is known, else about the proc."""
     return SupervisionError(event if mesh is None else mesh.proc_failed(peer, event))
+
+
+def _encoded(
+    prepared: PreparedHeader | None, call_id: int, fields: tuple[Any, ...], payload: Payload
+) -> list[Any]:
+    """The frames of the `CallActor` of call `call_id` (`fields` after it) with `payload`."""
+    if prepared is not None:
+        return encode_prepared(prepared, call_id, payload)
+    return encode_fields(CallActor, (call_id, *fields), payload)
 
 
 def _unreadable(call_id: int, exc: Exception) -> ActorError:
