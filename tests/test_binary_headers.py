@@ -26,9 +26,11 @@ from transport import (
     Payload,
     binary_header,
     decode,
+    dump_arguments,
     encode,
     encode_fields,
     encode_prepared,
+    encode_prepared_arguments,
     encode_prepared_last,
     encode_prepared_value,
     message_type,
@@ -293,6 +295,31 @@ def test_a_prepared_value_sends_what_its_payload_sends(first: int, value: Any) -
     want = encode_prepared(prepared, first, Payload.dump(value))
     got = encode_prepared_value(prepared, first, value)
     assert [bytes(f) for f in got] == [bytes(f) for f in want]
+
+
+SCALAR = st.none() | st.booleans() | INT64 | st.floats() | TEXT | st.binary(max_size=4096)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(
+    INT64,
+    st.lists(SCALAR | st.lists(INT64, max_size=2), max_size=4),
+    st.dictionaries(TEXT, SCALAR, max_size=2),
+)
+def test_prepared_arguments_send_what_their_payload_sends(
+    first: int, args: list[Any], kwargs: dict[str, Any]
+) -> None:
+    """A call's arguments sent with a prepared header (`encode_prepared_arguments`, a few
+    scalars pickled inline): the same frames as `encode_prepared` of `dump_arguments`, or
+    None (then the caller builds that payload) for anything else."""
+    prepared = prepare_header(Every, ("", None, (), 0, ()))
+    assert prepared is not None
+    want = encode_prepared(prepared, first, dump_arguments(tuple(args), kwargs))
+    got = encode_prepared_arguments(prepared, first, tuple(args), kwargs)
+    inline = not kwargs and all(type(a) is not list and len(want) == 1 for a in args)
+    assert (got is not None) == inline
+    if got is not None:
+        assert [bytes(f) for f in got] == [bytes(f) for f in want]
 
 
 @pytest.mark.parametrize(

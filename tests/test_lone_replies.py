@@ -15,14 +15,18 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import transport
 from mesh.testing import wire
 from tests.actors import Counter
+from tests.test_batches import batch_of
 from transport import (
+    BATCH_MAGIC,
     MAGIC,
+    MAX_BATCH_MESSAGES,
     OUT_OF_BAND_MIN_BYTES,
     Envelope,
     LoneInbox,
@@ -47,7 +51,7 @@ class Link:
     def __init__(self) -> None:
         self.folder = private_runtime_dir("mvt-lone-")
         self.context = new_context()
-        self.inbox = LoneInbox(self.context, f"ipc://{self.folder}/in", max_bytes=LIMIT)
+        self.inbox = LoneInbox(self.context, f"ipc://{self.folder}/in", REPLY, max_bytes=LIMIT)
         self.outbox = Outbox(self.context)
 
     def send(self, frames: list[Any]) -> None:
@@ -56,7 +60,7 @@ class Link:
     def receive(self, timeout_s: float = 30.0) -> tuple[Any, ...] | Envelope:
         """The next message that is not dropped (a lone reply as a tuple)."""
         deadline = time.monotonic() + timeout_s
-        while (got := self.inbox.receive_lone(1000, REPLY)) is None:
+        while (got := self.inbox.receive_lone(1000)) is None:
             assert time.monotonic() < deadline, "a message sent was never received"
         return got
 
@@ -98,28 +102,49 @@ def test_a_lone_reply_holds_what_decode_reads(
 
 
 def test_what_is_no_lone_reply_comes_back_as_an_envelope(link: Link) -> None:
-    """A reply with out-of-band buffers, other messages, and the messages of a batch are
-    decoded as `receive_nowait` decodes them, in order."""
+    """A reply with out-of-band buffers and other messages are decoded as `receive_nowait`
+    decodes them; the replies of a batch are read alone each, in order with the rest."""
     big = bytes(range(256)) * (OUT_OF_BAND_MIN_BYTES // 256 + 1)
     link.send(encode_fields(wire.Reply, (1, 0), Payload.dump(big)))
     link.send(encode(wire.Failure(2, 0, "failed"), Payload.dump("why")))
     link.send(encode(wire.Wake()))
-    for call_id in (3, 4, 5):  # a busy destination: these wait, then leave in one batch
-        link.outbox.send_soon(link.inbox.address, encode(wire.Wake()))
-        link.outbox.send_soon(
-            link.inbox.address, encode_fields(wire.Reply, (call_id, 0), Payload.dump(call_id))
-        )
-    link.outbox.flush()
+    send_batch(link, (3, 4, 5))
     first = link.receive()
     assert isinstance(first, Envelope) and first.header == wire.Reply(1, 0)
     assert first.payload is not None and first.payload.load() == big
     second = link.receive()
     assert isinstance(second, Envelope) and second.header == wire.Failure(2, 0, "failed")
     assert isinstance(link.receive(), Envelope)  # the Wake
-    batch = [link.receive() for _ in range(6)]
-    assert all(isinstance(got, Envelope) for got in batch)
-    replies = [got.header.call_id for got in batch if type(got.header) is wire.Reply]  # type: ignore[union-attr]
-    assert replies == [3, 4, 5]
+    batch = [link.receive()]
+    while (got := link.inbox.received_lone()) is not None:
+        batch.append(got)
+    assert [type(got) for got in batch] == [Envelope, tuple] * 3
+    replies = [got[:2] for got in batch if type(got) is tuple]
+    assert replies == [(3, 0), (4, 0), (5, 0)]
+    assert [loads(got[2]) for got in batch if type(got) is tuple] == [3, 4, 5]
+
+
+def test_the_replies_of_a_batch_received_as_envelopes_hold_what_was_sent(link: Link) -> None:
+    """`receive_nowait` (and `receive_received`) hand every message over as an envelope,
+    those of a batch read alone included."""
+    send_batch(link, (6, 7))
+    deadline = time.monotonic() + 30
+    while (first := link.inbox.receive_nowait(1000)) is None:
+        assert time.monotonic() < deadline, "a message sent was never received"
+    got = [first, *iter(link.inbox.receive_received, None)]
+    assert [type(envelope.header) for envelope in got] == [wire.Wake, wire.Reply] * 2
+    assert [envelope.header for envelope in got[1::2]] == [wire.Reply(6, 0), wire.Reply(7, 0)]
+    assert [envelope.payload.load() for envelope in got[1::2]] == [6, 7]  # type: ignore[union-attr]
+
+
+def send_batch(link: Link, call_ids: tuple[int, ...]) -> None:
+    """A Wake and a reply per call id, sent to a busy destination: in one batch frame."""
+    for call_id in call_ids:
+        link.outbox.send_soon(link.inbox.address, encode(wire.Wake()))
+        link.outbox.send_soon(
+            link.inbox.address, encode_fields(wire.Reply, (call_id, 0), Payload.dump(call_id))
+        )
+    link.outbox.flush()
 
 
 def test_a_reply_without_a_payload_comes_with_an_empty_body(link: Link) -> None:
@@ -153,6 +178,80 @@ def test_a_reply_past_the_size_limit_is_dropped_not_raised(link: Link) -> None:
     link.send(encode_fields(wire.Reply, (10, 0), Payload.dump(None)))
     got = link.receive()
     assert type(got) is tuple and got[:2] == (10, 0)
+
+
+#: One message sent: (how it is sent, what it is: a reply whose value is small or needs an
+#: out-of-band buffer, or another message).
+_SENT = st.tuples(
+    st.sampled_from(["send", "send_soon", "flush"]),
+    st.sampled_from(["reply", "large reply", "failure", "wake"]),
+)
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(_SENT, max_size=3 * MAX_BATCH_MESSAGES))
+def test_every_message_arrives_once_in_order_alone_or_in_batches(
+    link: Link, steps: list[tuple[str, str]]
+) -> None:
+    """FIFO and exactly once through a lone inbox, whatever mix of direct sends, batched
+    sends and flushes: a reply sent in one frame is read alone (its ints and body) whether
+    it came alone or in a batch; every other message comes as an envelope."""
+    sent: list[tuple[str, int]] = []
+    for how, what in steps:
+        if how == "flush":
+            link.outbox.flush()
+            continue
+        seq = len(sent)
+        value = bytes([seq % 256]) * (OUT_OF_BAND_MIN_BYTES if what == "large reply" else 8)
+        if what == "failure":
+            frames = encode(wire.Failure(seq, 0, "failed"), Payload.dump(value))
+        elif what == "wake":
+            frames = encode(wire.Wake())
+        else:
+            frames = encode_fields(wire.Reply, (seq, 1), Payload.dump(value))
+        (link.outbox.send if how == "send" else link.outbox.send_soon)(link.inbox.address, frames)
+        sent.append((what, seq))
+    link.outbox.flush()
+    for what, seq in sent:
+        got = link.inbox.received_lone() or link.receive()
+        value = bytes([seq % 256]) * (OUT_OF_BAND_MIN_BYTES if what == "large reply" else 8)
+        if what == "reply":
+            assert type(got) is tuple and got[:2] == (seq, 1) and loads(got[2]) == value
+        elif what == "wake":
+            assert isinstance(got, Envelope) and got.header == wire.Wake()
+        else:
+            assert isinstance(got, Envelope) and got.header.call_id == seq
+            assert got.payload is not None and got.payload.load() == value
+    assert link.inbox.received_lone() is None
+    assert link.inbox.receive_lone(1) is None, "a message arrived twice"
+
+
+def test_malformed_batches_of_replies_are_dropped_and_good_replies_still_arrive(
+    link: Link, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A lone inbox splits batches itself: a peer's bad batch costs it that batch (or that
+    message), never the receiver, as with any inbox."""
+    good = [encode_fields(wire.Reply, (seq, 0), Payload.dump(seq))[0] for seq in range(4)]
+    raw = link.context.socket(zmq.PUSH)
+    raw.setsockopt(zmq.LINGER, 0)
+    try:
+        raw.connect(link.inbox.address)
+        raw.send(batch_of(good[0], count=1000))  # more messages than its bytes can hold
+        raw.send(batch_of(good[0], tail=b"xx"))  # bytes after the last message
+        raw.send(batch_of(good[0], good[1])[:-3])  # truncated
+        raw.send(BATCH_MAGIC + b"\x01")  # no count
+        raw.send(batch_of(good[2], b"garbage, not a message", good[3][:-30], good[3]))
+        first = link.receive()
+        received = [first, *iter(link.inbox.received_lone, None)]
+        assert [got[:2] for got in received] == [(2, 0), (3, 0)]  # type: ignore[index]
+        assert link.inbox.receive_lone(1) is None
+    finally:
+        raw.close(0)
+    err = capfd.readouterr().err
+    assert err.count("message_dropped") == 6
+    assert "more than its size can hold" in err and "bytes after its last message" in err
 
 
 def test_calls_answered_alone_or_in_batches_keep_their_order(make_procs: Any) -> None:

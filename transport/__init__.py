@@ -44,6 +44,7 @@ from ._lone_inbox import LoneInbox as LoneInbox
 from ._prepared import LoneShape as LoneShape
 from ._prepared import PreparedHeader as PreparedHeader
 from ._prepared import encode_prepared as encode_prepared
+from ._prepared import encode_prepared_arguments as encode_prepared_arguments
 from ._prepared import encode_prepared_last as encode_prepared_last
 from ._prepared import encode_prepared_value as encode_prepared_value
 from ._prepared import lone_shape as lone_shape
@@ -115,6 +116,7 @@ __all__ = (
     "encode",
     "encode_fields",
     "encode_prepared",
+    "encode_prepared_arguments",
     "encode_prepared_last",
     "encode_prepared_value",
     "follow_keys_pointer",

@@ -17,7 +17,7 @@ from typing import Any
 from . import _settings
 from ._arguments import dump_value
 from ._frames import _LENGTH, MAGIC, MAX_HEADER_BYTES, Payload, _binary_of, _counts_of, _framed
-from ._serialize import _PLAIN_SCALARS, OUT_OF_BAND_MIN_BYTES
+from ._serialize import _LIFT_MAX_ITEMS, _PLAIN_SCALARS, OUT_OF_BAND_MIN_BYTES
 from ._settings import transport_settings
 
 _I64 = struct.Struct("<q")
@@ -40,7 +40,7 @@ class LoneShape:
 
     kind: type
     lead: bytes
-    unpack_from: Callable[[Any], tuple[Any, ...]]
+    unpack_from: Callable[..., tuple[Any, ...]]  # (buffer, offset=0)
     size: int
 
 
@@ -92,6 +92,25 @@ def encode_prepared_value(header: PreparedHeader, first: int, value: Any) -> lis
         if len(body) <= (settings or transport_settings()).max_message_bytes:
             return [b"".join((header.lead, _I64.pack(first), header.tail, body))]
     return encode_prepared(header, first, dump_value(value))
+
+
+def encode_prepared_arguments(
+    header: PreparedHeader, first: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> list[Any] | None:
+    """The frames of `encode_prepared(header, first, dump_arguments(args, kwargs))` when
+    the arguments are a few scalars (pickled inline, no payload built: once per call to one
+    actor); None for any others (then build their payload)."""
+    if kwargs or len(args) > _LIFT_MAX_ITEMS:
+        return None
+    for item in args:  # as `dump_arguments` looks at them, scalars only
+        kind = type(item)
+        if kind not in _PLAIN_SCALARS and (kind is not bytes or len(item) >= OUT_OF_BAND_MIN_BYTES):
+            return None
+    body = pickle.dumps((args, kwargs), protocol=5)
+    settings = _settings.current
+    if len(body) > (settings or transport_settings()).max_message_bytes:
+        return None  # (`encode_prepared` says so)
+    return [b"".join((header.lead, _I64.pack(first), header.tail, body))]
 
 
 def prepare_header_but_last(kind: type, fields: tuple[Any, ...]) -> PreparedHeader | None:

@@ -154,7 +154,6 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
         state = self._state
         if state.stopped:
             raise _stopped_error(state, endpoint)
-        payload = dump_arguments(args, kwargs)
         runtime = self._runtime
         extent, ranks = self._region.extent, self._region.ranks
         peer = state.peers[ranks[index]]
@@ -166,7 +165,7 @@ class ActorMesh(MeshBase, Stoppable, Generic[A]):
         kept = state.prepared.get((endpoint, id(mine)))  # `kept` holds `mine`: a unique id
         if kept is None or kept[0] != stamp:
             kept = _prepare_call(runtime, state, endpoint, home, stamp)
-        runtime.calls.send_one(peer, kept[1], kept[2], payload, sink, home, state.view)
+        runtime.calls.send_one(peer, kept[1], kept[2], (args, kwargs), sink, home, state.view)
 
     def on_failure(self, handler: FailureHandler) -> None:
         """Call `handler(event)` when an actor of this mesh fails; truthy return = handled."""

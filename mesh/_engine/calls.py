@@ -23,66 +23,50 @@ class ResultSink(Protocol):
 
 
 class PendingCall:
-    """The recipients of one call that have not answered, keyed by the rank each was sent
-    (`peers`); a call to one actor keeps its recipient in `peer` (None once it answered)
-    and `rank` instead, without a dict: one object fewer per call in flight.
-    `mesh` is the actor mesh called, so that a proc's failure is told about its actor.
-    `sequence` (or `route` and `sent`, for a call to one actor) is what `fanout.note_answer`
-    needs: the route of each recipient's message and its number on it."""
+    """The recipients of one call to many that have not answered, keyed by the rank each
+    was sent (`peers`); a call to one actor is its `OneSink` instead. `mesh` is the actor
+    mesh called, so that a proc's failure is told about its actor. `sequence` is what
+    `fanout.note_answer` needs: the route of each recipient's message and its number on it."""
 
-    __slots__ = (
-        "call_id",
-        "home",
-        "mesh",
-        "one",
-        "peer",
-        "peers",
-        "rank",
-        "route",
-        "sent",
-        "sequence",
-        "sink",
-    )
+    __slots__ = ("call_id", "home", "mesh", "peers", "sequence", "sink")
 
     def __init__(
         self,
         call_id: int,
         sink: ResultSink,
-        peers: dict[int, ProcPeer] | None,
+        peers: dict[int, ProcPeer],
         home: ReplyInbox | None,
         mesh: ActorMeshView | None = None,
     ) -> None:
         self.call_id = call_id
         self.sink = sink
         self.peers = peers
-        self.peer: ProcPeer | None = None  # without `peers`: the one recipient, rank `rank`,
-        self.rank = 0
-        self.one: OneSink | None = None  # and its future, the sink (settled without `deliver`)
         self.home = home
         self.mesh = mesh
         self.sequence: dict[int, tuple[Route, int]] | None = None  # see fanout.route
-        self.route: Route | None = None  # see fanout.direct_route: no dict, no tuple
-        self.sent = 0
 
     def recipient(self, rank: int) -> ProcPeer | None:
         """The proc of recipient `rank`, if that one has not answered."""
-        if self.peers is not None:
-            return self.peers.get(rank)
-        return self.peer if rank == self.rank else None
+        return self.peers.get(rank)
 
     def waiting(self) -> list[tuple[int, ProcPeer]]:
         """The recipients that have not answered: (rank, proc) each."""
-        if self.peers is not None:
-            return list(self.peers.items())
-        return [] if self.peer is None else [(self.rank, self.peer)]
+        return list(self.peers.items())
 
 
 class OneSink(Future[Any]):
-    """`call_one` and `choose`: the future of the single recipient is its own sink (one
-    object and two calls fewer per call than a sink holding a future)."""
+    """`call_one` and `choose`: the future of the single recipient is its own sink, and, sent
+    by the short path (`CallTable.send_one`), its own entry in the call table: its recipient
+    `peer` (None once it answered), `rank`, `mesh`, and the `route` its message took as the
+    `sent`-th on it (`fanout.direct_route`). One object per call in flight, not three."""
 
     _ADVERB = "call_one"
-    __slots__ = ()
+    __slots__ = ("mesh", "peer", "rank", "route", "sent")
+    peer: ProcPeer | None
+    rank: int
+    mesh: ActorMeshView | None
+    route: Route
+    sent: int
 
     #: `settle(value, error)`: the value, or the error (then `value` means nothing), with no
     #: call of its own (`CallTable.settle` of a call to one actor)
@@ -93,6 +77,19 @@ class OneSink(Future[Any]):
 
     def fail(self, rank: int, error: BaseException) -> None:
         self.set_exception(error)
+
+    @property
+    def home(self) -> ReplyInbox | None:
+        """The reply inbox its answer comes to (None: the runtime's main inbox)."""
+        return self._home  # type: ignore[return-value]
+
+    def recipient(self, rank: int) -> ProcPeer | None:
+        """Its recipient's proc, if that one has not answered and is recipient `rank`."""
+        return self.peer if rank == self.rank else None
+
+    def waiting(self) -> list[tuple[int, ProcPeer]]:
+        """Its recipient, if that one has not answered: (rank, proc)."""
+        return [] if self.peer is None else [(self.rank, self.peer)]
 
 
 class ChosenSink(OneSink):

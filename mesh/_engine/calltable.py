@@ -26,9 +26,11 @@ from transport import (
     Outbox,
     Payload,
     PreparedHeader,
+    dump_arguments,
     encode,
     encode_fields,
     encode_prepared,
+    encode_prepared_arguments,
     loads,
 )
 
@@ -46,7 +48,7 @@ class CallTable:
         self._outbox = outbox
         self._pid = pid
         self._flush_soon = flush_soon  # sends the batches started here soon (`send_soon`)
-        self._calls: dict[int, PendingCall] = {}
+        self._calls: dict[int, PendingCall | OneSink] = {}
         self._ids = itertools.count(1)
 
     def new_call_id(self) -> int:
@@ -106,32 +108,40 @@ class CallTable:
         peer: ProcPeer,
         fields: tuple[Any, ...],
         prepared: PreparedHeader | None,
-        payload: Payload,
+        arguments: tuple[tuple[Any, ...], dict[str, Any]],
         sink: OneSink,
         home: ReplyInbox | None,
         mesh: ActorMeshView,
     ) -> None:
-        """Send a call to one actor: `fields` are those of its `CallActor` after `call_id`,
-        `prepared` its header but for `call_id` when it has a binary one (`prepare_header`).
-        The common case (a ready proc reached straight) skips the machinery of calls to many
-        and builds no header object; anything else goes through `send_to_procs`. The caller
-        found its reply inbox first (`ReplyRoutes.for_current_thread`), which checked that
-        this is not a forked child."""
+        """Send a call to one actor with `arguments` (args, kwargs): `fields` are those of
+        its `CallActor` after `call_id`, `prepared` its header but for `call_id` when it has
+        a binary one (`prepare_header`). The common case (a ready proc reached straight, a few
+        scalars for arguments) skips the machinery of calls to many and builds no header or
+        payload object; anything else goes through `send_to_procs`. The caller found its
+        reply inbox first (`ReplyRoutes.for_current_thread`), which checked that this is not
+        a forked child."""
         note_call(peer.mesh_key)
         call_id, rank = next(self._ids), fields[-1]
-        if prepared is not None:
-            frames = encode_prepared(prepared, call_id, payload)
-        else:
-            frames = encode_fields(CallActor, (call_id, *fields), payload)
+        payload = None
+        if (
+            prepared is None
+            or (frames := encode_prepared_arguments(prepared, call_id, *arguments)) is None
+        ):
+            payload = dump_arguments(*arguments)
+            frames = _encoded(prepared, call_id, fields, payload)
         batched = False
         with self._lock:
             address = peer.address if peer.alive else None
             path = direct_route(peer, fields[1]) if address is not None else None
-            if path is not None:
-                pending = PendingCall(call_id, sink, None, home, mesh)
-                pending.peer, pending.rank, pending.one = peer, rank, sink
-                pending.route, pending.sent = path, path.sent
-                self._calls[call_id] = pending
+            if path is not None:  # the future is the call's entry (see `OneSink`)
+                sink.peer, sink.rank, sink.mesh, sink.route, sink.sent = (
+                    peer,
+                    rank,
+                    mesh,
+                    path,
+                    path.sent,
+                )
+                self._calls[call_id] = sink
                 if home is not None:
                     home.called.add(peer)
                 if peer.calls:  # it has not answered earlier calls: this one may wait
@@ -139,8 +149,9 @@ class CallTable:
                 else:
                     self._outbox.send(address, frames)  # type: ignore[arg-type]
                 peer.calls.add(call_id)
-        if path is None:
+        if path is None:  # (a few scalars pickled again: cheaper than a payload every time)
             header = CallActor(call_id, *fields)
+            payload = dump_arguments(*arguments) if payload is None else payload
             self.send_to_procs([(peer, header)], payload, sink, call_id, home, mesh)
         elif batched:
             self._flush_soon()
@@ -192,18 +203,16 @@ class CallTable:
         except Exception as exc:
             self.settle(header.call_id, header.rank, error=_unreadable(header.call_id, exc))
             return
-        self.settle(header.call_id, header.rank, value=value)
+        self.settle(header.call_id, header.rank, value)
 
-    def on_lone_reply(
-        self, call_id: int, rank: int, body: bytes | memoryview, buffers: Any = ()
-    ) -> None:
+    def on_lone_reply(self, call_id: int, rank: int, body: bytes | memoryview) -> None:
         """Recipient `rank` of call `call_id` answered with the pickled value `body`."""
         try:
-            value = loads(body, buffers)
+            value = loads(body)
         except Exception as exc:
             self.settle(call_id, rank, error=_unreadable(call_id, exc))
             return
-        self.settle(call_id, rank, value=value)
+        self.settle(call_id, rank, value)
 
     def on_failure(self, envelope: Envelope) -> None:
         header: Failure = envelope.header
@@ -235,36 +244,36 @@ class CallTable:
             return {id(call.home) for call in self._calls.values() if call.home is not None}
 
     def settle(
-        self, call_id: int, rank: int, *, value: Any = None, error: BaseException | None = None
+        self, call_id: int, rank: int, value: Any = None, error: BaseException | None = None
     ) -> None:
         """Recipient `rank` of call `call_id` answered `value` (or failed with `error`)."""
-        with self._lock:
-            pending = self._calls.get(call_id)
-            if pending is None:
-                return
-            if pending.peers is None:  # a call to one actor (`send_one`)
+        pending = self._calls.get(call_id)  # (atomic: whether it is still due is seen below)
+        if isinstance(pending, OneSink):  # a call to one actor (`send_one`)
+            with self._lock:
                 peer = pending.peer
-                if peer is None or rank != pending.rank:
+                if peer is None or rank != pending.rank:  # answered (or failed) already
                     return
                 pending.peer = None
-            else:
-                peer = pending.peers.pop(rank, None)
-                if peer is None:
-                    return
-            path = pending.route
-            if path is None:
-                note_answer(pending, rank)
-            elif pending.sent > path.seen:  # a call to one actor: `note_answer`, inlined
-                path.seen = pending.sent
-            if not pending.peers:  # none left (or a call to one actor)
+                path = pending.route  # `fanout.note_answer`, inlined
+                if pending.sent > path.seen:
+                    path.seen = pending.sent
+                peer.calls.discard(call_id)
+                del self._calls[call_id]
+            pending.settle(value, error)
+            return
+        if pending is None:
+            return
+        with self._lock:
+            peer = pending.peers.pop(rank, None)
+            if peer is None:
+                return
+            note_answer(pending, rank)
+            if not pending.peers:  # none left
                 peer.calls.discard(call_id)
                 del self._calls[call_id]
             elif peer not in pending.peers.values():  # (identity, compared in C)
                 peer.calls.discard(call_id)
-        one = pending.one
-        if one is not None:
-            one.settle(value, error)
-        elif error is None:
+        if error is None:
             pending.sink.deliver(rank, value)
         else:
             pending.sink.fail(rank, error)
@@ -276,14 +285,13 @@ class CallTable:
             pending = self._calls.get(call_id)
             if pending is None:
                 return
-            peers = pending.peers
-            fed: list[Outcome] = outcomes
-            if peers is not None:  # (else a call to one actor, never relayed: see below)
-                fed, done = [], []
+            many = None if isinstance(pending, OneSink) else pending  # (one: never relayed)
+            if many is not None:
+                peers, fed, done = many.peers, [], []
                 for outcome in outcomes:
                     peer = peers.pop(outcome[0], None)
                     if peer is not None:
-                        note_answer(pending, outcome[0])
+                        note_answer(many, outcome[0])
                         fed.append(outcome)
                         done.append(peer)
                 if not peers:
@@ -292,18 +300,18 @@ class CallTable:
                 for peer in done:
                     if peer not in left:
                         peer.calls.discard(call_id)
-        if peers is None:
-            for rank, value, error in fed:
+        if many is None:
+            for rank, value, error in outcomes:
                 self.settle(call_id, rank, value=value, error=error)
             return
-        sink = pending.sink
+        sink = many.sink
         for rank, value, error in fed:
             if error is None:
                 sink.deliver(rank, value)
             else:
                 sink.fail(rank, error)
 
-    def take_waiting_on(self, peer: ProcPeer) -> list[tuple[int, PendingCall]]:
+    def take_waiting_on(self, peer: ProcPeer) -> list[tuple[int, PendingCall | OneSink]]:
         """The calls waiting on `peer`, which no longer waits for them (lock held)."""
         calls = self._calls
         waiting = [(call_id, calls[call_id]) for call_id in peer.calls if call_id in calls]
@@ -311,7 +319,10 @@ class CallTable:
         return waiting
 
     def fail_waiting(
-        self, peer: ProcPeer, event: SupervisionEvent, waiting: list[tuple[int, PendingCall]]
+        self,
+        peer: ProcPeer,
+        event: SupervisionEvent,
+        waiting: list[tuple[int, PendingCall | OneSink]],
     ) -> None:
         """`peer`'s proc is gone (`event`): the calls that waited on it fail."""
         for call_id, pending in waiting:
@@ -328,6 +339,15 @@ def gone_error(
     """The error for a call to an actor on `peer`, whose proc failed or was stopped (`event`):
     about the actor when the actor mesh called is known, else about the proc."""
     return SupervisionError(event if mesh is None else mesh.proc_failed(peer, event))
+
+
+def _encoded(
+    prepared: PreparedHeader | None, call_id: int, fields: tuple[Any, ...], payload: Payload
+) -> list[Any]:
+    """The frames of the `CallActor` of call `call_id` (`fields` after it) with `payload`."""
+    if prepared is not None:
+        return encode_prepared(prepared, call_id, payload)
+    return encode_fields(CallActor, (call_id, *fields), payload)
 
 
 def _unreadable(call_id: int, exc: Exception) -> ActorError:

@@ -89,11 +89,7 @@ def direct_route(peer: ProcPeer, actor_id: str) -> Route | None:
 def note_answer(pending: PendingCall, rank: int) -> None:
     """Rank `rank` of `pending` answered: its message, and those before it on its path,
     arrived."""
-    path = pending.route
-    if path is not None:  # a call to one actor (`direct_route`)
-        if pending.sent > path.seen:
-            path.seen = pending.sent
-    elif pending.sequence:
+    if pending.sequence:
         found = pending.sequence.pop(rank, None)
         if found is not None and found[1] > found[0].seen:
             found[0].seen = found[1]

@@ -16,6 +16,7 @@ from supervision import SupervisionEvent
 
 T = TypeVar("T")
 _MAIN_THREAD = threading.main_thread().ident
+_get_ident = threading.get_ident
 _PENDING = object()
 _callbacks_lock = threading.Lock()  # held only for a few list operations
 #: The longest one wait on a socket lasts while a future's `get` waits (zmq takes up to about
@@ -118,10 +119,11 @@ class Future(Generic[T]):
 
     def get(self, timeout: float | None = None) -> T:
         """Wait for the value (at most `timeout` seconds) and return it, or raise its error."""
-        if self._value is _PENDING and self._error is None:  # `finished()`, inlined: per call
+        error = self._error
+        if error is None and self._value is _PENDING:  # `finished()`, inlined: per call
             if self._loop is not None:  # waiting in a forked child would never end
                 check_not_forked(self._loop.pid)
-            if threading.get_ident() != _MAIN_THREAD:
+            if _get_ident() != _MAIN_THREAD:
                 self._wait(timeout)
             else:  # failures this call will raise need no interruption of the main thread
                 FAIL_FAST.enter_wait(self)
@@ -129,10 +131,11 @@ class Future(Generic[T]):
                     self._wait(timeout)
                 finally:
                     FAIL_FAST.exit_wait(self, self._error)
-        if self._error is not None:
-            if threading.get_ident() == _MAIN_THREAD:  # delivered: fail-fast must not raise
-                FAIL_FAST.raised_in_main(self._error)  # it a second time
-            raise self._error
+            error = self._error
+        if error is not None:
+            if _get_ident() == _MAIN_THREAD:  # delivered: fail-fast must not raise it a
+                FAIL_FAST.raised_in_main(error)  # second time
+            raise error
         return self._value  # type: ignore[no-any-return]
 
     def _check_process(self) -> None:
@@ -142,7 +145,7 @@ class Future(Generic[T]):
 
     def _wait(self, timeout: float | None) -> None:
         loop, home = self._loop, self._home
-        if home is not None and home.owner == threading.get_ident():  # not the loop thread:
+        if home is not None and home.owner == _get_ident():  # not the loop thread:
             home.pump_until(self, timeout)  # that one has no reply inbox of its own
         elif loop is not None and loop.on_loop_thread():
             loop.pump_until(self, timeout)

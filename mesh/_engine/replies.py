@@ -100,7 +100,7 @@ class ReplyInbox:
 
     def __init__(self, runtime: ReplyHost, address: str, also: str | None = None) -> None:
         self.runtime = runtime
-        self.inbox = LoneInbox(runtime.zmq_context, address)
+        self.inbox = LoneInbox(runtime.zmq_context, address, _LONE_REPLY)
         try:
             bound = Addresses.of(self.inbox.address)
             if also is not None:  # tcp beside ipc: peers are handed the one nearest to them
@@ -116,50 +116,54 @@ class ReplyInbox:
         self.closed = False
 
     def pump_until(self, future: Future[Any], timeout: float | None) -> None:
-        """Receive replies until `future` is done or `timeout` passes."""
-        self.runtime.outbox.flush()  # what this thread's calls left waiting goes before it waits
-        receiver = self.runtime.receiver
+        """Receive replies until `future` is done or `timeout` passes. (One function, the
+        receiving loop inline: it runs once per call waited on.)"""
+        runtime = self.runtime
+        runtime.outbox.flush()  # what this thread's calls left waiting goes before it waits
+        receiver = runtime.receiver
         if receiver is not None:  # a sync call that blocks: the reply may need the inbox
             receiver.step_aside()
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:  # (`_receive_until` first asks whether `future` is done)
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return
-            if self.lock.acquire(timeout=_RETRY_S):
-                break
-            if future.finished():  # settled by the thread that holds the inbox
-                return
-            future.wait_briefly(_RETRY_S if remaining is None else min(_RETRY_S, remaining))
+        if not self.lock.acquire(blocking=False) and not self._acquire(future, deadline):
+            return
         try:
-            self._receive_until(future, deadline)  # until done or the deadline
+            if self.closed:  # its thread ended: nothing comes here, whoever settles it says so
+                future.wait_briefly(None if deadline is None else deadline - time.monotonic())
+                return
+            calls, inbox = runtime.calls, self.inbox
+            while not future.finished():  # another holder of the lock may have settled it
+                # one blocking receive, no poll before it: a Wake (`wake`) ends it when
+                # another thread settles the future (a supervision event, a lost reply)
+                wait_ms = -1
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return
+                    wait_ms = max(1, int(min(left, LONGEST_SOCKET_WAIT_S) * 1000))
+                got = inbox.receive_lone(wait_ms)
+                while got is not None:  # the rest of a batch of replies settles now too, so
+                    if isinstance(got, tuple):  # that the get() of each of their futures
+                        calls.on_lone_reply(*got)  # returns at once; a lone reply is settled
+                    elif type(got.header) is Reply:  # from its ints and body
+                        calls.on_reply(got)  # (`_handle`'s first case, inlined)
+                    else:
+                        self._handle(got)
+                    got = inbox.received_lone()
         finally:
             self.lock.release()
 
-    def _receive_until(self, future: Future[Any], deadline: float | None) -> None:
-        """Receive (lock held) until `future` is done or `deadline` (monotonic) passes."""
-        if self.closed:  # its thread ended: nothing comes here, whoever settles it says so
-            future.wait_briefly(None if deadline is None else deadline - time.monotonic())
-            return
-        calls, inbox = self.runtime.calls, self.inbox
-        while not future.finished():  # another holder of the lock may have settled it
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return
-            # one blocking receive, no poll before it: a Wake (`wake`) ends it when another
-            # thread settles the future (a supervision event, a lost reply)
-            wait_ms = -1 if left is None else max(1, int(min(left, LONGEST_SOCKET_WAIT_S) * 1000))
-            got = inbox.receive_lone(wait_ms, _LONE_REPLY)
-            if isinstance(got, tuple):  # a lone reply: settled from its ints and body
-                calls.on_lone_reply(*got)
-                continue
-            envelope: Envelope | None = got
-            while envelope is not None:  # the rest of a batch of replies settles now too, so
-                if type(envelope.header) is Reply:  # that the get() of each of their futures
-                    calls.on_reply(envelope)  # returns at once (`_handle`'s first case, inlined)
-                else:
-                    self._handle(envelope)
-                envelope = inbox.receive_received()
+    def _acquire(self, future: Future[Any], deadline: float | None) -> bool:
+        """Take `lock` from another thread receiving here (it settles what it receives):
+        False, not taken, once `future` is done or `deadline` (monotonic) has passed."""
+        while True:  # (`pump_until` then asks whether `future` is done)
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            if self.lock.acquire(timeout=_RETRY_S):
+                return True
+            if future.finished():  # settled by the thread that holds the inbox
+                return False
+            future.wait_briefly(_RETRY_S if remaining is None else min(_RETRY_S, remaining))
 
     def _handle(self, envelope: Any) -> None:
         kind = type(envelope.header)
