@@ -5,6 +5,9 @@ no healthy proc)."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -80,3 +83,50 @@ def test_an_agent_paused_again_and_again_still_reaches_a_silent_proc() -> None:
             break
     assert [p for p, _ in dog.overdue(time.monotonic())] == [proc]
     assert proc.forgiven_s == pytest.approx(BUSY_S)
+
+
+# -- a silent proc that died is not hung: its exit report, with its signal, is on the way -------
+
+
+def _silent_child() -> subprocess.Popen[bytes]:
+    """A child process whose heartbeats the watchdog expects: never sent."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def _judged_after_silence(child: subprocess.Popen[bytes]) -> tuple[str | None, ProcRecord]:
+    dog, proc = watched_proc()
+    proc.pid = child.pid
+    dog.heartbeat(proc)  # the baseline sample, while it lives
+    now = proc.heartbeat_due + 0.1
+    return dog.judge_silence(proc, child.pid, now), proc
+
+
+@pytest.mark.parametrize("reaped", [False, True], ids=["zombie", "reaped"])
+def test_a_dead_proc_is_not_judged_hung_before_its_exit_is_reported(reaped: bool) -> None:
+    """Killed and not yet reaped (a zombie), or reaped by the fork server whose report the
+    agent has not read yet: either way it is dead, to be reported as such, not hung."""
+    child = _silent_child()
+    child.send_signal(signal.SIGKILL)
+    if reaped:
+        child.wait(10)
+    else:  # a zombie: waitid without reaping it
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+    try:
+        why, proc = _judged_after_silence(child)
+        assert why is None, why
+        assert proc.heartbeat_due > time.monotonic()  # asked again later, if still in the table
+    finally:
+        child.wait(10)
+
+
+def test_a_stopped_proc_is_still_judged_hung() -> None:
+    """The other side of the rule: a live proc that cannot run is hung, and says why."""
+    child = _silent_child()
+    try:
+        child.send_signal(signal.SIGSTOP)
+        os.waitid(os.P_PID, child.pid, os.WSTOPPED | os.WNOWAIT)
+        why, _ = _judged_after_silence(child)
+        assert why is not None and "stopped" in why, why
+    finally:
+        child.kill()
+        child.wait(10)

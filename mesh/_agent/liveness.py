@@ -44,6 +44,12 @@ class CpuSample:
         return self.state in ("Z", "X")
 
 
+def gone(pid: int) -> bool:
+    """Whether `pid` has no entry in ``/proc`` on a system that has one: it exited and was
+    reaped (by the fork server, whose report of it is on the way)."""
+    return os.path.isdir("/proc/self") and not os.path.exists(f"/proc/{pid}")
+
+
 def sample_cpu(pid: int, threads: bool = False) -> CpuSample | None:
     """`pid`'s state and CPU time from ``/proc/PID/stat`` (with `threads`, also whether a
     thread is runnable); None where there is no such file (not Linux, or the process is gone)."""

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from mesh._agent.liveness import CpuSample, progressed, sample_cpu
+from mesh._agent.liveness import CpuSample, gone, progressed, sample_cpu
 from mesh._agent.procs import ProcRecord, ProcTable
 
 #: A serve loop this much later than it planned means the agent itself was paused.
@@ -71,11 +71,20 @@ class Watchdog:
             if proc.pid is not None and not proc.stop_requested and proc.heartbeat_due <= now:
                 yield proc, proc.pid
 
+    def hung(self, now: float) -> Iterator[tuple[ProcRecord, int, str]]:
+        """The overdue procs judged hung, with their pids and why (the others get time)."""
+        for proc, pid in self.overdue(now):
+            why = self.judge_silence(proc, pid, now)
+            if why is not None:
+                yield proc, pid, why
+
     def judge_silence(self, proc: ProcRecord, pid: int, now: float) -> str | None:
         """Why `proc`, which missed its heartbeats, is hung; None (and more time) while it is
         busy: not stopped, and it used CPU time since the last sample or waits for a core."""
         sample = sample_cpu(pid, threads=True)
-        if sample is not None and sample.exited:  # its exit report is on the way: not hung
+        if (sample is None and gone(pid)) or (sample is not None and sample.exited):
+            # dead (a zombie, or reaped already): its exit report, with its signal, is on the
+            # way from the fork server; a dead proc is never reported hung
             proc.heartbeat_due = now + proc.heartbeat_timeout_s
             return None
         why = why_hung(proc, sample, now)
