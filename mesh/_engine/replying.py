@@ -18,7 +18,7 @@ from typing import Any
 from mesh._engine.handshake_waits import HandshakeWaits
 from mesh._engine.host_services import HostServices
 from mesh._engine.hosted_actor import HostedActor
-from mesh._engine.messages import CallActor, Failure, Reply, ReplyLost, StopActor
+from mesh._engine.messages import EVERY_CALL, CallActor, Failure, Reply, ReplyLost, StopActor
 from supervision import SupervisionEvent
 from transport import (
     MessageTooLarge,
@@ -55,7 +55,9 @@ class Replier:
         #: reply packs only its call id: one call, where `encode_fields` makes three.
         self._reply_heads: dict[int, PreparedHeader] = {}
         self._outbox = services.outbox
-        self._waits = HandshakeWaits(services.outbox, services.call_soon, services.call_later)
+        self._waits = HandshakeWaits(
+            services.outbox, services.call_soon, services.call_later, self._report_every_lost
+        )
 
     def value(self, actor: HostedActor, header: CallActor, result: Any) -> None:
         """Send the result; one that cannot be sent (unpicklable, too large) fails the call."""
@@ -75,7 +77,8 @@ class Replier:
         if lost is not None:
             self._report_lost(actor, header, lost)
         elif self._outbox.unconfirmed(reply_to):
-            self._waits.watch(reply_to, functools.partial(self._report_lost, actor, header))
+            report = functools.partial(self._report_lost, actor, header)
+            self._waits.watch(reply_to, report, actor.owner)
 
     def _reply_frames(self, header: CallActor, payload: Payload) -> list[Any]:
         """The frames of a `Reply` from its fields; prepares the header of the call's rank
@@ -146,7 +149,7 @@ class Replier:
             self._report_lost(actor, call, lost, event)
         elif self._outbox.unconfirmed(call.reply_to):
             report = functools.partial(self._report_lost, actor, call, event=event)
-            self._waits.watch(call.reply_to, report)
+            self._waits.watch(call.reply_to, report, self._told_of_loss(actor))
 
     def _send_value(
         self, actor: HostedActor, call: CallActor, header: Any, value: Any, *, soon: bool = False
@@ -184,12 +187,26 @@ class Replier:
             f"sent from proc {proc_id} to {call.reply_to}: {reason}"
         )
         if actor is not None:
-            told = actor.make_event("unreachable", why) if event is None else event
-            self._services.send_message(actor.owner, lost, Payload.dump(told))
-        elif self._services.agent is not None:
-            self._services.send_message(self._services.agent, lost, Payload.dump(event))
+            event = actor.make_event("unreachable", why) if event is None else event
+        self._tell_of_loss(self._told_of_loss(actor), lost, event)
+
+    def _report_every_lost(self, owner: str, reply_to: str, error: TransportError) -> None:
+        """Every answer from here to `reply_to` was refused, more than `HandshakeWaits` keeps
+        one by one: `owner` is told once, and ends every call made there that waits here."""
+        reason, proc_id = clip(safe_str(error)), self._services.proc_id
+        lost = ReplyLost(EVERY_CALL, EVERY_CALL, reply_to, proc_id, "", reason)
+        self._tell_of_loss(owner, lost, None)
+
+    def _told_of_loss(self, actor: HostedActor | None) -> str:
+        """Who is told of a lost answer of `actor`: its owner; for none, this proc's agent
+        (it hands that on to the proc's owner); "": nobody can be."""
+        return actor.owner if actor is not None else self._services.agent or ""
+
+    def _tell_of_loss(self, to: str, lost: ReplyLost, event: SupervisionEvent | None) -> None:
+        if to:
+            self._services.send_message(to, lost, Payload.dump(event))
         else:
-            self._log.error("reply_lost", call_id=call.call_id, to=call.reply_to, reason=why)
+            self._log.error("reply_lost", call_id=lost.call_id, to=lost.reply_to, why=lost.reason)
 
 
 def _exception_fields(actor: HostedActor, header: CallActor, exc: BaseException) -> dict[str, Any]:
