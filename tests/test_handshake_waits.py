@@ -132,12 +132,14 @@ class Asker(Actor):
         return outcomes
 
 
+@pytest.mark.parametrize("told", ["caller", "owner"])
 def test_a_report_that_every_answer_was_refused_ends_each_call_waiting_there(
-    make_procs: Callable[..., Any], tmp_path: Path
+    make_procs: Callable[..., Any], tmp_path: Path, told: str
 ) -> None:
     """Past the answers a proc keeps one by one, it tells the owner once that every answer
     to an address was refused (`EVERY_CALL`): the calls made there that wait on it end, each
-    naming the proc and why. The report comes from a raw peer playing that proc."""
+    naming the proc and why. An owner that did not make them (here the client, for a call
+    between its procs) hands the report to that address. A raw peer plays the proc."""
     procs = make_procs({"gpus": 2})
     parker = procs.slice(gpus=1).spawn("parker", Parker)
     asker = procs.slice(gpus=0).spawn("asker", Asker)
@@ -150,7 +152,8 @@ def test_a_report_that_every_answer_was_refused_ends_each_call_waiting_there(
     context_ = transport.new_context()
     outbox = transport.Outbox(context_)
     try:
-        outbox.send(address, transport.encode(lost, transport.Payload.dump(None)))
+        to = address if told == "caller" else inbox_address(local=True)
+        outbox.send(to, transport.encode(lost, transport.Payload.dump(None)))
         outcomes = asked.get(timeout=30)
     finally:
         Path(go).touch()

@@ -337,14 +337,19 @@ class ReplyRoutes:
 
     def _every_reply_lost(self, lost: ReplyLost) -> None:
         """Every answer of proc `lost.proc_id` to `lost.reply_to` was refused: each call made
-        there that waits on that proc ends (one that another process made cannot be told)."""
+        there that waits on that proc ends; another process's address is sent the report
+        (this owner may reach it where the proc cannot), and ends its own calls alike."""
+        runtime, log = self._runtime, get_logger("mesh.replies")
+        homes: list[ReplyInbox | None]
         with self._lock:
             homes = [inbox for inbox in self._all if lost.reply_to in inbox.addresses]
-        if lost.reply_to in self._runtime.addresses:
-            ended = self._runtime.calls.fail_every_lost_reply(lost, None)
-        else:
-            ended = sum(self._runtime.calls.fail_every_lost_reply(lost, h) for h in homes)
-        log = get_logger("mesh.replies")
+        if lost.reply_to in runtime.addresses:
+            homes = [None]  # its main inbox
+        elif not homes:
+            runtime.send_message(lost.reply_to, lost, Payload.dump(None))
+            log.info("replies_lost_forwarded", proc=lost.proc_id, to=lost.reply_to)
+            return
+        ended = sum(runtime.calls.fail_every_lost_reply(lost, home) for home in homes)
         log.warning("replies_lost", proc=lost.proc_id, to=lost.reply_to, calls_ended=ended)
 
     def addresses(self) -> list[str]:
