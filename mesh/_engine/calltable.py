@@ -240,11 +240,11 @@ class CallTable:
                 for rank, peer in pending.waiting()
                 if peer.proc_id == lost.proc_id
             ]
+        why = (
+            f"its answers to calls from {lost.reply_to} could not be sent from proc "
+            f"{lost.proc_id}: {lost.reason}"
+        )
         for pending, rank, peer in found:
-            why = (
-                f"its answers to calls from {lost.reply_to} could not be sent from proc "
-                f"{lost.proc_id}: {lost.reason}"
-            )
             error = gone_error(peer, peer.make_event("unreachable", why), pending.mesh)
             self.settle(pending.call_id, rank, error=error)
             if pending.home is not None:
