@@ -290,3 +290,44 @@ def test_a_refusal_of_a_call_to_an_unknown_actor_that_cannot_reach_its_caller_en
     ]
     for part in ("UNKNOWN FAILED", "'length'", "could not be sent from proc", "CURVE keys"):
         assert part in line, line
+
+
+FANNED = """
+    from mesh import Actor, attach, endpoint
+    from mesh.testing import fan_out_from, fanned_out, hand_out_widest_address
+    from supervision import SupervisionError
+
+    class Echo(Actor):
+        @endpoint
+        def length(self, data: bytes) -> int:
+            return len(data)
+
+    attach({alloc!r}).spawn_procs(per_host={{"gpus": 1}})  # the client listens on tcp
+    procs = attach([{daemon!r}]).spawn_procs(per_host={{"gpus": 4}})
+    echo = procs.spawn("echo", Echo)
+    print("FIRST", sum(echo.length.call(b"x").get(timeout=30).values()), flush=True)
+    with fan_out_from(2), hand_out_widest_address():  # through the agent, which has no keys
+        try:
+            print("FANNED", echo.length.call(b"lost").get(timeout=15).values(), flush=True)
+        except SupervisionError as error:
+            print("FANNED FAILED", str(error).replace(chr(10), " "), flush=True)
+        except TimeoutError:
+            print("FANNED NO ANSWER", flush=True)
+        print("VIA AGENT", all(fanned_out(echo)), flush=True)
+    procs.stop().get(timeout=20)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_answers_of_a_fanned_out_call_that_its_agent_cannot_send_on_end_the_call(
+    tmp_path: Path, keyless_daemon: tuple[Path, str]
+) -> None:
+    """A call fanned out through a keyless host agent to a caller on tcp: the agent cannot
+    send the answers on; it tells the procs' owner (`ReplyLost`), which ends the call."""
+    alloc, daemon = keyless_daemon
+    done = _client(tmp_path / "fanned.py", FANNED, {"alloc": str(alloc), "daemon": daemon})
+    lines = done.stdout.splitlines()
+    assert "FIRST 4" in lines and "VIA AGENT True" in lines, done.stdout + done.stderr
+    (fanned,) = [line for line in lines if line.startswith("FANNED")] or [done.stderr]
+    for part in ("FANNED FAILED", "'length'", "its host agent", "could not send it on"):
+        assert part in fanned, fanned
