@@ -168,7 +168,7 @@ class FanOutRelay:
         size = 0 if payload is None else payload.nbytes
         if size > self._alone_bytes:  # large: on its own, as the proc sent it
             frames = encode(_answer_to(relayed, header), payload)
-            self._lost(relayed, [header.rank], self._send(relayed.reply_to, frames))
+            self._lost(relayed, [(header.rank,)], self._send(relayed.reply_to, frames))
             return
         if relayed.nbytes + size > self._batch_bytes:
             self._send_answers(relayed)
@@ -210,19 +210,18 @@ class FanOutRelay:
 
     def _send_answers(self, relayed: _Relayed, soon: bool = False) -> None:
         if relayed.answers:
-            header, payload = pack_answers(relayed.call_id, relayed.answers)
-            ranks = [rank for rank, _, _ in relayed.answers]
-            relayed.answers, relayed.nbytes = [], 0
+            answers, relayed.answers, relayed.nbytes = relayed.answers, [], 0
+            header, payload = pack_answers(relayed.call_id, answers)
             frames = encode(header, payload, max_bytes=sys.maxsize)
-            self._lost(relayed, ranks, self._send(relayed.reply_to, frames, soon=soon))
+            self._lost(relayed, answers, self._send(relayed.reply_to, frames, soon=soon))
 
-    def _lost(self, relayed: _Relayed, ranks: list[int], error: TransportError | None) -> None:
-        """Answers of `ranks` could not be sent on to the caller (`error`; None: they were):
-        each proc's owner is told (`ReplyLost`), which ends that call or forwards why."""
+    def _lost(self, relayed: _Relayed, answers: list[Any], error: TransportError | None) -> None:
+        """`answers` (rank first) could not be sent on to the caller (`error`; None: they
+        were): each proc's owner is told (`ReplyLost`), which ends that call or forwards why."""
         if error is None:
             return
         reason = f"its host agent {self._address} could not send it on: {error}"
-        for rank in ranks:
+        for rank, *_ in answers:
             proc_id = relayed.procs.get(rank, "")
             proc = self._procs.get(proc_id)
             if proc is None:  # gone: its exit report ends the call
