@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from polling import wait_until
 
 from mesh.testing import OwnWaits, ProcRecord, ProcTable, Watchdog, wire
 from transport import get_logger
@@ -144,11 +145,18 @@ def idle_child() -> Iterator[subprocess.Popen[str]]:
     assert child.stdout is not None
     try:
         assert child.stdout.readline() == "ready\n"
+        wait_until(lambda: _state(child.pid) == "S", 10, "the child to sleep")  # not runnable
         yield child
     finally:
         child.kill()
         child.wait(10)
         child.stdout.close()
+
+
+def _state(pid: int) -> str:
+    """The scheduler state of `pid` (R running or runnable, S sleeping...)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
 
 
 def _starving(child: subprocess.Popen[str]) -> tuple[Watchdog, ProcRecord, list[float]]:
