@@ -17,7 +17,9 @@ aggregate proc lines without procs (`RankLog`, `LogFileConfig`, `line_level`, `A
 `workspace_path_problem`; `fanout_wire`, those of fanned-out calls; `shared_payload_wire`, the
 memory files of shared payloads; `arena_wire`, the payload arena procs read them from, and
 `PayloadArena`, an agent's half of it; `FanOutRelay`, an agent's half of fanned-out calls, over a
-`ProcTable` of `ProcRecord`s; `Watchdog`, an agent's heartbeat deadlines over such a table).
+`ProcTable` of `ProcRecord`s; `Watchdog`, an agent's heartbeat deadlines over such a table, and
+`OwnWaits`, the agent's own waiting for a core that gives its silent procs more time;
+`HandshakeWaits`, a proc's watch over answers sent to callers whose handshake had not passed).
 `fan_out_from` sets when calls go through host agents, and `fanned_out` tells which path an actor
 mesh's last messages took. Each reads the engine in one place, here.
 """
@@ -30,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from mesh._agent.liveness import OwnWaits as OwnWaits
 from mesh._agent.log_files import LogFileConfig as LogFileConfig
 from mesh._agent.log_files import RankLog as RankLog
 from mesh._agent.log_records import line_level as line_level
@@ -57,6 +60,7 @@ from mesh._engine import session as _session
 from mesh._engine import shared_payload as shared_payload_wire
 from mesh._engine import workspace_messages as workspace_wire
 from mesh._engine.callwatch import call_watchdog_suspended as call_watchdog_suspended
+from mesh._engine.handshake_waits import HandshakeWaits as HandshakeWaits
 from mesh._engine.proc_faults import signal_this_process as signal_this_process
 from mesh._engine.proc_lines import Aggregator as Aggregator
 from mesh._engine.proc_lines import RankedLine as RankedLine
@@ -67,8 +71,10 @@ __all__ = (
     "Aggregator",
     "Bookkeeping",
     "FanOutRelay",
+    "HandshakeWaits",
     "LocalAgent",
     "LogFileConfig",
+    "OwnWaits",
     "Party",
     "PayloadArena",
     "ProcRecord",

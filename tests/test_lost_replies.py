@@ -96,12 +96,15 @@ CLIENT = """
         for i in range(2):
             print("LOST", outcome(echo.length.call_one(b"lost")), flush=True)
     print("AGAIN", outcome(echo.length.call_one(b"xy")), flush=True)
+    with hand_out_widest_address():  # its acknowledgement cannot arrive either
+        print("STOPPED", outcome(echo.stop()), flush=True)
     procs.stop().get(timeout=20)
 """
 
 
 def _run(tmp_path: Path, alloc: Path, daemon: str, spawn_options: str) -> list[str]:
-    """The client's lines (FIRST, LOST twice, AGAIN), checked to have ended as they must."""
+    """The client's lines (FIRST, LOST twice, AGAIN, STOPPED), checked to have ended as they
+    must."""
     script = tmp_path / "client.py"
     fields = {"alloc": str(alloc), "daemon": daemon, "spawn_options": spawn_options}
     script.write_text(textwrap.dedent(CLIENT).format(**fields))
@@ -110,10 +113,12 @@ def _run(tmp_path: Path, alloc: Path, daemon: str, spawn_options: str) -> list[s
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=150
     )
     lines = [line for line in done.stdout.splitlines() if line.split()[0].isupper()]
-    assert [line.split()[0] for line in lines] == ["FIRST", "LOST", "LOST", "AGAIN"], (
+    assert [line.split()[0] for line in lines] == ["FIRST", "LOST", "LOST", "AGAIN", "STOPPED"], (
         done.stdout + done.stderr
     )
-    assert lines[0] == "FIRST 1" and lines[-1] == "AGAIN 2", done.stdout + done.stderr
+    assert lines[0] == "FIRST 1" and lines[3] == "AGAIN 2", done.stdout + done.stderr
+    # a stop whose acknowledgement is lost still ends (it did stop the actors)
+    assert lines[4] == "STOPPED None", done.stdout + done.stderr
     return lines[1:3]
 
 
@@ -231,9 +236,98 @@ def test_an_answer_lost_while_a_detached_mesh_has_no_owner_reaches_its_caller_vi
         assert part in asked, asked
 
 
-def _client(script: Path, source: str, fields: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _client(
+    script: Path, source: str, fields: dict[str, str], agent_timeout_s: float = 20.0
+) -> subprocess.CompletedProcess[str]:
     script.write_text(textwrap.dedent(source).format(**fields))
-    env = os.environ | {"MESHVISOR_AGENT_TIMEOUT_S": "20"}  # a busy machine is no lost agent
+    # a busy machine is no lost agent
+    env = os.environ | {"MESHVISOR_AGENT_TIMEOUT_S": str(agent_timeout_s)}
     return subprocess.run(
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
     )
+
+
+UNKNOWN = """
+    from mesh import Actor, attach, endpoint
+    from mesh.testing import hand_out_widest_address
+    from supervision import SupervisionError
+
+    class Echo(Actor):
+        @endpoint
+        def length(self, data: bytes) -> int:
+            return len(data)
+
+    attach({alloc!r}).spawn_procs(per_host={{"gpus": 1}})  # the client listens on tcp
+    procs = attach([{daemon!r}]).spawn_procs(per_host={{"gpus": 1}})
+    echo = procs.spawn("echo", Echo)
+    echo.length.call_one(b"x").get(timeout=30)
+    rebuild, fields = echo.__reduce__()  # a handle of actors that were never spawned there
+    unknown = rebuild(fields[0], fields[1] + "-never-spawned", *fields[2:])
+    with hand_out_widest_address():  # the refusal cannot reach the client
+        try:  # refused once the proc gave up waiting for the actor (EARLY_MESSAGE_WAIT_S)
+            print("UNKNOWN", unknown.length.call_one(b"lost").get(timeout=75), flush=True)
+        except SupervisionError as error:
+            print("UNKNOWN FAILED", str(error).replace(chr(10), " "), flush=True)
+        except TimeoutError:
+            print("UNKNOWN NO ANSWER", flush=True)
+    procs.stop().get(timeout=20)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_refusal_of_a_call_to_an_unknown_actor_that_cannot_reach_its_caller_ends_it(
+    tmp_path: Path, other_keys_daemon: tuple[Path, str]
+) -> None:
+    """A call to actors its proc does not know is refused once the proc stops waiting for
+    their spawn; a refusal that cannot reach its caller has no actor owner to go to: the proc
+    tells its agent, which hands it to the proc's owner, which ends the call saying why."""
+    alloc, daemon = other_keys_daemon
+    fields = {"alloc": str(alloc), "daemon": daemon}
+    # the daemon's answers to the client's keep-alive are refused too: it must outlast them
+    done = _client(tmp_path / "unknown.py", UNKNOWN, fields, agent_timeout_s=100.0)
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("UNKNOWN")] or [
+        done.stdout + done.stderr
+    ]
+    for part in ("UNKNOWN FAILED", "'length'", "could not be sent from proc", "CURVE keys"):
+        assert part in line, line
+
+
+FANNED = """
+    from mesh import Actor, attach, endpoint
+    from mesh.testing import fan_out_from, fanned_out, hand_out_widest_address
+    from supervision import SupervisionError
+
+    class Echo(Actor):
+        @endpoint
+        def length(self, data: bytes) -> int:
+            return len(data)
+
+    attach({alloc!r}).spawn_procs(per_host={{"gpus": 1}})  # the client listens on tcp
+    procs = attach([{daemon!r}]).spawn_procs(per_host={{"gpus": 4}})
+    echo = procs.spawn("echo", Echo)
+    print("FIRST", sum(echo.length.call(b"x").get(timeout=30).values()), flush=True)
+    with fan_out_from(2), hand_out_widest_address():  # through the agent, which has no keys
+        try:
+            print("FANNED", echo.length.call(b"lost").get(timeout=15).values(), flush=True)
+        except SupervisionError as error:
+            print("FANNED FAILED", str(error).replace(chr(10), " "), flush=True)
+        except TimeoutError:
+            print("FANNED NO ANSWER", flush=True)
+        print("VIA AGENT", all(fanned_out(echo)), flush=True)
+    procs.stop().get(timeout=20)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_answers_of_a_fanned_out_call_that_its_agent_cannot_send_on_end_the_call(
+    tmp_path: Path, keyless_daemon: tuple[Path, str]
+) -> None:
+    """A call fanned out through a keyless host agent to a caller on tcp: the agent cannot
+    send the answers on; it tells the procs' owner (`ReplyLost`), which ends the call."""
+    alloc, daemon = keyless_daemon
+    done = _client(tmp_path / "fanned.py", FANNED, {"alloc": str(alloc), "daemon": daemon})
+    lines = done.stdout.splitlines()
+    assert "FIRST 4" in lines and "VIA AGENT True" in lines, done.stdout + done.stderr
+    (fanned,) = [line for line in lines if line.startswith("FANNED")] or [done.stderr]
+    for part in ("FANNED FAILED", "'length'", "its host agent", "could not send it on"):
+        assert part in fanned, fanned

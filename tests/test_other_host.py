@@ -91,3 +91,68 @@ def test_a_port_opened_before_attach_reaches_its_receiver_from_another_host(
     alloc, client_base = other_host
     done = run_client(PORT_BEFORE_ATTACH, client_base, alloc=str(alloc))
     assert "GOT 7" in done.stdout.splitlines(), done.stdout + done.stderr
+
+
+PORT_PASSED_ON = """
+    import time
+    from mesh import Actor, Channel, attach, endpoint, this_host
+
+    class Holder(Actor):
+        @endpoint
+        def keep(self, port) -> None:
+            self.port = port
+
+        @endpoint
+        def pass_on(self, teller) -> None:  # no answer: this proc is on ipc only
+            teller.tell.broadcast(self.port, 7)
+
+    class Teller(Actor):
+        told = "NOT TOLD"
+
+        @endpoint
+        def tell(self, port, value) -> None:
+            try:
+                port.send(value)
+            except Exception as error:
+                self.told = f"REFUSED {{type(error).__name__}}: {{error}}"
+            else:
+                self.told = "SENT"
+
+        @endpoint
+        def outcome(self) -> str:
+            return self.told
+
+    port, receiver = Channel.open()  # the client listens on ipc only so far
+    holder = this_host().spawn_procs(per_host={{"gpus": 1}}).spawn("holder", Holder)
+    holder.keep.call_one(port).get(timeout=20)  # a copy with the ipc address only
+    procs = attach({alloc!r}).spawn_procs(per_host={{"gpus": 1}})  # now on tcp too
+    tellers = procs.spawn("tellers", Teller)
+    holder.pass_on.call_one(tellers).get(timeout=30)
+    told, deadline = "NOT TOLD", time.monotonic() + 30
+    while told == "NOT TOLD" and time.monotonic() < deadline:  # tell comes from the holder
+        told = tellers.outcome.call_one().get(timeout=30)
+        time.sleep(0.05)
+    print("TOLD", told.replace(chr(10), " "), flush=True)
+    if told == "SENT":
+        try:
+            print("GOT", receiver.recv().get(timeout=20), flush=True)
+        except TimeoutError:
+            print("NOTHING CAME", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_port_passed_on_from_before_its_receiver_listened_on_tcp_arrives_or_says_why(
+    other_host: tuple[Path, Path],
+) -> None:
+    """A proc on this host got the port while its receiver listened on ipc only, and passes
+    it on to a proc on another host: that copy has no address the proc can use, so its send
+    fails at once saying why and what to do, instead of a message lost without a word."""
+    alloc, client_base = other_host
+    done = run_client(PORT_PASSED_ON, client_base, alloc=str(alloc))
+    lines = done.stdout.splitlines()
+    if "GOT 7" in lines:
+        return
+    (told,) = [line for line in lines if line.startswith("TOLD")] or [done.stdout + done.stderr]
+    for part in ("REFUSED TransportError", "not on this host", "send the port from its receiver"):
+        assert part in told, done.stdout + done.stderr

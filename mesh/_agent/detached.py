@@ -191,12 +191,16 @@ class DetachedMeshes:
         """An actor of a detached mesh could not send an answer to its caller (its owner is
         this agent): the mesh's owner ends or forwards that call as for its other actors.
         Without an owner, the caller is sent the call's `Failure` (the actor's event) from
-        here, and the adopter is told too (it may hold keys this host lacks)."""
+        here, and the adopter is told too (it may hold keys this host lacks). A proc's answer
+        for an actor it does not know goes to the proc's owner, which does the same."""
         header: ReplyLost = envelope.header
         self._log.warning("reply_lost", call_id=header.call_id, proc=header.proc_id)
         mesh = self._meshes.get(self._procs.detached.get(header.proc_id, ("", 0))[0])
         payload = _owned(envelope.payload)
-        if mesh is not None and self._deliver(mesh, header, payload):
+        proc = self._procs.get(header.proc_id)
+        if mesh is None and proc is not None:  # an answer of no actor (unknown there)
+            self._send(proc.owner, header, payload)  # its owner ends or forwards that call
+        elif mesh is not None and self._deliver(mesh, header, payload):
             self._send(mesh.owner or "", header, payload)
         else:
             self._send(header.reply_to, Failure(header.call_id, header.rank, "failed"), payload)

@@ -363,11 +363,11 @@ class HostAgent:
         for proc in self._procs:
             if proc.kill_at is not None and proc.kill_at <= now:
                 self._kill(proc)
-        for proc, pid in self._watchdog.overdue(now):
-            why = self._watchdog.judge_silence(proc, pid, now)
-            if why is not None:
-                self._log.warning("proc_hung", proc=proc.proc_id, pid=pid, reason=why)
-                declare_hung(self._forkserver, proc, why, now)
+        if next(self._watchdog.overdue(now), None) is not None:
+            self._drain_forkserver()  # exits reported meanwhile first: a dead proc is not hung
+        for proc, pid, why in self._watchdog.hung(now):
+            self._log.warning("proc_hung", proc=proc.proc_id, pid=pid, reason=why)
+            declare_hung(self._forkserver, proc, why, now)
 
     def _stop_orphans_of(self, owner: str) -> None:
         """Stop the procs of a network owner gone silent (a warning only if it left some)."""

@@ -12,6 +12,8 @@ silent proc is hung as soon as its heartbeats are late.
 from __future__ import annotations
 
 import os
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
@@ -44,6 +46,12 @@ class CpuSample:
         return self.state in ("Z", "X")
 
 
+def gone(pid: int) -> bool:
+    """Whether `pid` has no entry in ``/proc`` on a system that has one: it exited and was
+    reaped (by the fork server, whose report of it is on the way)."""
+    return os.path.isdir("/proc/self") and not os.path.exists(f"/proc/{pid}")
+
+
 def sample_cpu(pid: int, threads: bool = False) -> CpuSample | None:
     """`pid`'s state and CPU time from ``/proc/PID/stat`` (with `threads`, also whether a
     thread is runnable); None where there is no such file (not Linux, or the process is gone)."""
@@ -54,6 +62,24 @@ def sample_cpu(pid: int, threads: bool = False) -> CpuSample | None:
     except (IndexError, ValueError):
         return None
     return CpuSample(state, cpu_s, threads and _thread_runnable(pid), rss_bytes)
+
+
+def waited_s() -> float | None:
+    """How long the threads of this process have waited, runnable, for a core
+    (``/proc/self/task/*/schedstat``, in all); None where that cannot be read."""
+    where = "/proc/self/task"
+    try:
+        tids = os.listdir(where)
+    except OSError:
+        return None
+    total_ns = 0
+    for tid in tids:
+        try:
+            with open(f"{where}/{tid}/schedstat", "rb") as stat:
+                total_ns += int(stat.read().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread that just ended
+            continue
+    return total_ns / 1e9
 
 
 def _thread_runnable(pid: int) -> bool:
@@ -83,3 +109,40 @@ def progressed(before: CpuSample | None, after: CpuSample | None, elapsed_s: flo
         return True
     used = after.cpu_s - before.cpu_s
     return used >= max(_MIN_PROGRESS_S, _MIN_PROGRESS_SHARE * elapsed_s)
+
+
+class OwnWaits:
+    """How long this process (the agent) waited for a core, sampled every `every_s`: a proc's
+    heartbeats may wait unread in the agent's starved zmq I/O thread, and that silence is the
+    agent's, not the proc's (the serve loop's own lateness is counted apart, `Watchdog`)."""
+
+    def __init__(
+        self, read: Callable[[], float | None] = waited_s, every_s: float = 0.25, keep: int = 240
+    ) -> None:
+        self._read = read
+        self._every_s = every_s
+        self._samples: deque[tuple[float, float]] = deque(maxlen=keep)  # (when, waited so far)
+        self._next_at = 0.0
+
+    def tick(self, now: float) -> None:
+        """Sample, if the last sample is `every_s` old (the serve loop calls this each turn)."""
+        if now >= self._next_at:
+            self._next_at = now + self._every_s
+            self.now(now)
+
+    def now(self, now: float) -> float | None:
+        """How long this process has waited for a core so far (sampled)."""
+        waited = self._read()
+        if waited is not None:
+            self._samples.append((now, waited))
+        return waited
+
+    def at(self, when: float) -> float | None:
+        """How long it had waited at the last sample at or before `when` (the oldest kept
+        if none is that old; None without samples)."""
+        found = self._samples[0][1] if self._samples else None
+        for at, waited in self._samples:
+            if at > when:
+                break
+            found = waited
+        return found

@@ -25,7 +25,7 @@ from typing import Any
 from mesh._agent.procs import ProcRecord, ProcTable
 from mesh._agent.shared_segments import SharedSegments
 from mesh._engine.fanout_messages import MAX_BATCH_ANSWERS, FanOut, pack_answers
-from mesh._engine.messages import CallActor, Failure, InboxClosed, Reply, StopActor
+from mesh._engine.messages import CallActor, Failure, InboxClosed, Reply, ReplyLost, StopActor
 from mesh._engine.payload_arena import ArenaCall
 from mesh._engine.shared_payload import SharedCall, call_fields
 from transport import (
@@ -67,12 +67,23 @@ _RANK_AT = {
 class _Relayed:
     """One fanned-out call awaiting answers: whose call it is, and the procs not done yet."""
 
-    __slots__ = ("answers", "call_id", "held_since", "nbytes", "reply_to", "waiting")
+    __slots__ = (
+        "answers",
+        "call_id",
+        "endpoint",
+        "held_since",
+        "nbytes",
+        "procs",
+        "reply_to",
+        "waiting",
+    )
 
-    def __init__(self, call_id: int, reply_to: str) -> None:
+    def __init__(self, call_id: int, reply_to: str, endpoint: str) -> None:
         self.call_id = call_id
         self.reply_to = reply_to
+        self.endpoint = endpoint
         self.waiting: dict[int, str] = {}  # rank in the call -> proc id
+        self.procs: dict[int, str] = {}  # the same, answered or not
         self.answers: list[Answer] = []  # arrived, not sent on yet
         self.nbytes = 0
         self.held_since = 0.0  # when the first of `answers` arrived
@@ -121,7 +132,8 @@ class FanOutRelay:
         if message.reply_to is not None:
             reply_to = self._address  # the procs answer here
             relay_id = next(self._ids)
-            relayed = self._calls[relay_id] = _Relayed(message.call_id, message.reply_to)
+            endpoint = message.endpoint if type(message) is CallActor else "stop"
+            relayed = self._calls[relay_id] = _Relayed(message.call_id, message.reply_to, endpoint)
         relayed_message = _for_rank(message, relay_id, reply_to, 0)
         shared = self._shared.share(relay_id, relayed_message, payload, len(request.ranks))
         frames_for = _frames_for(relayed_message, shared, payload, request.ranks)
@@ -130,7 +142,7 @@ class FanOutRelay:
             if proc is None:  # gone: its exit report tells the caller
                 continue
             if message.reply_to is not None:
-                relayed.waiting[rank] = proc_id
+                relayed.waiting[rank] = relayed.procs[rank] = proc_id
             if shared is not None:
                 self._shared.expect(relay_id, rank, proc_id)
             self._deliver(proc, frames_for(rank))
@@ -155,7 +167,8 @@ class FanOutRelay:
             del self._calls[header.call_id]
         size = 0 if payload is None else payload.nbytes
         if size > self._alone_bytes:  # large: on its own, as the proc sent it
-            self._send(relayed.reply_to, encode(_answer_to(relayed, header), payload))
+            frames = encode(_answer_to(relayed, header), payload)
+            self._lost(relayed, [(header.rank,)], self._send(relayed.reply_to, frames))
             return
         if relayed.nbytes + size > self._batch_bytes:
             self._send_answers(relayed)
@@ -197,10 +210,26 @@ class FanOutRelay:
 
     def _send_answers(self, relayed: _Relayed, soon: bool = False) -> None:
         if relayed.answers:
-            header, payload = pack_answers(relayed.call_id, relayed.answers)
-            relayed.answers, relayed.nbytes = [], 0
+            answers, relayed.answers, relayed.nbytes = relayed.answers, [], 0
+            header, payload = pack_answers(relayed.call_id, answers)
             frames = encode(header, payload, max_bytes=sys.maxsize)
-            self._send(relayed.reply_to, frames, soon=soon)
+            self._lost(relayed, answers, self._send(relayed.reply_to, frames, soon=soon))
+
+    def _lost(self, relayed: _Relayed, answers: list[Any], error: TransportError | None) -> None:
+        """`answers` (rank first) could not be sent on to the caller (`error`; None: they
+        were): each proc's owner is told (`ReplyLost`), which ends that call or forwards why."""
+        if error is None:
+            return
+        reason = f"its host agent {self._address} could not send it on: {error}"
+        for rank, *_ in answers:
+            proc_id = relayed.procs.get(rank, "")
+            proc = self._procs.get(proc_id)
+            if proc is None:  # gone: its exit report ends the call
+                continue
+            lost = ReplyLost(
+                relayed.call_id, rank, relayed.reply_to, proc_id, relayed.endpoint, reason
+            )
+            self._send(proc.owner, encode(lost, Payload.dump(None)))
 
     def proc_exited(self, proc_id: str) -> None:
         """`proc_id` exited: the calls it was in no longer wait for it, and the answers held
@@ -227,8 +256,9 @@ class FanOutRelay:
                 del self._answered[relay_id]
         self._outbox.forget(address)
 
-    def _send(self, address: str, frames: list[Any], soon: bool = False) -> None:
-        """Send `frames`; `soon`: small ones may wait in a batch until the next `flush`."""
+    def _send(self, address: str, frames: list[Any], soon: bool = False) -> TransportError | None:
+        """Send `frames`; `soon`: small ones may wait in a batch until the next `flush`. Why
+        they could not be sent (logged), or None."""
         try:
             if soon:
                 self._outbox.send_soon(address, frames)
@@ -236,6 +266,8 @@ class FanOutRelay:
                 self._outbox.send(address, frames)
         except TransportError as exc:
             self._log.warning("send_failed", to=address, reason=str(exc))
+            return exc
+        return None
 
 
 def _answer_to(relayed: _Relayed, header: Reply | Failure) -> Reply | Failure:

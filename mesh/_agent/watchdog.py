@@ -11,19 +11,28 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from mesh._agent.liveness import CpuSample, progressed, sample_cpu
+from mesh._agent.liveness import CpuSample, OwnWaits, gone, progressed, sample_cpu
 from mesh._agent.procs import ProcRecord, ProcTable
 
 #: A serve loop this much later than it planned means the agent itself was paused.
 _PAUSE_S = 0.5
+#: The least waiting for a core by the agent that gives a silent proc more time (less is noise).
+_MIN_SLACK_S = 0.05
+#: The most time a silent proc is given for the agent's waiting, in heartbeat timeouts: a
+#: hung proc on a starved host is still found within (1 + this) timeouts.
+_MOST_SLACK = 2.0
 
 
 class Watchdog:
     """Keeps the heartbeat deadlines of the procs in a table and the last signs of life of
     their network owners; says who is overdue. It kills nothing itself: the agent does."""
 
-    def __init__(self, procs: ProcTable, owner_timeout_s: float, log: Any) -> None:
+    def __init__(
+        self, procs: ProcTable, owner_timeout_s: float, log: Any, own: OwnWaits | None = None
+    ) -> None:
         self._procs = procs
+        self._own = own if own is not None else OwnWaits()
+        self._excused: dict[str, float] = {}  # by proc: the agent's waiting already excused
         self.owner_timeout_s = owner_timeout_s
         self._owners_seen: dict[str, float] = {}
         self._woke = time.monotonic()  # when the serve loop's last wait ended
@@ -39,6 +48,8 @@ class Watchdog:
         proc.silent_since = now = time.monotonic()
         proc.heartbeat_due = now + proc.heartbeat_timeout_s
         proc.forgiven_s = 0.0
+        if self._excused:
+            self._excused.pop(proc.proc_id, None)
         if proc.pid is not None:  # the baseline for judging a later silence
             proc.cpu, proc.cpu_at = sample_cpu(proc.pid), now
 
@@ -71,14 +82,29 @@ class Watchdog:
             if proc.pid is not None and not proc.stop_requested and proc.heartbeat_due <= now:
                 yield proc, proc.pid
 
+    def hung(self, now: float) -> Iterator[tuple[ProcRecord, int, str]]:
+        """The overdue procs judged hung, with their pids and why (the others get time)."""
+        for proc, pid in self.overdue(now):
+            why = self.judge_silence(proc, pid, now)
+            if why is not None:
+                yield proc, pid, why
+
     def judge_silence(self, proc: ProcRecord, pid: int, now: float) -> str | None:
         """Why `proc`, which missed its heartbeats, is hung; None (and more time) while it is
         busy: not stopped, and it used CPU time since the last sample or waits for a core."""
         sample = sample_cpu(pid, threads=True)
-        if sample is not None and sample.exited:  # its exit report is on the way: not hung
+        if (sample is None and gone(pid)) or (sample is not None and sample.exited):
+            # dead (a zombie, or reaped already): its exit report, with its signal, is on the
+            # way from the fork server; a dead proc is never reported hung
             proc.heartbeat_due = now + proc.heartbeat_timeout_s
             return None
         why = why_hung(proc, sample, now)
+        if why is not None and not (sample is not None and sample.stopped):
+            slack_s = self._starved_s(proc, now)
+            if slack_s >= _MIN_SLACK_S:  # its heartbeats may wait unread in this agent
+                self._log.info("agent_starved", proc=proc.proc_id, seconds=round(slack_s, 3))
+                proc.heartbeat_due = now + slack_s
+                return None
         if why is None:
             self._log.info("proc_busy", proc=proc.proc_id, pid=pid)
             proc.cpu, proc.cpu_at = sample, now
@@ -86,10 +112,26 @@ class Watchdog:
             proc.heartbeat_due = min(now + proc.heartbeat_timeout_s, busy_until)
         return why
 
+    def _starved_s(self, proc: ProcRecord, now: float) -> float:
+        """How long this agent waited for a core while `proc` was silent, not excused yet:
+        more time for it, within `_MOST_SLACK` heartbeat timeouts and its busy limit."""
+        waited, since = self._own.now(now), self._own.at(proc.silent_since)
+        most_s = min(proc.busy_timeout_s, (1 + _MOST_SLACK) * proc.heartbeat_timeout_s)
+        left_s = proc.silent_since + most_s - now
+        if waited is None or since is None or left_s <= 0:
+            return 0.0
+        if len(self._excused) > 4 * len(self._procs) + 64:  # of procs gone meanwhile
+            live = {p.proc_id for p in self._procs}
+            self._excused = {k: v for k, v in self._excused.items() if k in live}
+        excused = max(since, self._excused.get(proc.proc_id, since))
+        self._excused[proc.proc_id] = waited
+        return min(waited - excused, left_s)
+
     def waiting(self, timeout_s: float) -> float:
         """The serve loop is about to wait up to `timeout_s` (returned); a stretch of work
         before it that took longer than a pause is the agent's absence (stopped, or starved)."""
         now = time.monotonic()
+        self._own.tick(now)
         self._wake_at = now + timeout_s
         worked_s = now - self._woke
         if worked_s > _PAUSE_S:

@@ -13,10 +13,13 @@ happens on failure, and what can be known of it:
   counts every holder; a holder that dies before its copy's news arrives can make the
   receiver give up early, so forward a port before its first holder may end.
 - sends to a closed receiver (``close()``, or dropped) are dropped, logged at the receiver.
+- a port passed on by a holder that got it before its receiver listened on tcp holds only an
+  ipc address: on another host its ``send()`` raises `TransportError` saying so.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Generic, TypeVar
 
 from mesh._context import context
@@ -26,7 +29,7 @@ from mesh._engine.ports import DEFAULT_PORT_BOUND, PortQueue, watch_proc
 from mesh._engine.runtime import Runtime
 from mesh._engine.session import current_session
 from supervision import SupervisionError
-from transport import Addresses, Payload, encode
+from transport import Addresses, Payload, TransportError, encode
 
 R = TypeVar("R")
 
@@ -34,11 +37,15 @@ R = TypeVar("R")
 class Port(Generic[R]):
     """The sending end of a channel: picklable, so it can go to actors inside messages."""
 
-    __slots__ = ("_address", "_addresses", "_agent", "_port_id", "_proc_id")
+    __slots__ = ("_address", "_addresses", "_agent", "_port_id", "_proc_id", "_stranded")
 
     def __init__(self, addresses: Addresses, port_id: int, proc_id: str, agent: str | None) -> None:
         self._addresses = addresses  # the receiver's: ipc for holders on its host, else tcp
         self._address = addresses.reachable_here()
+        # only an ipc address, and not on this host: no message could arrive
+        self._stranded = addresses.tcp is None and not os.path.exists(
+            self._address.removeprefix("ipc://")
+        )
         self._port_id = port_id
         self._proc_id = proc_id  # the receiver's process
         self._agent = agent  # its host agent, None for a client
@@ -63,6 +70,8 @@ class Port(Generic[R]):
                 receiver.event,
                 f"cannot send to port {self._port_id}: its receiver's proc is gone: ",
             )
+        if self._stranded:
+            raise TransportError(_stranded(self))
         point = context().rank
         rank = point.rank if point.extent.labels else -1
         header = PortMessage(self._port_id, rank, kind)
@@ -80,6 +89,17 @@ class Port(Generic[R]):
 
     def __repr__(self) -> str:
         return f"<Port {self._port_id} of {self._proc_id}>"
+
+
+def _stranded(port: Port[Any]) -> str:
+    """Why `port` cannot send from here, and what to do."""
+    return (
+        f"cannot send to port {port._port_id} of {port._proc_id}: the port holds only its "
+        f"receiver's ipc address ({port._address}), which is not on this host. It was passed "
+        "on by a process that got it before its receiver listened on tcp (or its receiver is "
+        "gone); send the port from its receiver's process again, or open the channel once "
+        "that process has attached to other hosts."
+    )
 
 
 def _rebuild_port(addresses: Addresses, port_id: int, proc_id: str, agent: str | None) -> Port[Any]:

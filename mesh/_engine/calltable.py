@@ -238,6 +238,28 @@ class CallTable:
             pending.home.wake()
         return True
 
+    def fail_every_lost_reply(self, lost: ReplyLost, home: ReplyInbox | None) -> int:
+        """Proc `lost.proc_id` could send no answer to `home` (`lost`, for every call): each
+        call made there that waits on that proc fails as in `fail_lost_reply`. How many."""
+        with self._lock:
+            found = [
+                (pending, rank, peer)
+                for pending in self._calls.values()
+                if pending.home is home
+                for rank, peer in pending.waiting()
+                if peer.proc_id == lost.proc_id
+            ]
+        why = (
+            f"its answers to calls from {lost.reply_to} could not be sent from proc "
+            f"{lost.proc_id}: {lost.reason}"
+        )
+        for pending, rank, peer in found:
+            error = gone_error(peer, peer.make_event("unreachable", why), pending.mesh)
+            self.settle(pending.call_id, rank, error=error)
+            if pending.home is not None:
+                pending.home.wake()
+        return len(found)
+
     def inboxes_awaiting_replies(self) -> set[int]:
         """The ids of the reply inboxes that pending calls will be answered at."""
         with self._lock:

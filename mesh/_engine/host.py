@@ -215,7 +215,7 @@ class ActorHost:
         self._child_failures.resume(actor)  # children that failed while it was being built
 
     def _stop(self, actor: HostedActor, work: Work[StopActor]) -> None:
-        self._stop_actor(actor, functools.partial(self._replier.stopped, work.header))
+        self._stop_actor(actor, functools.partial(self._replier.stopped, actor, work.header))
 
     # -- calls: prepare, run (on a worker thread or in a task), then reply ---------------------
 

@@ -25,6 +25,10 @@ class HostServices(Protocol):
     def pid(self) -> int: ...
 
     @property
+    def agent(self) -> str | None:
+        """The address of this proc's host agent (None: a process no agent started)."""
+
+    @property
     def outbox(self) -> Outbox:
         """This process's connections (a sender looks at a connection's handshake)."""
 

@@ -207,6 +207,11 @@ class ActorFailed:
     rank: int
 
 
+#: A `ReplyLost`'s call id and rank for every call made at its `reply_to` that waits on its
+#: proc (more answers were refused than the proc keeps one by one: `HandshakeWaits`).
+EVERY_CALL = -1
+
+
 @message_type
 @dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ReplyLost:

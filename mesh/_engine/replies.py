@@ -22,7 +22,7 @@ import sniffio
 from mesh._engine.fanout_messages import RelayedReplies
 from mesh._engine.fork import check_not_forked
 from mesh._engine.future import LONGEST_SOCKET_WAIT_S, Future
-from mesh._engine.messages import Failure, InboxClosed, Reply, ReplyLost, Wake
+from mesh._engine.messages import EVERY_CALL, Failure, InboxClosed, Reply, ReplyLost, Wake
 from mesh._engine.ownership import Ownership
 from mesh._engine.peers import ProcPeer
 from mesh._engine.receiver import Receiver
@@ -58,6 +58,8 @@ class ReplySettler(Protocol):
     def inboxes_awaiting_replies(self) -> set[int]: ...
 
     def fail_lost_reply(self, lost: ReplyLost) -> bool: ...
+
+    def fail_every_lost_reply(self, lost: ReplyLost, home: ReplyInbox | None) -> int: ...
 
 
 class ReplyHost(Protocol):
@@ -317,6 +319,9 @@ class ReplyRoutes:
         actor's proc cannot (it holds the keys)."""
         header: ReplyLost = envelope.header
         runtime = self._runtime
+        if header.call_id == EVERY_CALL:
+            self._every_reply_lost(header)
+            return
         if header.reply_to in runtime.addresses or header.reply_to in self.addresses():
             if not runtime.calls.fail_lost_reply(header):
                 log = get_logger("mesh.replies")  # not at import: it reads the settings
@@ -333,6 +338,23 @@ class ReplyRoutes:
         runtime.send_message(header.reply_to, failure, Payload.dump(event))
         log = get_logger("mesh.replies")
         log.info("reply_lost_forwarded", call_id=header.call_id, to=header.reply_to)
+
+    def _every_reply_lost(self, lost: ReplyLost) -> None:
+        """Every answer of proc `lost.proc_id` to `lost.reply_to` was refused: each call made
+        there that waits on that proc ends; another process's address is sent the report
+        (this owner may reach it where the proc cannot), and ends its own calls alike."""
+        runtime, log = self._runtime, get_logger("mesh.replies")
+        homes: list[ReplyInbox | None]
+        with self._lock:
+            homes = [inbox for inbox in self._all if lost.reply_to in inbox.addresses]
+        if lost.reply_to in runtime.addresses:
+            homes = [None]  # its main inbox
+        elif not homes:
+            runtime.send_message(lost.reply_to, lost, Payload.dump(None))
+            log.info("replies_lost_forwarded", proc=lost.proc_id, to=lost.reply_to)
+            return
+        ended = sum(runtime.calls.fail_every_lost_reply(lost, home) for home in homes)
+        log.warning("replies_lost", proc=lost.proc_id, to=lost.reply_to, calls_ended=ended)
 
     def addresses(self) -> list[str]:
         """Where replies to this process may be sent, besides its main inbox."""

@@ -18,7 +18,7 @@ from typing import Any
 from mesh._engine.handshake_waits import HandshakeWaits
 from mesh._engine.host_services import HostServices
 from mesh._engine.hosted_actor import HostedActor
-from mesh._engine.messages import CallActor, Failure, Reply, ReplyLost, StopActor
+from mesh._engine.messages import EVERY_CALL, CallActor, Failure, Reply, ReplyLost, StopActor
 from supervision import SupervisionEvent
 from transport import (
     MessageTooLarge,
@@ -38,6 +38,9 @@ from transport import (
 
 #: The call ids a prepared header packs (int64); any other goes through `encode_fields`.
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+#: What a `ReplyLost` names as the endpoint of a stop (no endpoint can be named so: it is a
+#: method of meshes).
+STOP = "stop"
 #: The most ranks whose `Reply` header a replier keeps prepared.
 _MOST_HEADS = 1024
 
@@ -52,7 +55,9 @@ class Replier:
         #: reply packs only its call id: one call, where `encode_fields` makes three.
         self._reply_heads: dict[int, PreparedHeader] = {}
         self._outbox = services.outbox
-        self._waits = HandshakeWaits(services.outbox, services.call_soon, services.call_later)
+        self._waits = HandshakeWaits(
+            services.outbox, services.call_soon, services.call_later, self._report_every_lost
+        )
 
     def value(self, actor: HostedActor, header: CallActor, result: Any) -> None:
         """Send the result; one that cannot be sent (unpicklable, too large) fails the call."""
@@ -72,7 +77,8 @@ class Replier:
         if lost is not None:
             self._report_lost(actor, header, lost)
         elif self._outbox.unconfirmed(reply_to):
-            self._waits.watch(reply_to, functools.partial(self._report_lost, actor, header))
+            report = functools.partial(self._report_lost, actor, header)
+            self._waits.watch(reply_to, report, actor.owner)
 
     def _reply_frames(self, header: CallActor, payload: Payload) -> list[Any]:
         """The frames of a `Reply` from its fields; prepares the header of the call's rank
@@ -109,8 +115,8 @@ class Replier:
     ) -> None:
         """Tell the caller the actor could not serve its call (`kind`: failed, stopped...).
         If that cannot reach the caller, `actor`'s owner is told, as of a lost answer, with
-        `detail` (the actor's event) for the caller; without `actor` (one unknown here), it is
-        only logged as a send that failed."""
+        `detail` (the actor's event) for the caller; without `actor` (one unknown here), this
+        proc's agent is told, which hands it to the proc's owner."""
         if header.reply_to is None:
             return
         try:
@@ -119,21 +125,31 @@ class Replier:
             self._log.error("reply_lost", call_id=header.call_id, reason=safe_str(exc))
             return
         lost = self._services.send_frames(header.reply_to, Failure, frames)
-        if actor is None or not isinstance(header, CallActor):
-            return
         event = detail if isinstance(detail, SupervisionEvent) else None
-        if lost is not None:
-            self._report_lost(actor, header, lost, event)
-        elif self._outbox.unconfirmed(header.reply_to):
-            report = functools.partial(self._report_lost, actor, header, event=event)
-            self._waits.watch(header.reply_to, report)
+        self._sent(actor, header, lost, event)
 
-    def stopped(self, header: StopActor) -> None:
-        """Acknowledge a stop, to whoever waits for it."""
+    def stopped(self, actor: HostedActor, header: StopActor) -> None:
+        """Acknowledge a stop, to whoever waits for it; one that cannot reach them is reported
+        to the actor's owner like a lost answer, which ends that wait (the actor did stop)."""
         if header.reply_to is not None:
-            self._services.send_message(
-                header.reply_to, Reply(header.call_id, header.rank), Payload.dump(None)
-            )
+            frames = encode(Reply(header.call_id, header.rank), Payload.dump(None))
+            self._sent(actor, header, self._services.send_frames(header.reply_to, Reply, frames))
+
+    def _sent(
+        self,
+        actor: HostedActor | None,
+        call: CallActor | StopActor,
+        lost: TransportError | None,
+        event: SupervisionEvent | None = None,
+    ) -> None:
+        """An answer to `call` was sent: report it lost if it could not go (`lost`: why), or
+        watch the handshake of a caller that has not passed it yet."""
+        assert call.reply_to is not None
+        if lost is not None:
+            self._report_lost(actor, call, lost, event)
+        elif self._outbox.unconfirmed(call.reply_to):
+            report = functools.partial(self._report_lost, actor, call, event=event)
+            self._waits.watch(call.reply_to, report, self._told_of_loss(actor))
 
     def _send_value(
         self, actor: HostedActor, call: CallActor, header: Any, value: Any, *, soon: bool = False
@@ -146,32 +162,51 @@ class Replier:
         except Exception as exc:  # whatever pickling raises must not lose the call
             return exc
         assert call.reply_to is not None
-        lost = self._services.send_frames(call.reply_to, type(header), frames, soon=soon)
-        if lost is not None:
-            self._report_lost(actor, call, lost)
-        elif self._outbox.unconfirmed(call.reply_to):
-            self._waits.watch(call.reply_to, functools.partial(self._report_lost, actor, call))
+        self._sent(
+            actor, call, self._services.send_frames(call.reply_to, type(header), frames, soon=soon)
+        )
         return None
 
     def _report_lost(
         self,
-        actor: HostedActor,
-        call: CallActor,
+        actor: HostedActor | None,
+        call: CallActor | StopActor,
         error: TransportError,
         event: SupervisionEvent | None = None,
     ) -> None:
         """The answer to `call` cannot reach its caller: tell the actor's owner, which ends
         the call if it is its own (its process is reachable from here: it spawned the actor),
-        else sends the caller `event` (None: the actor's "unreachable" one)."""
+        else sends the caller `event` (None: the actor's "unreachable" one). Without `actor`
+        (none such here), this proc's agent is told: it hands that on to the proc's owner."""
         assert call.reply_to is not None
         reason, proc_id = clip(safe_str(error)), self._services.proc_id
-        lost = ReplyLost(call.call_id, call.rank, call.reply_to, proc_id, call.endpoint, reason)
+        endpoint = call.endpoint if isinstance(call, CallActor) else STOP
+        lost = ReplyLost(call.call_id, call.rank, call.reply_to, proc_id, endpoint, reason)
         why = (
-            f"its answer to call {call.call_id} of endpoint {call.endpoint!r} could not be "
+            f"its answer to call {call.call_id} of endpoint {endpoint!r} could not be "
             f"sent from proc {proc_id} to {call.reply_to}: {reason}"
         )
-        told = actor.make_event("unreachable", why) if event is None else event
-        self._services.send_message(actor.owner, lost, Payload.dump(told))
+        if actor is not None:
+            event = actor.make_event("unreachable", why) if event is None else event
+        self._tell_of_loss(self._told_of_loss(actor), lost, event)
+
+    def _report_every_lost(self, owner: str, reply_to: str, error: TransportError) -> None:
+        """Every answer from here to `reply_to` was refused, more than `HandshakeWaits` keeps
+        one by one: `owner` is told once, and ends every call made there that waits here."""
+        reason, proc_id = clip(safe_str(error)), self._services.proc_id
+        lost = ReplyLost(EVERY_CALL, EVERY_CALL, reply_to, proc_id, "", reason)
+        self._tell_of_loss(owner, lost, None)
+
+    def _told_of_loss(self, actor: HostedActor | None) -> str:
+        """Who is told of a lost answer of `actor`: its owner; for none, this proc's agent
+        (it hands that on to the proc's owner); "": nobody can be."""
+        return actor.owner if actor is not None else self._services.agent or ""
+
+    def _tell_of_loss(self, to: str, lost: ReplyLost, event: SupervisionEvent | None) -> None:
+        if to:
+            self._services.send_message(to, lost, Payload.dump(event))
+        else:
+            self._log.error("reply_lost", call_id=lost.call_id, to=lost.reply_to, why=lost.reason)
 
 
 def _exception_fields(actor: HostedActor, header: CallActor, exc: BaseException) -> dict[str, Any]:
