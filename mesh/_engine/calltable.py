@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from mesh._engine.call_errors import failure_error, gone_error, unreadable_error
 from mesh._engine.calls import OneSink, PendingCall, ResultSink
 from mesh._engine.fanout import direct_route, fan_out_frames, note_answer, route
 from mesh._engine.fanout_messages import RelayedReplies, split_answers
@@ -20,7 +21,7 @@ from mesh._engine.messages import CallActor, Failure, Reply, ReplyLost, invalid_
 from mesh._engine.notebook import note_call
 from mesh._engine.peers import ActorMeshView, ProcPeer
 from mesh._engine.replies import ReplyInbox
-from supervision import ActorError, SupervisionError, SupervisionEvent
+from supervision import ActorError, SupervisionEvent
 from transport import (
     Envelope,
     Outbox,
@@ -187,12 +188,12 @@ class CallTable:
         outcomes: list[Outcome] = []
         for rank, kind, body, buffers in parts:
             if kind:
-                outcomes.append((rank, None, _failure(call_id, kind, Payload(body, buffers))))
+                outcomes.append((rank, None, failure_error(call_id, kind, Payload(body, buffers))))
                 continue
             try:
                 outcomes.append((rank, loads(body, buffers), None))
             except Exception as exc:
-                outcomes.append((rank, None, _unreadable(call_id, exc)))
+                outcomes.append((rank, None, unreadable_error(call_id, exc)))
         self._settle_all(call_id, outcomes)
 
     def on_reply(self, envelope: Envelope) -> None:
@@ -201,7 +202,7 @@ class CallTable:
         try:  # `on_lone_reply`, inlined: once per reply of a batch
             value = loads(payload.body, payload.buffers)  # `Payload.load`, one call less
         except Exception as exc:
-            self.settle(header.call_id, header.rank, error=_unreadable(header.call_id, exc))
+            self.settle(header.call_id, header.rank, error=unreadable_error(header.call_id, exc))
             return
         self.settle(header.call_id, header.rank, value)
 
@@ -210,13 +211,13 @@ class CallTable:
         try:
             value = loads(body)
         except Exception as exc:
-            self.settle(call_id, rank, error=_unreadable(call_id, exc))
+            self.settle(call_id, rank, error=unreadable_error(call_id, exc))
             return
         self.settle(call_id, rank, value)
 
     def on_failure(self, envelope: Envelope) -> None:
         header: Failure = envelope.header
-        error = _failure(header.call_id, header.kind, envelope.payload)
+        error = failure_error(header.call_id, header.kind, envelope.payload)
         self.settle(header.call_id, header.rank, error=error)
 
     def fail_lost_reply(self, lost: ReplyLost) -> bool:
@@ -243,8 +244,8 @@ class CallTable:
         call made there that waits on that proc fails as in `fail_lost_reply`. How many."""
         with self._lock:
             found = [
-                (pending, rank, peer)
-                for pending in self._calls.values()
+                (call_id, pending, rank, peer)
+                for call_id, pending in self._calls.items()
                 if pending.home is home
                 for rank, peer in pending.waiting()
                 if peer.proc_id == lost.proc_id
@@ -253,9 +254,9 @@ class CallTable:
             f"its answers to calls from {lost.reply_to} could not be sent from proc "
             f"{lost.proc_id}: {lost.reason}"
         )
-        for pending, rank, peer in found:
+        for call_id, pending, rank, peer in found:
             error = gone_error(peer, peer.make_event("unreachable", why), pending.mesh)
-            self.settle(pending.call_id, rank, error=error)
+            self.settle(call_id, rank, error=error)
             if pending.home is not None:
                 pending.home.wake()
         return len(found)
@@ -355,14 +356,6 @@ class CallTable:
                 pending.home.wake()
 
 
-def gone_error(
-    peer: ProcPeer, event: SupervisionEvent, mesh: ActorMeshView | None
-) -> SupervisionError:
-    """The error for a call to an actor on `peer`, whose proc failed or was stopped (`event`):
-    about the actor when the actor mesh called is known, else about the proc."""
-    return SupervisionError(event if mesh is None else mesh.proc_failed(peer, event))
-
-
 def _encoded(
     prepared: PreparedHeader | None, call_id: int, fields: tuple[Any, ...], payload: Payload
 ) -> list[Any]:
@@ -370,47 +363,3 @@ def _encoded(
     if prepared is not None:
         return encode_prepared(prepared, call_id, payload)
     return encode_fields(CallActor, (call_id, *fields), payload)
-
-
-def _unreadable(call_id: int, exc: Exception) -> ActorError:
-    """The error for an answer to call `call_id` whose value cannot be unpickled here."""
-    return ActorError(f"the result of call {call_id} could not be unpickled here: {exc!r}")
-
-
-def _failure(call_id: int, kind: str, payload: Payload | None) -> BaseException:
-    """The error a Failure of `kind` to call `call_id` carries (its detail in `payload`)."""
-    try:
-        detail = payload.load()  # type: ignore[union-attr]
-        if kind == "exception":
-            return _actor_error(*detail)
-        if kind == "raised" and isinstance(detail, BaseException):
-            return detail
-        return SupervisionError(detail)
-    except Exception as exc:  # the call must end even when its error cannot be rebuilt
-        why = f"call {call_id} failed ({kind}), but the error could not be unpickled here"
-        return ActorError(f"{why}: {exc!r}")
-
-
-def _actor_error(
-    fields: dict[str, Any], original: bytes | None, original_class: bytes | None
-) -> ActorError:
-    """Rebuild the caller's ActorError. It keeps the original type even when the exception
-    instance cannot be unpickled here (a constructor with extra arguments, say)."""
-    exception = _unpickled_or_none(original)
-    exception_class = _unpickled_or_none(original_class) if exception is None else None
-    message = (
-        f"endpoint {fields['endpoint']!r} of mesh {fields['mesh_name']!r} at rank "
-        f"{fields['rank']} (pid {fields['pid']} on {fields['host']}) raised "
-        f"{fields['exception_type']}: {fields['message']}"
-    )
-    fields = {k: v for k, v in fields.items() if k not in ("message", "call_rank")}
-    return ActorError.wrap(message, exception=exception, exception_class=exception_class, **fields)
-
-
-def _unpickled_or_none(data: bytes | None) -> Any:
-    if data is None:
-        return None
-    try:
-        return loads(data)
-    except Exception:
-        return None
