@@ -36,6 +36,9 @@ from ._frames import decode as decode
 from ._frames import encode as encode
 from ._frames import encode_fields as encode_fields
 from ._frames import message_type as message_type
+from ._keyed_inbox import KeyedInbox as KeyedInbox
+from ._keyed_inbox import KeyedShape as KeyedShape
+from ._keyed_inbox import keyed_shape as keyed_shape
 from ._lending import LEND_MIN_BYTES as LEND_MIN_BYTES
 from ._lending import Lent as Lent
 from ._log import get_logger as get_logger
@@ -87,6 +90,8 @@ __all__ = (
     "FaultRule",
     "Flusher",
     "Inbox",
+    "KeyedInbox",
+    "KeyedShape",
     "Lent",
     "LoneInbox",
     "LoneShape",
@@ -120,6 +125,7 @@ __all__ = (
     "follow_keys_pointer",
     "get_logger",
     "is_address",
+    "keyed_shape",
     "loads",
     "lone_shape",
     "message_type",

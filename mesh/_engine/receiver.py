@@ -34,9 +34,10 @@ from typing import Any, Protocol
 
 from mesh._engine.alarm import new_alarm
 from mesh._engine.hand_over import HolderCheck
+from mesh._engine.lone_calls import LoneCalls
 from mesh._engine.messages import Wake
 from mesh._engine.workers import Workers
-from transport import Envelope, Inbox, get_logger
+from transport import Envelope, KeyedInbox, get_logger
 
 #: How long a task may run on the receiver before the watch looks whether it is stuck; also the
 #: CPU time a task may use with no call ending before another thread takes over the inbox.
@@ -65,14 +66,16 @@ class Receiver:
 
     def __init__(
         self,
-        inbox: Inbox,
+        inbox: KeyedInbox,
         workers: Workers,
         loop: LoopHand,
         direct: Mapping[type, Callable[[Envelope], None]],
+        lone: LoneCalls,
         flush: Callable[[], None],
         wake: Callable[[], None],
     ) -> None:
         self._inbox = inbox
+        self._lone = lone  # lone calls of known routes, run here when their actor is idle
         self._workers = workers
         self._loop = loop
         self._direct = direct  # the handlers of the messages dispatched here (actors')
@@ -184,24 +187,34 @@ class Receiver:
     def _receive_pass(self) -> Task | None:
         """Wait for messages, dispatch up to a pass of them; the sync work they asked for
         first, for this thread to run (None if none)."""
+        lone = self._lone
         try:
             self._flush()
             # one blocking receive, no poll before it: `stop` ends it with a `Wake`
-            envelope = self._inbox.receive_nowait(_WAIT_MS)
+            got = self._inbox.receive_keyed(_WAIT_MS, lone.shape, lone.routes)
         except Exception:  # a bug, or a closed socket: keep going, but not in a tight loop
             self._log.exception("receive_failed")
             time.sleep(0.1)
             return None
-        if envelope is None or self._stopping:
+        if got is None or self._stopping:
             return None
+        if isinstance(got, Envelope):
+            return self._dispatch_pass(got)
+        # a lone call of a known route: run on this thread if its actor is idle
+        taken = lone.take(got, self._loop.handing())  # (raises nothing: runs no user code)
+        return self._dispatch_pass(taken) if isinstance(taken, Envelope) else taken
+
+    def _dispatch_pass(self, first: Envelope) -> Task | None:
+        """Dispatch `first` and what came with it (up to a pass of messages)."""
         loop, inbox, direct = self._loop, self._inbox, self._direct
+        envelope: Envelope | None = first
         to_loop: list[Envelope] = []
         # only this thread hands the loop messages: once it has none left, none come mid-pass
         handing = loop.handing()
         self._workers.hold_first()
         try:
             left, batched = _PASS_MESSAGES, False
-            while True:
+            while envelope is not None:
                 kind = type(envelope.header)
                 handler = None if handing else direct.get(kind)
                 if handler is not None:
@@ -220,7 +233,9 @@ class Receiver:
                 # nothing; whatever came meanwhile is the next pass's
                 if (envelope := inbox.receive_received()) is not None:
                     batched = True
-                elif not batched or (envelope := inbox.receive_nowait()) is None:
+                elif batched:
+                    envelope = inbox.receive_nowait()
+                else:
                     break
         except Exception:  # what was received and what it asked for still go on
             self._log.exception("receive_failed")
