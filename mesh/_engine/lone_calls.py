@@ -75,6 +75,8 @@ class LoneCalls:
         self._build = shape.layout.build
         #: Routes by key (`KeyedShape.key`): read by the receiving thread, learnt on any.
         self.routes: dict[bytes, Route] = {}
+        #: How many calls the receiver ran this way (`mesh.testing.receiver_lone_calls`).
+        self.taken = 0
 
     def learn(self, actor: HostedActor, header: CallActor) -> None:
         """Keep the route of `header`'s calls to `actor` (a call that took the general path),
@@ -101,6 +103,7 @@ class LoneCalls:
             return _envelope(header, body)
         if not self._lanes.claim_idle(actor):
             return _envelope(header, body)
+        self.taken += 1
         return self._lanes.run_alone, (actor, self._call, route, header, body)
 
     def _call(self, route: Route, header: CallActor, body: memoryview) -> None:
