@@ -53,7 +53,7 @@ class Link:
         self.outbox = Outbox(self.context)
         key = CALL.key(REST)
         assert key is not None
-        self.keys = {key: "route"}
+        self.inbox.key_with(CALL, {key: "route"})
 
     def send(self, frames: list[Any]) -> None:
         self.outbox.send(self.inbox.address, frames)
@@ -61,7 +61,7 @@ class Link:
     def receive(self, timeout_s: float = 30.0) -> tuple[Any, ...] | Envelope:
         """The next message that is not dropped (a keyed call as a tuple)."""
         deadline = time.monotonic() + timeout_s
-        while (got := self.inbox.receive_keyed(1000, CALL, self.keys)) is None:
+        while (got := self.inbox.receive_keyed(1000)) is None:
             assert time.monotonic() < deadline, "a message sent was never received"
         return got
 
@@ -125,16 +125,18 @@ def test_a_keyed_call_holds_what_decode_reads(link: Link, call_id: int, value: A
 
 
 def test_what_is_no_keyed_call_comes_back_as_an_envelope(link: Link) -> None:
-    """A call of another key, one with out-of-band buffers, other messages, and the calls
-    of a batch are decoded as `receive_nowait` decodes them, in order."""
+    """A call of another key, one with out-of-band buffers and other messages are decoded as
+    `receive_nowait` decodes them; the calls of a batch come one by one, keyed or not, in
+    order, the first by a blocking receive, the next without asking the socket."""
     big = bytes(range(256)) * (OUT_OF_BAND_MIN_BYTES // 256 + 1)
     other = (*REST[:2], "pong", *REST[3:])
     link.send(encode_fields(wire.CallActor, (1, *other), Payload.dump(1)))
     link.send(encode_fields(wire.CallActor, (2, *REST), Payload.dump(big)))
     link.send(encode(wire.Wake()))
-    for call_id in (3, 4):  # a busy destination: these wait, then leave in one batch
+    for call_id in (3, 4, 5):  # a busy destination: these wait, then leave in one batch
+        fields = (call_id, *(other if call_id == 4 else REST))
         link.outbox.send_soon(
-            link.inbox.address, encode_fields(wire.CallActor, (call_id, *REST), Payload.dump(0))
+            link.inbox.address, encode_fields(wire.CallActor, fields, Payload.dump(call_id))
         )
     link.outbox.flush()
     first = link.receive()
@@ -143,8 +145,15 @@ def test_what_is_no_keyed_call_comes_back_as_an_envelope(link: Link) -> None:
     assert isinstance(second, Envelope) and second.header == wire.CallActor(2, *REST)
     assert second.payload is not None and second.payload.load() == big
     assert isinstance(link.receive(), Envelope)  # the Wake
-    batch = [link.receive() for _ in range(2)]
-    assert [got.header.call_id for got in batch if isinstance(got, Envelope)] == [3, 4]
+    third = link.receive()
+    assert type(third) is tuple and third[:2] == ("route", 3) and loads(third[2]) == 3
+    assert link.inbox.keeps_more()
+    fourth = link.inbox.received_keyed()
+    assert isinstance(fourth, Envelope) and fourth.header == wire.CallActor(4, *other)
+    fifth = link.inbox.received_keyed()
+    assert type(fifth) is tuple and fifth[:2] == ("route", 5) and loads(fifth[2]) == 5
+    assert not link.inbox.keeps_more() and link.inbox.received_keyed() is None
+    assert link.inbox.receive_keyed(0) is None  # nothing waits: no blocking
 
 
 @pytest.mark.parametrize("cut", [1, 8, 40])

@@ -12,19 +12,39 @@ envelope objects. Nothing is decoded from an unknown header: it takes the genera
 from __future__ import annotations
 
 import struct
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import zmq
 
+from ._batches import BATCH_MAGIC, split_batch_or_none
 from ._binary import BinaryLayout
-from ._errors import TransportError
-from ._frames import _HEAD, _PREFIX, MAGIC, Envelope, _binary_of
-from ._sockets import _NOBLOCK, LONGEST_WAIT_MS, Inbox
+from ._errors import MalformedMessage, MessageTooLarge, TransportError
+from ._frames import (
+    _HEAD,
+    _PREFIX,
+    MAGIC,
+    Envelope,
+    Payload,
+    _binary_of,
+    _new,
+    _set_body,
+    _set_buffers,
+    _set_header,
+    _set_payload,
+    decode,
+)
+from ._sockets import _BATCH, _NOBLOCK, LONGEST_WAIT_MS, Inbox, _zmq_poll
 
 #: The longest key kept: headers longer than this always take the general path.
 LONGEST_KEY = 512
+
+#: A message received by its key: (the key's value, the message's first int, its body).
+Keyed = tuple[Any, int, memoryview]
+#: A frame's prefix and first int (`KeyedShape.unpack_from` of any keyed shape).
+_HEAD_Q = struct.Struct(_HEAD.format + "q").unpack_from
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,38 +78,60 @@ def keyed_shape(kind: type) -> KeyedShape:
     binary = _binary_of.get(kind)
     if binary is None or binary[1].ints_only:
         raise TypeError(f"{kind.__qualname__} has no binary header with fields after its first")
-    head = struct.Struct(_HEAD.format + "q")
-    return KeyedShape(kind, binary[0][0], head.unpack_from, head.size, binary[1])
+    return KeyedShape(kind, binary[0][0], _HEAD_Q, _PREFIX + 8, binary[1])
 
 
 class KeyedInbox(Inbox):
-    """An `Inbox` that also receives lone messages of a `KeyedShape` by their key."""
+    """An `Inbox` that also receives messages of a `KeyedShape` by their key, alone in their
+    frame or in a batch, once `key_with` says which. Read it with `receive_keyed` and
+    `received_keyed` then (`receive_nowait` would skip what they keep)."""
 
-    def receive_keyed(
-        self, wait_ms: int, shape: KeyedShape, keys: Mapping[bytes, Any]
-    ) -> tuple[Any, int, memoryview] | Envelope | None:
-        """`receive_nowait(wait_ms)` (-1: forever; not 0), except that a lone one-frame
-        message of `shape` whose key is in `keys` comes back as (its value in `keys`, its
-        first int, its payload body), with no envelope."""
-        if self._split:
-            return self._split.popleft()
-        socket, self._polled = self._socket, False
-        wait_ms = min(wait_ms, LONGEST_WAIT_MS)
-        if wait_ms != self._wait_ms:  # kept in libzmq: no system call
-            socket.setsockopt(zmq.RCVTIMEO, wait_ms)
-            self._wait_ms = wait_ms
+    def __init__(
+        self, context: zmq.Context[Any], address: str, *, max_bytes: int | None = None
+    ) -> None:
+        super().__init__(context, address, max_bytes=max_bytes)
+        self._keys: Mapping[bytes, Any] = {}
+        # the keyed shape's parts, read once per message (no frame is this long: none keyed)
+        self._key_size, self._key_code, self._key_unpack = self._max_bytes + 1, -1, _HEAD_Q
+        self._kept: deque[Keyed | Envelope] = deque()  # what a batch held, not yet taken
+
+    def key_with(self, shape: KeyedShape, keys: Mapping[bytes, Any]) -> None:
+        """Hand over the messages of `shape` whose key is in `keys` (kept, not copied: keys
+        added later count) as (their value in `keys`, first int, payload body)."""
+        self._keys = keys
+        self._key_size, self._key_code, self._key_unpack = shape.size, shape.code, shape.unpack_from
+
+    def receive_keyed(self, wait_ms: int) -> Keyed | Envelope | None:
+        """`receive_nowait(wait_ms)`, except that a message keyed (`key_with`) comes back as
+        a `Keyed` tuple, with no envelope. A batch's messages come one by one."""
+        if self._kept:
+            return self._kept.popleft()
+        socket, polled, self._polled = self._socket, self._polled, False
+        flags = _NOBLOCK
+        if wait_ms:  # one blocking receive: fewer system calls than a poll and a receive
+            wait_ms = min(wait_ms, LONGEST_WAIT_MS)
+            if wait_ms != self._wait_ms:  # kept in libzmq: no system call
+                socket.setsockopt(zmq.RCVTIMEO, wait_ms)
+                self._wait_ms = wait_ms
+            flags = 0
+        elif not (polled or _zmq_poll(self._poll_items, 0)):  # cheaper than raising zmq.Again
+            return None
         try:
-            frame = socket.recv(0, copy=False)
+            frame = socket.recv(flags, copy=False)
+            frames = [frame]
             if not frame.more:
-                first, size = memoryview(frame), shape.size
-                if size <= first.nbytes <= self._max_bytes:
-                    magic, length, code, number = shape.unpack_from(first)
+                first = memoryview(frame)
+                nbytes, size = first.nbytes, self._key_size
+                if size <= nbytes <= self._max_bytes:  # `_keyed`, inlined: once per call
+                    magic, length, code, number = self._key_unpack(first)
                     end = _PREFIX + length
-                    if code == shape.code and magic == MAGIC and 0 < end - size <= LONGEST_KEY:
-                        found = keys.get(bytes(first[size:end])) if end <= first.nbytes else None
+                    if code == self._key_code and magic == MAGIC and size < end <= nbytes:
+                        found = self._keys.get(bytes(first[size:end]))
                         if found is not None:
                             return found, number, first[end:]
-            frames = [frame]
+                if first[:_BATCH] == BATCH_MAGIC:
+                    self._keep_batch(first)
+                    return self._kept.popleft() if self._kept else None
             while frames[-1].more:  # the parts of one message arrive together
                 frames.append(socket.recv(_NOBLOCK, copy=False))
         except zmq.Again:
@@ -97,3 +139,53 @@ class KeyedInbox(Inbox):
         except zmq.ZMQError as exc:
             raise TransportError(f"receiving on {self.address} failed: {exc}") from exc
         return self._taken(frames)
+
+    def keeps_more(self) -> bool:
+        """Whether messages of a batch received wait to be taken (`received_keyed`)."""
+        return bool(self._kept)
+
+    def received_keyed(self) -> Keyed | Envelope | None:
+        """The next message of a batch already received (None if none): no socket call."""
+        return self._kept.popleft() if self._kept else None
+
+    def _keyed(self, first: memoryview) -> Keyed | None:
+        """The message `first` (a whole frame, or a batch's message) as a `Keyed` tuple, if
+        it is one of a known key."""
+        nbytes, size = first.nbytes, self._key_size
+        if size <= nbytes <= self._max_bytes:
+            magic, length, code, number = self._key_unpack(first)
+            end = _PREFIX + length
+            if code == self._key_code and magic == MAGIC and size < end <= nbytes:
+                found = self._keys.get(bytes(first[size:end]))
+                if found is not None:
+                    return found, number, first[end:]
+        return None
+
+    def _keep_batch(self, frame: memoryview) -> None:
+        """Keep the valid messages of a batch frame, those keyed as `Keyed` tuples."""
+        kept, max_bytes, keyed = self._kept, self._max_bytes, self._keyed
+        for message in split_batch_or_none(frame, self._log, self.address):
+            found = keyed(message)
+            if found is not None:
+                kept.append(found)
+                continue
+            try:
+                kept.append(decode([message], max_bytes=max_bytes))
+            except (MalformedMessage, MessageTooLarge) as exc:
+                self._dropped(exc, [message])
+
+
+def payload_of(body: bytes | memoryview) -> Payload:
+    """The payload of a one-frame message whose body is `body` (as `decode` builds it)."""
+    payload: Payload = _new(Payload)
+    _set_body(payload, body)
+    _set_buffers(payload, [])
+    return payload
+
+
+def envelope_of(header: Any, body: memoryview) -> Envelope:
+    """The envelope `decode` makes of a one-frame message of `header` and `body`."""
+    envelope: Envelope = _new(Envelope)
+    _set_header(envelope, header)
+    _set_payload(envelope, payload_of(body) if body else None)
+    return envelope

@@ -72,6 +72,7 @@ class ActorHost:
             self._call_sync,
             self._endpoint_raised,
         )
+        sync_runners["lone"] = self.lone_calls.run_queued
         self._cleanups = Cleanups(services, workers)
         self._child_failures = ChildFailures(services, workers, self._fail_with)
         stuck = functools.partial(_fail_stuck, self._replier, self._fail_with)
@@ -97,7 +98,7 @@ class ActorHost:
         else:  # a user endpoint's call to a built actor: the hot path, without `_post`
             if not actor.busy:  # the next such call may come as a lone call
                 self.lone_calls.learn(actor, header)
-            self._lanes.post(actor, new_work(("call", header, envelope.payload, None)))
+            self._lanes.post(actor, new_work(("call", header, envelope.payload, None, None)))
 
     def _on_spawn(self, envelope: Envelope) -> None:
         self._spawned(Work("construct", envelope.header, envelope.payload))

@@ -27,7 +27,7 @@ from mesh._engine.lanes import Lanes
 from mesh._engine.messages import CallActor
 from mesh._engine.replying import Replier
 from mesh._engine.work import Work, new_work
-from transport import Envelope, Payload, keyed_shape, loads
+from transport import Envelope, Keyed, envelope_of, keyed_shape, loads, payload_of
 
 #: The most routes kept (one per caller, actor, endpoint and point); then they start afresh.
 _MOST_ROUTES = 1024
@@ -35,8 +35,6 @@ _MOST_ROUTES = 1024
 _REST = operator.attrgetter("reply_to", "actor_id", "endpoint", "labels", "sizes", "rank")
 
 Task = tuple[Callable[..., object], tuple[Any, ...]]
-#: What `KeyedInbox.receive_keyed` hands over for a known call: its route, id and body.
-Lone = tuple["Route", int, memoryview]
 
 
 class Route:
@@ -92,25 +90,32 @@ class LoneCalls:
             routes.clear()
         routes[key] = Route(actor, header, found.function)
 
-    def take(self, lone: Lone, handing: bool) -> Task | Envelope:
-        """The receiver's task for a lone call (its actor is then busy with it), or the call
-        as an envelope for the general path: its actor is not idle, or is not the one here
-        now; messages wait for the event loop (`handing`); or the call has no arguments."""
+    def take(self, lone: Keyed, handing: bool) -> Task | Envelope | None:
+        """The receiver's task for a lone call (its actor is then busy with it); None when
+        the call was queued behind what its actor runs; or the call as an envelope for the
+        general path: its actor is not the one here now, messages wait for the event loop
+        (`handing`), or the call has no arguments."""
         route, call_id, body = lone
         header = self._build((call_id, *route.rest))
-        actor = route.actor
+        actor: HostedActor = route.actor
         if handing or not body or self._actors.get(route.actor_id) is not actor:
-            return _envelope(header, body)
-        if not self._lanes.claim_idle(actor):
-            return _envelope(header, body)
-        self.taken += 1
-        return self._lanes.run_alone, (actor, self._call, route, header, body)
+            return envelope_of(header, body)
+        if self._lanes.claim_idle(actor):
+            self.taken += 1
+            return self._lanes.run_alone, (actor, self._call, route, header, body)
+        self._lanes.post(actor, new_work(("lone", header, payload_of(body), None, route)))
+        return None
 
-    def _call(self, route: Route, header: CallActor, body: memoryview) -> None:
+    def run_queued(self, actor: HostedActor, work: Work[CallActor]) -> None:
+        """Worker thread: a "lone" call that waited in the mailbox (`Lanes`' runner)."""
+        assert work.payload is not None
+        self._call(work.route, work.header, work.payload.body)  # type: ignore[arg-type]
+
+    def _call(self, route: Route, header: CallActor, body: memoryview | bytes) -> None:
         """Run the call as `ActorHost._call_sync` does, with what its route holds."""
         actor = route.actor
         if actor.state != "running" or self._injected.pending:
-            self._run_sync(actor, new_work(("call", header, _payload(body), None)))
+            self._run_sync(actor, new_work(("call", header, payload_of(body), None, None)))
             return
         try:
             args, kwargs = loads(body)
@@ -130,12 +135,3 @@ class LoneCalls:
             exit_context(token)
         if actor.end_call(header):
             self._replier.value(actor, header, result)
-
-
-def _payload(body: memoryview) -> Payload:
-    return Payload(body, [])
-
-
-def _envelope(header: CallActor, body: memoryview) -> Envelope:
-    """The envelope `transport.decode` makes of the call's frame."""
-    return Envelope(header, _payload(body) if body else None)

@@ -172,6 +172,7 @@ class Runtime:
         flush = self.outbox.flush
         wake = functools.partial(self.send_message, self.inbox.address, Wake())
         lone = self.host.lone_calls
+        self.inbox.key_with(lone.shape, lone.routes)
         receiver = Receiver(self.inbox, self.host.workers, self.loop, direct, lone, flush, wake)
         self.loop.read_with(receiver)
         self.receiver = receiver
