@@ -7,11 +7,13 @@ receiver, drain the mailbox, prepare the endpoint's function) does the same work
 for the same caller, actor and endpoint. Here the header of such a call, but for its call id,
 is a key (`transport.KeyedInbox`) to a `Route` learnt from the first call that took the
 general path: the actor, its endpoint and the call's context. A call whose key is known comes
-as its route, id and body; if its actor is idle and nothing waits for the event loop, the
-receiver runs it itself (`Lanes.claim_idle`, `Lanes.run_alone`: what arrives meanwhile waits
-in the mailbox and runs after it, in order); else it takes the general path as an envelope.
-The call itself runs as `ActorHost` runs a sync call: refused when the actor is not running,
-an injected failure, the call watch, the actor's context, the reply or the error.
+as its route, id and body, alone or from a batch. If nothing waits for the event loop and
+its actor is idle, the receiver runs it itself (`Lanes.claim_idle`, `Lanes.run_alone`: what
+arrives meanwhile waits in the mailbox and runs after it, in order); if the actor is busy
+(pipelined calls), it is queued as "lone" work carrying its route; else it takes the general
+path as an envelope. The call itself runs as `ActorHost` runs a sync call: refused when the
+actor is not running, an injected failure, the call watch, the actor's context, the reply or
+the error.
 """
 
 from __future__ import annotations

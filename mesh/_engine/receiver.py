@@ -5,9 +5,11 @@ a worker thread: two wake-ups per call (the loop's, then the worker's), which on
 machine cost more than the call. Here one worker thread at a time, the receiver, waits on the
 inbox. It queues the messages for actors (calls, spawns, stops) in their mailboxes itself; the
 first sync work this asks for (an idle actor's call) it runs itself, answering on its own, and
-then receives again; further work goes to other worker threads as before. Every other message
-it hands to the event loop in arrival order (`EventLoop.hand`), and while the loop has not
-finished those, messages for actors go the same way, so nothing overtakes what came before it.
+then receives again; further work goes to other worker threads as before. A call of a header
+seen before comes as its route (`lone_calls.py`): no envelope, and one alone for an idle actor
+runs at once. Every other message it hands to the event loop in arrival order
+(`EventLoop.hand`), and while the loop has not finished those, messages for actors go the same
+way, so nothing overtakes what came before it.
 
 A receiver busy with a call still holds the inbox. The watch thread hands the inbox to another
 worker thread when the task has run `HAND_OVER_S` and is stuck (`HolderCheck`: asleep, or
