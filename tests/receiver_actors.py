@@ -164,6 +164,11 @@ class Notes(Actor):
         raise ValueError(text)
 
     @endpoint
+    def make_lock(self) -> threading.Lock:
+        """A result that cannot be pickled."""
+        return threading.Lock()
+
+    @endpoint
     def where(self) -> dict[str, int]:
         return dict(current_rank())
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import receiver_actors as ra
+from actors import FailsOnLoad
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -101,3 +102,17 @@ def test_an_injected_failure_applies_to_a_lone_call(notes: Any) -> None:
         one.note.call_one(2).get(timeout=T)
     assert one.note.call_one(3).get(timeout=T) == 3
     assert one.take.call_one().get(timeout=T) == [0, 1, 3]
+
+
+def test_what_cannot_travel_fails_only_the_lone_call(notes: Any) -> None:
+    """A result that cannot be pickled, and arguments that cannot be unpickled in the proc:
+    an `ActorError` for that call, each time, and the actor serves the next one."""
+    one = notes.slice(gpus=0)
+    for _ in range(3):  # the first learns the route; the others are lone calls
+        with pytest.raises(ActorError) as result:
+            one.make_lock.call_one().get(timeout=T)
+        assert isinstance(result.value, TypeError) and "lock" in str(result.value)
+        with pytest.raises(ActorError, match="cannot be unpickled"):
+            one.note.call_one(FailsOnLoad("in the proc")).get(timeout=T)
+        assert one.note.call_one(5).get(timeout=T) == 5
+    assert one.take.call_one().get(timeout=T) == [5, 5, 5]

@@ -103,7 +103,9 @@ class KeyedInbox(Inbox):
 
     def receive_keyed(self, wait_ms: int) -> Keyed | Envelope | None:
         """`receive_nowait(wait_ms)`, except that a message keyed (`key_with`) comes back as
-        a `Keyed` tuple, with no envelope. A batch's messages come one by one."""
+        a `Keyed` tuple, with no envelope. A batch's messages come one by one, its first as
+        an envelope, so that a reader can tell it from a message that came alone (and take
+        the others with `received_keyed`)."""
         if self._kept:
             return self._kept.popleft()
         socket, polled, self._polled = self._socket, self._polled, False
@@ -140,10 +142,6 @@ class KeyedInbox(Inbox):
             raise TransportError(f"receiving on {self.address} failed: {exc}") from exc
         return self._taken(frames)
 
-    def keeps_more(self) -> bool:
-        """Whether messages of a batch received wait to be taken (`received_keyed`)."""
-        return bool(self._kept)
-
     def received_keyed(self) -> Keyed | Envelope | None:
         """The next message of a batch already received (None if none): no socket call."""
         return self._kept.popleft() if self._kept else None
@@ -162,10 +160,11 @@ class KeyedInbox(Inbox):
         return None
 
     def _keep_batch(self, frame: memoryview) -> None:
-        """Keep the valid messages of a batch frame, those keyed as `Keyed` tuples."""
+        """Keep the valid messages of a batch frame, those keyed as `Keyed` tuples but the
+        first (see `receive_keyed`)."""
         kept, max_bytes, keyed = self._kept, self._max_bytes, self._keyed
         for message in split_batch_or_none(frame, self._log, self.address):
-            found = keyed(message)
+            found = keyed(message) if kept else None
             if found is not None:
                 kept.append(found)
                 continue

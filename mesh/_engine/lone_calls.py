@@ -29,7 +29,15 @@ from mesh._engine.lanes import Lanes
 from mesh._engine.messages import CallActor
 from mesh._engine.replying import Replier
 from mesh._engine.work import Work, new_work
-from transport import Envelope, Keyed, envelope_of, keyed_shape, loads, payload_of
+from transport import (
+    Envelope,
+    Keyed,
+    PreparedHeader,
+    envelope_of,
+    keyed_shape,
+    loads,
+    payload_of,
+)
 
 #: The most routes kept (one per caller, actor, endpoint and point); then they start afresh.
 _MOST_ROUTES = 1024
@@ -43,14 +51,21 @@ class Route:
     """What the calls with one header (but for their ids) need: the actor, the fields after
     the id, the endpoint's function and the context of the call's point."""
 
-    __slots__ = ("actor", "actor_id", "context", "function", "rest")
+    __slots__ = ("actor", "actor_id", "context", "function", "head", "rest")
 
-    def __init__(self, actor: HostedActor, header: CallActor, function: Callable[..., Any]):
+    def __init__(
+        self,
+        actor: HostedActor,
+        header: CallActor,
+        function: Callable[..., Any],
+        head: PreparedHeader,
+    ) -> None:
         self.actor = actor
         self.actor_id = header.actor_id
         self.rest: tuple[Any, ...] = _REST(header)
         self.function = function
         self.context: Context = actor.call_context(header)
+        self.head = head  # the `Reply` header of the call's rank
 
 
 class LoneCalls:
@@ -88,9 +103,12 @@ class LoneCalls:
         routes = self.routes
         if key is None or (key in routes and routes[key].actor is actor):
             return
+        head = self._replier.reply_head(header.rank)
+        if head is None:
+            return
         if len(routes) >= _MOST_ROUTES:
             routes.clear()
-        routes[key] = Route(actor, header, found.function)
+        routes[key] = Route(actor, header, found.function, head)
 
     def take(self, lone: Keyed, handing: bool) -> Task | Envelope | None:
         """The receiver's task for a lone call (its actor is then busy with it); None when
@@ -136,4 +154,4 @@ class LoneCalls:
         finally:
             exit_context(token)
         if actor.end_call(header):
-            self._replier.value(actor, header, result)
+            self._replier.value_prepared(actor, header, route.head, result)

@@ -200,7 +200,7 @@ class Receiver:
             return None
         if got is None or self._stopping:
             return None
-        if isinstance(got, Envelope) or inbox.keeps_more():  # (the first of a batch)
+        if isinstance(got, Envelope):  # (a batch's first message is one too)
             return self._dispatch_pass(got)
         # a lone call of a known route, alone: run on this thread if its actor is idle
         taken = self._lone.take(got, self._loop.handing())  # (raises nothing: no user code)
