@@ -105,6 +105,7 @@ __all__ = (
     "probe",
     "receiver_hand_overs",
     "receiver_idle_alarms",
+    "receiver_lone_calls",
     "run_dir",
     "settings",
     "shared_payload_wire",
@@ -246,3 +247,12 @@ def receiver_idle_alarms() -> int:
     if receiver is None:
         raise RuntimeError("receiver_idle_alarms() counts a proc's wake-ups: call it in an actor")
     return receiver.idle_alarms
+
+
+def receiver_lone_calls() -> int:
+    """In a proc (inside an actor): how many calls its receiver ran as lone calls (a call
+    alone in its frame, of a header seen before, to an idle actor: `mesh/_engine/lone_calls.py`)."""
+    runtime = _session.current_session().runtime
+    if runtime.receiver is None:
+        raise RuntimeError("receiver_lone_calls() counts a proc's calls: call it in an actor")
+    return runtime.host.lone_calls.taken

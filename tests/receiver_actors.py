@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from mesh import Actor, Port, endpoint, testing
+from mesh import Actor, Port, current_rank, endpoint, testing
 
 #: Shared by the actors of one proc: `Gate.hold` waits for `Opener.open`.
 _OPENED = threading.Event()
@@ -135,3 +135,48 @@ class Echo(Actor):
     @endpoint
     def idle_alarms(self) -> int:
         return testing.receiver_idle_alarms()
+
+
+class Notes(Actor):
+    """Notes the order of its calls; lone calls (`mesh/_engine/lone_calls.py`) counted."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    @endpoint
+    def note(self, i: int) -> int:
+        self.seen.append(i)
+        return i
+
+    @endpoint
+    def slow_note(self, i: int, seconds: float) -> int:
+        time.sleep(seconds)
+        self.seen.append(i)
+        return i
+
+    @endpoint
+    async def async_note(self, i: int) -> int:
+        self.seen.append(i)
+        return i
+
+    @endpoint
+    def fail(self, text: str) -> None:
+        raise ValueError(text)
+
+    @endpoint
+    def make_lock(self) -> threading.Lock:
+        """A result that cannot be pickled."""
+        return threading.Lock()
+
+    @endpoint
+    def where(self) -> dict[str, int]:
+        return dict(current_rank())
+
+    @endpoint
+    def take(self) -> list[int]:
+        seen, self.seen = self.seen, []
+        return seen
+
+    @endpoint
+    def lone_calls(self) -> int:
+        return testing.receiver_lone_calls()

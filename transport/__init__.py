@@ -36,6 +36,12 @@ from ._frames import decode as decode
 from ._frames import encode as encode
 from ._frames import encode_fields as encode_fields
 from ._frames import message_type as message_type
+from ._keyed_inbox import Keyed as Keyed
+from ._keyed_inbox import KeyedInbox as KeyedInbox
+from ._keyed_inbox import KeyedShape as KeyedShape
+from ._keyed_inbox import envelope_of as envelope_of
+from ._keyed_inbox import keyed_shape as keyed_shape
+from ._keyed_inbox import payload_of as payload_of
 from ._lending import LEND_MIN_BYTES as LEND_MIN_BYTES
 from ._lending import Lent as Lent
 from ._log import get_logger as get_logger
@@ -88,6 +94,9 @@ __all__ = (
     "FaultRule",
     "Flusher",
     "Inbox",
+    "Keyed",
+    "KeyedInbox",
+    "KeyedShape",
     "Lent",
     "LoneInbox",
     "LoneShape",
@@ -119,14 +128,17 @@ __all__ = (
     "encode_prepared_arguments",
     "encode_prepared_last",
     "encode_prepared_value",
+    "envelope_of",
     "follow_keys_pointer",
     "get_logger",
     "is_address",
+    "keyed_shape",
     "loads",
     "lone_shape",
     "message_type",
     "network_faults",
     "new_context",
+    "payload_of",
     "point_to_keys",
     "prepare_header",
     "prepare_header_but_last",

@@ -175,6 +175,16 @@ class BinaryLayout:
         _drain(map(_call, setters, _repeat(message, len(values)), values))
         return message
 
+    def build(self, values: tuple[Any, ...]) -> Any:
+        """The message whose fields are `values` (as read: of their declared types), built
+        as `decode_message` builds it."""
+        setters = self._setters
+        if setters is None:
+            return self._cls(*values)
+        message: Any = _new(self._cls)
+        _drain(map(_call, setters, _repeat(message, len(values)), values))
+        return message
+
     def _read_rest(self, tail: bytes) -> tuple[Any, ...]:
         """The fields after the leading ints, read from `tail` and kept (small ones)."""
         rest = _Reader(self, tail).fields()

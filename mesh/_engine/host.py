@@ -27,6 +27,7 @@ from mesh._engine.cleanup import Cleanups, Then
 from mesh._engine.host_services import HostServices
 from mesh._engine.hosted_actor import ALIVE, HostedActor
 from mesh._engine.lanes import Lanes, SyncRunner
+from mesh._engine.lone_calls import LoneCalls
 from mesh._engine.messages import ActorFailed, CallActor, SpawnActor, StopActor
 from mesh._engine.payload_arena import ArenaCall, ArenaMaps
 from mesh._engine.proc_faults import die_if_out_of_memory
@@ -63,6 +64,15 @@ class ActorHost:
             "stop": self._stop,
         }
         self._lanes = Lanes(services, workers, sync_runners, self._call_async)
+        self.lone_calls = LoneCalls(
+            self._actors,
+            self._lanes,
+            self._replier,
+            self._injected,
+            self._call_sync,
+            self._endpoint_raised,
+        )
+        sync_runners["lone"] = self.lone_calls.run_queued
         self._cleanups = Cleanups(services, workers)
         self._child_failures = ChildFailures(services, workers, self._fail_with)
         stuck = functools.partial(_fail_stuck, self._replier, self._fail_with)
@@ -86,7 +96,9 @@ class ActorHost:
         if actor is None or header.endpoint in BUILTINS:  # not built here yet; a built-in
             self._post(call_work(envelope))
         else:  # a user endpoint's call to a built actor: the hot path, without `_post`
-            self._lanes.post(actor, new_work(("call", header, envelope.payload, None)))
+            if not actor.busy:  # the next such call may come as a lone call
+                self.lone_calls.learn(actor, header)
+            self._lanes.post(actor, new_work(("call", header, envelope.payload, None, None)))
 
     def _on_spawn(self, envelope: Envelope) -> None:
         self._spawned(Work("construct", envelope.header, envelope.payload))

@@ -67,6 +67,30 @@ class Lanes:
         else:
             self._workers.submit(self._drain_sync, actor)
 
+    def claim_idle(self, actor: HostedActor) -> bool:
+        """Whether `actor` is idle (nothing queued, running or in progress); it is then busy,
+        for the caller to run one piece of its sync work through `run_alone`."""
+        with actor.lock:
+            if actor.busy or actor.mailbox or actor.concurrent:
+                return False
+            actor.busy = True
+            return True
+
+    def run_alone(self, actor: HostedActor, runner: Callable[..., None], *args: Any) -> None:
+        """Worker thread: `runner(*args)`, the sync work `claim_idle` took for `actor`, then
+        what was queued meanwhile, in order (as `_drain_sync`, with that work first)."""
+        try:
+            runner(*args)
+        except BaseException:
+            self._idle(actor)
+            raise
+        self._workers.counts.mine.steps += 1
+        with actor.lock:
+            if not actor.mailbox:
+                actor.busy = False
+                return
+        self._drain_sync(actor)
+
     def _drain_sync(self, actor: HostedActor, work: Work[Any] | None = None) -> None:
         """Worker thread: handle the actor's messages, in order, until one is async (`work`,
         when given, is the first: `post` took it from the mailbox)."""

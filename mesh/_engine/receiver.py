@@ -5,9 +5,11 @@ a worker thread: two wake-ups per call (the loop's, then the worker's), which on
 machine cost more than the call. Here one worker thread at a time, the receiver, waits on the
 inbox. It queues the messages for actors (calls, spawns, stops) in their mailboxes itself; the
 first sync work this asks for (an idle actor's call) it runs itself, answering on its own, and
-then receives again; further work goes to other worker threads as before. Every other message
-it hands to the event loop in arrival order (`EventLoop.hand`), and while the loop has not
-finished those, messages for actors go the same way, so nothing overtakes what came before it.
+then receives again; further work goes to other worker threads as before. A call of a header
+seen before comes as its route (`lone_calls.py`): no envelope, and one alone for an idle actor
+runs at once. Every other message it hands to the event loop in arrival order
+(`EventLoop.hand`), and while the loop has not finished those, messages for actors go the same
+way, so nothing overtakes what came before it.
 
 A receiver busy with a call still holds the inbox. The watch thread hands the inbox to another
 worker thread when the task has run `HAND_OVER_S` and is stuck (`HolderCheck`: asleep, or
@@ -34,9 +36,10 @@ from typing import Any, Protocol
 
 from mesh._engine.alarm import new_alarm
 from mesh._engine.hand_over import HolderCheck
+from mesh._engine.lone_calls import LoneCalls
 from mesh._engine.messages import Wake
 from mesh._engine.workers import Workers
-from transport import Envelope, Inbox, get_logger
+from transport import Envelope, Keyed, KeyedInbox, get_logger
 
 #: How long a task may run on the receiver before the watch looks whether it is stuck; also the
 #: CPU time a task may use with no call ending before another thread takes over the inbox.
@@ -65,14 +68,16 @@ class Receiver:
 
     def __init__(
         self,
-        inbox: Inbox,
+        inbox: KeyedInbox,
         workers: Workers,
         loop: LoopHand,
         direct: Mapping[type, Callable[[Envelope], None]],
+        lone: LoneCalls,
         flush: Callable[[], None],
         wake: Callable[[], None],
     ) -> None:
         self._inbox = inbox
+        self._lone = lone  # lone calls of known routes, run here when their actor is idle
         self._workers = workers
         self._loop = loop
         self._direct = direct  # the handlers of the messages dispatched here (actors')
@@ -184,43 +189,50 @@ class Receiver:
     def _receive_pass(self) -> Task | None:
         """Wait for messages, dispatch up to a pass of them; the sync work they asked for
         first, for this thread to run (None if none)."""
+        inbox = self._inbox
         try:
             self._flush()
             # one blocking receive, no poll before it: `stop` ends it with a `Wake`
-            envelope = self._inbox.receive_nowait(_WAIT_MS)
+            got = inbox.receive_keyed(_WAIT_MS)
         except Exception:  # a bug, or a closed socket: keep going, but not in a tight loop
             self._log.exception("receive_failed")
             time.sleep(0.1)
             return None
-        if envelope is None or self._stopping:
+        if got is None or self._stopping:
             return None
-        loop, inbox, direct = self._loop, self._inbox, self._direct
+        if isinstance(got, Envelope):  # (a batch's first message is one too)
+            return self._dispatch_pass(got)
+        # a lone call of a known route, alone: run on this thread if its actor is idle
+        taken = self._lone.take(got, self._loop.handing())  # (raises nothing: no user code)
+        return self._dispatch_pass(taken) if isinstance(taken, Envelope) else taken
+
+    def _dispatch_pass(self, first: Keyed | Envelope) -> Task | None:
+        """Dispatch `first` and what came with it (up to a pass of messages)."""
+        loop, inbox, lone = self._loop, self._inbox, self._lone
+        got: Keyed | Envelope | None = first
         to_loop: list[Envelope] = []
         # only this thread hands the loop messages: once it has none left, none come mid-pass
         handing = loop.handing()
         self._workers.hold_first()
         try:
             left, batched = _PASS_MESSAGES, False
-            while True:
-                kind = type(envelope.header)
-                handler = None if handing else direct.get(kind)
-                if handler is not None:
-                    try:
-                        handler(envelope)
-                    except Exception:  # the next messages still go on
-                        self._log.exception("message_handling_failed", kind=kind.__name__)
-                elif kind is not Wake:
-                    handing = True  # what follows goes the same way, to keep the order
-                    to_loop.append(envelope)
+            while got is not None:
+                envelope = got if isinstance(got, Envelope) else lone.take(got, handing)
+                if isinstance(envelope, tuple):  # an idle actor's call: the thread's first task
+                    self._workers.submit(envelope[0], *envelope[1])
+                elif envelope is not None:  # (None: a call queued in its actor's mailbox)
+                    handing = self._dispatch(envelope, handing, to_loop)
                 left -= 1
                 if not left:
                     break
                 # the socket is asked for more only after a batch: a lone message's sender
                 # waits for its answer (a round trip), and asking costs two system calls for
                 # nothing; whatever came meanwhile is the next pass's
-                if (envelope := inbox.receive_received()) is not None:
+                if (got := inbox.received_keyed()) is not None:
                     batched = True
-                elif not batched or (envelope := inbox.receive_nowait()) is None:
+                elif batched:
+                    got = inbox.receive_keyed(0)
+                else:
                     break
         except Exception:  # what was received and what it asked for still go on
             self._log.exception("receive_failed")
@@ -229,6 +241,21 @@ class Receiver:
             if to_loop:
                 loop.hand(to_loop)
         return task
+
+    def _dispatch(self, envelope: Envelope, handing: bool, to_loop: list[Envelope]) -> bool:
+        """Run the handler of a message for actors, or hand `envelope` to the loop (in
+        `to_loop`); whether messages go to the loop from now on (`handing`)."""
+        kind = type(envelope.header)
+        handler = None if handing else self._direct.get(kind)
+        if handler is not None:
+            try:
+                handler(envelope)
+            except Exception:  # the next messages still go on
+                self._log.exception("message_handling_failed", kind=kind.__name__)
+        elif kind is not Wake:
+            to_loop.append(envelope)
+            return True  # what follows goes the same way, to keep the order
+        return handing
 
     # -- the watch ---------------------------------------------------------------------------------
 

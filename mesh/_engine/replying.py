@@ -80,6 +80,31 @@ class Replier:
             report = functools.partial(self._report_lost, actor, header)
             self._waits.watch(reply_to, report, actor.owner)
 
+    def reply_head(self, rank: int) -> PreparedHeader | None:
+        """The `Reply` header of the calls sent to `rank`, prepared (None: it cannot be)."""
+        return prepare_header(Reply, (rank,)) if type(rank) is int else None
+
+    def value_prepared(
+        self, actor: HostedActor, header: CallActor, head: PreparedHeader, result: Any
+    ) -> None:
+        """`value`, with the `Reply` header of the call's rank prepared (`reply_head`) and a
+        call id that fits it (a lone call's: read as an int64). Its sending inline, as in
+        `value`: once per call."""
+        reply_to = header.reply_to
+        if reply_to is None:
+            return
+        try:
+            frames = encode_prepared_value(head, header.call_id, result)
+        except Exception as exc:  # whatever pickling raises must not lose the call
+            self.exception(actor, header, _unsendable_result(header, exc))
+            return
+        lost = self._services.send_frames(reply_to, Reply, frames, soon=bool(actor.mailbox))
+        if lost is not None:
+            self._report_lost(actor, header, lost)
+        elif self._outbox.unconfirmed(reply_to):
+            report = functools.partial(self._report_lost, actor, header)
+            self._waits.watch(reply_to, report, actor.owner)
+
     def _reply_frames(self, header: CallActor, payload: Payload) -> list[Any]:
         """The frames of a `Reply` from its fields; prepares the header of the call's rank
         for the next replies (at most `_MOST_HEADS` ranks, then afresh: whatever peers send)."""

@@ -61,7 +61,7 @@ from transport import (
     Addresses,
     Envelope,
     Flusher,
-    Inbox,
+    KeyedInbox,
     Outbox,
     Payload,
     TransportError,
@@ -94,7 +94,7 @@ class Runtime:
         self.hostname = self.settings.host_name
         self.pid = os.getpid()
         self.zmq_context = new_context()
-        self.inbox = Inbox(self.zmq_context, address)
+        self.inbox = KeyedInbox(self.zmq_context, address)
         self.outbox = Outbox(self.zmq_context)
         self._flusher = Flusher(self.outbox.flush, BATCH_DELAY_S, "meshvisor-flusher")
         self.addresses = Addresses.of(self.inbox.address)
@@ -171,7 +171,9 @@ class Runtime:
         direct = {kind: self._handlers[kind] for kind in self.host.message_handlers()}
         flush = self.outbox.flush
         wake = functools.partial(self.send_message, self.inbox.address, Wake())
-        receiver = Receiver(self.inbox, self.host.workers, self.loop, direct, flush, wake)
+        lone = self.host.lone_calls
+        self.inbox.key_with(lone.shape, lone.routes)
+        receiver = Receiver(self.inbox, self.host.workers, self.loop, direct, lone, flush, wake)
         self.loop.read_with(receiver)
         self.receiver = receiver
 

@@ -18,12 +18,13 @@ H = TypeVar("H", bound=SpawnActor | CallActor | StopActor)
 
 
 #: What a message asks of an actor: "construct" it (SpawnActor), run one of its user endpoints
-#: ("call", CallActor) or an endpoint every actor has ("builtin", from `BUILTINS`), or "stop" it
-#: after what is queued before (StopActor). Plain strings: read once or twice per message.
-Kind = Literal["construct", "call", "builtin", "stop"]
+#: ("call", CallActor; "lone" when it came as a lone call: `lone_calls`) or an endpoint every
+#: actor has ("builtin", from `BUILTINS`), or "stop" it after what is queued before
+#: (StopActor). Plain strings: read once or twice per message.
+Kind = Literal["construct", "call", "lone", "builtin", "stop"]
 
 #: The kinds that answer a caller with the outcome of an endpoint.
-CALL_KINDS: frozenset[Kind] = frozenset({"call", "builtin"})
+CALL_KINDS: frozenset[Kind] = frozenset({"call", "lone", "builtin"})
 
 
 class Work(NamedTuple, Generic[H]):
@@ -35,6 +36,8 @@ class Work(NamedTuple, Generic[H]):
     header: H
     payload: Payload | None
     builtin: Builtin | None = None
+    #: The `lone_calls.Route` of a "lone" call (sync, neither concurrent nor with a port).
+    route: Any = None
 
     def arguments(self) -> Any:
         """The message's payload, unpickled (raises what unpickling raises)."""
@@ -48,10 +51,10 @@ def call_work(envelope: Envelope) -> Work[CallActor]:
     header: CallActor = envelope.header
     builtin = BUILTINS.get(header.endpoint)
     if builtin is None:
-        return new_work(("call", header, envelope.payload, None))  # type: ignore[no-any-return]
+        return new_work(("call", header, envelope.payload, None, None))  # type: ignore[no-any-return]
     return Work("builtin", header, envelope.payload, builtin)
 
 
-#: `Work` from its four fields in a tuple, without the named tuple's Python `__new__` (one is
+#: `Work` from its five fields in a tuple, without the named tuple's Python `__new__` (one is
 #: made per call: a C call, no Python frame).
 new_work = functools.partial(tuple.__new__, Work)
