@@ -29,7 +29,7 @@ from ._position import Position
 if TYPE_CHECKING:
     import torch
 
-    from mesh import ActorMesh
+    from mesh import ActorMesh, Future
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,12 @@ class Lowered:
         finally:
             with self._lock:
                 self._waiting -= 1
+
+    @property
+    def awaited(self) -> bool:
+        """Whether a take-over waits for the follows (`first`): they skip their checks, which
+        the take-over makes once it holds the step it takes over at."""
+        return self._waiting > 0
 
     def hurry(self) -> None:
         """A follow under way goes on at its own priority (the spare lags)."""
@@ -306,12 +312,16 @@ def _well_formed(updates: Any, count: int, numel: int) -> bool:
     )
 
 
-def peer_position(peers: Sequence[ActorMesh[Any]], step: int, timeout_s: float) -> Position | None:
+def peer_position(
+    peers: Sequence[ActorMesh[Any]], step: int, timeout_s: float, asked: Future[Any] | None = None
+) -> Position | None:
     """The data position and RNG states of the first of `peers` (one rank each) that holds
-    committed `step`, or None if none does."""
-    for peer in peers:
+    committed `step`, or None if none does; `asked`: the first peer's `heal_layout` call,
+    made already."""
+    for index, peer in enumerate(peers):
         try:
-            layout = peer.heal_layout.call_one().get(timeout=timeout_s)
+            call = asked if index == 0 and asked is not None else peer.heal_layout.call_one()
+            layout = call.get(timeout=timeout_s)
         except (SupervisionError, ActorError, TimeoutError):
             continue
         if isinstance(layout, StateLayout) and layout.step == step:

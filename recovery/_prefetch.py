@@ -11,6 +11,7 @@ take-over applies what was fetched without fetching it again.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -93,6 +94,7 @@ def follow_group(
             return replica.committed_step, ""
         replica.on_phase("follow", step)
         apply_fetched(replica, step)
+        check = check and not replica._lowered.awaited  # (the take-over checks its step)
         return replica.committed_step, digest(replica.model) if check else ""
 
 
@@ -104,6 +106,11 @@ def catch_up(replica: Any, step: int, ranks: Sequence[ActorMesh[Any]]) -> int:
     return apply_fetched(replica, step)
 
 
+#: Threads that hash a spare's parameters for its take-over's check (`digest`): the step
+#: waits for it, and the survivors leave cores idle while they wait.
+TAKEOVER_HASH_THREADS = min(4, os.cpu_count() or 1)
+
+
 def take_over(
     replica: Any, step: int, expected: str | None, peers: Sequence[ActorMesh[Any]], rank: int
 ) -> Takeover:
@@ -112,9 +119,10 @@ def take_over(
     it cannot, or if its parameters do not match `expected` (the digest of `step`; None:
     already checked)."""
     ranks = [rank_match(peer, rank) for peer in peers]
+    asked = ranks[0].heal_layout.call_one() if ranks else None  # beside the catch-up
     applied = catch_up(replica, step, ranks)
-    position = peer_position(ranks, step, replica.heal_timeout_s)
-    matches = expected is None or digest(replica.model) == expected
+    position = peer_position(ranks, step, replica.heal_timeout_s, asked)
+    matches = expected is None or digest(replica.model, TAKEOVER_HASH_THREADS) == expected
     if replica.committed_step == step and matches and position is not None:
         restore_position(replica, position)
         return Takeover(step, applied, healed=False)
