@@ -120,20 +120,12 @@ DIGEST_PIECE_BYTES = 8 << 20
 DigestEntries = list[tuple[int, str]]
 
 
-def digest(model: torch.nn.Module, threads: int = 1) -> str:
+def digest(model: torch.nn.Module) -> str:
     """A fingerprint of the parameters' bits, to find replicas that diverged: the CRC-32 of
     each piece of each tensor's bytes (about 6x faster than SHA-256 here, and a spare's check
     hashes a whole model every few steps), with the tensor's name, dtype and shape, hashed
-    together. Torch alone is enough (no numpy): memory is read in place, through ctypes.
-    With `threads`, that many share the pieces (zlib lets go of the GIL while it hashes):
-    the same digest, sooner where cores are idle (a take-over's check, which a step waits on)."""
-    if threads <= 1:
-        return combine_digest(digest_part(model, 0, 1))
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(threads, thread_name_prefix="digest") as pool:
-        shares = list(pool.map(lambda part: digest_part(model, part, threads), range(threads)))
-    return combine_digest(entry for share in shares for entry in share)
+    together. Torch alone is enough (no numpy): memory is read in place, through ctypes."""
+    return combine_digest(digest_part(model, 0, 1))
 
 
 def digest_part(

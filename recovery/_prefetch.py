@@ -11,7 +11,6 @@ take-over applies what was fetched without fetching it again.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -106,11 +105,6 @@ def catch_up(replica: Any, step: int, ranks: Sequence[ActorMesh[Any]]) -> int:
     return apply_fetched(replica, step)
 
 
-#: Threads that hash a spare's parameters for its take-over's check (`digest`): the step
-#: waits for it, and the survivors leave cores idle while they wait.
-TAKEOVER_HASH_THREADS = min(4, os.cpu_count() or 1)
-
-
 def take_over(
     replica: Any, step: int, expected: str | None, peers: Sequence[ActorMesh[Any]], rank: int
 ) -> Takeover:
@@ -122,7 +116,7 @@ def take_over(
     asked = ranks[0].heal_layout.call_one() if ranks else None  # beside the catch-up
     applied = catch_up(replica, step, ranks)
     position = peer_position(ranks, step, replica.heal_timeout_s, asked)
-    matches = expected is None or digest(replica.model, TAKEOVER_HASH_THREADS) == expected
+    matches = expected is None or digest(replica.model) == expected
     if replica.committed_step == step and matches and position is not None:
         restore_position(replica, position)
         return Takeover(step, applied, healed=False)
