@@ -29,7 +29,7 @@ from ._position import Position
 if TYPE_CHECKING:
     import torch
 
-    from mesh import ActorMesh
+    from mesh import ActorMesh, Future
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,12 @@ class Lowered:
             with self._lock:
                 self._waiting -= 1
 
+    @property
+    def awaited(self) -> bool:
+        """Whether a take-over waits for the follows (`first`): they skip their checks, which
+        the take-over makes once it holds the step it takes over at."""
+        return self._waiting > 0
+
     def hurry(self) -> None:
         """A follow under way goes on at its own priority (the spare lags)."""
         self._raise()
@@ -136,6 +142,7 @@ class UpdateLog:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._updates: deque[_Kept] = deque(maxlen=1)
+        self._provided: list[torch.Tensor] = []  # memory for the updates while the log fills
         self.keep = 0
 
     def resize(self, keep: int) -> None:
@@ -144,11 +151,20 @@ class UpdateLog:
         with self._lock:
             self.keep = keep
             self._updates = deque(self._updates if keep else (), maxlen=max(keep, 1))
+            del self._provided[keep:]
+
+    def provide(self, memory: list[torch.Tensor]) -> None:
+        """Memory (written once already: no page faults left) that `record` hands out while
+        the log fills, instead of nothing: at 1 GB, each of the first `keep` steps of a replica
+        of a group with spares exchanged into a fresh gradient (82 thousand page faults)."""
+        with self._lock:
+            self._provided = list(memory[: self.keep])
 
     def record(self, step: int, update: torch.Tensor) -> torch.Tensor | None:
         """Keep the update of committed `step` (the step after the last one kept). Returns
         memory no one reads any more, for the next update: `update` itself if none are kept,
-        the update that fell out of the log if no lend of it is still being sent, else None."""
+        the update that fell out of the log if no lend of it is still being sent, memory
+        `provide`d while the log fills, else None."""
         with self._lock:
             if not self.keep:
                 return update
@@ -157,6 +173,8 @@ class UpdateLog:
             full = len(self._updates) == self._updates.maxlen
             dropped = self._updates[0] if full else None
             self._updates.append(_Kept(step, update))
+            if dropped is None and self._provided:
+                return self._provided.pop()
         # no new lend of `dropped` can start: it is out of the log
         return dropped.tensor if dropped is not None and not dropped.lends else None
 
@@ -306,12 +324,16 @@ def _well_formed(updates: Any, count: int, numel: int) -> bool:
     )
 
 
-def peer_position(peers: Sequence[ActorMesh[Any]], step: int, timeout_s: float) -> Position | None:
+def peer_position(
+    peers: Sequence[ActorMesh[Any]], step: int, timeout_s: float, asked: Future[Any] | None = None
+) -> Position | None:
     """The data position and RNG states of the first of `peers` (one rank each) that holds
-    committed `step`, or None if none does."""
-    for peer in peers:
+    committed `step`, or None if none does; `asked`: the first peer's `heal_layout` call,
+    made already."""
+    for index, peer in enumerate(peers):
         try:
-            layout = peer.heal_layout.call_one().get(timeout=timeout_s)
+            call = asked if index == 0 and asked is not None else peer.heal_layout.call_one()
+            layout = call.get(timeout=timeout_s)
         except (SupervisionError, ActorError, TimeoutError):
             continue
         if isinstance(layout, StateLayout) and layout.step == step:

@@ -93,6 +93,7 @@ def follow_group(
             return replica.committed_step, ""
         replica.on_phase("follow", step)
         apply_fetched(replica, step)
+        check = check and not replica._lowered.awaited  # (the take-over checks its step)
         return replica.committed_step, digest(replica.model) if check else ""
 
 
@@ -112,8 +113,9 @@ def take_over(
     it cannot, or if its parameters do not match `expected` (the digest of `step`; None:
     already checked)."""
     ranks = [rank_match(peer, rank) for peer in peers]
+    asked = ranks[0].heal_layout.call_one() if ranks else None  # beside the catch-up
     applied = catch_up(replica, step, ranks)
-    position = peer_position(ranks, step, replica.heal_timeout_s)
+    position = peer_position(ranks, step, replica.heal_timeout_s, asked)
     matches = expected is None or digest(replica.model) == expected
     if replica.committed_step == step and matches and position is not None:
         restore_position(replica, position)

@@ -35,6 +35,7 @@ from ._arithmetic import (
     apply_average,
     commit_digest,
     digest,
+    flat_gradient,
 )
 from ._build import random_init_skipped, warm_up_in_background
 from ._exchange import GroupPlace, HeldGroups, exchange_average, open_group
@@ -141,6 +142,8 @@ class Replica(Actor):
         `keep_updates` committed steps for spares (0: the group has none)."""
         self._configure(replica_id, ranks_per_replica, keep_updates)
         self._built()
+        if replica_id >= 0:  # it steps from the start: its update log's memory, faulted in now
+            self._updates.provide([flat_gradient(self.model) for _ in range(keep_updates)])
 
     @endpoint
     def rejoin(

@@ -298,6 +298,21 @@ def test_the_update_log_hands_back_exactly_the_memory_no_one_reads(
             held.append((dumps(log.lend(first, last)), lent))  # held by the frames only
 
 
+def test_the_update_log_hands_out_the_memory_provided_while_it_fills() -> None:
+    """A replica of a group with spares is given its update log's memory when configured: each
+    step before the log is full writes into some of it (not into fresh memory), each piece
+    once, and never into an update the log keeps."""
+    log = UpdateLog()
+    log.resize(3)
+    provided = [torch.zeros(4) for _ in range(5)]  # more than kept: the rest is not used
+    log.provide(provided)
+    updates = [torch.full((4,), float(step)) for step in range(1, 7)]
+    handed = [log.record(step, update) for step, update in enumerate(updates, start=1)]
+    assert all(any(h is p for p in provided) for h in handed[:3])
+    assert len({id(h) for h in handed[:3]}) == 3
+    assert handed[3:] == [updates[0], updates[1], updates[2]]  # then what left the log
+
+
 class FollowsTooRarely(ra.Trainer):
     standby_updates = 4
     standby_follow_every = 3  # its peers would no longer keep what it lacks
