@@ -16,7 +16,7 @@ from typing import Any
 from transport import get_logger
 
 from ._arithmetic import local_gradient, restore_buffers, save_buffers
-from ._heal import StepStart
+from ._heal_donor import StepStart
 from ._position import capture_position, restore_position
 
 #: The longest a replacement's warm-up thread waits for its catch-up to end (each of the

@@ -182,15 +182,21 @@ class Targets:
     optimizer's own where they match, otherwise new ones. `finish()` installs the result."""
 
     def __init__(
-        self, layout: StateLayout, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+        self,
+        layout: StateLayout,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        memory: dict[str, torch.Tensor] | None = None,
     ) -> None:
+        """`memory`: tensors by key to write into where this replica has none of its own
+        (those of an earlier start of the heal: `by_key`), before new ones are made."""
         import torch
 
         self.layout = layout
         self.allocated_bytes = 0  # new tensors, for state the receiver did not have yet
         mine, _ = state_tensors(model, optimizer)
         self._device = next((t.device for _, t in mine), torch.device("cpu"))
-        own = dict(mine)
+        own = {**(memory or {}), **dict(mine)}
         models = {k for k, _ in mine if k.startswith("model.")}
         theirs = {s.key for s in layout.tensors if s.key.startswith("model.")}
         if models != theirs:
@@ -203,6 +209,10 @@ class Targets:
         self._writable = [_contiguous(t) for t in self.tensors]
         self._bytes = [flat_bytes(t) for t in self._writable]
         self._prefault = Prefault(self._writable)  # pages in place ahead of the copy
+
+    def by_key(self) -> dict[str, torch.Tensor]:
+        """The targets by key, for a heal that starts again to write into."""
+        return {spec.key: t for spec, t in zip(self.layout.tensors, self.tensors)}
 
     def close(self) -> None:
         """Stop making the targets' memory present (the heal ended, or failed)."""

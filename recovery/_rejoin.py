@@ -21,7 +21,8 @@ from mesh import Future
 from supervision import ActorError, SupervisionError
 from transport import get_logger
 
-from ._heal import OLD_STEP_COMMITS, HealReport
+from ._heal import HealReport
+from ._heal_donor import OLD_STEP_COMMITS
 from ._members import Member, ReplicaSpawner
 from ._outcomes import short
 from ._standby import Standbys

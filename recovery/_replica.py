@@ -39,8 +39,9 @@ from ._arithmetic import (
 from ._build import random_init_skipped, warm_up_in_background
 from ._exchange import GroupPlace, HeldGroups, exchange_average, open_group
 from ._follow import Lowered, Takeover, UpdateLog, rank_match, warm_up_autograd, warm_up_gloo
-from ._heal import DonorCache, HealReport, StepStart, endpoints_of, heal
+from ._heal import HealReport, endpoints_of, heal
 from ._heal_catch_up import caught_up
+from ._heal_donor import DonorCache, Stale, StepStart
 from ._heal_state import Chunk, Piece, StateLayout
 from ._prefetch import Prefetched, follow_group, take_over
 
@@ -264,7 +265,7 @@ class Replica(Actor):
             if self._update is None or step != self.committed_step + 1:
                 raise RuntimeError(f"replica {self.replica_id} has no prepared step {step}")
             self.on_phase("commit", step)
-            self._donor.clear(keep_old=True)  # the state changes now: a heal keeps its bytes
+            self._donor.commit(self, self._started)  # the state changes now: a heal keeps it
             self.on_phase("apply", step)
             apply_average(self.model, self.optimizer, self._update)
             self._started, self._computed = None, 0
@@ -325,19 +326,23 @@ class Replica(Actor):
         return self.last_heal
 
     @concurrent_endpoint
-    def heal_layout(self) -> StateLayout:
+    def heal_layout(self, keep: bool = False) -> StateLayout:
         """The layout of the committed state, for a replacement healing from this replica
-        (while it steps, too: a step changes the state only when it is committed)."""
+        (while it steps, too: a step changes the state only when it is committed); `keep`:
+        this replica keeps what that heal has not fetched if it commits first (`_heal_donor`)."""
         self._built()
         with self._changing:
-            return self._donor.layout(self, False, self._started)
+            return self._donor.layout(self, False, self._started, keep)
 
     @concurrent_endpoint
-    def heal_chunks(self, step: int, pieces: Sequence[Piece]) -> list[Chunk]:
-        """Bytes of the committed state of `step` (tensor, start, stop), sent from memory."""
+    def heal_chunks(
+        self, step: int, pieces: Sequence[Piece], keep_from: int = -1
+    ) -> list[Chunk] | Stale:
+        """Bytes of the committed state of `step` (tensor, start, stop), sent from memory;
+        `Stale` if this replica does not hold that step (`_heal_donor`)."""
         self.on_phase("heal", step)
         with self._changing:
-            return self._donor.chunks(self, step, pieces, False, self._started)
+            return self._donor.chunks(self, step, pieces, False, self._started, keep_from)
 
     # -- spares -------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from replica_actors import DyingTrainer, Trainer
 
 from mesh import endpoint
 from mesh.testing import signal_this_process
+from recovery import HealReport
 
 
 class BigTrainer(Trainer):
@@ -168,6 +169,7 @@ class HeldAfterFirstChunk(Trainer):
 
     heal_chunk_bytes = 64
     heal_window = 1
+    free_chunks = 1  # served before the hold
 
     def __init__(self, hold: str) -> None:
         self.hold = Path(hold)
@@ -178,7 +180,7 @@ class HeldAfterFirstChunk(Trainer):
         if phase != "heal" or not self.hold.exists():
             return
         self.served += 1
-        if self.served > 1:
+        if self.served > self.free_chunks:
             self.hold.with_suffix(".asked").touch()
             deadline = time.monotonic() + 30.0
             while self.hold.exists() and time.monotonic() < deadline:
@@ -188,6 +190,10 @@ class HeldAfterFirstChunk(Trainer):
     def healed_to(self) -> int | None:
         """The step this replica's last heal brought it to (None: it never healed)."""
         return None if self.last_heal is None else self.last_heal.step
+
+    @endpoint
+    def heal_report(self) -> HealReport | None:
+        return self.last_heal
 
 
 class HeldAfterFirstChunkScheduled(HeldAfterFirstChunk):
@@ -200,3 +206,10 @@ class HeldAfterFirstChunkScheduled(HeldAfterFirstChunk):
             for group in self.optimizer.param_groups:
                 group["lr"] = 1e-2 * 0.5**step
         super().on_phase(phase, step)
+
+
+class HeldAtFirstChunk(HeldAfterFirstChunk):
+    """`HeldAfterFirstChunk` whose donors serve no chunk before the hold: a heal has its
+    layout, and nothing else, when the group commits."""
+
+    free_chunks = 0

@@ -17,6 +17,7 @@ from test_replicas import assert_invariants, pid_of, train, train_until_recovere
 
 from mesh import this_host
 from recovery import ReplicaGroup
+from recovery._heal_donor import Stale
 from supervision import ActorError
 
 pytestmark = pytest.mark.timeout(300)
@@ -96,16 +97,18 @@ def test_a_peer_dying_mid_heal_leaves_its_chunks_to_the_other(
 
 
 def _bad_requests_are_refused(group: ReplicaGroup) -> None:
-    """A donor refuses bad chunk requests and requests for another step, with the reason; a
-    replica whose model differs from the peer's refuses to heal from it. Both live on."""
+    """A donor refuses bad chunk requests with the reason, and answers a request for another
+    step that it does not hold with `Stale` (the heal asks another donor); a replica whose
+    model differs from the peer's refuses to heal from it. Both live on."""
     donor = group.replicas[0]
     step = group.committed_steps
     with pytest.raises(ActorError, match="names no tensor"):
         donor.heal_chunks.call_one(step, [(10**6, 0, 1)]).get(timeout=60)
     with pytest.raises(ActorError, match=r"outside tensor model\.0\.weight"):
         donor.heal_chunks.call_one(step, [(0, 0, 10**9)]).get(timeout=60)
-    with pytest.raises(ActorError, match="heal again from the current step"):
-        donor.heal_chunks.call_one(step - 1, [(0, 0, 4)]).get(timeout=60)
+    stale = donor.heal_chunks.call_one(step - 1, [(0, 0, 4)]).get(timeout=60)
+    assert isinstance(stale, Stale) and (stale.asked, stale.committed) == (step - 1, step)
+    assert "heal again from the current step" in str(stale)
     procs = this_host().spawn_procs(per_host={"gpus": 1}, name="wider")
     try:
         wider = procs.spawn("wider", ha.WiderTrainer)
@@ -235,6 +238,46 @@ def test_a_replacement_two_steps_behind_after_its_heal_heals_again(
     assert healed_to() == group.committed_steps == 4, group.outcomes  # healed again, at 4
     held = group.replicas[1].status.call_one().get(timeout=30)
     assert held == group.replicas[0].status.call_one().get(timeout=30)
+    train_until_recovered(group)
+    assert group.live() == (0, 1, 2)
+    train(group, group.committed_steps + 1)
+    assert_invariants(group)
+
+
+@pytest.mark.parametrize("commits", [1, 3])
+def test_a_heal_overtaken_before_its_first_chunk_goes_on_or_starts_again_at_once(
+    groups: list[ReplicaGroup], tmp_path: Path, commits: int
+) -> None:
+    """The donor a heal took its layout from keeps that step as it commits, even before the
+    heal asked it for a chunk; the other donor keeps nothing and answers `Stale`, and its
+    chunks go to the keeper: the heal ends at the step it began at. Once the keeper dropped
+    that step too (3 commits), the heal starts again from the newest step in the same call,
+    into the memory it wrote, instead of failing (which cost a step boundary and a heal)."""
+    hold = tmp_path / "hold"
+    group = ReplicaGroup(
+        this_host(), ha.HeldAtFirstChunk, str(hold), replicas=3, heartbeat_timeout_s=HB
+    )
+    groups.append(group)
+    train(group, 2)
+    hold.touch()
+    os.kill(pid_of(group, 1), signal.SIGKILL)
+    _wait_for(hold.with_suffix(".asked").exists, "the replacement never asked for its state")
+    committed = 0
+    while committed < commits:  # commits overtake the heal before any chunk was served
+        committed += group.step().committed
+    hold.unlink()
+    _wait_for(
+        lambda: group.replicas[1].heal_report.call_one().get(timeout=30) is not None,
+        "the replacement never healed",
+    )
+    report = group.replicas[1].heal_report.call_one().get(timeout=30)
+    if commits == 1:  # the keeper served the rest at step 2; the other donor only `Stale`
+        assert (report.starts, report.step, report.chunks_per_donor[1]) == (1, 2, 0), report
+    else:  # started again at step 5, the newest
+        assert (report.starts, report.step) == (2, 5), report
+    held = group.replicas[1].status.call_one().get(timeout=30)  # caught up on step 3 at once
+    assert held == group.replicas[0].status.call_one().get(timeout=30)
+    assert held[0] == group.committed_steps == 2 + commits
     train_until_recovered(group)
     assert group.live() == (0, 1, 2)
     train(group, group.committed_steps + 1)
