@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from supervision import SupervisionError
 
+from ._arithmetic import digest
 from ._heal_donor import HealingReplica, Stale
+from ._heal_groups import FetchUpdate, TensorGroups, replay
 from ._heal_state import Chunk, Piece, StateLayout, Targets, plan_chunks
 from ._position import restore_position
 
@@ -29,9 +31,13 @@ if TYPE_CHECKING:
 
     from mesh import ActorMesh, Future
 
-#: A heal starts again from the newest committed step this many times at most when no donor
-#: holds the step it began at any more (each start reuses the memory of the last).
+#: A heal goes on at a newer committed step this many times at most when no donor holds the
+#: step it was at any more (each part writes into the memory of the last).
 HEAL_STARTS = 3
+#: What a heal fetched at a step at most this many steps older than the newest is brought
+#: forward by replaying the committed updates on it (an optimizer step on that part, and an
+#: update fetched per step); older, it is fetched again (`_heal_groups`).
+REPLAY_BEHIND = 1
 
 
 @dataclass(frozen=True)
@@ -61,14 +67,11 @@ class HealReport:
 
 
 class _Donor(Protocol):
-    """The two endpoints of a `Replica` that a heal calls (`keep`: this donor keeps what the
-    heal has not fetched yet if a commit overtakes it, `_heal_donor`)."""
+    """The two endpoints of a `Replica` that a heal calls."""
 
-    def layout(self, keep: bool = False) -> Future[StateLayout]: ...
+    def layout(self) -> Future[StateLayout]: ...
 
-    def chunks(
-        self, step: int, pieces: Sequence[Piece], keep_from: int = -1
-    ) -> Future[list[Chunk] | Stale]: ...
+    def chunks(self, step: int, pieces: Sequence[Piece]) -> Future[list[Chunk] | Stale]: ...
 
 
 def endpoints_of(actors: ActorMesh[Any]) -> _Donor:
@@ -80,21 +83,18 @@ class _MeshDonor:
     def __init__(self, actors: ActorMesh[Any]) -> None:
         self._actors = actors
 
-    def layout(self, keep: bool = False) -> Future[StateLayout]:
-        return self._actors.heal_layout.call_one(keep)  # type: ignore[no-any-return]
+    def layout(self) -> Future[StateLayout]:
+        return self._actors.heal_layout.call_one()  # type: ignore[no-any-return]
 
-    def chunks(
-        self, step: int, pieces: Sequence[Piece], keep_from: int = -1
-    ) -> Future[list[Chunk] | Stale]:
-        future = self._actors.heal_chunks.call_one(step, pieces, keep_from)
-        return future  # type: ignore[no-any-return]
+    def chunks(self, step: int, pieces: Sequence[Piece]) -> Future[list[Chunk] | Stale]:
+        return self._actors.heal_chunks.call_one(step, pieces)  # type: ignore[no-any-return]
 
 
 _LOST = (SupervisionError, TimeoutError)
 
 
 class _Overtaken(Exception):
-    """No donor left holds the step the heal began at: start again from the newest one."""
+    """No donor left holds the step the heal is at: go on at the newest one."""
 
 
 def heal(
@@ -103,34 +103,45 @@ def heal(
     chunk_bytes: int,
     window: int,
     timeout_s: float,
+    fetch_update: FetchUpdate | None = None,
 ) -> HealReport:
     """Make `replica` hold the committed state of `donors` (live replicas, identical state):
-    tensors, optimizer state, data position and RNG states. Starts again from the newest
-    committed step if the donors committed past the heal's step and kept nothing of it."""
+    tensors, optimizer state, data position and RNG states. If the donors commit past the
+    heal's step, it fetches the rest at the newest step and replays the committed updates
+    (`fetch_update`) on the parameters it fetched before (`_heal_groups`); without them, or
+    more than `REPLAY_BEHIND` steps behind, it fetches those again."""
     if not donors:
         raise ValueError("a heal needs at least one live peer to take the state from")
     if window < 1:
         raise ValueError(f"a heal needs a window of at least 1 request, not {window}")
-    started = time.monotonic()
-    lost: set[int] = set()
-    memory: dict[str, torch.Tensor] = {}  # the targets of an overtaken start, written again
+    started, lost = time.monotonic(), set[int]()
+    layout = _first_layout(donors, lost, timeout_s)
+    groups = TensorGroups(layout.tensors, replica.model, replica.optimizer)
+    todo, at, older = groups.order, dict[int, int](), dict[str, int]()
+    memory: dict[str, torch.Tensor] = {}
+    behind = REPLAY_BEHIND if fetch_update is not None else 0
     for start in range(HEAL_STARTS):
-        keeper, layout = _first_layout(donors, lost, timeout_s)
-        stream = _Stream(donors, plan_chunks(layout.tensors, chunk_bytes), layout, lost, keeper)
+        stream = _Stream(donors, plan_chunks(layout.tensors, chunk_bytes, todo), layout, lost)
         targets = Targets(layout, replica.model, replica.optimizer, memory)
         try:
             stream.run(targets, window, timeout_s)
             break
         except _Overtaken:
-            memory = targets.by_key()
+            memory = targets.by_key()  # written again, or kept: no new memory
+            at.update(dict.fromkeys(stream.whole(todo), layout.step))
             if start == HEAL_STARTS - 1:
                 raise RuntimeError(
-                    f"the peers committed a step during each of {HEAL_STARTS} heals and kept "
-                    "none of their states: heal again"
+                    f"the peers committed a step during each of {HEAL_STARTS} parts of a heal: "
+                    "heal again"
                 ) from None
+            layout = _first_layout(donors, lost, timeout_s)
+            todo, older = groups.kept(at, layout.step, behind)
         finally:
             targets.close()
     targets.finish(replica.optimizer)
+    replayed = replay(replica.model, replica.optimizer, older, layout.step, fetch_update)
+    if replayed < 0:  # an update is no longer kept: the whole state, into this memory
+        return heal(replica, donors, chunk_bytes, window, timeout_s)
     restore_position(replica, layout.position)
     replica.committed_step = layout.step
     return HealReport(
@@ -140,20 +151,19 @@ def heal(
         chunks_per_donor=tuple(stream.served),
         lost_donors=tuple(sorted(lost)),
         allocated_bytes=targets.allocated_bytes,
+        updates=replayed,
+        digest=digest(replica.model) if replayed else "",
         starts=start + 1,
     )
 
 
-def _first_layout(
-    donors: Sequence[_Donor], lost: set[int], timeout_s: float
-) -> tuple[int, StateLayout]:
-    """The first live donor that describes its state (it keeps the heal's step), and that."""
+def _first_layout(donors: Sequence[_Donor], lost: set[int], timeout_s: float) -> StateLayout:
     errors = []
     for index, donor in enumerate(donors):
         if index in lost:
             continue
         try:
-            return index, donor.layout(keep=True).get(timeout=timeout_s)
+            return donor.layout().get(timeout=timeout_s)
         except _LOST as exc:
             lost.add(index)
             errors.append(f"peer {index}: {type(exc).__name__}: {exc}")
@@ -170,14 +180,14 @@ class _Stream:
         chunks: list[tuple[Piece, ...]],
         layout: StateLayout,
         lost: set[int],
-        keeper: int,
     ) -> None:
         self.donors = donors
         self.chunks = chunks
+        self.specs = layout.tensors
         self.step = layout.step
         self.lost = lost
         self.stale: set[int] = set()
-        self.keeper = keeper
+        self.fetched: dict[int, int] = {}  # bytes written, by tensor
         self.served = [0] * len(donors)
         self.pending: deque[int] = deque(range(len(chunks)))
         self.in_flight: deque[tuple[int, int, Future[list[Chunk] | Stale]]] = deque()
@@ -198,6 +208,8 @@ class _Stream:
                 else:
                     targets.write(self.chunks[chunk], reply)
                     self.served[donor] += 1
+                    for index, first, end in self.chunks[chunk]:
+                        self.fetched[index] = self.fetched.get(index, 0) + end - first
             self._fill(window)
         if self.pending and self.stale:
             raise _Overtaken()
@@ -221,15 +233,13 @@ class _Stream:
                 if not self.pending:
                     return
                 chunk = self.pending.popleft()
-                keep_from = self._first_unfetched(chunk) if donor == self.keeper else -1
-                future = self.donors[donor].chunks(self.step, self.chunks[chunk], keep_from)
+                future = self.donors[donor].chunks(self.step, self.chunks[chunk])
                 self.in_flight.append((donor, chunk, future))
                 self.load[donor] += 1
 
-    def _first_unfetched(self, chunk: int) -> int:
-        """The first tensor with bytes not fetched yet, `chunk` (asked for now) included."""
-        waiting = [chunk] + [c for _, c, _ in self.in_flight] + list(self.pending)[:1]
-        return min(self.chunks[c][0][0] for c in waiting)
+    def whole(self, tensors: Sequence[int]) -> list[int]:
+        """Of `tensors`, those fetched whole."""
+        return [i for i in tensors if self.fetched.get(i, 0) == self.specs[i].nbytes]
 
     def _drop(self, donor: int, chunk: int, why: set[int]) -> None:
         """`donor` sends no more (it is gone, or stale): its chunks in flight go back to the

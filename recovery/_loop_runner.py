@@ -85,15 +85,11 @@ class LoopRunner(Actor):
             _CURRENT.reset(token)
 
     @concurrent_endpoint
-    def heal_layout(self, keep: bool = False) -> StateLayout:
-        """The manager's committed state's layout (`keep` is for a `Replica` donor: a manager
-        keeps nothing of a step it leaves)."""
+    def heal_layout(self) -> StateLayout:
         return self._donor().donor_layout()
 
     @concurrent_endpoint
-    def heal_chunks(
-        self, step: int, pieces: Sequence[Piece], keep_from: int = -1
-    ) -> list[Chunk] | Stale:
+    def heal_chunks(self, step: int, pieces: Sequence[Piece]) -> list[Chunk] | Stale:
         return self._donor().donor_chunks(step, pieces)
 
     def _attach(self, manager: Donor) -> None:

@@ -22,14 +22,14 @@ from supervision import ActorError, SupervisionError
 from transport import get_logger
 
 from ._heal import HealReport
-from ._heal_donor import OLD_STEP_COMMITS
 from ._members import Member, ReplicaSpawner
 from ._outcomes import short
 from ._standby import Standbys
 
 #: While a replacement heals, members keep the averaged gradients of this many committed steps
-#: (a gradient's memory each), so a heal that a commit overtook at its end is caught up.
-KEEP_WHILE_HEALING = OLD_STEP_COMMITS
+#: (a gradient's memory each): a heal that commits overtook replays them on what it fetched
+#: before (`_heal_groups`), and a heal that ended a step behind is caught up with them.
+KEEP_WHILE_HEALING = 2
 
 _LOST = (SupervisionError, ActorError, TimeoutError)
 

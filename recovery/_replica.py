@@ -42,6 +42,7 @@ from ._follow import Lowered, Takeover, UpdateLog, rank_match, warm_up_autograd,
 from ._heal import HealReport, endpoints_of, heal
 from ._heal_catch_up import caught_up
 from ._heal_donor import DonorCache, Stale, StepStart
+from ._heal_groups import update_fetcher
 from ._heal_state import Chunk, Piece, StateLayout
 from ._prefetch import Prefetched, follow_group, take_over
 
@@ -265,7 +266,7 @@ class Replica(Actor):
             if self._update is None or step != self.committed_step + 1:
                 raise RuntimeError(f"replica {self.replica_id} has no prepared step {step}")
             self.on_phase("commit", step)
-            self._donor.commit(self, self._started)  # the state changes now: a heal keeps it
+            self._donor.clear()  # the state changes now
             self.on_phase("apply", step)
             apply_average(self.model, self.optimizer, self._update)
             self._started, self._computed = None, 0
@@ -314,35 +315,35 @@ class Replica(Actor):
 
     def _heal(self, peers: ActorMesh[Replica] | Sequence[ActorMesh[Replica]]) -> HealReport:
         meshes = [peers] if not isinstance(peers, Sequence) else list(peers)
-        donors = [endpoints_of(rank_match(mesh, context().rank.rank)) for mesh in meshes]
+        ranks = [rank_match(mesh, context().rank.rank) for mesh in meshes]
         with self._changing:
             self._started = self._update = None
             self._computed = 0
             self._donor.clear()
-        self.last_heal = heal(
-            self, donors, self.heal_chunk_bytes, self.heal_window, self.heal_timeout_s
-        )
+        updates = update_fetcher(ranks, self.model, self.heal_timeout_s)
+        self.last_heal = heal(self, list(map(endpoints_of, ranks)), *self._heal_sizes, updates)
         self._uninitialised = False
         return self.last_heal
 
-    @concurrent_endpoint
-    def heal_layout(self, keep: bool = False) -> StateLayout:
-        """The layout of the committed state, for a replacement healing from this replica
-        (while it steps, too: a step changes the state only when it is committed); `keep`:
-        this replica keeps what that heal has not fetched if it commits first (`_heal_donor`)."""
-        self._built()
-        with self._changing:
-            return self._donor.layout(self, False, self._started, keep)
+    @property
+    def _heal_sizes(self) -> tuple[int, int, float]:
+        return self.heal_chunk_bytes, self.heal_window, self.heal_timeout_s
 
     @concurrent_endpoint
-    def heal_chunks(
-        self, step: int, pieces: Sequence[Piece], keep_from: int = -1
-    ) -> list[Chunk] | Stale:
+    def heal_layout(self) -> StateLayout:
+        """The layout of the committed state, for a replacement healing from this replica
+        (while it steps, too: a step changes the state only when it is committed)."""
+        self._built()
+        with self._changing:
+            return self._donor.layout(self, False, self._started)
+
+    @concurrent_endpoint
+    def heal_chunks(self, step: int, pieces: Sequence[Piece]) -> list[Chunk] | Stale:
         """Bytes of the committed state of `step` (tensor, start, stop), sent from memory;
         `Stale` if this replica does not hold that step (`_heal_donor`)."""
         self.on_phase("heal", step)
         with self._changing:
-            return self._donor.chunks(self, step, pieces, False, self._started, keep_from)
+            return self._donor.chunks(self, step, pieces, False, self._started)
 
     # -- spares -------------------------------------------------------------------------------
 

@@ -196,7 +196,14 @@ class HeldAfterFirstChunk(Trainer):
         return self.last_heal
 
 
-class HeldAfterFirstChunkScheduled(HeldAfterFirstChunk):
+class HeldAfterFirstParameter(HeldAfterFirstChunk):
+    """`HeldAfterFirstChunk` whose two donors serve 13 chunks each (1664 bytes) before the
+    hold: the first parameter and its optimizer state (1540 bytes), and part of the next."""
+
+    free_chunks = 13
+
+
+class HeldAfterFirstChunkScheduled(HeldAfterFirstParameter):
     """`HeldAfterFirstChunk` whose learning rate a schedule sets as each step is applied: the
     optimizer's state changes outside the averaged gradients, so a replacement cannot be
     caught up with them alone (it applies them at the rate of the step it healed at)."""

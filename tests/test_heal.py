@@ -16,7 +16,7 @@ import pytest
 from test_replicas import assert_invariants, pid_of, train, train_until_recovered
 
 from mesh import this_host
-from recovery import ReplicaGroup
+from recovery import HealReport, ReplicaGroup
 from recovery._heal_donor import Stale
 from supervision import ActorError
 
@@ -168,18 +168,18 @@ def _committed_reads(group: ReplicaGroup) -> dict[tuple[int, int], tuple[tuple[i
     return reads
 
 
-@pytest.mark.parametrize("drifts", [False, True], ids=["caught-up", "scheduled"])
-def test_a_heal_that_a_commit_overtakes_goes_on_at_its_step(
+@pytest.mark.parametrize("drifts", [False, True], ids=["plain", "scheduled"])
+def test_a_heal_that_a_commit_overtakes_keeps_what_it_fetched_and_replays_the_update(
     groups: list[ReplicaGroup], tmp_path: Path, drifts: bool
 ) -> None:
-    """The donors keep what a heal has not asked for yet as they commit: the heal ends at the
-    step it began at, instead of starting again, and the replacement catches up on the step
-    committed meanwhile by itself, at once, without waiting for a step of the group. A replica
-    whose learning rate a schedule sets cannot be caught up with the updates alone: its
-    digest differs from the one the group took as it committed, and the replacement heals
-    whole before it joins."""
+    """A commit overtakes a heal that holds the first parameter and its optimizer state of
+    step 2 and part of the next: the donors keep nothing (they answer `Stale`), the heal
+    fetches the rest at step 3 and applies step 3's update to that first parameter alone, in
+    the same call. The replacement holds step 3 with the donors' bits, without a step of the
+    group, also when a schedule sets the learning rate at each apply (the replay uses step
+    3's), and the run equals a replay."""
     hold = tmp_path / "hold"
-    actor = ha.HeldAfterFirstChunkScheduled if drifts else ha.HeldAfterFirstChunk
+    actor = ha.HeldAfterFirstChunkScheduled if drifts else ha.HeldAfterFirstParameter
     group = ReplicaGroup(this_host(), actor, str(hold), replicas=3, heartbeat_timeout_s=HB)
     groups.append(group)
     train(group, 2)
@@ -189,25 +189,29 @@ def test_a_heal_that_a_commit_overtakes_goes_on_at_its_step(
     while not group.step().committed:  # a commit overtakes the heal under way
         pass
     hold.unlink()  # the heal goes on, with no step meanwhile
-
-    def healed_to() -> int | None:
-        return group.replicas[1].healed_to.call_one().get(timeout=30)  # type: ignore[no-any-return]
-
-    _wait_for(lambda: healed_to() is not None, "the replacement never healed")
-    assert healed_to() == 2, group.outcomes  # the step it began at: it did not start again
-    # it caught up on step 3 by itself, as its heal ended: no step of the group was needed
+    report = _healed(group, 1)
+    assert (report.step, report.starts, report.updates) == (3, 2, 1), report
     held = group.replicas[1].status.call_one().get(timeout=30)
     theirs = group.replicas[0].status.call_one().get(timeout=30)
-    assert held[0] == theirs[0] == group.committed_steps == 3
-    assert (held[1] != theirs[1]) == drifts, "the updates alone miss what a schedule sets"
+    assert held == theirs and held[0] == group.committed_steps == 3
+    assert report.digest == held[1]  # for the group to check
     train_until_recovered(group)
     assert group.live() == (0, 1, 2)
-    assert (healed_to() != 2) == drifts, "healed whole after the catch-up only if it drifts"
+    assert group.replicas[1].heal_report.call_one().get(timeout=30) == report  # no 2nd heal
     train(group, group.committed_steps + 1)
     if drifts:  # the replay knows no schedule: the replicas agree
         assert group.check_consistency() is None
     else:
         assert_invariants(group)
+
+
+def _healed(group: ReplicaGroup, replica: int) -> HealReport:
+    """The report of `replica`'s heal, once it healed."""
+    _wait_for(
+        lambda: group.replicas[replica].heal_report.call_one().get(timeout=30) is not None,
+        "the replacement never healed",
+    )
+    return group.replicas[replica].heal_report.call_one().get(timeout=30)  # type: ignore[no-any-return]
 
 
 def test_a_replacement_two_steps_behind_after_its_heal_heals_again(
@@ -245,14 +249,13 @@ def test_a_replacement_two_steps_behind_after_its_heal_heals_again(
 
 
 @pytest.mark.parametrize("commits", [1, 3])
-def test_a_heal_overtaken_before_its_first_chunk_goes_on_or_starts_again_at_once(
+def test_a_heal_overtaken_before_its_first_chunk_goes_on_at_the_newest_step(
     groups: list[ReplicaGroup], tmp_path: Path, commits: int
 ) -> None:
-    """The donor a heal took its layout from keeps that step as it commits, even before the
-    heal asked it for a chunk; the other donor keeps nothing and answers `Stale`, and its
-    chunks go to the keeper: the heal ends at the step it began at. Once the keeper dropped
-    that step too (3 commits), the heal starts again from the newest step in the same call,
-    into the memory it wrote, instead of failing (which cost a step boundary and a heal)."""
+    """Commits overtake a heal that has its layout and nothing else: every donor answers
+    `Stale`, and the heal goes on at the newest committed step in the same call, into the
+    memory it made, instead of failing (which cost a step boundary and a heal from scratch:
+    the first heal "refused" at 100 MB)."""
     hold = tmp_path / "hold"
     group = ReplicaGroup(
         this_host(), ha.HeldAtFirstChunk, str(hold), replicas=3, heartbeat_timeout_s=HB
@@ -266,16 +269,9 @@ def test_a_heal_overtaken_before_its_first_chunk_goes_on_or_starts_again_at_once
     while committed < commits:  # commits overtake the heal before any chunk was served
         committed += group.step().committed
     hold.unlink()
-    _wait_for(
-        lambda: group.replicas[1].heal_report.call_one().get(timeout=30) is not None,
-        "the replacement never healed",
-    )
-    report = group.replicas[1].heal_report.call_one().get(timeout=30)
-    if commits == 1:  # the keeper served the rest at step 2; the other donor only `Stale`
-        assert (report.starts, report.step, report.chunks_per_donor[1]) == (1, 2, 0), report
-    else:  # started again at step 5, the newest
-        assert (report.starts, report.step) == (2, 5), report
-    held = group.replicas[1].status.call_one().get(timeout=30)  # caught up on step 3 at once
+    report = _healed(group, 1)
+    assert (report.starts, report.step, report.updates) == (2, 2 + commits, 0), report
+    held = group.replicas[1].status.call_one().get(timeout=30)
     assert held == group.replicas[0].status.call_one().get(timeout=30)
     assert held[0] == group.committed_steps == 2 + commits
     train_until_recovered(group)
