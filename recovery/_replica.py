@@ -321,13 +321,10 @@ class Replica(Actor):
             self._computed = 0
             self._donor.clear()
         updates = update_fetcher(ranks, self.model, self.heal_timeout_s)
-        self.last_heal = heal(self, list(map(endpoints_of, ranks)), *self._heal_sizes, updates)
+        sizes = self.heal_chunk_bytes, self.heal_window, self.heal_timeout_s
+        self.last_heal = heal(self, list(map(endpoints_of, ranks)), *sizes, updates)
         self._uninitialised = False
         return self.last_heal
-
-    @property
-    def _heal_sizes(self) -> tuple[int, int, float]:
-        return self.heal_chunk_bytes, self.heal_window, self.heal_timeout_s
 
     @concurrent_endpoint
     def heal_layout(self) -> StateLayout:
