@@ -6,8 +6,10 @@ per donor; whichever donor has room takes the next chunk, so the donors send dis
 and a faster one sends more. Each reply is copied into the preallocated tensors and dropped:
 the extra memory on either side is the chunks in flight, not a copy of the state. A donor that
 dies (or does not answer within `timeout_s`) loses its chunks to the others; the heal fails
-only when no donor is left. Every request names the committed step, and a donor refuses one
-for any other step, so a heal never mixes two states.
+only when no donor is left. Every request names the committed step, and a donor answers one
+for any other step with `Stale`; once no donor holds the heal's step, the heal goes on at the
+newest one and replays the updates on what it fetched before (`_heal_groups`), so a heal never
+mixes two states.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class HealReport:
     allocated_bytes: int  # new tensors the receiver made (state it did not hold before)
     updates: int = 0  # committed updates applied after the heal
     digest: str = ""  # of the parameters at `step`, when updates were applied
-    starts: int = 1  # 2 or more: the donors committed past its step and kept none of it
+    starts: int = 1  # the committed steps it fetched at (commits overtook it: 2 or more)
 
     @property
     def gigabytes_per_second(self) -> float:

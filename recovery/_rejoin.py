@@ -4,10 +4,11 @@ A ready spare takes its place at once (`_standby`). Otherwise the member is re-s
 background; as soon as it runs (`Replica.rejoin`), it heals from the live replicas *while they
 step* (a replica serves the committed state during its own step: the step changes it only
 when it is committed). A heal that a commit overtakes goes on at the newest step and replays
-the update on what it fetched before (`_heal_groups`). A heal that ended at step h, when the group has committed c > h since,
-is finished by applying the averaged gradients of steps h+1..c, which the members keep while a
-replacement is on its way (`KEEP_WHILE_HEALING`); only that catch-up, an optimizer step or
-two, happens between two steps. The member then takes part from the next step on.
+the update on what it fetched before (`_heal_groups`). A heal that ended at step h, when the
+group has committed c > h since, is finished by applying the averaged gradients of steps
+h+1..c, which the members keep while a replacement is on its way (`KEEP_WHILE_HEALING`); only
+that catch-up, an optimizer step or two, happens between two steps. The member then takes
+part from the next step on.
 """
 
 from __future__ import annotations
