@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._arithmetic import use_average
 from ._follow import fetch_updates
 from ._heal_state import TensorSpec
 
@@ -26,8 +25,8 @@ if TYPE_CHECKING:
 
     from mesh import ActorMesh
 
-#: The committed update of a step, or None if no peer keeps it any more.
-FetchUpdate = Callable[[int], "torch.Tensor | None"]
+#: Elements (start, stop) of the committed update of a step, or None if no peer keeps it.
+FetchUpdate = Callable[[int, tuple[int, int]], "torch.Tensor | None"]
 
 
 class TensorGroups:
@@ -92,35 +91,52 @@ def replay(
     fetch: FetchUpdate | None,
 ) -> int:
     """Apply the committed updates up to `newest` to the parameters held at the `older` steps
-    (by name), each to those older than it; returns how many, or -1 if one was not kept."""
+    (by name), each to those older than it; returns how many, or -1 if one was not kept. Only
+    the elements of the update those parameters need are fetched."""
     if not older:
         return 0
     if fetch is None:
         return -1
-    params = list(model.named_parameters())
     first = min(older.values()) + 1
     for step in range(first, newest + 1):
-        update = fetch(step)
+        stale = {name for name, held in older.items() if held < step}
+        spans, (low, high) = _spans(model, stale)
+        update = fetch(step, (low, high))
         if update is None:
             return -1
-        use_average([p for _, p in params], update)
-        for name, param in params:
-            if older.get(name, newest) >= step:  # fetched at this step or later: no update
-                param.grad = None
+        for param, span in spans:  # a parameter without a gradient: the step skips it
+            part = None if span is None else update[span[0] - low : span[1] - low]
+            param.grad = None if part is None else part.view_as(param).to(param.dtype)
         optimizer.step()
-    for _, param in params:
+    for param in model.parameters():
         param.grad = None
     return newest - first + 1
+
+
+def _spans(
+    model: torch.nn.Module, names: set[str]
+) -> tuple[list[tuple[torch.Tensor, tuple[int, int] | None]], tuple[int, int]]:
+    """Each parameter with its elements in the flat update if it is one of `names` (else
+    None), and the span of the update that covers them all."""
+    spans: list[tuple[torch.Tensor, tuple[int, int] | None]] = []
+    offset, low, high = 0, -1, 0
+    for name, param in model.named_parameters():
+        end = offset + param.numel()
+        spans.append((param, (offset, end) if name in names else None))
+        if name in names:
+            low, high = offset if low < 0 else low, end
+        offset = end
+    return spans, (max(low, 0), high)
 
 
 def update_fetcher(
     ranks: Sequence[ActorMesh[Any]], model: torch.nn.Module, timeout_s: float
 ) -> FetchUpdate:
-    """Fetches a committed update from the first of `ranks` (a peer's rank each) keeping it."""
-    numel = sum(p.numel() for p in model.parameters())
+    """Fetches elements of a committed update from the first of `ranks` (a peer's rank each)
+    that keeps it."""
 
-    def fetch(step: int) -> torch.Tensor | None:
-        updates = fetch_updates(ranks, step, step, numel, timeout_s)
+    def fetch(step: int, span: tuple[int, int]) -> torch.Tensor | None:
+        updates = fetch_updates(ranks, step, step, span[1] - span[0], timeout_s, span)
         return updates[0] if updates else None
 
     return fetch

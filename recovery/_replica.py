@@ -345,11 +345,14 @@ class Replica(Actor):
     # -- spares -------------------------------------------------------------------------------
 
     @concurrent_endpoint
-    def committed_updates(self, first: int, last: int) -> list[torch.Tensor] | None:
-        """The averaged gradients of committed steps `first`..`last`, for a spare to apply
-        (sent from this replica's memory, no copy); None unless this replica keeps them all
+    def committed_updates(
+        self, first: int, last: int, span: tuple[int, int] | None = None
+    ) -> list[torch.Tensor] | None:
+        """The averaged gradients of committed steps `first`..`last` (elements `span` of each,
+        if given: a heal needs only some parameters'), for a spare to apply (sent from this
+        replica's memory, no copy); None unless this replica keeps them all
         (`standby_updates`)."""
-        return self._updates.lend(first, last)
+        return self._updates.lend(first, last, span)
 
     @concurrent_endpoint
     def follow(
