@@ -11,13 +11,16 @@ any other change of its state first puts back what the pass changed (`drop_ahead
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from transport import get_logger
 
 from ._arithmetic import local_gradient, restore_buffers, save_buffers
-from ._heal import StepStart
-from ._position import capture_position, restore_position
+from ._heal_donor import DonorCache, StepStart
+from ._position import DataPositioned, capture_position, restore_position
+
+if TYPE_CHECKING:
+    import torch
 
 #: The longest a replacement's warm-up thread waits for its catch-up to end (each of the
 #: catch-up's calls has a timeout of its own; past this, it computes nothing ahead).
@@ -36,7 +39,30 @@ class Ahead:
         self.running = False
 
 
-def begin_step(replica: Any, step: int) -> bool:
+class Stepping(DataPositioned, Protocol):
+    """The parts of a `Replica` that its step's local half and a gradient ahead use: its
+    model, where its shard is, and the state of its step under way, behind its two locks."""
+
+    model: torch.nn.Module
+    committed_step: int
+    replica_id: int
+    ranks_per_replica: int
+    _rank: int
+    _stepping: threading.Lock
+    _changing: threading.Lock
+    _started: StepStart | None
+    _computed: int
+    _gradient: torch.Tensor | None
+    _update: torch.Tensor | None
+    _donor: DonorCache
+    _ahead: Ahead
+
+    def loss(self, model: torch.nn.Module, step: int, shard: int) -> torch.Tensor: ...
+
+    def on_phase(self, phase: str, step: int) -> None: ...
+
+
+def begin_step(replica: Stepping, step: int) -> bool:
     """Start `step` on `replica` (a `Replica`, its step lock held): note what the step may
     change (buffers, data position, RNG states), so that an abort puts it back. True if its
     local gradient of `step` is already computed (kept from an aborted attempt, or ahead)."""
@@ -51,7 +77,7 @@ def begin_step(replica: Any, step: int) -> bool:
     return False
 
 
-def compute_gradient(replica: Any, step: int) -> None:
+def compute_gradient(replica: Stepping, step: int) -> None:
     """The forward and backward passes of `step` on this rank's shard (after `begin_step`)."""
     shard = replica.replica_id * replica.ranks_per_replica + replica._rank
     replica.on_phase("forward", step)
@@ -60,7 +86,7 @@ def compute_gradient(replica: Any, step: int) -> None:
     replica._computed = step
 
 
-def undo_step(replica: Any) -> None:
+def undo_step(replica: Stepping) -> None:
     """Put back what the step under way changed (with `_changing` held)."""
     if replica._started is not None:
         replica._donor.clear()
@@ -74,7 +100,7 @@ class AheadPlan:
     that warms the replacement up (holding its step lock, so no step can begin before it),
     waits for the catch-up to end (`caught_up`, or `given_up` if it failed), then computes."""
 
-    def __init__(self, replica: Any, rank: int) -> None:
+    def __init__(self, replica: Stepping, rank: int) -> None:
         self._replica = replica
         self._rank = rank
         self._ended = threading.Event()
@@ -107,7 +133,7 @@ class AheadPlan:
             replica._ahead.running = False
 
 
-def drop_ahead(replica: Any) -> None:
+def drop_ahead(replica: Stepping) -> None:
     """Before a change of `replica`'s state outside a step (a catch-up, a heal): a gradient
     computed ahead is dropped and what its passes changed put back; one not started yet will
     not start. Does nothing on a replica that never computed ahead (a spare)."""

@@ -183,13 +183,14 @@ class UpdateLog:
         kept = self._kept(first, last)
         return None if kept is None else [entry.tensor for entry in kept]
 
-    def lend(self, first: int, last: int) -> list[Any] | None:
-        """`between`, each update sent from this replica's memory (no copy): a kept update
-        is not written again until it has left the log and every lend of it was sent."""
+    def lend(self, first: int, last: int, span: tuple[int, int] | None = None) -> list[Any] | None:
+        """`between` (elements `span` of each, if given), each update sent from this
+        replica's memory (no copy): a kept update is not written again until it has left the
+        log and every lend of it was sent."""
         kept = self._kept(first, last, lending=True)
         if kept is None:
             return None
-        return [LentUpdate(entry) if entry.tensor.nbytes else entry.tensor for entry in kept]
+        return [LentUpdate(entry, span) if entry.tensor.nbytes else entry.tensor for entry in kept]
 
     def _kept(self, first: int, last: int, lending: bool = False) -> list[_Kept] | None:
         if not (type(first) is int and type(last) is int and 1 <= first <= last):
@@ -235,8 +236,8 @@ class LentUpdate:
 
     __slots__ = ("end", "tensor")
 
-    def __init__(self, kept: _Kept) -> None:
-        self.tensor = kept.tensor
+    def __init__(self, kept: _Kept, span: tuple[int, int] | None = None) -> None:
+        self.tensor = kept.tensor if span is None else kept.tensor[span[0] : span[1]]
         self.end = _LendEnd(kept.lends)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -289,13 +290,20 @@ def rank_match(mesh: ActorMesh[Any], rank: int) -> ActorMesh[Any]:
 
 
 def fetch_updates(
-    peers: Sequence[ActorMesh[Any]], first: int, last: int, numel: int, timeout_s: float
+    peers: Sequence[ActorMesh[Any]],
+    first: int,
+    last: int,
+    numel: int,
+    timeout_s: float,
+    span: tuple[int, int] | None = None,
 ) -> list[torch.Tensor] | None:
-    """The committed updates of steps `first`..`last` from the first of `peers` (one rank
-    each) that keeps them all, or None if none does (it died, or no longer keeps them)."""
+    """The committed updates of steps `first`..`last` (elements `span` of each, if given:
+    `numel` is then its length) from the first of `peers` (one rank each) that keeps them
+    all, or None if none does (it died, or no longer keeps them)."""
+    args = (first, last) if span is None else (first, last, span)
     for peer in peers:
         try:
-            updates = peer.committed_updates.call_one(first, last).get(timeout=timeout_s)
+            updates = peer.committed_updates.call_one(*args).get(timeout=timeout_s)
         except (SupervisionError, ActorError, TimeoutError) as exc:
             _log_miss(peer, first, last, short(exc))
             continue

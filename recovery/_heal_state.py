@@ -94,16 +94,19 @@ def describe(
     return StateLayout(step, specs, skeleton, position)
 
 
-def plan_chunks(specs: Sequence[TensorSpec], chunk_bytes: int) -> list[tuple[Piece, ...]]:
-    """Cut the tensors' bytes, taken end to end, into chunks of `chunk_bytes` (the last one
-    shorter): each chunk lists the pieces of tensors it covers."""
+def plan_chunks(
+    specs: Sequence[TensorSpec], chunk_bytes: int, order: Sequence[int] | None = None
+) -> list[tuple[Piece, ...]]:
+    """Cut the tensors' bytes (of those `order` names, in that order; default all), taken end
+    to end, into chunks of `chunk_bytes` (the last one shorter): each chunk lists the pieces of
+    tensors it covers."""
     if chunk_bytes < 1:
         raise ValueError(f"a heal needs chunks of at least 1 byte, not {chunk_bytes}")
     chunks: list[tuple[Piece, ...]] = []
     current: list[Piece] = []
     room = chunk_bytes
-    for index, spec in enumerate(specs):
-        start = 0
+    for index in range(len(specs)) if order is None else order:
+        spec, start = specs[index], 0
         while start < spec.nbytes:
             take = min(room, spec.nbytes - start)
             current.append((index, start, start + take))
@@ -182,15 +185,21 @@ class Targets:
     optimizer's own where they match, otherwise new ones. `finish()` installs the result."""
 
     def __init__(
-        self, layout: StateLayout, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+        self,
+        layout: StateLayout,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        memory: dict[str, torch.Tensor] | None = None,
     ) -> None:
+        """`memory`: tensors by key to write into where this replica has none of its own
+        (those of an earlier start of the heal: `by_key`), before new ones are made."""
         import torch
 
         self.layout = layout
         self.allocated_bytes = 0  # new tensors, for state the receiver did not have yet
         mine, _ = state_tensors(model, optimizer)
         self._device = next((t.device for _, t in mine), torch.device("cpu"))
-        own = dict(mine)
+        own = {**(memory or {}), **dict(mine)}
         models = {k for k, _ in mine if k.startswith("model.")}
         theirs = {s.key for s in layout.tensors if s.key.startswith("model.")}
         if models != theirs:
@@ -203,6 +212,11 @@ class Targets:
         self._writable = [_contiguous(t) for t in self.tensors]
         self._bytes = [flat_bytes(t) for t in self._writable]
         self._prefault = Prefault(self._writable)  # pages in place ahead of the copy
+
+    def by_key(self) -> dict[str, torch.Tensor]:
+        """The targets by key, with what was written so far, for the next part of a heal."""
+        self._copy_back()
+        return {spec.key: t for spec, t in zip(self.layout.tensors, self.tensors)}
 
     def close(self) -> None:
         """Stop making the targets' memory present (the heal ended, or failed)."""
@@ -224,6 +238,11 @@ class Targets:
         self.allocated_bytes += spec.nbytes
         return torch.empty(spec.shape, dtype=dtype, device=self._device)
 
+    def _copy_back(self) -> None:
+        for target, written in zip(self.tensors, self._writable):
+            if written is not target:
+                target.copy_(written)
+
     def write(self, pieces: Sequence[Piece], chunks: Sequence[Chunk]) -> int:
         """Copy received `chunks` (one per piece) into place; returns the bytes written."""
         if len(chunks) != len(pieces):
@@ -242,9 +261,7 @@ class Targets:
     def finish(self, optimizer: torch.optim.Optimizer) -> None:
         """Copy back into non-contiguous targets and load the optimizer's state."""
         self.close()
-        for target, written in zip(self.tensors, self._writable):
-            if written is not target:
-                target.copy_(written)
+        self._copy_back()
         optimizer.load_state_dict(_filled(self.layout.optimizer, self.tensors))
 
 

@@ -28,7 +28,8 @@ from mesh import Channel
 from ._aborts import AbortWatch
 from ._arithmetic import flatten_gradients, use_average
 from ._exchange import exchange_average, open_group
-from ._heal import DonorCache, HealReport, endpoints_of, heal
+from ._heal import HealReport, endpoints_of, heal
+from ._heal_donor import DonorCache, Stale
 from ._heal_state import Chunk, Piece, StateLayout
 from ._loop_protocol import (
     Answer,
@@ -166,7 +167,7 @@ class Manager:
     def donor_layout(self) -> StateLayout:
         return self._donor.layout(self, prepared=not self._at_boundary)
 
-    def donor_chunks(self, step: int, pieces: Sequence[Piece]) -> list[Chunk]:
+    def donor_chunks(self, step: int, pieces: Sequence[Piece]) -> list[Chunk] | Stale:
         return self._donor.chunks(self, step, pieces, prepared=not self._at_boundary)
 
     # -- inside -------------------------------------------------------------------------------

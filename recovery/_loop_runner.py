@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from mesh import Actor, concurrent_endpoint
 from transport import Addresses
 
+from ._heal_donor import Stale
 from ._heal_state import Chunk, Piece, StateLayout
 
 
@@ -42,7 +43,7 @@ class Donor(Protocol):
 
     def donor_layout(self) -> StateLayout: ...
 
-    def donor_chunks(self, step: int, pieces: Sequence[Piece]) -> list[Chunk]: ...
+    def donor_chunks(self, step: int, pieces: Sequence[Piece]) -> list[Chunk] | Stale: ...
 
 
 @dataclass
@@ -88,7 +89,7 @@ class LoopRunner(Actor):
         return self._donor().donor_layout()
 
     @concurrent_endpoint
-    def heal_chunks(self, step: int, pieces: Sequence[Piece]) -> list[Chunk]:
+    def heal_chunks(self, step: int, pieces: Sequence[Piece]) -> list[Chunk] | Stale:
         return self._donor().donor_chunks(step, pieces)
 
     def _attach(self, manager: Donor) -> None:

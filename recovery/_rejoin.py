@@ -3,11 +3,12 @@
 A ready spare takes its place at once (`_standby`). Otherwise the member is re-spawned in the
 background; as soon as it runs (`Replica.rejoin`), it heals from the live replicas *while they
 step* (a replica serves the committed state during its own step: the step changes it only
-when it is committed). A heal that a commit overtook fails (its donors refuse chunks of an old
-step) and starts again. A heal that ended at step h, when the group has committed c > h since,
-is finished by applying the averaged gradients of steps h+1..c, which the members keep while a
-replacement is on its way (`KEEP_WHILE_HEALING`); only that catch-up, an optimizer step or
-two, happens between two steps. The member then takes part from the next step on.
+when it is committed). A heal that a commit overtakes goes on at the newest step and replays
+the update on what it fetched before (`_heal_groups`). A heal that ended at step h, when the
+group has committed c > h since, is finished by applying the averaged gradients of steps
+h+1..c, which the members keep while a replacement is on its way (`KEEP_WHILE_HEALING`); only
+that catch-up, an optimizer step or two, happens between two steps. The member then takes
+part from the next step on.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from mesh import Future
 from supervision import ActorError, SupervisionError
 from transport import get_logger
 
-from ._heal import OLD_STEP_COMMITS, HealReport
+from ._heal import HealReport
 from ._members import Member, ReplicaSpawner
 from ._outcomes import short
 from ._standby import Standbys
 
 #: While a replacement heals, members keep the averaged gradients of this many committed steps
-#: (a gradient's memory each), so a heal that a commit overtook at its end is caught up.
-KEEP_WHILE_HEALING = OLD_STEP_COMMITS
+#: (a gradient's memory each): a heal that commits overtook replays them on what it fetched
+#: before (`_heal_groups`), and a heal that ended a step behind is caught up with them.
+KEEP_WHILE_HEALING = 2
 
 _LOST = (SupervisionError, ActorError, TimeoutError)
 

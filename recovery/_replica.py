@@ -40,8 +40,10 @@ from ._arithmetic import (
 from ._build import random_init_skipped, warm_up_in_background
 from ._exchange import GroupPlace, HeldGroups, exchange_average, open_group
 from ._follow import Lowered, Takeover, UpdateLog, rank_match, warm_up_autograd, warm_up_gloo
-from ._heal import DonorCache, HealReport, StepStart, endpoints_of, heal
+from ._heal import HealReport, endpoints_of, heal
 from ._heal_catch_up import caught_up
+from ._heal_donor import DonorCache, Stale, StepStart
+from ._heal_groups import update_fetcher
 from ._heal_state import Chunk, Piece, StateLayout
 from ._prefetch import Prefetched, follow_group, take_over
 
@@ -267,7 +269,7 @@ class Replica(Actor):
             if self._update is None or step != self.committed_step + 1:
                 raise RuntimeError(f"replica {self.replica_id} has no prepared step {step}")
             self.on_phase("commit", step)
-            self._donor.clear(keep_old=True)  # the state changes now: a heal keeps its bytes
+            self._donor.clear()  # the state changes now
             self.on_phase("apply", step)
             apply_average(self.model, self.optimizer, self._update)
             self._started, self._computed = None, 0
@@ -316,14 +318,14 @@ class Replica(Actor):
 
     def _heal(self, peers: ActorMesh[Replica] | Sequence[ActorMesh[Replica]]) -> HealReport:
         meshes = [peers] if not isinstance(peers, Sequence) else list(peers)
-        donors = [endpoints_of(rank_match(mesh, context().rank.rank)) for mesh in meshes]
+        ranks = [rank_match(mesh, context().rank.rank) for mesh in meshes]
         with self._changing:
             self._started = self._update = None
             self._computed = 0
             self._donor.clear()
-        self.last_heal = heal(
-            self, donors, self.heal_chunk_bytes, self.heal_window, self.heal_timeout_s
-        )
+        updates = update_fetcher(ranks, self.model, self.heal_timeout_s)
+        sizes = self.heal_chunk_bytes, self.heal_window, self.heal_timeout_s
+        self.last_heal = heal(self, list(map(endpoints_of, ranks)), *sizes, updates)
         self._uninitialised = False
         return self.last_heal
 
@@ -336,8 +338,9 @@ class Replica(Actor):
             return self._donor.layout(self, False, self._started)
 
     @concurrent_endpoint
-    def heal_chunks(self, step: int, pieces: Sequence[Piece]) -> list[Chunk]:
-        """Bytes of the committed state of `step` (tensor, start, stop), sent from memory."""
+    def heal_chunks(self, step: int, pieces: Sequence[Piece]) -> list[Chunk] | Stale:
+        """Bytes of the committed state of `step` (tensor, start, stop), sent from memory;
+        `Stale` if this replica does not hold that step (`_heal_donor`)."""
         self.on_phase("heal", step)
         with self._changing:
             return self._donor.chunks(self, step, pieces, False, self._started)
@@ -345,11 +348,14 @@ class Replica(Actor):
     # -- spares -------------------------------------------------------------------------------
 
     @concurrent_endpoint
-    def committed_updates(self, first: int, last: int) -> list[torch.Tensor] | None:
-        """The averaged gradients of committed steps `first`..`last`, for a spare to apply
-        (sent from this replica's memory, no copy); None unless this replica keeps them all
+    def committed_updates(
+        self, first: int, last: int, span: tuple[int, int] | None = None
+    ) -> list[torch.Tensor] | None:
+        """The averaged gradients of committed steps `first`..`last` (elements `span` of each,
+        if given: a heal needs only some parameters'), for a spare to apply (sent from this
+        replica's memory, no copy); None unless this replica keeps them all
         (`standby_updates`)."""
-        return self._updates.lend(first, last)
+        return self._updates.lend(first, last, span)
 
     @concurrent_endpoint
     def follow(

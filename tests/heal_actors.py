@@ -15,6 +15,7 @@ from replica_actors import DyingTrainer, Trainer
 
 from mesh import endpoint
 from mesh.testing import signal_this_process
+from recovery import HealReport
 
 
 class BigTrainer(Trainer):
@@ -168,6 +169,7 @@ class HeldAfterFirstChunk(Trainer):
 
     heal_chunk_bytes = 64
     heal_window = 1
+    free_chunks = 1  # served before the hold
 
     def __init__(self, hold: str) -> None:
         self.hold = Path(hold)
@@ -178,7 +180,7 @@ class HeldAfterFirstChunk(Trainer):
         if phase != "heal" or not self.hold.exists():
             return
         self.served += 1
-        if self.served > 1:
+        if self.served > self.free_chunks:
             self.hold.with_suffix(".asked").touch()
             deadline = time.monotonic() + 30.0
             while self.hold.exists() and time.monotonic() < deadline:
@@ -189,8 +191,19 @@ class HeldAfterFirstChunk(Trainer):
         """The step this replica's last heal brought it to (None: it never healed)."""
         return None if self.last_heal is None else self.last_heal.step
 
+    @endpoint
+    def heal_report(self) -> HealReport | None:
+        return self.last_heal
 
-class HeldAfterFirstChunkScheduled(HeldAfterFirstChunk):
+
+class HeldAfterFirstParameter(HeldAfterFirstChunk):
+    """`HeldAfterFirstChunk` whose two donors serve 13 chunks each (1664 bytes) before the
+    hold: the first parameter and its optimizer state (1540 bytes), and part of the next."""
+
+    free_chunks = 13
+
+
+class HeldAfterFirstChunkScheduled(HeldAfterFirstParameter):
     """`HeldAfterFirstChunk` whose learning rate a schedule sets as each step is applied: the
     optimizer's state changes outside the averaged gradients, so a replacement cannot be
     caught up with them alone (it applies them at the rate of the step it healed at)."""
@@ -200,3 +213,10 @@ class HeldAfterFirstChunkScheduled(HeldAfterFirstChunk):
             for group in self.optimizer.param_groups:
                 group["lr"] = 1e-2 * 0.5**step
         super().on_phase(phase, step)
+
+
+class HeldAtFirstChunk(HeldAfterFirstChunk):
+    """`HeldAfterFirstChunk` whose donors serve no chunk before the hold: a heal has its
+    layout, and nothing else, when the group commits."""
+
+    free_chunks = 0

@@ -16,7 +16,7 @@ import pytest
 from test_replicas import assert_invariants, pid_of, train, train_until_recovered
 
 from mesh import this_host
-from recovery import ReplicaGroup
+from recovery import HealReport, ReplicaGroup
 from supervision import ActorError
 
 pytestmark = pytest.mark.timeout(300)
@@ -96,16 +96,19 @@ def test_a_peer_dying_mid_heal_leaves_its_chunks_to_the_other(
 
 
 def _bad_requests_are_refused(group: ReplicaGroup) -> None:
-    """A donor refuses bad chunk requests and requests for another step, with the reason; a
-    replica whose model differs from the peer's refuses to heal from it. Both live on."""
+    """A donor refuses bad chunk requests with the reason, and answers a request for another
+    step that it does not hold with `Stale` (the heal asks another donor); a replica whose
+    model differs from the peer's refuses to heal from it. Both live on."""
     donor = group.replicas[0]
     step = group.committed_steps
     with pytest.raises(ActorError, match="names no tensor"):
         donor.heal_chunks.call_one(step, [(10**6, 0, 1)]).get(timeout=60)
     with pytest.raises(ActorError, match=r"outside tensor model\.0\.weight"):
         donor.heal_chunks.call_one(step, [(0, 0, 10**9)]).get(timeout=60)
-    with pytest.raises(ActorError, match="heal again from the current step"):
-        donor.heal_chunks.call_one(step - 1, [(0, 0, 4)]).get(timeout=60)
+    stale = donor.heal_chunks.call_one(step - 1, [(0, 0, 4)]).get(timeout=60)
+    assert type(stale).__name__ == "Stale", stale  # an answer, not an error: ask another
+    assert (stale.asked, stale.committed) == (step - 1, step)
+    assert "heal again from the current step" in str(stale)
     procs = this_host().spawn_procs(per_host={"gpus": 1}, name="wider")
     try:
         wider = procs.spawn("wider", ha.WiderTrainer)
@@ -165,18 +168,18 @@ def _committed_reads(group: ReplicaGroup) -> dict[tuple[int, int], tuple[tuple[i
     return reads
 
 
-@pytest.mark.parametrize("drifts", [False, True], ids=["caught-up", "scheduled"])
-def test_a_heal_that_a_commit_overtakes_goes_on_at_its_step(
+@pytest.mark.parametrize("drifts", [False, True], ids=["plain", "scheduled"])
+def test_a_heal_that_a_commit_overtakes_keeps_what_it_fetched_and_replays_the_update(
     groups: list[ReplicaGroup], tmp_path: Path, drifts: bool
 ) -> None:
-    """The donors keep what a heal has not asked for yet as they commit: the heal ends at the
-    step it began at, instead of starting again, and the replacement catches up on the step
-    committed meanwhile by itself, at once, without waiting for a step of the group. A replica
-    whose learning rate a schedule sets cannot be caught up with the updates alone: its
-    digest differs from the one the group took as it committed, and the replacement heals
-    whole before it joins."""
+    """A commit overtakes a heal that holds the first parameter and its optimizer state of
+    step 2 and part of the next: the donors keep nothing (they answer `Stale`), the heal
+    fetches the rest at step 3 and applies step 3's update to that first parameter alone, in
+    the same call. The replacement holds step 3 with the donors' bits, without a step of the
+    group, also when a schedule sets the learning rate at each apply (the replay uses step
+    3's), and the run equals a replay."""
     hold = tmp_path / "hold"
-    actor = ha.HeldAfterFirstChunkScheduled if drifts else ha.HeldAfterFirstChunk
+    actor = ha.HeldAfterFirstChunkScheduled if drifts else ha.HeldAfterFirstParameter
     group = ReplicaGroup(this_host(), actor, str(hold), replicas=3, heartbeat_timeout_s=HB)
     groups.append(group)
     train(group, 2)
@@ -186,20 +189,15 @@ def test_a_heal_that_a_commit_overtakes_goes_on_at_its_step(
     while not group.step().committed:  # a commit overtakes the heal under way
         pass
     hold.unlink()  # the heal goes on, with no step meanwhile
-
-    def healed_to() -> int | None:
-        return group.replicas[1].healed_to.call_one().get(timeout=30)  # type: ignore[no-any-return]
-
-    _wait_for(lambda: healed_to() is not None, "the replacement never healed")
-    assert healed_to() == 2, group.outcomes  # the step it began at: it did not start again
-    # it caught up on step 3 by itself, as its heal ended: no step of the group was needed
+    report = _healed(group, 1)
+    assert (report.step, report.starts, report.updates) == (3, 2, 1), report
     held = group.replicas[1].status.call_one().get(timeout=30)
     theirs = group.replicas[0].status.call_one().get(timeout=30)
-    assert held[0] == theirs[0] == group.committed_steps == 3
-    assert (held[1] != theirs[1]) == drifts, "the updates alone miss what a schedule sets"
+    assert held == theirs and held[0] == group.committed_steps == 3
+    assert report.digest == held[1]  # for the group to check
     train_until_recovered(group)
     assert group.live() == (0, 1, 2)
-    assert (healed_to() != 2) == drifts, "healed whole after the catch-up only if it drifts"
+    assert group.replicas[1].heal_report.call_one().get(timeout=30) == report  # no 2nd heal
     train(group, group.committed_steps + 1)
     if drifts:  # the replay knows no schedule: the replicas agree
         assert group.check_consistency() is None
@@ -207,16 +205,26 @@ def test_a_heal_that_a_commit_overtakes_goes_on_at_its_step(
         assert_invariants(group)
 
 
-def test_a_replacement_two_steps_behind_after_its_heal_heals_again(
+def _healed(group: ReplicaGroup, replica: int) -> HealReport:
+    """The report of `replica`'s heal, once it healed."""
+    _wait_for(
+        lambda: group.replicas[replica].heal_report.call_one().get(timeout=30) is not None,
+        "the replacement never healed",
+    )
+    return group.replicas[replica].heal_report.call_one().get(timeout=30)  # type: ignore[no-any-return]
+
+
+def test_a_heal_two_steps_behind_fetches_again_what_it_held(
     groups: list[ReplicaGroup], tmp_path: Path
 ) -> None:
-    """Two commits overtake a heal: it ends at the step it began at, two steps behind the
-    group, and the replacement heals again from the newest committed step (at model scale
-    cheaper than two optimizer steps) instead of applying the two updates; it then joins
-    without a step of catch-up, and the run equals a replay."""
+    """Two commits overtake a heal that holds the first parameter of step 2: two steps behind
+    (`REPLAY_BEHIND` is 1; at model scale a fetch is cheaper than two optimizer steps), the
+    heal fetches it again at step 4 with the rest instead of replaying two updates on it,
+    in the same call; the replacement joins without a step of catch-up, and the run equals
+    a replay."""
     hold = tmp_path / "hold"
     group = ReplicaGroup(
-        this_host(), ha.HeldAfterFirstChunk, str(hold), replicas=3, heartbeat_timeout_s=HB
+        this_host(), ha.HeldAfterFirstParameter, str(hold), replicas=3, heartbeat_timeout_s=HB
     )
     groups.append(group)
     train(group, 2)
@@ -226,15 +234,44 @@ def test_a_replacement_two_steps_behind_after_its_heal_heals_again(
     committed = 0
     while committed < 2:  # two commits overtake the heal under way
         committed += group.step().committed
-    hold.unlink()  # the heal goes on at step 2, with no step meanwhile
-
-    def healed_to() -> int | None:
-        return group.replicas[1].healed_to.call_one().get(timeout=30)  # type: ignore[no-any-return]
-
-    _wait_for(lambda: healed_to() is not None, "the replacement never healed")
-    assert healed_to() == group.committed_steps == 4, group.outcomes  # healed again, at 4
+    hold.unlink()  # the heal goes on, with no step meanwhile
+    report = _healed(group, 1)
+    assert (report.step, report.starts, report.updates) == (4, 2, 0), report
+    assert group.committed_steps == 4
     held = group.replicas[1].status.call_one().get(timeout=30)
     assert held == group.replicas[0].status.call_one().get(timeout=30)
+    train_until_recovered(group)
+    assert group.live() == (0, 1, 2)
+    train(group, group.committed_steps + 1)
+    assert_invariants(group)
+
+
+@pytest.mark.parametrize("commits", [1, 3])
+def test_a_heal_overtaken_before_its_first_chunk_goes_on_at_the_newest_step(
+    groups: list[ReplicaGroup], tmp_path: Path, commits: int
+) -> None:
+    """Commits overtake a heal that has its layout and nothing else: every donor answers
+    `Stale`, and the heal goes on at the newest committed step in the same call, into the
+    memory it made, instead of failing (which cost a step boundary and a heal from scratch:
+    the first heal "refused" at 100 MB)."""
+    hold = tmp_path / "hold"
+    group = ReplicaGroup(
+        this_host(), ha.HeldAtFirstChunk, str(hold), replicas=3, heartbeat_timeout_s=HB
+    )
+    groups.append(group)
+    train(group, 2)
+    hold.touch()
+    os.kill(pid_of(group, 1), signal.SIGKILL)
+    _wait_for(hold.with_suffix(".asked").exists, "the replacement never asked for its state")
+    committed = 0
+    while committed < commits:  # commits overtake the heal before any chunk was served
+        committed += group.step().committed
+    hold.unlink()
+    report = _healed(group, 1)
+    assert (report.starts, report.step, report.updates) == (2, 2 + commits, 0), report
+    held = group.replicas[1].status.call_one().get(timeout=30)
+    assert held == group.replicas[0].status.call_one().get(timeout=30)
+    assert held[0] == group.committed_steps == 2 + commits
     train_until_recovered(group)
     assert group.live() == (0, 1, 2)
     train(group, group.committed_steps + 1)
