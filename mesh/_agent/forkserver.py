@@ -42,7 +42,7 @@ from typing import Any, NoReturn
 from mesh._agent.death_watch import DeathWatch
 from mesh._agent.launching import exec_bootstrap, launch_refusal
 from mesh._agent.log_files import LogFileConfig, RankLog
-from mesh._agent.output_relay import Output, Relay, drain_relays
+from mesh._agent.output_relay import Output, Relay, drain_relays, open_log_files
 from mesh._agent.warm_start import WarmUp, freeze_inherited, warm_up_runtime
 from mesh._engine.log_messages import SyncOutput
 from mesh._settings import ENV_NAMES, current_settings
@@ -205,6 +205,8 @@ def _serve(control: socket.socket, logs: LogFileConfig | None) -> NoReturn:
                     _reap(control, children, deaths)
                 elif key.data is deaths:
                     deaths.report(control, selector)
+                elif selector.get_map().get(key.fd) is not key:  # drained to its end meanwhile
+                    continue
                 elif not key.data.pump():
                     selector.unregister(key.fd)
                     os.close(key.fd)
@@ -314,7 +316,7 @@ def _fork_proc(
         inherited = [control.fileno(), wake_read, out_read, err_read, *deaths.fds()]
         inherited += [key.fd for key in selector.get_map().values()]
         inherited += [output.fd for output in outputs if output.fd > 2]
-        inherited += _open_log_files(selector)
+        inherited += open_log_files(selector)
         _become_proc(config, out_write, err_write, inherited, lambda: deaths.hold(slot))
     deaths.watch(slot, pid)
     os.close(out_write)
@@ -327,12 +329,6 @@ def _fork_proc(
         relay.quiet = config["quiet_output"]
         relay.log = rank_log
     return pid, relays
-
-
-def _open_log_files(selector: selectors.BaseSelector) -> list[int]:
-    """The descriptors of the procs' open log files (a new proc closes them)."""
-    relays = [key.data for key in selector.get_map().values() if isinstance(key.data, Relay)]
-    return [relay.log.fd for relay in relays if relay.log is not None and relay.log.fd is not None]
 
 
 def _become_proc(

@@ -176,6 +176,12 @@ def drain_relays(selector: selectors.BaseSelector, which: Callable[[Relay], bool
     return open_relays
 
 
+def open_log_files(selector: selectors.BaseSelector) -> list[int]:
+    """The descriptors of the procs' open log files (a new proc closes them)."""
+    relays = [key.data for key in selector.get_map().values() if isinstance(key.data, Relay)]
+    return [relay.log.fd for relay in relays if relay.log is not None and relay.log.fd is not None]
+
+
 def _batches(lines: list[bytes]) -> list[list[bytes]]:
     """`lines` in groups of at most `_BATCH_BYTES` (a longer line cut in pieces)."""
     batches: list[list[bytes]] = [[]]
