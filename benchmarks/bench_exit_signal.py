@@ -165,6 +165,61 @@ def compare(args: argparse.Namespace) -> None:
             print(f"{size:>5} {name:>5} {caller:>8.1f} {owner:>8.1f}   {each}")
 
 
+# -- what watching costs: one futex_waitv thread (DeathWatch) or a thread per proc ------------
+
+
+def watch_cost(count: int, how: str) -> dict[str, float]:
+    """Fork `count` idle children holding their mutex, watched `how` ("none", "waitv",
+    "threads"), then SIGKILL them all: CPU ms of this process (all threads, forks included)
+    to fork and watch, CPU ms and wall ms until every death was seen."""
+    from mesh._agent.death_watch import DeathWatch
+
+    deaths, seen, pids = DeathWatch(), [], []
+    cpu = time.process_time()
+    for _ in range(count):
+        slot = deaths.arm()
+        held, holding = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            deaths.hold(slot)
+            os.write(holding, b"x")
+            time.sleep(600)
+        os.close(holding)
+        os.read(held, 1)
+        os.close(held)
+        pids.append(pid)
+        if how == "waitv":
+            deaths.watch(slot, pid)
+        elif how == "threads":
+            mutex = ctypes.c_void_p(deaths._address(slot))
+            thread = threading.Thread(
+                target=lambda m=mutex: seen.append(LIBC.pthread_mutex_lock(m))
+            )
+            thread.start()
+    deaths.commit()
+    forked = time.process_time()
+    time.sleep(0.5)  # every waiter waits
+    started, cpu_kill = time.monotonic(), time.process_time()
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    while how != "none" and len(seen) < count:
+        if how == "waitv":
+            select.select([deaths], [], [], 1.0)
+            seen += deaths.take()
+        else:
+            time.sleep(0.0005)
+    wall = time.monotonic() - started
+    cpu_seen = time.process_time() - cpu_kill
+    for pid in pids:
+        os.waitpid(pid, 0)
+        deaths.reaped(pid, 9)
+    return {
+        "fork_watch_cpu_ms": (forked - cpu) * 1e3,
+        "kill_cpu_ms": cpu_seen * 1e3,
+        "all_seen_ms": wall * 1e3,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-gb", default="0.1,1,3")
@@ -172,7 +227,21 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--mesh", action="store_true", help="kill a proc of a mesh instead")
     parser.add_argument("--baseline", help="a checkout to compare --mesh with, run alternately")
+    parser.add_argument("--watch-cost", type=int, help="N procs: what watching them costs")
     args = parser.parse_args()
+    if args.watch_cost:
+        print(
+            f"load average {os.getloadavg()[0]:.1f}; {args.watch_cost} procs, median of "
+            f"{args.reps}: CPU ms to fork and watch them; CPU ms and ms to see them killed"
+        )
+        runs: dict[str, list[dict[str, float]]] = {"none": [], "waitv": [], "threads": []}
+        for _ in range(args.reps):
+            for how, kept in runs.items():
+                kept.append(watch_cost(args.watch_cost, how))
+        for how, kept in runs.items():
+            row = {k: statistics.median(r[k] for r in kept) for k in kept[0]}
+            print(f"{how:>8} " + " ".join(f"{k} {v:7.1f}" for k, v in row.items()))
+        return
     if args.baseline:
         compare(args)
         return

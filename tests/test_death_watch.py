@@ -56,6 +56,7 @@ def _fork(deaths: DeathWatch, children: list[int], then: Callable[[], None]) -> 
         finally:
             os._exit(0)
     deaths.watch(slot, pid)
+    deaths.commit()
     children.append(pid)
     os.close(holding)
     os.read(held, 1)

@@ -24,13 +24,14 @@ import selectors
 import signal
 import socket
 import struct
+import sys
 import threading
 
 from mesh._agent.output_relay import drain_relays
 
 _SLOT = 64  # bytes per mutex (a pthread_mutex_t is 40 or 48)
-_SLOTS = 4096  # procs alive at once that can have one; others are seen by the reap only
 _PER_THREAD = 127  # futex_waitv takes 128 futexes: a thread's procs and its control word
+_SLOTS = 32 * _PER_THREAD  # procs alive at once that can have one; others: the reap only
 _OWNER_DIED, _WAITERS = 0x40000000, 0x80000000
 _PF_EXITING = 0x4
 _SYSCALLS = {"x86_64": (202, 449), "aarch64": (98, 449)}  # futex, futex_waitv
@@ -93,12 +94,16 @@ class _Watcher:
         threading.Thread(target=self._run, name="meshvisor-deaths", daemon=True).start()
 
     def change(self, address: int, pid: int | None) -> None:
-        """Watch the mutex at `address` for proc `pid` (None: stop watching it)."""
+        """Watch the mutex at `address` for proc `pid` (None: stop watching it), from the
+        next `wake` (its slots are its own: a wait left on a freed one wakes only itself)."""
         with self._lock:
             if pid is None:
                 self.watched.pop(address, None)
             else:
                 self.watched[address] = pid
+
+    def wake(self) -> None:
+        """Make it wait on the mutexes it watches now."""
         self._control.value += 1
         wake = _FUTEX_WAKE | _FUTEX_PRIVATE
         _syscall(self._futex, ctypes.addressof(self._control), wake, 1, None, None, 0)
@@ -141,8 +146,9 @@ class DeathWatch:
         _LIBC.pthread_mutexattr_setpshared(self._attributes, 1)
         _LIBC.pthread_mutexattr_setrobust(self._attributes, 1)
         self._free = list(range(_SLOTS - 1, -1, -1))
-        self._slots: dict[int, tuple[int, _Watcher]] = {}  # pid -> its slot, its watcher
-        self._watchers: list[_Watcher] = []
+        self._slots: dict[int, int] = {}  # pid -> its slot
+        self._watchers: dict[int, _Watcher] = {}  # by slot // _PER_THREAD: the slots it owns
+        self._unseen: set[_Watcher] = set()  # those with procs to add at the next `commit`
         self._early: dict[int, int] = {}  # pid -> the status it was reported with
         self._read, self._write = os.pipe()
         os.set_blocking(self._read, False)
@@ -185,13 +191,19 @@ class DeathWatch:
         if pid is None:
             self._free.append(slot)
             return
-        watcher = next((w for w in self._watchers if len(w.watched) < _PER_THREAD), None)
-        if watcher is None and self._numbers is not None:
-            watcher = _Watcher(self._numbers, self._write)
-            self._watchers.append(watcher)
-        assert watcher is not None
-        self._slots[pid] = (slot, watcher)
+        assert self._numbers is not None  # `arm` gave a slot
+        watcher = self._watchers.get(slot // _PER_THREAD)
+        if watcher is None:
+            watcher = self._watchers[slot // _PER_THREAD] = _Watcher(self._numbers, self._write)
+        self._slots[pid] = slot
         watcher.change(self._address(slot), pid)
+        self._unseen.add(watcher)
+
+    def commit(self) -> None:
+        """Start watching the procs `watch` was given (once per batch of forks: one wake)."""
+        for watcher in self._unseen:
+            watcher.wake()
+        self._unseen.clear()
 
     def take(self) -> list[tuple[int, int]]:
         """The procs whose mutex was released that are being killed: (pid, waitpid status)."""
@@ -219,10 +231,17 @@ class DeathWatch:
         """Proc `pid` was reaped with `status`: free its mutex; whether its exit is still to
         be reported (not reported early with that status)."""
         if pid in self._slots:
-            slot, watcher = self._slots.pop(pid)
-            watcher.change(self._address(slot), None)
+            slot = self._slots.pop(pid)
+            self._watchers[slot // _PER_THREAD].change(self._address(slot), None)
             self._free.append(slot)
-        return self._early.pop(pid, None) != status
+        early = self._early.pop(pid, None)
+        if early is not None and early != status:  # never seen: /proc said what waitpid says
+            print(
+                f"meshvisor fork server: proc {pid} was reported killed with status {early}, "
+                f"then reaped with status {status}",
+                file=sys.stderr,
+            )
+        return early is None
 
     def _address(self, slot: int) -> int:
         return self._base + slot * _SLOT

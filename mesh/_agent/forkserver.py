@@ -1,4 +1,4 @@
-"""The fork server: a single-threaded, pre-imported process that forks procs quickly.
+"""The fork server: a pre-imported process (one thread, and `death_watch`'s) that forks procs.
 
 The host agent forks it before creating any zmq context or thread, so each proc starts as a
 copy of an interpreter that has already imported meshvisor (a few milliseconds instead of a
@@ -262,6 +262,7 @@ def _handle_request(
         for relay in relays:
             selector.register(relay.fd, selectors.EVENT_READ, relay)
         control.send(pickle.dumps(("spawned", proc_id, pid)))
+    where[2].commit()
 
 
 def _startable(batch: list[ForkRequest], control: socket.socket) -> list[ForkRequest]:
