@@ -116,8 +116,9 @@ class _Watcher:
                 watched = dict(self.watched)
             for address, pid in watched.items():
                 if ctypes.c_uint32.from_address(address).value & _OWNER_DIED:
-                    with self._lock:
-                        self.watched.pop(address, None)
+                    with self._lock:  # unless its slot serves another proc already
+                        if self.watched.get(address) == pid:
+                            del self.watched[address]
                     os.write(self._notify, _PID.pack(pid))
             self._wait(control)
 
