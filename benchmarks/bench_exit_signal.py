@@ -213,6 +213,7 @@ def watch_cost(count: int, how: str) -> dict[str, float]:
     for pid in pids:
         os.waitpid(pid, 0)
         deaths.reaped(pid, 9)
+    deaths.close()
     return {
         "fork_watch_cpu_ms": (forked - cpu) * 1e3,
         "kill_cpu_ms": cpu_seen * 1e3,

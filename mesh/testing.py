@@ -17,7 +17,8 @@ aggregate proc lines without procs (`RankLog`, `LogFileConfig`, `line_level`, `A
 `workspace_path_problem`; `fanout_wire`, those of fanned-out calls; `shared_payload_wire`, the
 memory files of shared payloads; `arena_wire`, the payload arena procs read them from, and
 `PayloadArena`, an agent's half of it; `FanOutRelay`, an agent's half of fanned-out calls, over a
-`ProcTable` of `ProcRecord`s; `Watchdog`, an agent's heartbeat deadlines over such a table).
+`ProcTable` of `ProcRecord`s; `Watchdog`, an agent's heartbeat deadlines over such a table;
+`DeathWatch`, the fork server's robust mutexes that tell a proc killed before it is reaped).
 `fan_out_from` sets when calls go through host agents, and `fanned_out` tells which path an actor
 mesh's last messages took. Each reads the engine in one place, here.
 """
@@ -30,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from mesh._agent.death_watch import DeathWatch as DeathWatch
 from mesh._agent.log_files import LogFileConfig as LogFileConfig
 from mesh._agent.log_files import RankLog as RankLog
 from mesh._agent.log_records import line_level as line_level
@@ -66,6 +68,7 @@ from mesh._shape import Region as Region
 __all__ = (
     "Aggregator",
     "Bookkeeping",
+    "DeathWatch",
     "FanOutRelay",
     "LocalAgent",
     "LogFileConfig",

@@ -22,7 +22,7 @@ from polling import pid_alive, wait_until
 from recording import Recorder
 
 from mesh import Actor, endpoint
-from mesh._agent.death_watch import DeathWatch
+from mesh.testing import DeathWatch
 from supervision import SupervisionError
 
 T = 30.0
@@ -38,8 +38,7 @@ def watch() -> Iterator[tuple[DeathWatch, list[int]]]:
             os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
-    for fd in deaths.fds():
-        os.close(fd)
+    deaths.close()
 
 
 def _fork(deaths: DeathWatch, children: list[int], then: Callable[[], None]) -> int:

@@ -168,6 +168,7 @@ def _preload(names: tuple[str, ...] | list[str]) -> None:
 
 def _serve(control: socket.socket, logs: LogFileConfig | None) -> NoReturn:
     die_with_parent()
+    deaths = DeathWatch()  # sees a proc killed before its memory is freed; forks its waiter
     _preload(current_settings().preload)
     warm_up_runtime()
     warming = WarmUp()
@@ -180,7 +181,6 @@ def _serve(control: socket.socket, logs: LogFileConfig | None) -> NoReturn:
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ, "control")
     selector.register(wake_read, selectors.EVENT_READ, "wake")
-    deaths = DeathWatch()  # sees a proc killed before its memory is freed, unlike the reap
     selector.register(deaths.fileno(), selectors.EVENT_READ, deaths)
     children: set[int] = set()
     outputs = (Output(1), Output(2))
@@ -314,7 +314,7 @@ def _fork_proc(
         deaths.watch(slot, None)
         raise
     if pid == 0:
-        inherited = [control.fileno(), wake_read, out_read, err_read, *deaths.fds()]
+        inherited = [control.fileno(), wake_read, out_read, err_read, deaths.fileno()]
         inherited += [key.fd for key in selector.get_map().values()]
         inherited += [output.fd for output in outputs if output.fd > 2]
         inherited += open_log_files(selector)
@@ -392,5 +392,5 @@ def _reap(control: socket.socket, children: set[int], deaths: DeathWatch) -> Non
         if pid == 0:
             return
         children.discard(pid)
-        if deaths.reaped(pid, status):  # not already told by `_report_deaths`
+        if deaths.reaped(pid, status):  # not already told by `DeathWatch.report`
             control.send(pickle.dumps(("exited", pid, status)))
