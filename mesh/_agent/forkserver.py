@@ -1,4 +1,4 @@
-"""The fork server: a pre-imported process (one thread, and `death_watch`'s) that forks procs.
+"""The fork server: a single-threaded, pre-imported process that forks procs quickly.
 
 The host agent forks it before creating any zmq context or thread, so each proc starts as a
 copy of an interpreter that has already imported meshvisor (a few milliseconds instead of a
