@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from polling import pid_alive, wait_until
+from polling import pid_alive, wait_gone, wait_until
 from recording import Recorder
 
 from mesh import Actor, endpoint
@@ -165,6 +165,26 @@ def test_many_deaths_at_once_across_watcher_threads(watch: tuple[DeathWatch, lis
     assert _deaths_until(deaths, 1)[0][0] == again
 
 
+def test_the_waiter_dies_with_its_fork_server() -> None:
+    """No process is left when the fork server is SIGKILLed (its agent killed): the waiter
+    goes with it, and the mutexes' memory (an anonymous shared mapping) with the last proc."""
+    ready_read, ready_write = os.pipe()
+    server = os.fork()
+    if server == 0:
+        try:
+            os.write(ready_write, str(DeathWatch().waiter_pid).encode())
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    os.close(ready_write)
+    waiter = int(os.read(ready_read, 32))
+    os.close(ready_read)
+    assert pid_alive(waiter)
+    os.kill(server, signal.SIGKILL)
+    os.waitpid(server, 0)
+    wait_gone([waiter])
+
+
 def _resident_mb(pid: int) -> int:
     with open(f"/proc/{pid}/statm") as file:
         return int(file.read().split()[1]) * mmap.PAGESIZE >> 20
@@ -244,6 +264,30 @@ def test_a_stopped_proc_is_not_reported(make_procs: Callable[..., Any]) -> None:
     assert event.pid == pids[1]
     assert actors.slice(gpus=0).sleep.call_one(0.0).get(timeout=T) == "woke"
     assert len(recorder.events) == 1
+
+
+def _pipes(pid: int, skip_stdio: bool = False) -> set[str]:
+    """The pipes process `pid` holds open."""
+    links = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            if not (skip_stdio and int(fd) <= 2):
+                links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return {link for link in links if link.startswith("pipe:")}
+
+
+def test_procs_hold_nothing_of_the_death_watch(make_procs: Callable[..., Any]) -> None:
+    """A proc holds no descriptor of the death watch (its waiter's pipe to the fork server)."""
+    _, _, pids = _spawn(make_procs, 2, 1)
+    with open(f"/proc/{pids[0]}/stat") as file:
+        server = int(file.read().rsplit(")", 1)[1].split()[1])
+    with open(f"/proc/{server}/task/{server}/children") as file:
+        others = {int(pid) for pid in file.read().split()} - set(pids)
+    # the waiter: the one child holding nothing but its stdio and its pipe (procs hold sockets)
+    (waiter,) = [pid for pid in others if len(os.listdir(f"/proc/{pid}/fd")) == 4]
+    notify = _pipes(waiter, skip_stdio=True)
+    assert len(notify) == 1
+    assert not any(notify & _pipes(pid) for pid in pids)
 
 
 def test_many_procs_killed_at_once_are_each_reported(make_procs: Callable[..., Any]) -> None:

@@ -56,10 +56,12 @@ def control_address(base: int, index: int) -> int:
     return base + SLOTS * SLOT + 4 * index
 
 
-def run_waiter(base: int, numbers: tuple[int, int], notify: int) -> NoReturn:
+def run_waiter(base: int, numbers: tuple[int, int], notify: int, parent: int) -> NoReturn:
     """The waiter process: a thread per range in use, started as ranges come into use; it
-    dies with the fork server."""
+    dies with the fork server (process `parent`)."""
     LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(0)
     os.closerange(3, notify)  # what the fork server holds is not its own to keep open
     os.closerange(notify + 1, os.sysconf("SC_OPEN_MAX"))
     signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())

@@ -76,10 +76,11 @@ class DeathWatch:
         self._read, write = os.pipe()
         self.waiter_pid = 0
         if self._numbers is not None:
+            parent = os.getpid()
             self.waiter_pid = os.fork()
             if self.waiter_pid == 0:
                 os.close(self._read)
-                waiter.run_waiter(self._base, self._numbers, write)
+                waiter.run_waiter(self._base, self._numbers, write, parent)
         os.close(write)
         os.set_blocking(self._read, False)
 
