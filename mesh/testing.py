@@ -18,7 +18,8 @@ aggregate proc lines without procs (`RankLog`, `LogFileConfig`, `line_level`, `A
 memory files of shared payloads; `arena_wire`, the payload arena procs read them from, and
 `PayloadArena`, an agent's half of it; `FanOutRelay`, an agent's half of fanned-out calls, over a
 `ProcTable` of `ProcRecord`s; `Watchdog`, an agent's heartbeat deadlines over such a table;
-`DeathWatch`, the fork server's robust mutexes that tell a proc killed before it is reaped).
+`DeathWatch`, the fork server's robust mutexes that tell a proc killed before it is reaped, from
+a child of the fork server that is no proc, named `DEATH_WAITER_NAME`).
 `fan_out_from` sets when calls go through host agents, and `fanned_out` tells which path an actor
 mesh's last messages took. Each reads the engine in one place, here.
 """
@@ -31,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from mesh._agent.death_waiter import WAITER_NAME as DEATH_WAITER_NAME
 from mesh._agent.death_watch import DeathWatch as DeathWatch
 from mesh._agent.log_files import LogFileConfig as LogFileConfig
 from mesh._agent.log_files import RankLog as RankLog
@@ -66,6 +68,7 @@ from mesh._engine.workspace_files import path_problem as workspace_path_problem
 from mesh._shape import Region as Region
 
 __all__ = (
+    "DEATH_WAITER_NAME",
     "Aggregator",
     "Bookkeeping",
     "DeathWatch",

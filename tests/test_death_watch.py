@@ -22,7 +22,7 @@ from polling import pid_alive, wait_gone, wait_until
 from recording import Recorder
 
 from mesh import Actor, endpoint
-from mesh.testing import DeathWatch
+from mesh.testing import DEATH_WAITER_NAME, DeathWatch
 from supervision import SupervisionError
 
 T = 30.0
@@ -266,6 +266,11 @@ def test_a_stopped_proc_is_not_reported(make_procs: Callable[..., Any]) -> None:
     assert len(recorder.events) == 1
 
 
+def _name(pid: int) -> str:
+    with open(f"/proc/{pid}/comm") as file:
+        return file.read().strip()
+
+
 def _pipes(pid: int, skip_stdio: bool = False) -> set[str]:
     """The pipes process `pid` holds open."""
     links = []
@@ -283,8 +288,7 @@ def test_procs_hold_nothing_of_the_death_watch(make_procs: Callable[..., Any]) -
         server = int(file.read().rsplit(")", 1)[1].split()[1])
     with open(f"/proc/{server}/task/{server}/children") as file:
         others = {int(pid) for pid in file.read().split()} - set(pids)
-    # the waiter: the one child holding nothing but its stdio and its pipe (procs hold sockets)
-    (waiter,) = [pid for pid in others if len(os.listdir(f"/proc/{pid}/fd")) == 4]
+    (waiter,) = [pid for pid in others if _name(pid) == DEATH_WAITER_NAME]
     notify = _pipes(waiter, skip_stdio=True)
     assert len(notify) == 1
     assert not any(notify & _pipes(pid) for pid in pids)

@@ -28,6 +28,10 @@ ARENA_BYTES = SLOTS * SLOT + 4 * RANGES + 4
 OWNER_DIED, WAITERS = 0x40000000, 0x80000000
 FUTEX_WAKE, FUTEX2_U32 = 1, 2
 PID = struct.Struct("q")
+#: The waiter's process name (``/proc/PID/comm``): tools that count a fork server's children
+#: as procs leave it out.
+WAITER_NAME = "meshvisor-death"
+_PR_SET_NAME = 15
 LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG = 1
 
@@ -62,6 +66,7 @@ def run_waiter(base: int, numbers: tuple[int, int], notify: int, parent: int) ->
     LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # it died before the line above
         os._exit(0)
+    LIBC.prctl(_PR_SET_NAME, ctypes.c_char_p(WAITER_NAME.encode()))
     os.closerange(3, notify)  # what the fork server holds is not its own to keep open
     os.closerange(notify + 1, os.sysconf("SC_OPEN_MAX"))
     signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
