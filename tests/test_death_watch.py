@@ -165,6 +165,20 @@ def test_many_deaths_at_once_across_watcher_threads(watch: tuple[DeathWatch, lis
     assert _deaths_until(deaths, 1)[0][0] == again
 
 
+def test_without_its_waiter_every_exit_is_left_to_the_reap(
+    watch: tuple[DeathWatch, list[int]],
+) -> None:
+    deaths, children = watch
+    os.kill(deaths.waiter_pid, signal.SIGKILL)
+    os.waitpid(deaths.waiter_pid, 0)
+    select.select([deaths], [], [], T)
+    assert deaths.take() == [] and not deaths.waiting
+    pid = _fork(deaths, children, _sleep)
+    os.kill(pid, signal.SIGKILL)
+    status, still_to_report = _reap(deaths, pid)
+    assert os.WTERMSIG(status) == signal.SIGKILL and still_to_report
+
+
 def test_the_waiter_dies_with_its_fork_server() -> None:
     """No process is left when the fork server is SIGKILLed (its agent killed): the waiter
     goes with it, and the mutexes' memory (an anonymous shared mapping) with the last proc."""

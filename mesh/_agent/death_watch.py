@@ -74,7 +74,7 @@ class DeathWatch:
         self._unseen: set[int] = set()  # ranges with procs to add at the next `commit`
         self._early: dict[int, int] = {}  # pid -> the status it was reported with
         self._read, write = os.pipe()
-        self.waiter_pid = 0
+        self.waiter_pid, self.waiting = 0, True
         if self._numbers is not None:
             parent = os.getpid()
             self.waiter_pid = os.fork()
@@ -90,9 +90,10 @@ class DeathWatch:
 
     def close(self) -> None:
         """Stop the waiter (the fork server's dies with it) and close the pipe."""
-        if self.waiter_pid:
-            os.kill(self.waiter_pid, signal.SIGKILL)
-            os.waitpid(self.waiter_pid, 0)
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            if self.waiter_pid:
+                os.kill(self.waiter_pid, signal.SIGKILL)
+                os.waitpid(self.waiter_pid, 0)
         os.close(self._read)
 
     def arm(self) -> int | None:
@@ -149,6 +150,7 @@ class DeathWatch:
         deaths = []
         with contextlib.suppress(BlockingIOError):
             data = os.read(self._read, PID.size * 8192)
+            self.waiting = bool(data)  # end of file: the waiter was killed; reaps only now
             for (pid,) in PID.iter_unpack(data):
                 status = dying_status(pid)
                 if status is not None and pid in self._slots and pid not in self._early:
@@ -161,6 +163,8 @@ class DeathWatch:
         memory and lets them be reaped; after the lines they wrote (relayed by `selector`'s
         relays): what a proc said comes before its exit."""
         dying = dict(self.take())
+        if not self.waiting:
+            selector.unregister(self._read)
         if dying:
             drain_relays(selector, lambda relay: relay.pid in dying)
         for pid, status in dying.items():
