@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from mesh.testing import DEATH_WAITER_NAME
+
 from ._errors import ChaosSetupError
 
 AGENT_START_TIMEOUT_S = 30.0
@@ -176,7 +178,7 @@ class LocalAllocation:
             if agent is None or agent.poll() is not None:
                 continue
             for forkserver in children(agent.pid):
-                below |= children(forkserver)
+                below |= procs_of(forkserver)
         return below
 
     def leftover_sockets(self) -> list[Path]:
@@ -202,6 +204,19 @@ class LocalAllocation:
                 agent.kill()
                 agent.wait()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def procs_of(forkserver: int) -> set[int]:
+    """The procs a fork server runs: its children but its death waiter."""
+    found = set()
+    for pid in children(forkserver):
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if name != DEATH_WAITER_NAME:
+            found.add(pid)
+    return found
 
 
 def children(pid: int) -> set[int]:

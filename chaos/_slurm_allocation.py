@@ -27,7 +27,7 @@ from pathlib import Path
 from job import SlurmError, SlurmJob
 from job.testing import LocalSlurmCluster, agent_step
 
-from ._allocation import children
+from ._allocation import children, procs_of
 from ._errors import ChaosSetupError
 
 #: The job's warning signal: SLURM's notice ahead of a preemption or of the time limit.
@@ -140,7 +140,7 @@ class SlurmAllocation:
         below: set[int] = set()
         for agent in self._agents():
             for forkserver in children(agent):
-                below |= children(forkserver)
+                below |= procs_of(forkserver)
         return below
 
     def leftover_sockets(self) -> list[Path]:

@@ -19,7 +19,9 @@ memory files of shared payloads; `arena_wire`, the payload arena procs read them
 `PayloadArena`, an agent's half of it; `FanOutRelay`, an agent's half of fanned-out calls, over a
 `ProcTable` of `ProcRecord`s; `Watchdog`, an agent's heartbeat deadlines over such a table, and
 `OwnWaits`, the agent's own waiting for a core that gives its silent procs more time;
-`HandshakeWaits`, a proc's watch over answers sent to callers whose handshake had not passed).
+`HandshakeWaits`, a proc's watch over answers sent to callers whose handshake had not passed;
+`DeathWatch`, the fork server's robust mutexes that tell a proc killed before it is reaped, from
+a child of the fork server that is no proc, named `DEATH_WAITER_NAME`).
 `fan_out_from` sets when calls go through host agents, and `fanned_out` tells which path an actor
 mesh's last messages took. Each reads the engine in one place, here.
 """
@@ -32,6 +34,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from mesh._agent.death_waiter import WAITER_NAME as DEATH_WAITER_NAME
+from mesh._agent.death_watch import DeathWatch as DeathWatch
 from mesh._agent.liveness import OwnWaits as OwnWaits
 from mesh._agent.log_files import LogFileConfig as LogFileConfig
 from mesh._agent.log_files import RankLog as RankLog
@@ -68,8 +72,10 @@ from mesh._engine.workspace_files import path_problem as workspace_path_problem
 from mesh._shape import Region as Region
 
 __all__ = (
+    "DEATH_WAITER_NAME",
     "Aggregator",
     "Bookkeeping",
+    "DeathWatch",
     "FanOutRelay",
     "HandshakeWaits",
     "LocalAgent",

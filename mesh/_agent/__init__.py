@@ -10,7 +10,8 @@ Runs as its own process (``meshvisor agent`` or ``python -m mesh._agent``):
   asked to), ordered for reading, and whether it ran out of memory;
 - `spawning`: a new proc's address, configuration and output prefix;
 - `forkserver`: the single-threaded process that forks procs (a request's procs in one batch);
-  `warm_start` keeps each fork cheap; `proc_main` is what each runs;
+  `warm_start` keeps each fork cheap; `proc_main` is what each runs; `death_watch` sees a proc
+  killed before the kernel has freed its memory, from a waiter process (`death_waiter`);
 - `rundir`: the run directory of the procs' ipc sockets;
 - `allocations`: the allocation files agents join and clients attach to.
 """

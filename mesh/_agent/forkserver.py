@@ -10,7 +10,8 @@ Protocol over a SOCK_SEQPACKET pair, pickled tuples:
                   | ("sync", proc_ids, forward, reply_to, token, quiet)
                   (a config with a "bootstrap" command: the child executes it, see launching)
   server → agent  ("spawned", proc_id, pid) | ("spawn_failed", proc_id, reason)
-                  | ("exited", pid, status) | ("synced", reply_to, token)
+                  | ("exited", pid, status) (reaped, or killed: `death_watch`)
+                  | ("synced", reply_to, token)
                   | ("output", owner, proc_id, prefix, stream, lines)
 Requests travel in packets of at most `_CHUNK` bytes, each starting with b"+" (more follow)
 or b"." (the last), so that a request of any size fits; the agent queues them and sends as
@@ -35,11 +36,13 @@ import socket
 import sys
 import traceback
 from collections import deque
+from collections.abc import Callable
 from typing import Any, NoReturn
 
+from mesh._agent.death_watch import DeathWatch
 from mesh._agent.launching import exec_bootstrap, launch_refusal
 from mesh._agent.log_files import LogFileConfig, RankLog
-from mesh._agent.output_relay import Output, Relay
+from mesh._agent.output_relay import Output, Relay, drain_relays, open_log_files
 from mesh._agent.warm_start import WarmUp, freeze_inherited, warm_up_runtime
 from mesh._engine.log_messages import SyncOutput
 from mesh._settings import ENV_NAMES, current_settings
@@ -165,6 +168,7 @@ def _preload(names: tuple[str, ...] | list[str]) -> None:
 
 def _serve(control: socket.socket, logs: LogFileConfig | None) -> NoReturn:
     die_with_parent()
+    deaths = DeathWatch()  # sees a proc killed before its memory is freed; forks its waiter
     _preload(current_settings().preload)
     warm_up_runtime()
     warming = WarmUp()
@@ -177,6 +181,7 @@ def _serve(control: socket.socket, logs: LogFileConfig | None) -> NoReturn:
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ, "control")
     selector.register(wake_read, selectors.EVENT_READ, "wake")
+    selector.register(deaths.fileno(), selectors.EVENT_READ, deaths)
     children: set[int] = set()
     outputs = (Output(1), Output(2))
     partial: list[bytes] = []  # the packets of a request still arriving
@@ -192,12 +197,16 @@ def _serve(control: socket.socket, logs: LogFileConfig | None) -> NoReturn:
                         warming.finish()
                     if request is not None:
                         _handle_request(
-                            request, control, selector, children, wake_read, (outputs, logs)
+                            request, control, selector, children, wake_read, (outputs, logs, deaths)
                         )
                 elif key.data == "wake":
                     with contextlib.suppress(BlockingIOError):
                         os.read(wake_read, 4096)
-                    _reap(control, children)
+                    _reap(control, children, deaths)
+                elif key.data is deaths:
+                    deaths.report(control, selector)
+                elif selector.get_map().get(key.fd) is not key:  # drained to its end meanwhile
+                    continue
                 elif not key.data.pump():
                     selector.unregister(key.fd)
                     os.close(key.fd)
@@ -234,7 +243,7 @@ def _handle_request(
     selector: selectors.BaseSelector,
     children: set[int],
     wake_read: int,
-    where: tuple[tuple[Output, Output], LogFileConfig | None],
+    where: tuple[tuple[Output, Output], LogFileConfig | None, DeathWatch],
 ) -> None:
     if request[0] == "signal":
         with contextlib.suppress(ProcessLookupError):
@@ -253,6 +262,7 @@ def _handle_request(
         for relay in relays:
             selector.register(relay.fd, selectors.EVENT_READ, relay)
         control.send(pickle.dumps(("spawned", proc_id, pid)))
+    where[2].commit()
 
 
 def _startable(batch: list[ForkRequest], control: socket.socket) -> list[ForkRequest]:
@@ -277,15 +287,10 @@ def _sync_output(
     to the agent (or back), then say so: the agent tells the owner after those lines."""
     _, proc_ids, forward, reply_to, token, quiet = request
     wanted = set(proc_ids)
-    relays = [key.data for key in selector.get_map().values() if isinstance(key.data, Relay)]
-    for relay in relays:
-        if relay.proc_id in wanted:
-            if not relay.drain():
-                selector.unregister(relay.fd)
-                os.close(relay.fd)
-            relay.forward_to = control if forward else None
-            relay.owner = reply_to if forward else relay.owner  # an adopter asks for them
-            relay.quiet = quiet
+    for relay in drain_relays(selector, lambda relay: relay.proc_id in wanted):
+        relay.forward_to = control if forward else None
+        relay.owner = reply_to if forward else relay.owner  # an adopter asks for them
+        relay.quiet = quiet
     control.send(pickle.dumps(("synced", reply_to, token)))
 
 
@@ -295,23 +300,30 @@ def _fork_proc(
     control: socket.socket,
     selector: selectors.BaseSelector,
     wake_read: int,
-    where: tuple[tuple[Output, Output], LogFileConfig | None],
+    where: tuple[tuple[Output, Output], LogFileConfig | None, DeathWatch],
 ) -> tuple[int, list[Relay]]:
-    """Fork the proc of `config`, its output relayed to `where` (outputs, log files)."""
-    outputs, logs = where
+    """Fork the proc of `config`, its output relayed to `where` (outputs, log files), its
+    death watched by `where`'s `DeathWatch` (but for a launched proc: it executes a command)."""
+    outputs, logs, deaths = where
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
-    pid = os.fork()
+    slot = None if config["bootstrap"] else deaths.arm()
+    try:
+        pid = os.fork()
+    except OSError:
+        deaths.watch(slot, None)
+        raise
     if pid == 0:
-        inherited = [control.fileno(), wake_read, out_read, err_read]
+        inherited = [control.fileno(), wake_read, out_read, err_read, deaths.fileno()]
         inherited += [key.fd for key in selector.get_map().values()]
         inherited += [output.fd for output in outputs if output.fd > 2]
-        inherited += _open_log_files(selector)
-        _become_proc(config, out_write, err_write, inherited)
+        inherited += open_log_files(selector)
+        _become_proc(config, out_write, err_write, inherited, lambda: deaths.hold(slot))
+    deaths.watch(slot, pid)
     os.close(out_write)
     os.close(err_write)
-    relays = [Relay(out_read, outputs[0], 1, config, prefix)]
-    relays.append(Relay(err_read, outputs[1], 2, config, prefix))
+    relays = [Relay(out_read, outputs[0], 1, config, prefix, pid)]
+    relays.append(Relay(err_read, outputs[1], 2, config, prefix, pid))
     rank_log = RankLog(logs, config, pid, current_settings().host_name) if logs else None
     for relay in relays:
         relay.forward_to = control if config["forward_output"] else None
@@ -320,17 +332,13 @@ def _fork_proc(
     return pid, relays
 
 
-def _open_log_files(selector: selectors.BaseSelector) -> list[int]:
-    """The descriptors of the procs' open log files (a new proc closes them)."""
-    relays = [key.data for key in selector.get_map().values() if isinstance(key.data, Relay)]
-    return [relay.log.fd for relay in relays if relay.log is not None and relay.log.fd is not None]
-
-
 def _become_proc(
-    config: dict[str, Any], out_fd: int, err_fd: int, inherited: list[int]
+    config: dict[str, Any], out_fd: int, err_fd: int, inherited: list[int], hold: Callable[[], None]
 ) -> NoReturn:
-    """In the forked child: drop what belongs to the fork server, then leave its frames."""
+    """In the forked child: hold its death watch's mutex, drop what belongs to the fork
+    server, then leave its frames."""
     try:
+        hold()
         die_with_parent()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -375,7 +383,7 @@ def _exit_now(code: int, *, print_error: bool = False) -> NoReturn:
     os._exit(code)
 
 
-def _reap(control: socket.socket, children: set[int]) -> None:
+def _reap(control: socket.socket, children: set[int], deaths: DeathWatch) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -384,4 +392,5 @@ def _reap(control: socket.socket, children: set[int]) -> None:
         if pid == 0:
             return
         children.discard(pid)
-        control.send(pickle.dumps(("exited", pid, status)))
+        if deaths.reaped(pid, status):  # not already told by `DeathWatch.report`
+            control.send(pickle.dumps(("exited", pid, status)))

@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import selectors
 import socket
 import stat
+from collections.abc import Callable
 from typing import Any
 
 from mesh._agent.log_files import RankLog
@@ -89,9 +91,10 @@ class Relay:
     `forward_to` while forwarding, or nowhere else while `quiet`."""
 
     def __init__(
-        self, fd: int, target: Output, stream: int, config: dict[str, Any], prefix: str
+        self, fd: int, target: Output, stream: int, config: dict[str, Any], prefix: str, pid: int
     ) -> None:
         self.fd, self.target, self.stream, self.partial = fd, target, stream, b""
+        self.pid = pid
         os.set_blocking(fd, False)
         self.proc_id: str = config["proc_id"]
         self.owner: str = config["owner"]
@@ -157,6 +160,26 @@ class Relay:
         except OSError:
             return False
         return True
+
+
+def drain_relays(selector: selectors.BaseSelector, which: Callable[[Relay], bool]) -> list[Relay]:
+    """Copy what the procs of the relays `which` picks wrote so far (those at end of file are
+    closed and unregistered); the others of them."""
+    relays = [key.data for key in selector.get_map().values() if isinstance(key.data, Relay)]
+    open_relays = []
+    for relay in filter(which, relays):
+        if relay.drain():
+            open_relays.append(relay)
+        else:
+            selector.unregister(relay.fd)
+            os.close(relay.fd)
+    return open_relays
+
+
+def open_log_files(selector: selectors.BaseSelector) -> list[int]:
+    """The descriptors of the procs' open log files (a new proc closes them)."""
+    relays = [key.data for key in selector.get_map().values() if isinstance(key.data, Relay)]
+    return [relay.log.fd for relay in relays if relay.log is not None and relay.log.fd is not None]
 
 
 def _batches(lines: list[bytes]) -> list[list[bytes]]:
