@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from actors import Echo
 from hypothesis import given
 from hypothesis import strategies as st
@@ -173,6 +174,34 @@ def test_structlog_is_imported_by_the_first_record_at_the_level() -> None:
     (line,) = done.stderr.splitlines()
     assert "at the level" in line and "[warning" in line
     assert all(part in line for part in ("component=startup-test", "job=7", "node=n1"))
+
+
+@pytest.mark.parametrize(("level", "warmed"), [("warning", True), ("error", False)])
+def test_a_client_imports_structlog_beside_its_start_not_at_its_first_failure(
+    level: str, warmed: bool
+) -> None:
+    """Its first supervision event is a warning: the logger that writes it is made on a
+    thread when the session starts, where the level lets warnings through."""
+    code = (
+        "import sys, threading\n"
+        "from mesh.testing import inbox_address, shutdown\n"
+        "print('before:', 'structlog' in sys.modules)\n"
+        "inbox_address()\n"  # the client's session starts
+        "for thread in threading.enumerate():\n"
+        "    if thread.name == 'meshvisor-log-warm-up':\n"
+        "        thread.join(30)\n"
+        "print('after:', 'structlog' in sys.modules)\n"
+        "shutdown()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "MESHVISOR_LOG_LEVEL": level},
+    )
+    assert done.stdout.splitlines() == ["before: False", f"after: {warmed}"], done.stderr
 
 
 @contextlib.contextmanager

@@ -46,6 +46,7 @@ from ._lending import LEND_MIN_BYTES as LEND_MIN_BYTES
 from ._lending import Lent as Lent
 from ._log import get_logger as get_logger
 from ._log import reset_logging as reset_logging
+from ._log import warm_logging as warm_logging
 from ._lone_inbox import LoneInbox as LoneInbox
 from ._prepared import LoneShape as LoneShape
 from ._prepared import PreparedHeader as PreparedHeader
@@ -152,6 +153,7 @@ __all__ = (
     "transport_settings",
     "use_curve_keys",
     "use_transport_settings",
+    "warm_logging",
 )
 
 for _name in __all__:

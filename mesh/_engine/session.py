@@ -31,6 +31,7 @@ from transport import (
     private_runtime_dir,
     raise_open_file_limit,
     transport_settings,
+    warm_logging,
 )
 
 _session: Session | None = None
@@ -169,6 +170,7 @@ def current_session(*, with_local_agent: bool = False) -> Session:
             if with_local_agent:
                 _launch_or_clean_up(session)
             runtime.start_in_thread()
+            warm_logging()  # (off the path of the first failure)
             FAIL_FAST.install()
             notebook.install(FAIL_FAST)  # in a Jupyter kernel: never end the kernel
             _session = session
