@@ -73,12 +73,7 @@ class Replier:
         except Exception as exc:  # whatever pickling raises must not lose the call
             self.exception(actor, header, _unsendable_result(header, exc))
             return
-        lost = self._services.send_frames(reply_to, Reply, frames, soon=bool(actor.mailbox))
-        if lost is not None:
-            self._report_lost(actor, header, lost)
-        elif self._outbox.unconfirmed(reply_to):
-            report = functools.partial(self._report_lost, actor, header)
-            self._waits.watch(reply_to, report, actor.owner)
+        self._send_reply(actor, header, reply_to, frames)
 
     def reply_head(self, rank: int) -> PreparedHeader | None:
         """The `Reply` header of the calls sent to `rank`, prepared (None: it cannot be)."""
@@ -88,8 +83,7 @@ class Replier:
         self, actor: HostedActor, header: CallActor, head: PreparedHeader, result: Any
     ) -> None:
         """`value`, with the `Reply` header of the call's rank prepared (`reply_head`) and a
-        call id that fits it (a lone call's: read as an int64). Its sending inline, as in
-        `value`: once per call."""
+        call id that fits it (a lone call's: read as an int64)."""
         reply_to = header.reply_to
         if reply_to is None:
             return
@@ -98,6 +92,13 @@ class Replier:
         except Exception as exc:  # whatever pickling raises must not lose the call
             self.exception(actor, header, _unsendable_result(header, exc))
             return
+        self._send_reply(actor, header, reply_to, frames)
+
+    def _send_reply(
+        self, actor: HostedActor, header: CallActor, reply_to: str, frames: list[Any]
+    ) -> None:
+        """Send the `Reply` `frames` of `header`'s call; an answer that cannot reach its caller
+        (now, or once the caller's handshake is refused) is reported lost."""
         lost = self._services.send_frames(reply_to, Reply, frames, soon=bool(actor.mailbox))
         if lost is not None:
             self._report_lost(actor, header, lost)
