@@ -311,8 +311,9 @@ def test_client_sigkill_takes_the_whole_job_down(xdg: Path) -> None:
     )
     try:
         pids = _read_pids(client)
-        # The host agent, its fork server and the two procs, all up.
-        assert len(pids) == 4, [(p, _cmdline(p)) for p in pids]
+        # The host agent, its fork server, the fork server's death waiter and the two procs,
+        # all up (the waiter must go too).
+        assert len(pids) == 5, [(p, _cmdline(p)) for p in pids]
         assert all(pid_alive(p) for p in pids), [(p, pid_alive(p)) for p in pids]
         assert client.poll() is None  # still sleeping: it is SIGKILL that ends it
         client.kill()

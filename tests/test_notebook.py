@@ -270,10 +270,13 @@ def test_an_async_cell_waiting_in_a_supervised_region_gets_the_failure(kernel: K
 
 def test_a_rank_dying_between_cells_raises_in_the_next_cell(kernel: Kernel) -> None:
     pids = _spawn(kernel)
-    assert not _errors(kernel.run("counters.slice(gpus=1).die.broadcast()"))
+    outputs = kernel.run("counters.slice(gpus=1).die.broadcast()")
+    assert not _errors(outputs), outputs
     wait_gone([pids[1]], T)
-    # the client logs the failure (to the last cell); fail-fast must not end the kernel
-    kernel.wait_for_output("supervision_event")
+    # the client logs the failure (to the last cell, maybe before it ended: a death is seen
+    # in milliseconds); fail-fast must not end the kernel
+    if not any("supervision_event" in text for _, text in outputs):
+        kernel.wait_for_output("supervision_event")
     assert kernel.manager.is_alive()
     # raised when the next cell starts (or while it runs, at the latest)
     outputs = kernel.run("import time; time.sleep(60); print('not raised')")

@@ -21,7 +21,7 @@ import sniffio
 
 from mesh._engine.fanout_messages import RelayedReplies
 from mesh._engine.fork import check_not_forked
-from mesh._engine.future import LONGEST_SOCKET_WAIT_S, Future
+from mesh._engine.future import Future
 from mesh._engine.messages import EVERY_CALL, Failure, InboxClosed, Reply, ReplyLost, Wake
 from mesh._engine.ownership import Ownership
 from mesh._engine.peers import ProcPeer
@@ -40,6 +40,9 @@ from transport import (
 
 #: How long a thread waits on a future before checking again whether it can pump its inbox.
 _RETRY_S = 0.01
+#: The longest one blocking receive of a wait with no deadline: a signal (^C, the stop button
+#: of a notebook) that lands just before the receive blocks is handled within this long.
+_SIGNAL_CHECK_MS = 1000
 #: A reply alone in its frame, read as (call id, rank, payload body): no objects built.
 _LONE_REPLY = lone_shape(Reply)
 
@@ -136,12 +139,12 @@ class ReplyInbox:
             while not future.finished():  # another holder of the lock may have settled it
                 # one blocking receive, no poll before it: a Wake (`wake`) ends it when
                 # another thread settles the future (a supervision event, a lost reply)
-                wait_ms = -1
+                wait_ms = _SIGNAL_CHECK_MS
                 if deadline is not None:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         return
-                    wait_ms = max(1, int(min(left, LONGEST_SOCKET_WAIT_S) * 1000))
+                    wait_ms = max(1, min(int(left * 1000), _SIGNAL_CHECK_MS))
                 got = inbox.receive_lone(wait_ms)
                 while got is not None:  # the rest of a batch of replies settles now too, so
                     if isinstance(got, tuple):  # that the get() of each of their futures
