@@ -144,7 +144,7 @@ class ReplyInbox:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         return
-                    wait_ms = max(1, min(int(left * 1000), _SIGNAL_CHECK_MS))
+                    wait_ms = max(1, int(min(left * 1000, _SIGNAL_CHECK_MS)))
                 got = inbox.receive_lone(wait_ms)
                 while got is not None:  # the rest of a batch of replies settles now too, so
                     if isinstance(got, tuple):  # that the get() of each of their futures
