@@ -11,8 +11,6 @@ dropped, never raised or misread.
 
 from __future__ import annotations
 
-import shutil
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,19 +20,17 @@ from hypothesis import strategies as st
 
 import transport
 from mesh.testing import wire
+from tests.inbox_links import InboxLink
 from transport import (
     MAGIC,
     OUT_OF_BAND_MIN_BYTES,
     Envelope,
     KeyedInbox,
-    Outbox,
     Payload,
     encode,
     encode_fields,
     keyed_shape,
     loads,
-    new_context,
-    private_runtime_dir,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -43,33 +39,17 @@ LIMIT = 1 << 20  # the inbox's message size limit in these tests
 REST = ("ipc:///tmp/x/reply", "actor-1", "ping", ("gpus",), (4,), 2)  # a call's fields after its id
 
 
-class Link:
+class Link(InboxLink):
     """An outbox and a keyed inbox on a real ipc socket, reused by every example."""
 
     def __init__(self) -> None:
-        self.folder = private_runtime_dir("mvt-keyed-")
-        self.context = new_context()
-        self.inbox = KeyedInbox(self.context, f"ipc://{self.folder}/in", max_bytes=LIMIT)
-        self.outbox = Outbox(self.context)
+        super().__init__("mvt-keyed-", lambda c, a: KeyedInbox(c, a, max_bytes=LIMIT))
         key = CALL.key(REST)
         assert key is not None
         self.inbox.key_with(CALL, {key: "route"})
 
-    def send(self, frames: list[Any]) -> None:
-        self.outbox.send(self.inbox.address, frames)
-
-    def receive(self, timeout_s: float = 30.0) -> tuple[Any, ...] | Envelope:
-        """The next message that is not dropped (a keyed call as a tuple)."""
-        deadline = time.monotonic() + timeout_s
-        while (got := self.inbox.receive_keyed(1000)) is None:
-            assert time.monotonic() < deadline, "a message sent was never received"
-        return got
-
-    def close(self) -> None:
-        self.outbox.close(0)
-        self.inbox.close()
-        transport.close_context(self.context)
-        shutil.rmtree(self.folder, ignore_errors=True)
+    def receive_once(self, wait_ms: int) -> tuple[Any, ...] | Envelope | None:
+        return self.inbox.receive_keyed(wait_ms)
 
 
 @pytest.fixture(scope="module")

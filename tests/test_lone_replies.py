@@ -9,7 +9,6 @@ ones are dropped, never raised. End to end, calls answered through it keep their
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +21,7 @@ from hypothesis import strategies as st
 import transport
 from mesh.testing import wire
 from tests.actors import Counter
+from tests.inbox_links import InboxLink
 from tests.test_batches import batch_of
 from transport import (
     BATCH_MAGIC,
@@ -30,14 +30,11 @@ from transport import (
     OUT_OF_BAND_MIN_BYTES,
     Envelope,
     LoneInbox,
-    Outbox,
     Payload,
     encode,
     encode_fields,
     loads,
     lone_shape,
-    new_context,
-    private_runtime_dir,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -45,30 +42,14 @@ REPLY = lone_shape(wire.Reply)
 LIMIT = 1 << 20  # the inbox's message size limit in these tests
 
 
-class Link:
+class Link(InboxLink):
     """An outbox and a lone inbox on a real ipc socket, reused by every example."""
 
     def __init__(self) -> None:
-        self.folder = private_runtime_dir("mvt-lone-")
-        self.context = new_context()
-        self.inbox = LoneInbox(self.context, f"ipc://{self.folder}/in", REPLY, max_bytes=LIMIT)
-        self.outbox = Outbox(self.context)
+        super().__init__("mvt-lone-", lambda c, a: LoneInbox(c, a, REPLY, max_bytes=LIMIT))
 
-    def send(self, frames: list[Any]) -> None:
-        self.outbox.send(self.inbox.address, frames)
-
-    def receive(self, timeout_s: float = 30.0) -> tuple[Any, ...] | Envelope:
-        """The next message that is not dropped (a lone reply as a tuple)."""
-        deadline = time.monotonic() + timeout_s
-        while (got := self.inbox.receive_lone(1000)) is None:
-            assert time.monotonic() < deadline, "a message sent was never received"
-        return got
-
-    def close(self) -> None:
-        self.outbox.close(0)
-        self.inbox.close()
-        transport.close_context(self.context)
-        shutil.rmtree(self.folder, ignore_errors=True)
+    def receive_once(self, wait_ms: int) -> tuple[Any, ...] | Envelope | None:
+        return self.inbox.receive_lone(wait_ms)
 
 
 @pytest.fixture(scope="module")
