@@ -21,7 +21,8 @@ memory files of shared payloads; `arena_wire`, the payload arena procs read them
 `OwnWaits`, the agent's own waiting for a core that gives its silent procs more time;
 `HandshakeWaits`, a proc's watch over answers sent to callers whose handshake had not passed;
 `DeathWatch`, the fork server's robust mutexes that tell a proc killed before it is reaped, from
-a child of the fork server that is no proc, named `DEATH_WAITER_NAME`).
+a child of the fork server that is no proc, named `DEATH_WAITER_NAME`, where the kernel has
+futex_waitv: `SEES_DEATHS_EARLY`).
 `fan_out_from` sets when calls go through host agents, and `fanned_out` tells which path an actor
 mesh's last messages took. Each reads the engine in one place, here.
 """
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mesh._agent.death_waiter import WAITER_NAME as DEATH_WAITER_NAME
+from mesh._agent.death_watch import SEES_DEATHS_EARLY as SEES_DEATHS_EARLY
 from mesh._agent.death_watch import DeathWatch as DeathWatch
 from mesh._agent.liveness import OwnWaits as OwnWaits
 from mesh._agent.log_files import LogFileConfig as LogFileConfig
@@ -73,6 +75,7 @@ from mesh._shape import Region as Region
 
 __all__ = (
     "DEATH_WAITER_NAME",
+    "SEES_DEATHS_EARLY",
     "Aggregator",
     "Bookkeeping",
     "DeathWatch",

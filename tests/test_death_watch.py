@@ -22,14 +22,20 @@ from polling import pid_alive, wait_gone, wait_until
 from recording import Recorder
 
 from mesh import Actor, endpoint
-from mesh.testing import DEATH_WAITER_NAME, DeathWatch
+from mesh.testing import DEATH_WAITER_NAME, SEES_DEATHS_EARLY, DeathWatch
 from supervision import SupervisionError
 
 T = 30.0
+#: The death watch's own tests need futex_waitv; through a mesh, deaths are reported either way.
+needs_futex_waitv = pytest.mark.skipif(
+    not SEES_DEATHS_EARLY, reason="this kernel has no futex_waitv (Linux 5.16+)"
+)
 
 
 @pytest.fixture
 def watch() -> Iterator[tuple[DeathWatch, list[int]]]:
+    if not SEES_DEATHS_EARLY:
+        pytest.skip("this kernel has no futex_waitv (Linux 5.16+)")
     """A death watch, and the pids forked under it (killed and reaped after the test)."""
     deaths, children = DeathWatch(), []
     yield deaths, children
@@ -179,6 +185,7 @@ def test_without_its_waiter_every_exit_is_left_to_the_reap(
     assert os.WTERMSIG(status) == signal.SIGKILL and still_to_report
 
 
+@needs_futex_waitv
 def test_the_waiter_dies_with_its_fork_server() -> None:
     """No process is left when the fork server is SIGKILLed (its agent killed): the waiter
     goes with it, and the mutexes' memory (an anonymous shared mapping) with the last proc."""
@@ -295,6 +302,7 @@ def _pipes(pid: int, skip_stdio: bool = False) -> set[str]:
     return {link for link in links if link.startswith("pipe:")}
 
 
+@needs_futex_waitv
 def test_procs_hold_nothing_of_the_death_watch(make_procs: Callable[..., Any]) -> None:
     """A proc holds no descriptor of the death watch (its waiter's pipe to the fork server)."""
     _, _, pids = _spawn(make_procs, 2, 1)

@@ -58,6 +58,10 @@ def dying_status(pid: int) -> int | None:
     return status if status & 0x7F else None
 
 
+#: Whether this kernel has futex_waitv (Linux 5.16+): without it a death is seen at the reap.
+SEES_DEATHS_EARLY = _syscalls() is not None
+
+
 class DeathWatch:
     """The fork server's robust mutexes, one per proc, and the process waiting on them."""
 
