@@ -115,11 +115,11 @@ class FanOutRelay:
         kind = type(envelope.header)
         if kind is FanOut:
             self._fan_out(envelope.header, envelope.payload)
-        elif kind is Reply:
-            self._answer(envelope.header.call_id, envelope.header.rank, None, envelope.payload)
-        elif kind is Failure:
-            header = envelope.header
-            self._answer(header.call_id, header.rank, header.kind, envelope.payload)
+        elif kind is Reply or kind is Failure:
+            header, payload = envelope.header, envelope.payload
+            failure = header.kind if kind is Failure else None
+            size = 0 if payload is None else payload.nbytes
+            self._answer(header.call_id, header.rank, failure, payload, size)
         elif kind is InboxClosed:
             self._inbox_closed(envelope.header.address)
         else:
@@ -168,14 +168,17 @@ class FanOutRelay:
         while (got := inbox.receive_lone_nowait()) is not None:
             if type(got) is tuple:
                 call_id, rank, body = got
-                self._answer(call_id, rank, None, Payload(body) if body.nbytes else None)
+                size = body.nbytes
+                self._answer(call_id, rank, None, Payload(body) if size else None, size)
             else:
                 take(got)  # type: ignore[arg-type]
         self.flush()
 
-    def _answer(self, call_id: int, rank: int, kind: str | None, payload: Payload | None) -> None:
+    def _answer(
+        self, call_id: int, rank: int, kind: str | None, payload: Payload | None, size: int
+    ) -> None:
         """A proc's answer to relayed call `call_id`: a `Reply` (`kind` None) or a
-        `Failure` of that kind."""
+        `Failure` of that kind, with `payload` of `size` bytes."""
         self._shared.answered(call_id, rank)
         relayed = self._calls.get(call_id)
         if relayed is None or relayed.waiting.pop(rank, None) is None:
@@ -183,7 +186,6 @@ class FanOutRelay:
             return
         if not relayed.waiting:
             del self._calls[call_id]
-        size = 0 if payload is None else payload.nbytes
         if size > self._alone_bytes:  # large: on its own, as the proc sent it
             frames = encode(_answer_to(relayed, rank, kind), payload)
             self._lost(relayed, [(rank,)], self._send(relayed.reply_to, frames))
