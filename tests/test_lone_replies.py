@@ -173,12 +173,14 @@ _SENT = st.tuples(
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(st.lists(_SENT, max_size=3 * MAX_BATCH_MESSAGES))
+@pytest.mark.parametrize("nowait", [False, True], ids=["receive_lone", "receive_lone_nowait"])
 def test_every_message_arrives_once_in_order_alone_or_in_batches(
-    link: Link, steps: list[tuple[str, str]]
+    link: Link, nowait: bool, steps: list[tuple[str, str]]
 ) -> None:
     """FIFO and exactly once through a lone inbox, whatever mix of direct sends, batched
     sends and flushes: a reply sent in one frame is read alone (its ints and body) whether
-    it came alone or in a batch; every other message comes as an envelope."""
+    it came alone or in a batch; every other message comes as an envelope. The same read
+    without waiting (`receive_lone_nowait`, a host agent's read of its procs' answers)."""
     sent: list[tuple[str, int]] = []
     for how, what in steps:
         if how == "flush":
@@ -196,7 +198,7 @@ def test_every_message_arrives_once_in_order_alone_or_in_batches(
         sent.append((what, seq))
     link.outbox.flush()
     for what, seq in sent:
-        got = link.inbox.received_lone() or link.receive()
+        got = taken_nowait(link) if nowait else link.inbox.received_lone() or link.receive()
         value = bytes([seq % 256]) * (OUT_OF_BAND_MIN_BYTES if what == "large reply" else 8)
         if what == "reply":
             assert type(got) is tuple and got[:2] == (seq, 1) and loads(got[2]) == value
@@ -206,7 +208,17 @@ def test_every_message_arrives_once_in_order_alone_or_in_batches(
             assert isinstance(got, Envelope) and got.header.call_id == seq
             assert got.payload is not None and got.payload.load() == value
     assert link.inbox.received_lone() is None
+    assert link.inbox.receive_lone_nowait() is None, "a message arrived twice"
     assert link.inbox.receive_lone(1) is None, "a message arrived twice"
+
+
+def taken_nowait(link: Link, timeout_s: float = 30.0) -> tuple[Any, ...] | Envelope:
+    """The next message `receive_lone_nowait` hands over, asked again until one is there."""
+    deadline = time.monotonic() + timeout_s
+    while (got := link.inbox.receive_lone_nowait()) is None:
+        assert time.monotonic() < deadline, "a message sent was never received"
+        time.sleep(0.001)
+    return got
 
 
 def test_malformed_batches_of_replies_are_dropped_and_good_replies_still_arrive(

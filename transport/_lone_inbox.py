@@ -18,7 +18,7 @@ from ._batches import _PREFIX, _U32, BATCH_MAGIC
 from ._errors import MalformedMessage, MessageTooLarge, TransportError
 from ._frames import Envelope, Payload, decode
 from ._prepared import LoneShape
-from ._sockets import _NOBLOCK, LONGEST_WAIT_MS, Inbox
+from ._sockets import _NOBLOCK, LONGEST_WAIT_MS, Inbox, _zmq_poll
 
 _MAGIC_BYTES = len(BATCH_MAGIC)
 #: What a lone inbox hands over: a lone message's ints and body, or any other message.
@@ -85,6 +85,38 @@ class LoneInbox(Inbox):
         except zmq.ZMQError as exc:
             raise TransportError(f"receiving on {self.address} failed: {exc}") from exc
         return self._taken(frames)
+
+    def receive_lone_nowait(self) -> Received | None:
+        """`receive_nowait()`, except that a lone one-frame message of this inbox's shape
+        comes back as its header's ints and its payload body (a tuple), as from
+        `receive_lone`: for a reader that takes both and never waits here (a host agent
+        reading its procs' answers)."""
+        if self._split:
+            taken: Received = self._split.popleft()
+            return taken
+        socket, polled, self._polled = self._socket, self._polled, False
+        shape = self._shape
+        while polled or _zmq_poll(self._poll_items, 0):  # cheaper than raising zmq.Again
+            polled = False
+            try:
+                frame = socket.recv(_NOBLOCK, copy=False)
+                frames = [frame]
+                while frames[-1].more:  # the parts of one message arrive together
+                    frames.append(socket.recv(_NOBLOCK, copy=False))
+            except zmq.Again:
+                return None
+            except zmq.ZMQError as exc:
+                raise TransportError(f"receiving on {self.address} failed: {exc}") from exc
+            if len(frames) == 1:
+                first = memoryview(frame)
+                if shape.size <= first.nbytes <= self._max_bytes:
+                    head = shape.unpack_from(first)
+                    if head[0] == shape.lead:
+                        return (*head[1:], first[shape.size :])
+            got: Received | None = self._taken(frames)
+            if got is not None:
+                return got
+        return None
 
     def _take_batch(self, frame: memoryview) -> None:
         """Keep the messages of a batch frame to be taken one by one: a lone message of this

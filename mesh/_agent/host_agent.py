@@ -32,6 +32,7 @@ from mesh._engine.messages import (
     ProcReady,
     ProcReplaced,
     ProcSpec,
+    Reply,
     SetFaultRules,
     ShutdownAgent,
     SpawnFailed,
@@ -45,13 +46,14 @@ from mesh._engine.messages import (
 from mesh._settings import current_settings
 from transport import (
     Envelope,
-    Inbox,
+    LoneInbox,
     Outbox,
     TransportError,
     close_context,
     configured_keys,
     encode,
     get_logger,
+    lone_shape,
     new_context,
 )
 
@@ -77,7 +79,7 @@ class HostAgent:
         self._notices = notices
         self._rundir = rundir
         self._zmq = new_context()
-        self._inbox = Inbox(self._zmq, address)
+        self._inbox = LoneInbox(self._zmq, address, lone_shape(Reply))  # procs' answers
         self._outbox = Outbox(self._zmq)
         self._hostname = current_settings().host_name  # a SLURM node's name, on SLURM
         self._log = get_logger("mesh.agent", address=self._inbox.address)  # as bound
@@ -114,7 +116,7 @@ class HostAgent:
         self._log.info("agent_started", pid=os.getpid())
         self._watchdog.start()
         while True:
-            self._drain_inbox()
+            self._relay.drain(self._inbox, self._take)  # and the answers that came together leave
             if refusals is not None:  # edge-triggered like the inbox: drain every time
                 refusals.drain()
             if self._asked_to_stop.asked and not self._shutting_down:
@@ -140,7 +142,7 @@ class HostAgent:
                 elif key.data == "shutdown":
                     self._asked_to_stop.drain()
             self._watchdog.woke()
-            self._drain_inbox()  # heartbeats that queued while it waited count first
+            self._relay.drain(self._inbox, self._take)  # heartbeats queued meanwhile count first
             self._enforce_deadlines()
             if self._shutting_down and not self._procs:
                 break
@@ -159,20 +161,18 @@ class HostAgent:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def _drain_inbox(self) -> None:
-        while (envelope := self._inbox.receive_nowait()) is not None:
-            reason = invalid_request(envelope.header)
-            if reason is not None:
-                self._reject(envelope.header, reason)
-                continue
-            try:
-                if not self._relay.handle(envelope):  # fanned-out calls first: the hot path
-                    self._handle(envelope)
-            except Exception as exc:  # one bad request never takes the host down
-                self._log.exception(
-                    "message_handling_failed", kind=type(envelope.header).__name__, reason=repr(exc)
-                )
-        self._relay.flush()  # the answers that came in together leave together
+    def _take(self, envelope: Envelope) -> None:
+        reason = invalid_request(envelope.header)
+        if reason is not None:
+            self._reject(envelope.header, reason)
+            return
+        try:
+            if not self._relay.handle(envelope):  # fanned-out calls first: the hot path
+                self._handle(envelope)
+        except Exception as exc:  # one bad request never takes the host down
+            self._log.exception(
+                "message_handling_failed", kind=type(envelope.header).__name__, reason=repr(exc)
+            )
 
     def _reject(self, header: object, reason: str) -> None:
         """Log a request this agent cannot act on; tell its sender where it can be told."""
@@ -308,7 +308,7 @@ class HostAgent:
             if report[0] == "spawned":
                 self._on_spawned(report[1], report[2])
             elif report[0] == "exited":
-                self._drain_inbox()  # what the proc said before it exited comes first
+                self._relay.drain(self._inbox, self._take)  # what it said before it exited first
                 self._on_exited(report[1], report[2])
             elif report[0] in ("output", "synced"):
                 self._send(*forwarded_report(report))

@@ -30,6 +30,7 @@ from mesh._engine.payload_arena import ArenaCall
 from mesh._engine.shared_payload import SharedCall, call_fields
 from transport import (
     Envelope,
+    LoneInbox,
     Outbox,
     Payload,
     TransportError,
@@ -115,7 +116,10 @@ class FanOutRelay:
         if kind is FanOut:
             self._fan_out(envelope.header, envelope.payload)
         elif kind is Reply or kind is Failure:
-            self._answer(envelope.header, envelope.payload)
+            header, payload = envelope.header, envelope.payload
+            failure = header.kind if kind is Failure else None
+            size = 0 if payload is None else payload.nbytes
+            self._answer(header.call_id, header.rank, failure, payload, size)
         elif kind is InboxClosed:
             self._inbox_closed(envelope.header.address)
         else:
@@ -157,27 +161,42 @@ class FanOutRelay:
         else:  # a tcp proc that has not said which port it took: wait for it
             self._early.setdefault(proc.proc_id, []).append(frames)
 
-    def _answer(self, header: Reply | Failure, payload: Payload | None) -> None:
-        self._shared.answered(header.call_id, header.rank)
-        relayed = self._calls.get(header.call_id)
-        if relayed is None or relayed.waiting.pop(header.rank, None) is None:
-            self._log.warning("answer_ignored", call=header.call_id, rank=header.rank)
+    def drain(self, inbox: LoneInbox, take: Callable[[Envelope], None]) -> None:
+        """Take every message waiting in `inbox`, in order: a proc's `Reply` alone in its
+        frame read here as its ints and body (no header, payload or envelope built: the
+        bulk of a call to all), anything else handed to `take`; then `flush`."""
+        while (got := inbox.receive_lone_nowait()) is not None:
+            if type(got) is tuple:
+                call_id, rank, body = got
+                size = body.nbytes
+                self._answer(call_id, rank, None, Payload(body) if size else None, size)
+            else:
+                take(got)  # type: ignore[arg-type]
+        self.flush()
+
+    def _answer(
+        self, call_id: int, rank: int, kind: str | None, payload: Payload | None, size: int
+    ) -> None:
+        """A proc's answer to relayed call `call_id`: a `Reply` (`kind` None) or a
+        `Failure` of that kind, with `payload` of `size` bytes."""
+        self._shared.answered(call_id, rank)
+        relayed = self._calls.get(call_id)
+        if relayed is None or relayed.waiting.pop(rank, None) is None:
+            self._log.warning("answer_ignored", call=call_id, rank=rank)
             return
         if not relayed.waiting:
-            del self._calls[header.call_id]
-        size = 0 if payload is None else payload.nbytes
+            del self._calls[call_id]
         if size > self._alone_bytes:  # large: on its own, as the proc sent it
-            frames = encode(_answer_to(relayed, header), payload)
-            self._lost(relayed, [(header.rank,)], self._send(relayed.reply_to, frames))
+            frames = encode(_answer_to(relayed, rank, kind), payload)
+            self._lost(relayed, [(rank,)], self._send(relayed.reply_to, frames))
             return
         if relayed.nbytes + size > self._batch_bytes:
             self._send_answers(relayed)
-        kind = "" if type(header) is Reply else header.kind  # type: ignore[union-attr]
         if not relayed.answers:
             relayed.held_since = time.monotonic()
-        relayed.answers.append((header.rank, kind, payload))
+        relayed.answers.append((rank, "" if kind is None else kind, payload))
         relayed.nbytes += size
-        self._answered[header.call_id] = relayed
+        self._answered[call_id] = relayed
         if len(relayed.answers) >= MAX_BATCH_ANSWERS:
             self._send_answers(relayed)
 
@@ -270,11 +289,11 @@ class FanOutRelay:
         return None
 
 
-def _answer_to(relayed: _Relayed, header: Reply | Failure) -> Reply | Failure:
-    """A proc's answer to the agent, as an answer to the caller's call."""
-    if type(header) is Reply:
-        return Reply(relayed.call_id, header.rank)
-    return Failure(relayed.call_id, header.rank, header.kind)  # type: ignore[union-attr]
+def _answer_to(relayed: _Relayed, rank: int, kind: str | None) -> Reply | Failure:
+    """A proc's answer to the agent (`kind` None: a `Reply`), as an answer to the caller's."""
+    if kind is None:
+        return Reply(relayed.call_id, rank)
+    return Failure(relayed.call_id, rank, kind)
 
 
 def _for_rank(

@@ -90,6 +90,10 @@ class LoneCalls:
         self._build = shape.layout.build
         #: Routes by key (`KeyedShape.key`): read by the receiving thread, learnt on any.
         self.routes: dict[bytes, Route] = {}
+        #: The key of each header's fields after the id (None: it has none), as `learn` made
+        #: it: a header seen before is not encoded again (a call on the general path: a large
+        #: shared payload, or a batch, comes that way each time).
+        self._keys: dict[tuple[Any, ...], bytes | None] = {}
         #: How many calls the receiver ran this way (`mesh.testing.receiver_lone_calls`).
         self.taken = 0
 
@@ -99,7 +103,7 @@ class LoneCalls:
         found = actor.endpoints.get(header.endpoint)
         if found is None or found.is_async or found.concurrent or found.explicit_response_port:
             return
-        key = self.shape.key(_REST(header))
+        key = self._key(_REST(header))
         routes = self.routes
         if key is None or (key in routes and routes[key].actor is actor):
             return
@@ -109,6 +113,18 @@ class LoneCalls:
         if len(routes) >= _MOST_ROUTES:
             routes.clear()
         routes[key] = Route(actor, header, found.function, head)
+
+    def _key(self, rest: tuple[Any, ...]) -> bytes | None:
+        """The key of the headers whose fields after the id are `rest`, encoded once."""
+        keys = self._keys
+        try:
+            return keys[rest]
+        except KeyError:  # a header not seen before (or since the keys started afresh)
+            pass
+        if len(keys) >= _MOST_ROUTES:
+            keys.clear()
+        key = keys[rest] = self.shape.key(rest)
+        return key
 
     def take(self, lone: Keyed, handing: bool) -> Task | Envelope | None:
         """The receiver's task for a lone call (its actor is then busy with it); None when
