@@ -66,8 +66,10 @@ from transport import (
     Payload,
     TransportError,
     close_context,
+    configured_keys,
     encode,
     get_logger,
+    host_towards,
     new_context,
 )
 
@@ -283,6 +285,15 @@ class Runtime:
             self.addresses = self.addresses.with_tcp(self.inbox.listen_also(f"tcp://{host}:*"))
             self.address = self.addresses.widest
             self.tcp_host = host
+
+    def listen_towards(self, peer: str | None) -> None:
+        """Procs at `peer` (an address) will answer this process: when they are reached over
+        tcp and it listens on ipc only, it listens on tcp too (with the keys it reaches them
+        with), so that their answers arrive from another host instead of waiting in zmq for a
+        socket file that is not there. Threads' next calls get reply inboxes on tcp too."""
+        if self.tcp_host is None and peer is not None and peer.startswith("tcp://"):
+            if configured_keys() is not None:  # else sending there fails, saying so
+                self.listen_on_tcp(host_towards(peer))
 
     # -- procs -----------------------------------------------------------------------------------
 
