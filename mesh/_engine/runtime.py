@@ -291,9 +291,10 @@ class Runtime:
         tcp and it listens on ipc only, it listens on tcp too (with the keys it reaches them
         with), so that their answers arrive from another host instead of waiting in zmq for a
         socket file that is not there. Threads' next calls get reply inboxes on tcp too."""
-        if self.tcp_host is None and peer is not None and peer.startswith("tcp://"):
-            if configured_keys() is not None:  # else sending there fails, saying so
-                self.listen_on_tcp(host_towards(peer))
+        tcp_peer = self.tcp_host is None and peer is not None and peer.startswith("tcp://")
+        if tcp_peer and configured_keys() is not None:  # no keys: sending there says so
+            assert peer is not None
+            self.listen_on_tcp(host_towards(peer))
 
     # -- procs -----------------------------------------------------------------------------------
 
