@@ -40,6 +40,7 @@ from mesh._engine.workers import Workers
 from supervision import SupervisionError, SupervisionEvent
 from transport import Envelope, Payload, get_logger, loads, safe_str
 
+
 class ActorHost:
     """Builds, runs and stops the actors of one process."""
 
