@@ -384,3 +384,20 @@ def test_a_call_to_an_actor_its_proc_does_not_know_is_refused_after_the_wait_set
     ]
     for part in ("UNKNOWN FAILED", "never spawned here", "within 0.5 s"):
         assert part in line, line
+
+
+@pytest.mark.timeout(180)
+def test_answers_of_a_fanned_out_call_that_its_caller_refuses_end_the_call(
+    tmp_path: Path, other_keys_daemon: tuple[Path, str]
+) -> None:
+    """A call fanned out through a host agent holding other CURVE keys than its caller (on
+    tcp): zmq takes the answers the agent sends on and keeps them while the caller refuses
+    every handshake. The agent sees the refusal and tells the procs' owner, which ends the
+    call saying why, instead of leaving it to its timeout."""
+    alloc, daemon = other_keys_daemon
+    done = _client(tmp_path / "fanned.py", FANNED, {"alloc": str(alloc), "daemon": daemon})
+    lines = done.stdout.splitlines()
+    assert "FIRST 4" in lines and "VIA AGENT True" in lines, done.stdout + done.stderr
+    (fanned,) = [line for line in lines if line.startswith("FANNED")] or [done.stderr]
+    for part in ("FANNED FAILED", "'length'", "its host agent", "refused", "CURVE keys"):
+        assert part in fanned, fanned
