@@ -37,6 +37,7 @@ from mesh._engine.messages import (
     ProcExited,
     ProcReady,
     ProcReplaced,
+    ReceiverAddresses,
     Relay,
     Reply,
     ReplyLost,
@@ -149,6 +150,7 @@ class Runtime:
             InboxClosed: functools.partial(_forget_inbox, self.outbox),
             PortMessage: self.ports.on_message,
             PortHeld: self.ports.on_held,
+            ReceiverAddresses: self.ports.on_receiver_addresses,
             Relay: self.relays.on_relay,
             ProcOutput: self.output.on_output,
             OutputSynced: self.output.on_synced,
@@ -171,6 +173,8 @@ class Runtime:
         """A proc: worker threads read the inbox and run sync calls themselves (`Receiver`);
         call before `run`."""
         direct = {kind: self._handlers[kind] for kind in self.host.message_handlers()}
+        # in order with the calls after it: one of them may pass on a port of that receiver
+        direct[ReceiverAddresses] = self.ports.on_receiver_addresses
         flush = self.outbox.flush
         wake = functools.partial(self.send_message, self.inbox.address, Wake())
         lone = self.host.lone_calls
@@ -285,6 +289,7 @@ class Runtime:
             self.addresses = self.addresses.with_tcp(self.inbox.listen_also(f"tcp://{host}:*"))
             self.address = self.addresses.widest
             self.tcp_host = host
+            self.ports.listens_on_tcp()  # ports handed out before carry ipc only
 
     def listen_towards(self, peer: str | None) -> None:
         """Procs at `peer` (an address) will answer this process: when they are reached over
