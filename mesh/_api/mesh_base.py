@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from mesh._engine.future import Future
 from mesh._engine.messages import WatchProcs
 from mesh._engine.peers import ProcPeer
-from mesh._engine.runtime import Runtime
+from mesh._engine.runtime import Runtime, listen_towards
 from mesh._shape import Sliceable
 from supervision import SupervisionError
 
@@ -100,7 +100,7 @@ def adopt_peers(runtime: Runtime, infos: tuple[tuple[Any, ...], ...]) -> tuple[P
             peer = runtime.ownership.add_peer(ProcPeer(proc_id, mesh_name, point, agent, address))
             if agent is not None:
                 watch.setdefault(agent, []).append(proc_id)
-        runtime.listen_towards(peer.location)  # their answers must reach this process
+        listen_towards(runtime, peer.location)  # their answers must reach this process
         peers.append(peer)
     for agent, proc_ids in watch.items():
         runtime.send_message(agent, WatchProcs(tuple(proc_ids), runtime.address_for(agent)))

@@ -74,6 +74,8 @@ from transport import (
     new_context,
 )
 
+#: Held while a runtime begins to listen on tcp (`Runtime.listen_on_tcp`).
+_LISTENING = threading.Lock()
 #: The longest a message waits in a batch for others to the same address (`Outbox.send_soon`).
 BATCH_DELAY_S = 0.001
 
@@ -284,22 +286,15 @@ class Runtime:
         return addresses.nearest_for(peer) if self.nearest_addresses else addresses.widest
 
     def listen_on_tcp(self, host: str) -> None:
-        """Also listen on tcp (for procs on other hosts): peers there are handed it."""
-        if self.tcp_host is None:
+        """Also listen on tcp (for procs on other hosts): peers there are handed it. Once,
+        whichever threads ask (a proc's workers adopting handles at the same time)."""
+        with _LISTENING:
+            if self.tcp_host is not None:
+                return
             self.addresses = self.addresses.with_tcp(self.inbox.listen_also(f"tcp://{host}:*"))
             self.address = self.addresses.widest
             self.tcp_host = host
-            self.ports.listens_on_tcp()  # ports handed out before carry ipc only
-
-    def listen_towards(self, peer: str | None) -> None:
-        """Procs at `peer` (an address) will answer this process: when they are reached over
-        tcp and it listens on ipc only, it listens on tcp too (with the keys it reaches them
-        with), so that their answers arrive from another host instead of waiting in zmq for a
-        socket file that is not there. Threads' next calls get reply inboxes on tcp too."""
-        tcp_peer = self.tcp_host is None and peer is not None and peer.startswith("tcp://")
-        if tcp_peer and configured_keys() is not None:  # no keys: sending there says so
-            assert peer is not None
-            self.listen_on_tcp(host_towards(peer))
+        self.ports.listens_on_tcp()  # ports handed out before carry ipc only
 
     # -- procs -----------------------------------------------------------------------------------
 
@@ -328,6 +323,17 @@ class Runtime:
             self._log.warning("message_ignored", kind="StopProc", reason="the client has no agent")
             return
         self.host.stop_all(then=lambda: self.call_soon(self.loop.request_stop))
+
+
+def listen_towards(runtime: Runtime, peer: str | None) -> None:
+    """Procs at `peer` (an address) will answer `runtime`'s process: when they are reached
+    over tcp and it listens on ipc only, it listens on tcp too (with the keys it reaches them
+    with), so that their answers arrive from another host instead of waiting in zmq for a
+    socket file that is not there. Threads' next calls get reply inboxes on tcp too."""
+    tcp_peer = runtime.tcp_host is None and peer is not None and peer.startswith("tcp://")
+    if tcp_peer and configured_keys() is not None:  # no keys: sending there says so
+        assert peer is not None
+        runtime.listen_on_tcp(host_towards(peer))
 
 
 def _forget_inbox(outbox: Outbox, envelope: Envelope) -> None:
