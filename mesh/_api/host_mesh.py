@@ -133,7 +133,7 @@ class HostMesh(MeshBase):
                     f"env variable {key[:40]!r} cannot be set: names must be non-empty without "
                     "'=' or NUL, and values without NUL"
                 )
-        if KEYS_ENV in (env or {}):
+        if KEYS_ENV in (env or {}) or (command is not None and KEYS_ENV in command.env):
             raise ValueError(
                 f"env cannot set {KEYS_ENV}: procs authenticate with their host agent's CURVE "
                 "keys (with others, neither their agent nor their owner could reach them, and "
