@@ -90,6 +90,15 @@ def peer_infos(peers: Iterable[ProcPeer]) -> tuple[tuple[Any, ...], ...]:
     return tuple((p.proc_id, p.mesh_name, p.point, p.agent, p.address) for p in peers)
 
 
+def _reached_over_tcp(infos: tuple[tuple[Any, ...], ...]) -> str | None:
+    """The first tcp address among the procs of `infos` (theirs, else their agent's)."""
+    for _, _, _, agent, address in infos:
+        location = address or agent
+        if location is not None and location.startswith("tcp://"):
+            return str(location)
+    return None
+
+
 def adopt_peers(runtime: Runtime, infos: tuple[tuple[Any, ...], ...]) -> tuple[ProcPeer, ...]:
     """Peers for a mesh handle received from elsewhere; their agents will tell us if they die."""
     peers = []
@@ -100,8 +109,9 @@ def adopt_peers(runtime: Runtime, infos: tuple[tuple[Any, ...], ...]) -> tuple[P
             peer = runtime.ownership.add_peer(ProcPeer(proc_id, mesh_name, point, agent, address))
             if agent is not None:
                 watch.setdefault(agent, []).append(proc_id)
-        listen_towards(runtime, peer.location)  # their answers must reach this process
         peers.append(peer)
+    if runtime.tcp_host is None:  # their answers must reach this process from their hosts
+        listen_towards(runtime, _reached_over_tcp(infos))
     for agent, proc_ids in watch.items():
         runtime.send_message(agent, WatchProcs(tuple(proc_ids), runtime.address_for(agent)))
     return tuple(peers)
