@@ -90,28 +90,22 @@ def peer_infos(peers: Iterable[ProcPeer]) -> tuple[tuple[Any, ...], ...]:
     return tuple((p.proc_id, p.mesh_name, p.point, p.agent, p.address) for p in peers)
 
 
-def _reached_over_tcp(infos: tuple[tuple[Any, ...], ...]) -> str | None:
-    """The first tcp address among the procs of `infos` (theirs, else their agent's)."""
-    for _, _, _, agent, address in infos:
-        location = address or agent
-        if location is not None and location.startswith("tcp://"):
-            return str(location)
-    return None
-
-
 def adopt_peers(runtime: Runtime, infos: tuple[tuple[Any, ...], ...]) -> tuple[ProcPeer, ...]:
     """Peers for a mesh handle received from elsewhere; their agents will tell us if they die."""
     peers = []
     watch: dict[str, list[str]] = {}
+    tcp = None  # a new peer reached over tcp: its answers must reach this process from there
     for proc_id, mesh_name, point, agent, address in infos:
         peer = runtime.ownership.peer(proc_id)
         if peer is None:
             peer = runtime.ownership.add_peer(ProcPeer(proc_id, mesh_name, point, agent, address))
             if agent is not None:
                 watch.setdefault(agent, []).append(proc_id)
+            if tcp is None and peer.location is not None and peer.location.startswith("tcp://"):
+                tcp = peer.location
         peers.append(peer)
-    if runtime.tcp_host is None:  # their answers must reach this process from their hosts
-        listen_towards(runtime, _reached_over_tcp(infos))
+    if tcp is not None:
+        listen_towards(runtime, tcp)
     for agent, proc_ids in watch.items():
         runtime.send_message(agent, WatchProcs(tuple(proc_ids), runtime.address_for(agent)))
     return tuple(peers)
