@@ -196,7 +196,8 @@ class FanOutRelay:
         """Send the answers that arrived (one message per call; those of a call still
         awaiting others once held `hold_s`), and the calls that waited for their tcp procs to
         be ready. Called each time the agent's inbox is drained."""
-        self._handshakes.check()
+        if self._handshakes.waiting:
+            self._handshakes.check()
         held_until = time.monotonic() - self._hold_s
         for relay_id, relayed in list(self._answered.items()):
             if not relayed.waiting or relayed.held_since <= held_until or not relayed.answers:

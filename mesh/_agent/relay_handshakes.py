@@ -49,7 +49,7 @@ class RelayHandshakes:
         self._outbox = outbox
         self._every_refused = every_refused
         self._most = most
-        self._waiting: dict[str, _Watch] = {}
+        self.waiting: dict[str, _Watch] = {}  # read-only outside: is anything watched
         self._next_check = 0.0
 
     def watch(
@@ -57,11 +57,11 @@ class RelayHandshakes:
     ) -> None:
         """Answers went to `address`, whose handshake had not passed: call `refused` if it
         refuses the agent (past `most`, `every_refused` once for each of `owners()`)."""
-        watch = self._waiting.get(address)
+        watch = self.waiting.get(address)
         if watch is None:
-            if not self._waiting:
+            if not self.waiting:
                 self._next_check = time.monotonic() + CHECK_INTERVAL_S
-            watch = self._waiting[address] = _Watch(time.monotonic())
+            watch = self.waiting[address] = _Watch(time.monotonic())
         if len(watch.waiting) < self._most:
             watch.waiting.append(refused)
         else:
@@ -69,22 +69,24 @@ class RelayHandshakes:
 
     def due_in(self, longest: float) -> float:
         """Seconds until the next look at the handshakes, at most `longest`."""
-        if not self._waiting:
+        if not self.waiting:
             return longest
         return max(0.0, min(longest, self._next_check - time.monotonic()))
 
     def check(self) -> None:
         """Report the answers whose caller refused them, forget those whose handshake passed
         (or that waited past `GIVE_UP_AFTER_S`); at most once per `CHECK_INTERVAL_S`."""
+        if not self.waiting:
+            return
         now = time.monotonic()
-        if not self._waiting or now < self._next_check:
+        if now < self._next_check:
             return
         self._next_check = now + CHECK_INTERVAL_S
-        for address, watch in list(self._waiting.items()):
+        for address, watch in list(self.waiting.items()):
             reason = self._outbox.refusal(address)
             passed = reason is None and not self._outbox.unconfirmed(address)
             if reason is not None or passed or now - watch.since > GIVE_UP_AFTER_S:
-                del self._waiting[address]
+                del self.waiting[address]
             if reason is not None:
                 self._report(address, reason, watch)
 
