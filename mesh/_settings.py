@@ -32,6 +32,7 @@ ENV_NAMES = {
     "agent_timeout_s": "MESHVISOR_AGENT_TIMEOUT_S",
     "owner_alive_interval_s": "MESHVISOR_OWNER_ALIVE_INTERVAL_S",
     "restart_wait_s": "MESHVISOR_RESTART_WAIT_S",
+    "early_message_wait_s": "MESHVISOR_EARLY_MESSAGE_WAIT_S",
     "call_limit_s": "MESHVISOR_CALL_LIMIT_S",
     "preload": "MESHVISOR_PRELOAD",
     "home": "MESHVISOR_HOME",
@@ -71,6 +72,10 @@ class Settings:
     owner_alive_interval_s: float = 0.5
     #: How long calls wait for a restarting rank before failing.
     restart_wait_s: float = 30.0
+    #: How long a proc keeps a message for an actor it does not know, waiting for that
+    #: actor's spawn (sent by its owner, it may arrive after a call from a third process),
+    #: before refusing it.
+    early_message_wait_s: float = 30.0
     #: How long a call of an actor mesh spawned under these settings may run before the
     #: actor is declared stuck, unless its endpoint or class sets a limit; None: no limit.
     call_limit_s: float | None = None

@@ -19,7 +19,8 @@ memory files of shared payloads; `arena_wire`, the payload arena procs read them
 `PayloadArena`, an agent's half of it; `FanOutRelay`, an agent's half of fanned-out calls, over a
 `ProcTable` of `ProcRecord`s; `Watchdog`, an agent's heartbeat deadlines over such a table, and
 `OwnWaits`, the agent's own waiting for a core that gives its silent procs more time;
-`HandshakeWaits`, a proc's watch over answers sent to callers whose handshake had not passed;
+`HandshakeWaits`, a proc's watch over answers sent to callers whose handshake had not passed,
+and `RelayHandshakes`, an agent's over the answers of fanned-out calls it sends on;
 `DeathWatch`, the fork server's robust mutexes that tell a proc killed before it is reaped, from
 a child of the fork server that is no proc, named `DEATH_WAITER_NAME`, where the kernel has
 futex_waitv: `SEES_DEATHS_EARLY`).
@@ -47,6 +48,7 @@ from mesh._agent.payload_arena import PayloadArena as PayloadArena
 from mesh._agent.procs import ProcRecord as ProcRecord
 from mesh._agent.procs import ProcTable as ProcTable
 from mesh._agent.relay import FanOutRelay as FanOutRelay
+from mesh._agent.relay_handshakes import RelayHandshakes as RelayHandshakes
 from mesh._agent.watchdog import Watchdog as Watchdog
 from mesh._api.actor_mesh import ActorMesh as _ActorMesh
 from mesh._api.configure import configured as settings
@@ -91,6 +93,7 @@ __all__ = (
     "RankLog",
     "RankedLine",
     "Region",
+    "RelayHandshakes",
     "Watchdog",
     "apply_malloc_tunables",
     "arena_wire",

@@ -16,7 +16,7 @@ from polling import wait_until
 
 import transport
 from mesh import Actor, context, endpoint
-from mesh.testing import HandshakeWaits, inbox_address, wire
+from mesh.testing import HandshakeWaits, RelayHandshakes, inbox_address, wire
 from supervision import SupervisionError
 
 pytestmark = pytest.mark.timeout(60)
@@ -93,6 +93,38 @@ def test_every_refused_answer_is_reported_one_by_one_or_through_its_owner(
     assert [a for a, _ in one_by_one] == list(range(kept))
     assert {owner for owner, _, _ in every} == told and len(every) == len(told)
     for why in [e for _, e in one_by_one] + [e for _, _, e in every]:
+        assert address in why and "refused" in why and "CURVE keys" in why, why
+
+
+@pytest.mark.parametrize("sends", [2, 3, 50])
+def test_a_host_agent_reports_every_relayed_answer_refused_one_by_one_or_through_owners(
+    refusing_listener: tuple[transport.Outbox, str], sends: int
+) -> None:
+    """The agent's watch over the answers of fanned-out calls it sent on (one loop, its own
+    passes): each send is reported, past `most` through each (owner, proc) once."""
+    outbox, address = refusing_listener
+    most, pairs = 3, [("ipc://owner-a", "proc-a"), ("ipc://owner-b", "proc-b")]
+    one_by_one: list[tuple[int, str]] = []
+    every: list[tuple[str, str, str, object]] = []
+    watch = RelayHandshakes(outbox, lambda *told: every.append(told), most=most)  # type: ignore[arg-type]
+    for send in range(sends):
+        outbox.send(address, [b"answers"])
+        assert outbox.unconfirmed(address)
+        told = [pairs[send % 2]]
+        watch.watch(address, lambda e, s=send: one_by_one.append((s, str(e))), lambda t=told: t)
+    kept = min(sends, most)
+    owners = {pairs[s % 2] for s in range(most, sends)}
+
+    def reported() -> bool:
+        watch.check()  # looks again while the handshake has not failed yet
+        return len(one_by_one) == kept and len(every) == len(owners)
+
+    wait_until(reported, 30, "the refusal's reports")
+    assert watch.due_in(5.0) == 5.0  # nothing watched any more
+    assert [s for s, _ in one_by_one] == list(range(kept))
+    assert {(owner, proc) for owner, proc, to, _ in every} == owners
+    assert all(to == address for _, _, to, _ in every)
+    for why in [e for _, e in one_by_one] + [str(e) for *_, e in every]:
         assert address in why and "refused" in why and "CURVE keys" in why, why
 
 

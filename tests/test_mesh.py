@@ -542,6 +542,13 @@ def test_env_is_passed_to_procs(make_procs: Any) -> None:
     assert other.getenv.call_one("MESHVISOR_TEST_VALUE").get(timeout=T) is None
 
 
+def test_env_cannot_give_procs_other_keys_than_their_agent(make_procs: Any) -> None:
+    """Procs with other CURVE keys than their agent could never report ready over tcp (their
+    agent refuses them), and their spawn and calls waited forever: refused at once instead."""
+    with pytest.raises(ValueError, match=r"env cannot set MESHVISOR_CURVE_KEYS.*--keys DIR"):
+        make_procs({"gpus": 1}, env={"MESHVISOR_CURVE_KEYS": "/elsewhere"})
+
+
 def test_procs_get_the_client_sys_path(procs: ProcMesh) -> None:
     path = procs.spawn("echo", actors.Echo).slice(gpus=0).sys_path.call_one().get(timeout=T)
     assert os.path.dirname(actors.__file__) in path

@@ -11,11 +11,13 @@ from typing import Any
 
 import anyio
 import pytest
+import zmq
 from polling import wait_until
 
 from mesh import Actor, Channel, Port, current_rank, endpoint
-from mesh.testing import exit_process
+from mesh.testing import exit_process, inbox_address, wire
 from supervision import ActorError, SupervisionError
+from transport import Addresses, Payload, encode
 
 T = 30.0
 
@@ -343,3 +345,33 @@ def test_an_unanswered_port_fails_when_its_proc_dies(procs: Any, root_events: li
     with pytest.raises(SupervisionError) as info:
         pending.get(timeout=T)
     assert dict(info.value.event.rank or {}) == {"gpus": 1}
+
+
+def test_a_holder_passes_a_port_on_with_the_addresses_its_receiver_announced(
+    make_procs: Callable[..., Any],
+) -> None:
+    """A port's receiver that begins to listen on tcp tells its holders (`ReceiverAddresses`):
+    a copy they pass on carries the new set. A malformed announcement is dropped, and the
+    messages after it are still handled (a raw peer sends them to this client's inbox)."""
+    receivers = make_procs({"gpus": 1}).spawn("receivers", Receiver)
+    port = receivers.port_of.call_one().get(timeout=T)
+    _, (carried, _, proc_id, _) = port.__reduce__()
+    assert carried.tcp is None
+    marker, marks = Channel[Any].open()
+    context = zmq.Context()
+    peer = context.socket(zmq.PUSH)
+    try:
+        peer.connect(inbox_address(local=True))
+        good = wire.ReceiverAddresses(proc_id, carried.ipc, "tcp://127.0.0.1:9")
+        bad = wire.ReceiverAddresses(proc_id, carried.ipc, "not an address")
+        mark = wire.PortMessage(marker._port_id, -1, "value")
+        for header, payload in ((good, None), (bad, None), (mark, Payload.dump("marked"))):
+            peer.send_multipart(encode(header, payload))
+        assert marks.recv().get(timeout=T) == "marked"  # after the others: same sender
+    finally:
+        peer.close(linger=0)
+        context.term()
+    _, (passed_on, *_) = port.__reduce__()
+    assert passed_on == Addresses(carried.ipc, "tcp://127.0.0.1:9")
+    port.send("still reaches it over ipc from this host")
+    assert receivers.take.call_one(1).get(timeout=T) == ["still reaches it over ipc from this host"]

@@ -808,3 +808,9 @@ def test_a_holder_of_the_whole_set_takes_ipc_only_where_its_socket_file_is() -> 
         inbox.close()
         context.term()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_host_to_listen_at_for_a_peer_is_the_interface_routed_to_it() -> None:
+    """A peer on loopback is answered on loopback (nothing is sent to find that out)."""
+    assert transport.host_towards("tcp://127.0.0.1:5555") == "127.0.0.1"
+    assert transport.host_towards("tcp://127.3.4.5:1") == "127.0.0.1"

@@ -5,6 +5,7 @@ between addresses, FIFO per sender→receiver pair.
 """
 
 from ._addresses import Addresses as Addresses
+from ._addresses import host_towards as host_towards
 from ._addresses import is_address as is_address
 from ._arguments import dump_arguments as dump_arguments
 from ._arguments import dump_value as dump_value
@@ -132,6 +133,7 @@ __all__ = (
     "envelope_of",
     "follow_keys_pointer",
     "get_logger",
+    "host_towards",
     "is_address",
     "keyed_shape",
     "loads",

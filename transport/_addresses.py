@@ -13,6 +13,7 @@ port, which goes anywhere) takes the ipc address when it is on this host (`reach
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -64,6 +65,20 @@ class Addresses:
     def __iter__(self) -> Iterator[str]:
         """Each address of the set."""
         return iter(address for address in (self.ipc, self.tcp) if address is not None)
+
+
+def host_towards(address: str) -> str:
+    """The IPv4 address of this host's interface that the kernel routes to tcp `address`
+    (loopback for a peer on loopback): where to listen so that a peer there can answer.
+    Nothing is sent (a UDP socket's connect only picks the route); loopback when no route."""
+    host = address.removeprefix("tcp://").rsplit(":", 1)[0]
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))
+            found: str = probe.getsockname()[0]
+    except (OSError, UnicodeError):  # no route, an IPv6 or unresolvable host
+        return "127.0.0.1"
+    return found
 
 
 #: The schemes of the zmq endpoints meshvisor sends to.

@@ -14,6 +14,7 @@ fails that rank from the proc's exit report, as for a call sent to it directly.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import operator
@@ -23,9 +24,18 @@ from collections.abc import Callable
 from typing import Any
 
 from mesh._agent.procs import ProcRecord, ProcTable
+from mesh._agent.relay_handshakes import RelayHandshakes
 from mesh._agent.shared_segments import SharedSegments
 from mesh._engine.fanout_messages import MAX_BATCH_ANSWERS, FanOut, pack_answers
-from mesh._engine.messages import CallActor, Failure, InboxClosed, Reply, ReplyLost, StopActor
+from mesh._engine.messages import (
+    EVERY_CALL,
+    CallActor,
+    Failure,
+    InboxClosed,
+    Reply,
+    ReplyLost,
+    StopActor,
+)
 from mesh._engine.payload_arena import ArenaCall
 from mesh._engine.shared_payload import SharedCall, call_fields
 from transport import (
@@ -106,6 +116,7 @@ class FanOutRelay:
         self._answered: dict[int, _Relayed] = {}  # calls with answers to send
         self._early: dict[str, list[list[Any]]] = {}  # for tcp procs whose port is not known
         self._shared = SharedSegments(log)  # large payloads: one memory file, not N copies
+        self._handshakes = RelayHandshakes(outbox, self._every_lost)  # callers with other keys
         limit = transport_settings().max_message_bytes  # a batch must stay within it
         self._batch_bytes = min(MAX_BATCH_BYTES, limit // 2)
         self._alone_bytes = min(MAX_SHARED_BYTES, limit // 4)
@@ -204,6 +215,8 @@ class FanOutRelay:
         """Send the answers that arrived (one message per call; those of a call still
         awaiting others once held `hold_s`), and the calls that waited for their tcp procs to
         be ready. Called each time the agent's inbox is drained."""
+        if self._handshakes.waiting:
+            self._handshakes.check()
         held_until = time.monotonic() - self._hold_s
         for relay_id, relayed in list(self._answered.items()):
             if not relayed.waiting or relayed.held_since <= held_until or not relayed.answers:
@@ -218,6 +231,7 @@ class FanOutRelay:
 
     def due_in(self, longest: float) -> float:
         """Seconds until held answers must leave (a `flush` then), at most `longest`."""
+        longest = self._handshakes.due_in(longest)
         if not self._answered:
             return longest
         first = min(relayed.held_since for relayed in self._answered.values())
@@ -236,8 +250,11 @@ class FanOutRelay:
 
     def _lost(self, relayed: _Relayed, answers: list[Any], error: TransportError | None) -> None:
         """`answers` (rank first) could not be sent on to the caller (`error`; None: they
-        were): each proc's owner is told (`ReplyLost`), which ends that call or forwards why."""
+        were): each proc's owner is told (`ReplyLost`), which ends that call or forwards why.
+        Sent to a caller whose handshake has not passed, they are watched: it may refuse them."""
         if error is None:
+            if self._outbox.unconfirmed(relayed.reply_to):
+                self._watch_handshake(relayed, answers)
             return
         reason = f"its host agent {self._address} could not send it on: {error}"
         for rank, *_ in answers:
@@ -249,6 +266,25 @@ class FanOutRelay:
                 relayed.call_id, rank, relayed.reply_to, proc_id, relayed.endpoint, reason
             )
             self._send(proc.owner, encode(lost, Payload.dump(None)))
+
+    def _watch_handshake(self, relayed: _Relayed, answers: list[Any]) -> None:
+        """Report `answers` lost if their caller refuses this agent's handshake."""
+        ranks = [(rank,) for rank, *_ in answers]  # not their payloads: kept a while
+        refused = functools.partial(self._lost, relayed, ranks)
+        owners = functools.partial(self._owners, relayed, ranks)
+        self._handshakes.watch(relayed.reply_to, refused, owners)
+
+    def _owners(self, relayed: _Relayed, ranks: list[Any]) -> list[tuple[str, str]]:
+        """(owner, proc id) of the procs that gave the answers of `ranks` (those still here)."""
+        procs = [self._procs.get(relayed.procs.get(rank, "")) for rank, *_ in ranks]
+        return [(proc.owner, proc.proc_id) for proc in procs if proc is not None]
+
+    def _every_lost(self, owner: str, proc_id: str, reply_to: str, error: TransportError) -> None:
+        """Every answer of `proc_id` sent on to `reply_to` was refused: its owner ends each
+        call made there that waits on it (`ReplyLost` for every call)."""
+        reason = f"its host agent {self._address} could not send it on: {error}"
+        lost = ReplyLost(EVERY_CALL, EVERY_CALL, reply_to, proc_id, "", reason)
+        self._send(owner, encode(lost, Payload.dump(None)))
 
     def proc_exited(self, proc_id: str) -> None:
         """`proc_id` exited: the calls it was in no longer wait for it, and the answers held

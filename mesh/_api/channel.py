@@ -13,8 +13,10 @@ happens on failure, and what can be known of it:
   counts every holder; a holder that dies before its copy's news arrives can make the
   receiver give up early, so forward a port before its first holder may end.
 - sends to a closed receiver (``close()``, or dropped) are dropped, logged at the receiver.
-- a port passed on by a holder that got it before its receiver listened on tcp holds only an
-  ipc address: on another host its ``send()`` raises `TransportError` saying so.
+- a receiver that begins to listen on tcp (an ``attach``) tells the holders of its ports, so
+  that a copy they pass on reaches it from another host; a copy that still holds only an ipc
+  address (passed on before that news arrived) raises `TransportError` on another host,
+  saying so.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ class Port(Generic[R]):
         runtime = current_session().runtime
         if runtime.proc_id == self._proc_id:
             addresses = runtime.addresses
+        else:  # a holder: its receiver may have announced tcp since (`ReceiverAddresses`)
+            addresses = runtime.ports.addresses_of(self._proc_id, addresses)
         return _rebuild_port, (addresses, self._port_id, self._proc_id, self._agent)
 
     def __repr__(self) -> str:

@@ -34,7 +34,7 @@ from mesh._engine.session import current_session
 from mesh._engine.workspace_files import WorkspaceError, name_problem
 from mesh._shape import Extent, Region
 from supervision import RestartPolicy
-from transport import check_fd_headroom
+from transport import KEYS_ENV, check_fd_headroom
 
 #: File descriptors one proc costs the process that owns and calls it (connections both
 #: ways, more while it starts), an upper bound measured on Linux.
@@ -133,6 +133,13 @@ class HostMesh(MeshBase):
                     f"env variable {key[:40]!r} cannot be set: names must be non-empty without "
                     "'=' or NUL, and values without NUL"
                 )
+        if KEYS_ENV in (env or {}) or (command is not None and KEYS_ENV in command.env):
+            raise ValueError(
+                f"env cannot set {KEYS_ENV}: procs authenticate with their host agent's CURVE "
+                "keys (with others, neither their agent nor their owner could reach them, and "
+                f"their spawn and calls would wait forever); give the keys to the agents "
+                f"(--keys DIR) and to this process ({KEYS_ENV}=DIR) instead"
+            )
         runtime = current_session().runtime
         _check_fds_for_procs(runtime, extent.nelements)
         key = f"{file_safe(name)}-{secrets.token_hex(3)}"

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from mesh._engine.future import Future
 from mesh._engine.messages import WatchProcs
 from mesh._engine.peers import ProcPeer
-from mesh._engine.runtime import Runtime
+from mesh._engine.runtime import Runtime, listen_towards
 from mesh._shape import Sliceable
 from supervision import SupervisionError
 
@@ -94,13 +94,18 @@ def adopt_peers(runtime: Runtime, infos: tuple[tuple[Any, ...], ...]) -> tuple[P
     """Peers for a mesh handle received from elsewhere; their agents will tell us if they die."""
     peers = []
     watch: dict[str, list[str]] = {}
+    tcp = None  # a new peer reached over tcp: its answers must reach this process from there
     for proc_id, mesh_name, point, agent, address in infos:
         peer = runtime.ownership.peer(proc_id)
         if peer is None:
             peer = runtime.ownership.add_peer(ProcPeer(proc_id, mesh_name, point, agent, address))
             if agent is not None:
                 watch.setdefault(agent, []).append(proc_id)
+            if tcp is None and peer.location is not None and peer.location.startswith("tcp://"):
+                tcp = peer.location
         peers.append(peer)
+    if tcp is not None:
+        listen_towards(runtime, tcp)
     for agent, proc_ids in watch.items():
         runtime.send_message(agent, WatchProcs(tuple(proc_ids), runtime.address_for(agent)))
     return tuple(peers)

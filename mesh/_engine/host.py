@@ -40,9 +40,6 @@ from mesh._engine.workers import Workers
 from supervision import SupervisionError, SupervisionEvent
 from transport import Envelope, Payload, get_logger, loads, safe_str
 
-#: How long a message for an actor that is not spawned here (yet) waits for its spawn message.
-EARLY_MESSAGE_WAIT_S = 30.0
-
 
 class ActorHost:
     """Builds, runs and stops the actors of one process."""
@@ -150,9 +147,8 @@ class ActorHost:
             self._post(work)
         elif len(waiting) == 1:
             services = self._services
-            services.call_soon(
-                services.call_later, EARLY_MESSAGE_WAIT_S, self._give_up_waiting, actor_id
-            )
+            wait_s = services.settings.early_message_wait_s
+            services.call_soon(services.call_later, wait_s, self._give_up_waiting, actor_id)
 
     def _give_up_waiting(self, actor_id: str) -> None:
         with self._early_lock:
@@ -172,7 +168,7 @@ class ActorHost:
             host=services.hostname,
             pid=services.pid,
             message=f"earlier, or never spawned here: no actor {header.actor_id!r} arrived on "
-            f"this proc within {EARLY_MESSAGE_WAIT_S:.0f} s",
+            f"this proc within {services.settings.early_message_wait_s:g} s",
         )
         self._replier.failure(header, "stopped", event)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from mesh._settings import Settings
 from transport import Outbox, Payload, TransportError
 
 
@@ -23,6 +24,10 @@ class HostServices(Protocol):
 
     @property
     def pid(self) -> int: ...
+
+    @property
+    def settings(self) -> Settings:
+        """This process's settings, read when used (`mesh.configure` reaches them)."""
 
     @property
     def agent(self) -> str | None:

@@ -10,6 +10,7 @@ Caller → procs it called: InboxClosed (a reply inbox is gone: drop the connect
 Caller → a proc: Relay (payload: a function whose Future answers the call, as a Reply or a
 Failure of kind "raised" whose payload is the exception).
 Any process → a port's receiver: PortMessage (payload: the value), PortHeld (a new holder).
+A port's receiver → its holders: ReceiverAddresses (it listens on tcp now).
 Proc output and log settings (SyncOutput, ProcOutput, ...) are in `log_messages`; the live
 view's snapshots (SnapshotQuery, HostSnapshot, ProcActors) in `view_messages`.
 
@@ -340,6 +341,19 @@ class PortHeld:
     address: str
 
 
+@message_type
+@dataclass(frozen=True, slots=True, repr=False, eq=False)
+class ReceiverAddresses:
+    """To a holder of ports whose receiver is process `proc_id`: that process listens at
+    `ipc` and `tcp` now ("": none), since it began to listen on tcp after the holder got a
+    port; a port passed on from the holder carries them, so it reaches the receiver from
+    another host."""
+
+    proc_id: str
+    ipc: str
+    tcp: str
+
+
 # -- validation of what a peer sent ------------------------------------------------------------
 
 #: What a proc id may look like: it names socket files in a run directory, so no separators,
@@ -427,4 +441,7 @@ _VALUE_CHECKS: dict[type, Any] = {
     OwnerAlive: lambda h: _bad_address("owner", h.owner),
     ProcReady: lambda h: _bad_address("address", h.address),
     ReplyLost: lambda h: _bad_address("reply_to", h.reply_to) or _bad_proc_id(h.proc_id),
+    ReceiverAddresses: lambda h: (
+        _bad_address("ipc", h.ipc or None) or _bad_address("tcp", h.tcp or None)
+    ),
 }

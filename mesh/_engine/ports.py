@@ -4,6 +4,8 @@ A port's messages come to its process's main inbox (`PortMessage`) and wait, in 
 in the port's bounded queue until ``recv()`` takes them. Each process that unpickles a copy of
 the port tells the receiver (`PortHeld`); the receiver watches those procs, so that once every
 one of them is gone and the queue is empty, ``recv()`` fails instead of waiting forever.
+A receiver that begins to listen on tcp tells its holders (`ReceiverAddresses`: at once, or
+in answer to a later `PortHeld`), so that a copy they pass on carries its tcp address too.
 """
 
 from __future__ import annotations
@@ -14,12 +16,19 @@ from collections import deque
 from typing import Any, Protocol
 
 from mesh._engine.future import Future, LoopPump
-from mesh._engine.messages import PortHeld, PortMessage, WatchProcs, invalid_fields
+from mesh._engine.messages import (
+    PortHeld,
+    PortMessage,
+    ReceiverAddresses,
+    WatchProcs,
+    invalid_fields,
+    invalid_request,
+)
 from mesh._engine.ownership import Ownership
 from mesh._engine.peers import ProcPeer
 from mesh._shape import Extent, Point
 from supervision import SupervisionError
-from transport import Envelope, get_logger
+from transport import Addresses, Envelope, get_logger
 
 
 class PortHost(LoopPump, Protocol):
@@ -28,6 +37,9 @@ class PortHost(LoopPump, Protocol):
 
     @property
     def proc_id(self) -> str: ...
+
+    @property
+    def addresses(self) -> Addresses: ...
 
     def address_for(self, peer: str | None, home: Any = None) -> str:
         """This process's address to hand to the process at `peer` (`Runtime.address_for`)."""
@@ -153,6 +165,10 @@ class PortTable:
         self._ports: dict[int, PortQueue] = {}
         self._ids = itertools.count(1)
         self._log = get_logger("mesh.ports", proc=runtime.proc_id)
+        self._lock = threading.Lock()
+        self._holders: dict[str, str] = {}  # holder proc id -> its address, of every port
+        self._told: set[str] = set()  # holders told this process's tcp address
+        self._newer: dict[str, Addresses] = {}  # receivers' addresses learned since their ports
 
     def open(self, bound: int, once: bool) -> PortQueue:
         queue = PortQueue(self._runtime, next(self._ids), bound, once)
@@ -189,6 +205,43 @@ class PortTable:
             queue.holders[header.proc_id] = peer
         if peer is not None:
             peer.gone.add_done_callback(lambda _: queue.wake_if_stuck())
+        with self._lock:  # after `listens_on_tcp` told the others: tell this one
+            self._holders[header.proc_id] = header.address
+            tell = self._runtime.addresses.tcp is not None and header.proc_id not in self._told
+            if tell:
+                self._told.add(header.proc_id)
+        if tell:
+            self._tell_addresses([header.address])
+
+    def listens_on_tcp(self) -> None:
+        """This process listens on tcp now (any thread): the holders of its ports got them
+        with its ipc address only; each is told the new set, once."""
+        with self._lock:
+            told = [(p, a) for p, a in self._holders.items() if p not in self._told]
+            self._told.update(proc_id for proc_id, _ in told)
+        self._tell_addresses([address for _, address in told])
+
+    def _tell_addresses(self, holders: list[str]) -> None:
+        runtime = self._runtime
+        ipc, tcp = runtime.addresses.ipc or "", runtime.addresses.tcp or ""
+        for address in holders:
+            runtime.send_message(address, ReceiverAddresses(runtime.proc_id, ipc, tcp))
+
+    def on_receiver_addresses(self, envelope: Envelope) -> None:
+        """The receiver of ports held here listens at more addresses now (any thread)."""
+        header: ReceiverAddresses = envelope.header
+        reason = invalid_request(header)
+        if reason is not None or not (header.ipc or header.tcp):
+            why = reason or "no address"
+            self._log.warning("message_rejected", kind="ReceiverAddresses", reason=why)
+            return
+        with self._lock:
+            self._newer[header.proc_id] = Addresses(header.ipc or None, header.tcp or None)
+
+    def addresses_of(self, proc_id: str, known: Addresses) -> Addresses:
+        """The addresses of the receiver `proc_id` to pass its ports on with: `known` (what
+        a port held here carries), or newer ones it announced since."""
+        return self._newer.get(proc_id, known)
 
     def _known(self, header: Any, port_id: int) -> PortQueue | None:
         reason = invalid_fields(header)

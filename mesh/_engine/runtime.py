@@ -37,6 +37,7 @@ from mesh._engine.messages import (
     ProcExited,
     ProcReady,
     ProcReplaced,
+    ReceiverAddresses,
     Relay,
     Reply,
     ReplyLost,
@@ -66,11 +67,15 @@ from transport import (
     Payload,
     TransportError,
     close_context,
+    configured_keys,
     encode,
     get_logger,
+    host_towards,
     new_context,
 )
 
+#: Held while a runtime begins to listen on tcp (`Runtime.listen_on_tcp`).
+_LISTENING = threading.Lock()
 #: The longest a message waits in a batch for others to the same address (`Outbox.send_soon`).
 BATCH_DELAY_S = 0.001
 
@@ -147,6 +152,7 @@ class Runtime:
             InboxClosed: functools.partial(_forget_inbox, self.outbox),
             PortMessage: self.ports.on_message,
             PortHeld: self.ports.on_held,
+            ReceiverAddresses: self.ports.on_receiver_addresses,
             Relay: self.relays.on_relay,
             ProcOutput: self.output.on_output,
             OutputSynced: self.output.on_synced,
@@ -169,6 +175,8 @@ class Runtime:
         """A proc: worker threads read the inbox and run sync calls themselves (`Receiver`);
         call before `run`."""
         direct = {kind: self._handlers[kind] for kind in self.host.message_handlers()}
+        # in order with the calls after it: one of them may pass on a port of that receiver
+        direct[ReceiverAddresses] = self.ports.on_receiver_addresses
         flush = self.outbox.flush
         wake = functools.partial(self.send_message, self.inbox.address, Wake())
         lone = self.host.lone_calls
@@ -278,11 +286,15 @@ class Runtime:
         return addresses.nearest_for(peer) if self.nearest_addresses else addresses.widest
 
     def listen_on_tcp(self, host: str) -> None:
-        """Also listen on tcp (for procs on other hosts): peers there are handed it."""
-        if self.tcp_host is None:
+        """Also listen on tcp (for procs on other hosts): peers there are handed it. Once,
+        whichever threads ask (a proc's workers adopting handles at the same time)."""
+        with _LISTENING:
+            if self.tcp_host is not None:
+                return
             self.addresses = self.addresses.with_tcp(self.inbox.listen_also(f"tcp://{host}:*"))
             self.address = self.addresses.widest
             self.tcp_host = host
+        self.ports.listens_on_tcp()  # ports handed out before carry ipc only
 
     # -- procs -----------------------------------------------------------------------------------
 
@@ -311,6 +323,17 @@ class Runtime:
             self._log.warning("message_ignored", kind="StopProc", reason="the client has no agent")
             return
         self.host.stop_all(then=lambda: self.call_soon(self.loop.request_stop))
+
+
+def listen_towards(runtime: Runtime, peer: str | None) -> None:
+    """Procs at `peer` (an address) will answer `runtime`'s process: when they are reached
+    over tcp and it listens on ipc only, it listens on tcp too (with the keys it reaches them
+    with), so that their answers arrive from another host instead of waiting in zmq for a
+    socket file that is not there. Threads' next calls get reply inboxes on tcp too."""
+    tcp_peer = runtime.tcp_host is None and peer is not None and peer.startswith("tcp://")
+    if tcp_peer and configured_keys() is not None:  # no keys: sending there says so
+        assert peer is not None
+        runtime.listen_on_tcp(host_towards(peer))
 
 
 def _forget_inbox(outbox: Outbox, envelope: Envelope) -> None:
