@@ -11,7 +11,7 @@ any other change of its state first puts back what the pass changed (`drop_ahead
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from transport import get_logger
 
@@ -54,6 +54,8 @@ class Stepping(DataPositioned, Protocol):
     _computed: int
     _gradient: torch.Tensor | None
     _update: torch.Tensor | None
+    _group: Any
+    _quorum: int
     _donor: DonorCache
     _ahead: Ahead
 
@@ -108,6 +110,12 @@ class AheadPlan:
         self._token = replica._ahead.token
         replica._ahead.used = True
 
+    def keep_gradient(self, memory: torch.Tensor) -> None:
+        """Take `memory` (zeroed, faulted in) for the gradient, unless a gradient of a step
+        under way is kept: replaced, the step would exchange zeros."""
+        if not self._replica._computed:
+            self._replica._gradient = memory
+
     def caught_up(self) -> None:
         self._go = True
         self._ended.set()
@@ -131,6 +139,21 @@ class AheadPlan:
             get_logger("recovery.replica").info("gradient_ahead_failed", error=repr(exc))
         finally:
             replica._ahead.running = False
+
+
+def leave_steps(replica: Stepping) -> None:
+    """Before a heal replaces `replica`'s state: end its part in every step so far. A rank
+    lives on, with its actor, when another rank of its replica dies, and its prepare of the
+    discarded step may begin or end after the heal began (on a loaded machine), keeping a
+    gradient that the retry would exchange. So a prepare under way ends first (its group was
+    given up before the heal was asked for), a later one of an older quorum is refused (no
+    group), and what a step left is dropped: a gradient kept or computed ahead, an average,
+    what its passes changed."""
+    with replica._stepping, replica._changing:
+        replica._ahead.token += 1
+        replica._group, replica._quorum = None, -1
+        replica._update, replica._computed = None, 0
+        undo_step(replica)
 
 
 def drop_ahead(replica: Stepping) -> None:

@@ -30,7 +30,15 @@ from mesh import Actor, concurrent_endpoint, context, endpoint
 from transport import Addresses
 
 from ._aborts import AbortWatch
-from ._ahead import Ahead, AheadPlan, begin_step, compute_gradient, drop_ahead, undo_step
+from ._ahead import (
+    Ahead,
+    AheadPlan,
+    begin_step,
+    compute_gradient,
+    drop_ahead,
+    leave_steps,
+    undo_step,
+)
 from ._arithmetic import (
     apply_average,
     commit_digest,
@@ -159,9 +167,10 @@ class Replica(Actor):
         as soon as it runs, then catch up on the steps they committed meanwhile: all of it
         while they go on stepping (`_heal_catch_up`)."""
         self._configure(replica_id, ranks_per_replica, keep_updates)
+        leave_steps(self)  # a rank that lived on may still be in a step of the old group
         report = self._heal(list(peers))
-        kept = (lambda g: setattr(self, "_gradient", g), lambda u: setattr(self, "_reused", u))
         ahead = AheadPlan(self, context().rank.rank)  # then its first step's gradient
+        kept = (ahead.keep_gradient, lambda u: setattr(self, "_reused", u))
         warm_up_in_background(self.model, self._stepping, *kept, ahead.after_warm_up)
         try:
             with self._lowered.first():
@@ -313,7 +322,7 @@ class Replica(Actor):
     def heal_from(self, peers: ActorMesh[Replica] | Sequence[ActorMesh[Replica]]) -> HealReport:
         """Take the committed state of `peers` (live replicas; from each, the rank matching
         this one), in chunks spread over all of them; see `recovery._heal`."""
-        drop_ahead(self)
+        leave_steps(self)
         return self._heal(peers)
 
     def _heal(self, peers: ActorMesh[Replica] | Sequence[ActorMesh[Replica]]) -> HealReport:

@@ -11,7 +11,7 @@ from pathlib import Path
 import actors
 import torch
 
-from mesh import endpoint
+from mesh import concurrent_endpoint, current_rank, endpoint
 from mesh.testing import signal_this_process
 from recovery import Replica
 
@@ -269,3 +269,40 @@ class Announced(Trainer):
     def skipped_init(self) -> bool:
         """Whether this replica's build skipped random initialisations (a replacement's)."""
         return self.init_skipped
+
+
+class LateSurvivingRank(DyingTrainer):
+    """Replicas of two ranks, where rank 1 of replica 1 lives on when rank 0 of its replica
+    dies (only the dead proc is re-spawned) and begins its prepare of step 2 late, as a
+    loaded machine may run it: once its replica's heal has begun (replica 0's rank 1 sends
+    it a chunk of a step). That heal waits until the late prepare has ended (at most 30 s
+    each), so the late attempt at the discarded step runs after the heal began, before it
+    ends."""
+
+    def __init__(self, plan: dict[int, list[tuple[int, str]]], marks: str) -> None:
+        super().__init__(plan, marks)
+        self.rank_in_replica = current_rank().rank
+
+    def on_phase(self, phase: str, step: int) -> None:
+        if (phase, self.replica_id, self.rank_in_replica) == ("heal", 0, 1) and step > 0:
+            (self.marks / "healing").touch()
+            _wait_for(self.marks / "late-prepare-ended")
+        super().on_phase(phase, step)
+
+    @concurrent_endpoint
+    def prepare(self, step: int, quorum: int, world: int, exchange: bool = True) -> None:
+        late = (self.replica_id, self.rank_in_replica, step) == (1, 1, 2)
+        if late and not (self.marks / "late-prepare-ended").exists():
+            _wait_for(self.marks / "healing")
+            try:
+                super().prepare(step, quorum, world, exchange)
+            finally:
+                (self.marks / "late-prepare-ended").touch()
+            return
+        super().prepare(step, quorum, world, exchange)
+
+
+def _wait_for(path: Path, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)

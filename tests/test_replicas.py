@@ -210,6 +210,24 @@ def test_replicas_of_several_ranks(groups: list[ReplicaGroup]) -> None:
     assert_invariants(group, ranks_per_replica=2)
 
 
+def test_a_late_prepare_of_a_surviving_rank_leaves_no_trace(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    """Rank 0 of replica 1 dies in step 2; its rank 1 lives on and begins its prepare of step 2
+    only after its replica's heal began (`LateSurvivingRank`). That late attempt at the
+    discarded step must not leave a gradient that the retry of step 2 exchanges."""
+    plan = {1: [(2, "forward")]}
+    group = ReplicaGroup(
+        this_host(), ra.LateSurvivingRank, plan, str(tmp_path), replicas=2,
+        per_replica={"gpus": 2}, heartbeat_timeout_s=HB,
+    )  # fmt: skip
+    groups.append(group)
+    train(group, 3)
+    assert (tmp_path / "late-prepare-ended").exists(), "the late prepare did not run"
+    assert [o.step for o in group.outcomes if not o.committed] == [2], group.outcomes
+    assert_invariants(group, ranks_per_replica=2)
+
+
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="min_replicas"):
         ReplicaGroup(this_host(), ra.Trainer, replicas=2, min_replicas=3)
