@@ -6,9 +6,10 @@ step* (a replica serves the committed state during its own step: the step change
 when it is committed). A heal that a commit overtakes goes on at the newest step and replays
 the update on what it fetched before (`_heal_groups`). A heal that ended at step h, when the
 group has committed c > h since, is finished by applying the averaged gradients of steps
-h+1..c, which the members keep while a replacement is on its way (`KEEP_WHILE_HEALING`); only
-that catch-up, an optimizer step or two, happens between two steps. The member then takes
-part from the next step on.
+h+1..c, which the members keep while a replacement is on its way (`KEEP_WHILE_HEALING`): the
+replacement does it itself as its heal ends, and what a commit made meanwhile leaves is caught
+up beside the next step too (`take_place`, not waited for). The member then joins the step in
+flight (`_inflight`) or takes part from the next step on.
 """
 
 from __future__ import annotations
