@@ -56,6 +56,7 @@ class Stepping(DataPositioned, Protocol):
     _update: torch.Tensor | None
     _group: Any
     _quorum: int
+    _reused: torch.Tensor | None
     _donor: DonorCache
     _ahead: Ahead
 
@@ -69,6 +70,8 @@ def begin_step(replica: Stepping, step: int) -> bool:
     change (buffers, data position, RNG states), so that an abort puts it back. True if its
     local gradient of `step` is already computed (kept from an aborted attempt, or ahead)."""
     with replica._changing:  # the data and RNG a retry must see again, and the buffers
+        if replica._update is not None and replica._reused is None:  # an exchange done, of
+            replica._reused = replica._update  # this step asked again (`_inflight`): its memory
         replica._update = None
         if replica._computed == step and replica._started is not None:
             return True

@@ -149,9 +149,14 @@ class UpdateLog:
         if type(keep) is not int or keep < 0:
             raise ValueError(f"a replica keeps a whole number of updates >= 0, not {keep!r}")
         with self._lock:
+            pool = max(keep, self.keep)
+            left = list(self._updates)[: max(len(self._updates) - keep, 0)]
             self.keep = keep
             self._updates = deque(self._updates if keep else (), maxlen=max(keep, 1))
-            del self._provided[keep:]
+            # the memory of updates that leave the log (none lent) is kept for when it fills
+            # again: a group keeps updates only while a replacement is on its way
+            self._provided += [entry.tensor for entry in left if not entry.lends]
+            del self._provided[pool:]
 
     def provide(self, memory: list[torch.Tensor]) -> None:
         """Memory (written once already: no page faults left) that `record` hands out while

@@ -6,9 +6,10 @@ step* (a replica serves the committed state during its own step: the step change
 when it is committed). A heal that a commit overtakes goes on at the newest step and replays
 the update on what it fetched before (`_heal_groups`). A heal that ended at step h, when the
 group has committed c > h since, is finished by applying the averaged gradients of steps
-h+1..c, which the members keep while a replacement is on its way (`KEEP_WHILE_HEALING`); only
-that catch-up, an optimizer step or two, happens between two steps. The member then takes
-part from the next step on.
+h+1..c, which the members keep while a replacement is on its way (`KEEP_WHILE_HEALING`): the
+replacement does it itself as its heal ends, and what a commit made meanwhile leaves is caught
+up beside the next step too (`take_place`, not waited for). The member then joins the step in
+flight (`_inflight`) or takes part from the next step on.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ class Rejoins:
         self._configure_args = configure_args
         self._timeout_s = timeout_s
         self._log = get_logger("recovery.group", group=name)
+        #: catch-ups under way beside the steps (`take_place`), by member: the step they
+        #: catch up to and the call
+        self._catching: dict[int, tuple[int, Future[Any]]] = {}
 
     def under_way(self) -> bool:
         """Whether a member is on its way back (the members keep updates for it)."""
@@ -73,7 +77,9 @@ class Rejoins:
                 )
             if state != "failed":
                 continue
-            if respawn is None:
+            if member.index in self._catching:
+                self._caught(member, committed)
+            elif respawn is None:
                 if self._take_spare(member, committed):
                     replaced = True
                 else:
@@ -90,7 +96,9 @@ class Rejoins:
     def joinable(self, committed: int) -> list[int]:
         """The failed members whose replacement holds committed step `committed`, checked
         (healed, caught up, with the group's digest): they may join the step in flight
-        (`_inflight`). Looks only: `joined` makes them live."""
+        (`_inflight`); `joined` makes them live. A replacement whose heal ended behind
+        starts its catch-up now, beside the step (`_catch_up_beside`), not at the next
+        step boundary: it may still join this step once caught up."""
         found = []
         for member in self._members:
             with member.lock:
@@ -101,12 +109,18 @@ class Rejoins:
                 reports = list(healing.get().values())
                 if all(r.step == committed for r in reports) and self._checked(reports, committed):
                     found.append(member.index)
-        return found
+                elif self._catch_up_beside(member, committed):
+                    with member.lock:
+                        member.healing = None
+        return found + [
+            i for i, (step, take) in self._catching.items() if _holds(take, step, committed)
+        ]
 
     def joined(self, member: Member) -> None:
         """`member`'s replacement joins the step in flight (it was `joinable`)."""
         assert member.recovery is not None
         member.healing, member.recovery.in_flight = None, True
+        self._catching.pop(member.index, None)
         self._live(member)
 
     def respawn(self, member: Member) -> None:
@@ -164,11 +178,45 @@ class Rejoins:
             return
         reports = list(healing.get().values())
         step = min(report.step for report in reports)
-        if (step == committed and self._checked(reports, committed)) or self._catch_up(
-            member, committed
-        ):
+        if step == committed and self._checked(reports, committed):
+            self._live(member)
+        elif self._catch_up_beside(member, committed):
+            return  # it may join a step in flight once caught up (`joinable`)
+        elif self._catch_up(member, committed):
             self._live(member)
         else:
+            self._heal(member, committed)
+
+    def _catch_up_beside(self, member: Member, committed: int) -> bool:
+        """Start `member`'s catch-up to committed step `committed` (`take_place`: the updates
+        it lacks, checked against the group's digest, or a whole heal if that differs) while
+        the group steps on, instead of between two steps where the whole group would wait:
+        done, it joins the step in flight (`joinable`) or the next one. False (nothing
+        started) without the group's digest of that step or a live peer."""
+        donors, expected = self._donors(), self._standbys.digest_of(committed)
+        if not donors or expected is None:
+            return False
+        take = member.actors.take_place.call(member.index, committed, expected, donors)
+        self._catching[member.index] = (committed, take)
+        return True
+
+    def _caught(self, member: Member, committed: int) -> None:
+        """The next move of `member`, whose catch-up beside the steps (`_catch_up_beside`)
+        is under way: none until it ends; then live if it holds committed step `committed`,
+        another catch-up if the group committed meanwhile, a re-spawn if it failed."""
+        _, catching = self._catching[member.index]
+        if not catching.done():
+            return
+        del self._catching[member.index]
+        error = catching.exception()
+        if isinstance(error, SupervisionError):  # the replacement itself failed: re-spawn
+            member.respawn = None
+        elif error is not None:
+            self._log.info("replica_heal_again", replica=member.index, reason=short(error))
+            self._heal(member, committed)
+        elif all(done.step == committed for done in catching.get().values()):
+            self._live(member)
+        elif not self._catch_up_beside(member, committed):
             self._heal(member, committed)
 
     def _checked(self, reports: list[HealReport], committed: int) -> bool:
@@ -232,6 +280,13 @@ def _digest_of(first: Future[Any], others: list[Any], committed: int, timeout_s:
         if len(found) == 1:
             return str(found.pop()[1])
     return "unknown"
+
+
+def _holds(take: Future[Any], step: int, committed: int) -> bool:
+    """Whether catch-up `take` (to committed step `step`) ended well, at step `committed`."""
+    if step != committed or not take.done() or take.exception() is not None:
+        return False
+    return all(done.step == committed for done in take.get().values())
 
 
 def _timed(healing: Future[Any], member: Member) -> Future[Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import actors
 import torch
 
-from mesh import concurrent_endpoint, current_rank, endpoint
+from mesh import concurrent_endpoint, context, current_rank, endpoint
 from mesh.testing import signal_this_process
 from recovery import Replica
 
@@ -225,6 +225,27 @@ class HeldExchanges(HeldHeals):
             while held.exists() and time.monotonic() < deadline:
                 time.sleep(0.01)
         super().on_phase(phase, step)
+
+
+class HeldLoads(HeldExchanges):
+    """`HeldExchanges` whose replacements (a restarted proc) wait as they take a data position
+    (`load_data_state`: at a heal's end, after each update its catch-up applies): the k-th
+    time until the file `hold` + ".go-<k>" exists, having touched `hold` + ".loading-<k>"
+    (at most 30 s each; `hold` + ".go-all" lets every later one through), so that a test
+    commits a step of the group during each."""
+
+    def __init__(self, hold: str) -> None:
+        super().__init__(hold)
+        self.loads = 0
+
+    def load_data_state(self, state: object) -> None:
+        if context().restart_count == 0 or self.hold.with_suffix(".go-all").exists():
+            return
+        self.loads += 1
+        self.hold.with_suffix(f".loading-{self.loads}").touch()
+        go, deadline = self.hold.with_suffix(f".go-{self.loads}"), time.monotonic() + 30.0
+        while not go.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 class HeldStandBy(Trainer):

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 import replica_actors as ra
+import torch
 from test_replicas import HB, assert_invariants, pid_of, train, train_until_recovered
 
 from mesh import this_host
-from recovery import ReplicaGroup
+from recovery import ReplicaGroup, UpdateLog
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -169,3 +170,63 @@ def _wait(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> 
     while not condition():
         assert time.monotonic() < deadline, what
         time.sleep(0.01)
+
+
+def test_a_replacement_that_healed_a_step_behind_catches_up_beside_the_step_and_joins_it(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    """The replacement of replica 1 takes each data position (its heal's end, each update its
+    own catch-up applies) only once the group committed another step, so its heal ends a step
+    behind the group. The next step does not wait for its catch-up: it catches up beside it
+    while the survivors are held before their exchange, and joins that step in flight. The
+    step commits with the three replicas and the run equals a replay."""
+    hold = tmp_path / "hold"
+    held = hold.with_suffix(".exchange")
+    group = ReplicaGroup(this_host(), ra.HeldLoads, str(hold), replicas=3, heartbeat_timeout_s=HB)
+    groups.append(group)
+    train(group, 2)
+    os.kill(pid_of(group, 1), signal.SIGKILL)
+    _wait(lambda: bool(group.recoveries), "the kill was never noticed")
+    recovery = group.recoveries[-1]
+    outcomes = []
+    stepping = threading.Thread(target=lambda: outcomes.append(group.step()))
+    try:
+        loads = 0
+        while recovery.respawned_at is None:  # its heal, caught up, has not ended yet
+            if hold.with_suffix(f".loading-{loads + 1}").exists():
+                loads += 1
+                assert group.step().committed
+                hold.with_suffix(f".go-{loads}").touch()
+            time.sleep(0.01)
+        hold.with_suffix(".go-all").touch()
+        assert loads >= 2 and 1 not in group.live(), (loads, group.live())
+        held.touch()  # the survivors wait before the next step's exchange
+        stepping.start()
+        _wait(lambda: 1 in group.live(), "the replacement never joined")
+    finally:
+        held.unlink(missing_ok=True)
+        hold.with_suffix(".go-all").touch()
+        stepping.join(timeout=120)
+    step = group.committed_steps
+    assert [(o.step, o.committed, o.participants) for o in outcomes] == [(step, True, (0, 1, 2))]
+    assert recovery.in_flight, "it joined the step in flight, not the next one"
+    train(group, step + 2)
+    assert_invariants(group)
+
+
+def test_the_update_log_keeps_the_memory_of_what_it_stops_keeping() -> None:
+    """A group keeps updates only while a replacement is on its way: when it stops, the
+    memory of those updates serves the next replacement's first steps (no fresh memory), but
+    never memory a transport may still read (a lent update)."""
+    log = UpdateLog()
+    log.resize(2)
+    updates = {step: torch.full((4,), float(step)) for step in range(1, 8)}
+    for step in (1, 2, 3):
+        log.record(step, updates[step])
+    lent = log.lend(3, 3)  # the transport still holds update 3
+    log.resize(0)  # the replacement joined
+    assert log.record(4, updates[4]) is updates[4]  # nothing kept: its own memory back
+    log.resize(2)  # the next replacement is on its way
+    handed = [log.record(step, updates[step]) for step in (5, 6)]
+    assert [h is updates[2] for h in handed] == [True, False] and handed[1] is None
+    assert lent is not None
