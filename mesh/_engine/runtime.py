@@ -161,7 +161,7 @@ class Runtime:
             ProcOutput: self.output.on_output,
             OutputSynced: self.output.on_synced,
             SetProcLogLevel: _set_log_level,
-            Wake: self._on_wake,
+            Wake: functools.partial(_run_waiting, self.reader_calls),
             **self.host.message_handlers(),
             **self.paused_calls.message_handlers(),
         }
@@ -300,24 +300,8 @@ class Runtime:
             return
         reading: InboxReading = self.receiver if self.receiver is not None else self.loop
         what = f"listen on tcp://{host}"
-        if self.reader_calls.call(reading, functools.partial(self._bind_tcp, host), what):
+        if self.reader_calls.call(reading, functools.partial(_bind_tcp, self, host), what):
             self.ports.listens_on_tcp()  # ports handed out before carry ipc only
-
-    def _bind_tcp(self, host: str) -> bool:
-        """Bind the inbox on tcp at `host` unless it is already; whether it was bound now."""
-        with _LISTENING:
-            if self.tcp_host is not None:
-                return False
-            if self.closed.is_set():
-                raise TransportError(f"cannot listen on tcp://{host}: this process has closed.")
-            self.addresses = self.addresses.with_tcp(self.inbox.listen_also(f"tcp://{host}:*"))
-            self.address = self.addresses.widest
-            self.tcp_host = host
-        return True
-
-    def _on_wake(self, envelope: Envelope) -> None:
-        """A `Wake` on the inbox: run what other threads asked of its reader (this thread)."""
-        self.reader_calls.run_waiting()
 
     # -- procs -----------------------------------------------------------------------------------
 
@@ -357,6 +341,26 @@ def listen_towards(runtime: Runtime, peer: str | None) -> None:
     if tcp_peer and configured_keys() is not None:  # no keys: sending there says so
         assert peer is not None
         runtime.listen_on_tcp(host_towards(peer))
+
+
+def _bind_tcp(runtime: Runtime, host: str) -> bool:
+    """Bind `runtime`'s inbox on tcp at `host` unless it is already; whether it was bound now
+    (on the thread that reads the inbox, or while none does: `Runtime.listen_on_tcp`)."""
+    with _LISTENING:
+        if runtime.tcp_host is not None:
+            return False
+        if runtime.closed.is_set():
+            raise TransportError(f"cannot listen on tcp://{host}: this process has closed.")
+        tcp = runtime.inbox.listen_also(f"tcp://{host}:*")
+        runtime.addresses = runtime.addresses.with_tcp(tcp)
+        runtime.address = runtime.addresses.widest
+        runtime.tcp_host = host
+    return True
+
+
+def _run_waiting(calls: ReaderCalls, envelope: Envelope) -> None:
+    """A `Wake` on the inbox: run what other threads asked of its reader (this thread)."""
+    calls.run_waiting()
 
 
 def _forget_inbox(outbox: Outbox, envelope: Envelope) -> None:
