@@ -8,6 +8,7 @@ stopped and the socket folders removed.
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import shutil
@@ -20,6 +21,8 @@ from typing import Any
 import bind_actors as ba
 import pytest
 from conftest import RUN_BASE
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mesh import this_host
 from mesh.testing import EventLoop, ReaderCalls, wire
@@ -90,6 +93,11 @@ def reader() -> Iterator[Loop]:
     yield from _loop(T)
 
 
+@pytest.fixture(scope="module")
+def shared_reader() -> Iterator[Loop]:
+    yield from _loop(T)
+
+
 @pytest.fixture
 def slow_reader() -> Iterator[Loop]:
     """A loop whose askers give up after 0.2 s."""
@@ -156,6 +164,38 @@ def test_a_bind_asked_of_a_closed_inbox_ends_with_an_error(slow_reader: Loop) ->
     assert "closed" in str(failed.get(timeout=T))
     with pytest.raises(TransportError, match="cannot listen: this process's inbox is closed"):
         slow_reader.ask(lambda: None)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.sampled_from(["loop", "thread", "message"]), min_size=1, max_size=12))
+def test_whatever_threads_ask_amid_messages_each_runs_once_on_the_loop_thread(
+    shared_reader: Loop, steps: list[str]
+) -> None:
+    """Asks from the loop thread and from other threads at once, among messages the loop
+    receives meanwhile: each function runs once, on the loop thread, and every ask ends."""
+    reader, loop_thread = shared_reader, shared_reader.thread()
+    ran: queue.Queue[tuple[int, int]] = queue.Queue()
+    threads, sent = [], 0
+    for i, step in enumerate(steps):
+        ask = functools.partial(reader.ask, functools.partial(_note, ran, i))
+        if step == "loop":
+            reader.loop.call_soon(ask)
+        elif step == "thread":
+            threads.append(threading.Thread(target=ask))
+            threads[-1].start()
+        else:
+            reader.outbox.send(reader.inbox.address, encode(wire.PortMessage(i, -1, "value")))
+            sent += 1
+    runs = sorted(ran.get(timeout=T) for step in steps if step != "message")
+    assert runs == [(i, loop_thread) for i, step in enumerate(steps) if step != "message"]
+    for thread in threads:
+        thread.join(T)
+    for _ in range(sent):
+        reader.received.get(timeout=T)
+
+
+def _note(ran: queue.Queue[tuple[int, int]], i: int) -> None:
+    ran.put((i, threading.get_ident()))
 
 
 # -- in procs: the receiver ---------------------------------------------------------------
