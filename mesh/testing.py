@@ -24,6 +24,8 @@ and `RelayHandshakes`, an agent's over the answers of fanned-out calls it sends 
 `DeathWatch`, the fork server's robust mutexes that tell a proc killed before it is reaped, from
 a child of the fork server that is no proc, named `DEATH_WAITER_NAME`, where the kernel has
 futex_waitv: `SEES_DEATHS_EARLY`).
+`listen_on_tcp` makes this process listen on tcp as adopting a handle from another host does,
+and tells which thread bound its inbox; `ReaderCalls` runs such binds on an `EventLoop`'s thread.
 `fan_out_from` sets when calls go through host agents, and `fanned_out` tells which path an actor
 mesh's last messages took. Each reads the engine in one place, here.
 """
@@ -31,6 +33,7 @@ mesh's last messages took. Each reads the engine in one place, here.
 from __future__ import annotations
 
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -69,9 +72,11 @@ from mesh._engine import shared_payload as shared_payload_wire
 from mesh._engine import workspace_messages as workspace_wire
 from mesh._engine.callwatch import call_watchdog_suspended as call_watchdog_suspended
 from mesh._engine.handshake_waits import HandshakeWaits as HandshakeWaits
+from mesh._engine.loop import EventLoop as EventLoop
 from mesh._engine.proc_faults import signal_this_process as signal_this_process
 from mesh._engine.proc_lines import Aggregator as Aggregator
 from mesh._engine.proc_lines import RankedLine as RankedLine
+from mesh._engine.reader_calls import ReaderCalls as ReaderCalls
 from mesh._engine.workspace_files import path_problem as workspace_path_problem
 from mesh._shape import Region as Region
 
@@ -81,6 +86,7 @@ __all__ = (
     "Aggregator",
     "Bookkeeping",
     "DeathWatch",
+    "EventLoop",
     "FanOutRelay",
     "HandshakeWaits",
     "LocalAgent",
@@ -92,6 +98,7 @@ __all__ = (
     "ProcTable",
     "RankLog",
     "RankedLine",
+    "ReaderCalls",
     "Region",
     "RelayHandshakes",
     "Watchdog",
@@ -113,6 +120,7 @@ __all__ = (
     "inbox_address",
     "known_agents",
     "line_level",
+    "listen_on_tcp",
     "local_agent",
     "probe",
     "receiver_hand_overs",
@@ -268,3 +276,25 @@ def receiver_lone_calls() -> int:
     if runtime.receiver is None:
         raise RuntimeError("receiver_lone_calls() counts a proc's calls: call it in an actor")
     return runtime.host.lone_calls.taken
+
+
+def listen_on_tcp(host: str = "127.0.0.1") -> tuple[str, int | None, bool]:
+    """This process listens on tcp too, as when it adopts a handle with a peer on another
+    host: its tcp address, the thread that bound its inbox there (None: bound before), and
+    whether no other thread was reading the inbox then (a proc's receiver; zmq's rule)."""
+    runtime = _session.current_session().runtime
+    inbox, bound_on, alone = runtime.inbox, [], []
+    plain = inbox.listen_also
+
+    def noted(address: str) -> str:
+        bound_on.append(threading.get_ident())
+        alone.append(runtime.receiver is None or not runtime.receiver.read_elsewhere())
+        return plain(address)
+
+    setattr(inbox, "listen_also", noted)  # noqa: B010 (an instance's method, for this call)
+    try:
+        runtime.listen_on_tcp(host)
+    finally:
+        delattr(inbox, "listen_also")
+    assert runtime.addresses.tcp is not None
+    return runtime.addresses.tcp, bound_on[0] if bound_on else None, all(alone)

@@ -83,7 +83,7 @@ class Inbox:
         self._wait_ms = -1  # RCVTIMEO as set on the socket
 
     def listen_also(self, address: str) -> str:
-        """Also receive on `address` (e.g. tcp next to ipc); returns the address as bound."""
+        """Also receive on `address` (tcp beside ipc), on its reader thread; the address bound."""
         self._bind(address)
         bound: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         return bound

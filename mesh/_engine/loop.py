@@ -193,6 +193,15 @@ class EventLoop:
         finally:
             self._nested -= 1
 
+    def run_if_idle(self, function: Callable[[], object]) -> bool:
+        """Run `function` here if no other thread may be inside the inbox: this is the loop
+        thread (not inside a receive, as it runs this), or the loop has finished. False
+        otherwise: the loop runs it when it dispatches a `Wake` (`reader_calls.py`)."""
+        if threading.get_ident() != self._thread and not self.finished.is_set():
+            return False
+        function()
+        return True
+
     # -- scheduling ----------------------------------------------------------------------------
 
     def on_loop_thread(self) -> bool:

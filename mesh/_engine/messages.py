@@ -232,7 +232,8 @@ class ReplyLost:
 @message_type
 @dataclass(frozen=True, slots=True, repr=False, eq=False)
 class Wake:
-    """To a reply inbox: a call of its thread was settled elsewhere; look at it again."""
+    """To a reply inbox: a call of its thread was settled elsewhere; look at it again. To a
+    process's inbox: its reader runs what other threads asked of it (`reader_calls.py`)."""
 
 
 @message_type

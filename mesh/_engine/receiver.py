@@ -39,7 +39,7 @@ from mesh._engine.hand_over import HolderCheck
 from mesh._engine.lone_calls import LoneCalls
 from mesh._engine.messages import Wake
 from mesh._engine.workers import Workers
-from transport import Envelope, Keyed, KeyedInbox, get_logger
+from transport import Envelope, Keyed, KeyedInbox, TransportError, get_logger
 
 #: How long a task may run on the receiver before the watch looks whether it is stuck; also the
 #: CPU time a task may use with no call ending before another thread takes over the inbox.
@@ -83,6 +83,8 @@ class Receiver:
         self._direct = direct  # the handlers of the messages dispatched here (actors')
         self._flush = flush  # sends the messages waiting in batches, before waiting
         self._wake = wake  # sends a `Wake` to the inbox: ends the receiver's wait
+        #: Run (on this thread, mid-pass) for each `Wake` received: what other threads asked.
+        self.on_wake: Callable[[], None] = _nothing
         # guards everything below; taken as the plain lock where no one waits or is notified
         # (a Condition's own `with` costs two Python calls, twice per message)
         self._lock = threading.Lock()
@@ -132,6 +134,22 @@ class Receiver:
             self._alarm.disarm()
             self._armed = False
         self._workers.submit(self._serve)
+
+    def run_if_idle(self, function: Callable[[], object]) -> bool:
+        """Run `function` here if no other thread is inside the inbox: none is in a pass, or
+        this one holds it (it runs what it received); no pass begins meanwhile. False when
+        another thread reads it (`reader_calls.py`)."""
+        with self._lock:
+            if self._stopping:
+                raise TransportError("this proc is stopping, its inbox takes no new address.")
+            if self.read_elsewhere():
+                return False
+            function()
+            return True
+
+    def read_elsewhere(self) -> bool:
+        """Whether a thread other than this one may be inside the inbox now (in a pass)."""
+        return self._in_pass and self._holder != threading.get_ident()
 
     # -- the receiving thread --------------------------------------------------------------------
 
@@ -252,7 +270,9 @@ class Receiver:
                 handler(envelope)
             except Exception:  # the next messages still go on
                 self._log.exception("message_handling_failed", kind=kind.__name__)
-        elif kind is not Wake:
+        elif kind is Wake:
+            self.on_wake()  # (raises nothing: `ReaderCalls.run_waiting`)
+        else:
             to_loop.append(envelope)
             return True  # what follows goes the same way, to keep the order
         return handing
@@ -296,6 +316,10 @@ class Receiver:
             self._check = HolderCheck(holder, native, steps, HAND_OVER_S, _NAPPING_S)
             self._check_for = since
         return self._check.stuck()
+
+
+def _nothing() -> None:
+    """What a `Wake` runs when nothing else is set (`Receiver.on_wake`)."""
 
 
 def _look_window() -> float:

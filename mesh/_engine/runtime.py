@@ -51,6 +51,7 @@ from mesh._engine.peers import ProcPeer
 from mesh._engine.ports import PortTable
 from mesh._engine.proc_output import OutputSink
 from mesh._engine.procs import ProcLifecycle
+from mesh._engine.reader_calls import InboxReading, ReaderCalls
 from mesh._engine.receiver import Receiver
 from mesh._engine.relays import Relays
 from mesh._engine.replies import ReplyInbox, ReplyRoutes
@@ -74,7 +75,7 @@ from transport import (
     new_context,
 )
 
-#: Held while a runtime begins to listen on tcp (`Runtime.listen_on_tcp`).
+#: Held while a runtime binds its inbox on tcp (`Runtime.listen_on_tcp`; no wait inside).
 _LISTENING = threading.Lock()
 #: The longest a message waits in a batch for others to the same address (`Outbox.send_soon`).
 BATCH_DELAY_S = 0.001
@@ -135,6 +136,9 @@ class Runtime:
         self.output = OutputSink(self, self.ownership)
         self.paused_calls = PausedCalls(self)  # breakpoint() in a proc (installed by proc_main)
         self.receiver: Receiver | None = None  # a proc's (receive_on_workers)
+        #: Binds of the inbox, run where no other thread reads it (zmq is not thread-safe).
+        self._wake_inbox = functools.partial(self.send_message, self.inbox.address, Wake())
+        self.reader_calls = ReaderCalls(self._wake_inbox)
         self._handlers: dict[type, Callable[[Envelope], None]] = {
             Reply: self.calls.on_reply,
             Failure: self.calls.on_failure,
@@ -157,6 +161,7 @@ class Runtime:
             ProcOutput: self.output.on_output,
             OutputSynced: self.output.on_synced,
             SetProcLogLevel: _set_log_level,
+            Wake: functools.partial(_run_waiting, self.reader_calls),
             **self.host.message_handlers(),
             **self.paused_calls.message_handlers(),
         }
@@ -178,10 +183,11 @@ class Runtime:
         # in order with the calls after it: one of them may pass on a port of that receiver
         direct[ReceiverAddresses] = self.ports.on_receiver_addresses
         flush = self.outbox.flush
-        wake = functools.partial(self.send_message, self.inbox.address, Wake())
+        wake = self._wake_inbox
         lone = self.host.lone_calls
         self.inbox.key_with(lone.shape, lone.routes)
         receiver = Receiver(self.inbox, self.host.workers, self.loop, direct, lone, flush, wake)
+        receiver.on_wake = self.reader_calls.run_waiting  # a bind other threads asked
         self.loop.read_with(receiver)
         self.receiver = receiver
 
@@ -230,6 +236,7 @@ class Runtime:
         self.output.close()  # lines still aggregated are printed first
         self.closed.set()
         self.replies.close()
+        self.reader_calls.close()
         self._flusher.stop()
         self.outbox.close(linger_ms=500)
         self.inbox.close()
@@ -287,14 +294,14 @@ class Runtime:
 
     def listen_on_tcp(self, host: str) -> None:
         """Also listen on tcp (for procs on other hosts): peers there are handed it. Once,
-        whichever threads ask (a proc's workers adopting handles at the same time)."""
-        with _LISTENING:
-            if self.tcp_host is not None:
-                return
-            self.addresses = self.addresses.with_tcp(self.inbox.listen_also(f"tcp://{host}:*"))
-            self.address = self.addresses.widest
-            self.tcp_host = host
-        self.ports.listens_on_tcp()  # ports handed out before carry ipc only
+        whichever threads ask (a proc's workers adopting handles at the same time); the bind
+        runs where no other thread reads the inbox (`reader_calls.py`)."""
+        if self.tcp_host is not None:
+            return
+        reading: InboxReading = self.receiver if self.receiver is not None else self.loop
+        what = f"listen on tcp://{host}"
+        if self.reader_calls.call(reading, functools.partial(_bind_tcp, self, host), what):
+            self.ports.listens_on_tcp()  # ports handed out before carry ipc only
 
     # -- procs -----------------------------------------------------------------------------------
 
@@ -334,6 +341,26 @@ def listen_towards(runtime: Runtime, peer: str | None) -> None:
     if tcp_peer and configured_keys() is not None:  # no keys: sending there says so
         assert peer is not None
         runtime.listen_on_tcp(host_towards(peer))
+
+
+def _bind_tcp(runtime: Runtime, host: str) -> bool:
+    """Bind `runtime`'s inbox on tcp at `host` unless it is already; whether it was bound now
+    (on the thread that reads the inbox, or while none does: `Runtime.listen_on_tcp`)."""
+    with _LISTENING:
+        if runtime.tcp_host is not None:
+            return False
+        if runtime.closed.is_set():
+            raise TransportError(f"cannot listen on tcp://{host}: this process has closed.")
+        tcp = runtime.inbox.listen_also(f"tcp://{host}:*")
+        runtime.addresses = runtime.addresses.with_tcp(tcp)
+        runtime.address = runtime.addresses.widest
+        runtime.tcp_host = host
+    return True
+
+
+def _run_waiting(calls: ReaderCalls, envelope: Envelope) -> None:
+    """A `Wake` on the inbox: run what other threads asked of its reader (this thread)."""
+    calls.run_waiting()
 
 
 def _forget_inbox(outbox: Outbox, envelope: Envelope) -> None:
