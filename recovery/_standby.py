@@ -1,7 +1,8 @@
 """Hot spares of a `ReplicaGroup`: standby replicas that take a failed replica's place at the
 next step.
 
-A spare is spawned and built like any replica and healed to the committed state once, beside
+A spare is spawned and built like any replica (without random initialisation: it heals every
+tensor, as a replacement does) and healed to the committed state once, beside
 the steps (like a replacement: a commit that overtakes the heal is replayed on it; the spare is
 ready at the step it reached, checked against that step's digest). From then on it stays off
 the step's path: after each commit the controller asks it to `follow` (pull the step's
@@ -230,7 +231,7 @@ class Standbys:
     def _spawn(self) -> None:
         number, self._made = self._made, self._made + 1
         procs, actors = self._spawner.spawn(
-            f"{self._name}-spare{number}", self._first_slot + number
+            f"{self._name}-spare{number}", self._first_slot + number, spare=True
         )
         spare = Spare(number, procs, actors)
         spare.up = actors.configure.call(-1, *self._configure_args)
