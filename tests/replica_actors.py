@@ -195,6 +195,7 @@ class HeldHeals(Trainer):
     def __init__(self, hold: str) -> None:
         self.hold = Path(hold)
         super().__init__()
+        self.built_uninitialised = self._uninitialised  # (a heal clears it)
 
     def on_phase(self, phase: str, step: int) -> None:
         if phase == "heal" and self.hold.exists():
@@ -204,6 +205,11 @@ class HeldHeals(Trainer):
             time.sleep(0.01)
         if phase == "heal" and self.hold.exists():
             self.hold.with_suffix(".expired").touch()
+
+    @endpoint
+    def skipped_init(self) -> bool:
+        """Whether this actor built its model with random initialisations skipped."""
+        return self.built_uninitialised
 
     @endpoint
     def healed_to(self) -> int | None:

@@ -94,7 +94,8 @@ def test_a_new_spare_heals_while_the_group_steps_and_takes_over_at_its_bits(
     """After a take-over, the new spare's heal is held (the donors send no chunk): the group
     goes on committing steps meanwhile, with no spare ready. Released, the heal (overtaken by
     those commits) makes the spare ready at the group's bits, and its take-over of the next
-    dead replica ends at the replay's bits."""
+    dead replica ends at the replay's bits. Spares build without random initialisation (they
+    heal every tensor); the replicas the group starts with do not."""
     hold = tmp_path / "hold-heals"
     group = ReplicaGroup(
         this_host(), ra.HeldHeals, str(hold), replicas=3, spares=1, heartbeat_timeout_s=HB
@@ -102,6 +103,9 @@ def test_a_new_spare_heals_while_the_group_steps_and_takes_over_at_its_bits(
     groups.append(group)
     try:
         group.wait_for_all()
+        skipped = [m.skipped_init.call_one().get(timeout=30) for m in group.replicas]
+        assert skipped == [False] * 3
+        assert group.spare_replicas[0].skipped_init.call_one().get(timeout=30)
         train(group, 3)
         hold.touch()
         os.kill(pid_of(group, 1), signal.SIGKILL)
@@ -120,6 +124,7 @@ def test_a_new_spare_heals_while_the_group_steps_and_takes_over_at_its_bits(
         hold.unlink(missing_ok=True)
     group.wait_for_all()
     assert_spares_follow(group)
+    assert group.spare_replicas[0].skipped_init.call_one().get(timeout=30)
     os.kill(pid_of(group, 0), signal.SIGKILL)
     _wait_for(lambda: len(group.recoveries) == 2, "the second kill is noticed")
     train_until_recovered(group)
