@@ -261,7 +261,7 @@ class Standbys:
     def _heal(self, spare: Spare, donors: Sequence[ActorMesh[Replica]]) -> None:
         """Start healing `spare` from `donors`, beside the steps (they serve the committed
         state while they step; a commit that overtakes the heal is replayed on it): at 1 GB a
-        heal waited for between two steps stalled the group for seconds after each take-over."""
+        heal waited for between two steps stalled every replica for 0.5 s and more."""
         spare.healing = spare.actors.heal_from.call(list(donors))
         self._set(spare, "healing")
 
