@@ -10,6 +10,7 @@ parameters on one thread). Inside `random_init_skipped`, torch's random fills
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,6 +35,19 @@ _INIT_NAMES = (
     "orthogonal_",
     "sparse_",
 )
+
+
+#: Set (to "1") in the environment of a spare's procs: a spare heals every tensor before it
+#: is used, so it builds without random initialisation too (`will_heal`).
+SPARE_ENV = "MESHVISOR_SPARE"
+
+
+def will_heal() -> bool:
+    """Whether the replica actor being built heals its whole state before any value of it is
+    read: a replacement (rebuilt after a failure) or a spare (``SPARE_ENV``)."""
+    from mesh import context
+
+    return context().restart_count > 0 or os.environ.get(SPARE_ENV) == "1"
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from mesh import ActorMesh, Future, HostMesh, ProcMesh, ValueMesh
 from mesh.tooling import any_done
 from supervision import ActorError, SupervisionError, SupervisionEvent
 
+from ._build import SPARE_ENV
 from ._outcomes import Recovery
 from ._replica import Replica
 from ._spares import SparePool
@@ -81,9 +82,11 @@ class ReplicaSpawner:
     spare_hosts: SparePool  # where a replica whose host is lost goes (one host each, once)
     on_failure: FailureHandler
 
-    def spawn(self, name: str, slot: int) -> tuple[ProcMesh, ActorMesh[Replica]]:
+    def spawn(
+        self, name: str, slot: int, spare: bool = False
+    ) -> tuple[ProcMesh, ActorMesh[Replica]]:
         """Replica meshes named after `name`, on the host of `slot` (round robin over the
-        hosts); returns at once, the procs start in the background."""
+        hosts), a spare's if `spare`; returns at once, the procs start in the background."""
         where = self.hosts
         if "hosts" in where.extent.labels:
             count = where.extent.sizes[where.extent.labels.index("hosts")]
@@ -91,7 +94,7 @@ class ReplicaSpawner:
         procs = where.spawn_procs(
             per_host=dict(self.per_replica),
             name=f"{name}-procs",
-            env=replica_env(self.preload),
+            env=replica_env(self.preload, {SPARE_ENV: "1"} if spare else None),
             heartbeat_timeout_s=self.heartbeat_timeout_s,
         )
         try:

@@ -45,7 +45,7 @@ from ._arithmetic import (
     digest,
     flat_gradient,
 )
-from ._build import random_init_skipped, warm_up_in_background
+from ._build import random_init_skipped, warm_up_in_background, will_heal
 from ._exchange import GroupPlace, HeldGroups, exchange_average, open_group
 from ._follow import Lowered, Takeover, UpdateLog, rank_match, warm_up_autograd, warm_up_gloo
 from ._heal import HealReport, endpoints_of, heal
@@ -84,8 +84,8 @@ class Replica(Actor):
     #: which costs about a pass over them) every this many steps; with spares, the first
     #: participant hashes every step (the spares' checks need each committed step's digest).
     check_every: int = 16
-    #: A replacement (an actor rebuilt after a failure) builds its model with random
-    #: initialisations skipped, since it heals every tensor of its state (`_build`); set
+    #: A replacement (an actor rebuilt after a failure) and a spare build their model with
+    #: random initialisations skipped, since they heal every tensor of their state; set
     #: False if `build` draws random tensors that are not in the state dict.
     skip_init_when_replacing: bool = True
 
@@ -94,7 +94,7 @@ class Replica(Actor):
 
         torch.set_num_threads(1)  # reductions in the same order everywhere: bitwise replays
         # a replacement's initial values are never read: it heals (or builds again, `_built`)
-        self._uninitialised = self.skip_init_when_replacing and context().restart_count > 0
+        self._uninitialised = self.skip_init_when_replacing and will_heal()
         with random_init_skipped() if self._uninitialised else nullcontext():
             self.model, self.optimizer = self.build()
         self.committed_step = 0  # the number of steps committed so far

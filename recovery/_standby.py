@@ -1,14 +1,17 @@
 """Hot spares of a `ReplicaGroup`: standby replicas that take a failed replica's place at the
 next step.
 
-A spare is spawned and built like any replica and healed to the committed state once, between
-two steps (like a replacement). From then on it stays there off the step's path: after each
-commit the controller asks it to `follow` (pull the step's averaged gradient from a participant
-and apply it, see `_follow` and `_prefetch`) without waiting for it, and checks the digest it
-reports every `standby_follow_every` steps against the step's. When a replica fails, a ready
-spare takes its place at the next step (`take_place`: it catches up on the updates it lacks and
-takes the data position and RNG states of a peer); a new spare is spawned in the background.
-A spare that fails is re-spawned in place and healed again; the steps never wait for it.
+A spare is spawned and built like any replica (without random initialisation: it heals every
+tensor, as a replacement does) and healed to the committed state once, beside
+the steps (like a replacement: a commit that overtakes the heal is replayed on it; the spare is
+ready at the step it reached, checked against that step's digest). From then on it stays off
+the step's path: after each commit the controller asks it to `follow` (pull the step's
+averaged gradient from a participant and apply it, see `_follow` and `_prefetch`) without
+waiting for it, and checks the digest it reports every `standby_follow_every` steps against
+the step's. When a replica fails, a ready spare takes its place at the next step
+(`take_place`: it catches up on the updates it lacks and takes the data position and RNG
+states of a peer); a new spare is spawned in the background. A spare that fails is re-spawned
+in place and healed again; the steps never wait for it.
 """
 
 from __future__ import annotations
@@ -58,8 +61,9 @@ class Spare:
     number: int
     procs: ProcMesh
     actors: ActorMesh[Replica]
-    state: str = "starting"  # starting | behind (needs a heal) | ready | taking | failed
+    state: str = "starting"  # starting | behind (needs a heal) | healing | ready | taking | failed
     up: Future[Any] | None = None  # done once its procs run (configured)
+    healing: Future[Any] | None = None  # its heal, beside the steps
     follows: list[tuple[Future[Any], int]] = field(default_factory=list)  # (call, step asked)
     verified: int = -1  # the last committed step its digest was found equal to the group's
     reached: int = -1  # the last committed step it was seen to hold (checked or not)
@@ -135,14 +139,16 @@ class Standbys:
     # -- between two steps -----------------------------------------------------------------
 
     def tend(self, donors: Sequence[ActorMesh[Replica]]) -> None:
-        """Re-spawn failed spares (in the background) and heal those that are up but behind
-        from `donors` (the live replicas, between two steps)."""
+        """Re-spawn failed spares (in the background), start a heal from `donors` (the live
+        replicas) of those up but behind, and look at the heals that ended; never waits."""
         for spare in self._snapshot():
             if spare.state == "failed":
                 self._respawn(spare)
             elif spare.state == "starting" and spare.up is not None and spare.up.done():
                 error, spare.up = spare.up.exception(), None
                 self._set(spare, "failed" if error is not None else "behind", error)
+            elif spare.state == "healing" and spare.healing is not None and spare.healing.done():
+                self._healed(spare)
             if spare.state == "behind" and donors and not self._following(spare):
                 self._heal(spare, donors)  # (not while a follow may still apply updates)
 
@@ -225,7 +231,7 @@ class Standbys:
     def _spawn(self) -> None:
         number, self._made = self._made, self._made + 1
         procs, actors = self._spawner.spawn(
-            f"{self._name}-spare{number}", self._first_slot + number
+            f"{self._name}-spare{number}", self._first_slot + number, spare=True
         )
         spare = Spare(number, procs, actors)
         spare.up = actors.configure.call(-1, *self._configure_args)
@@ -247,19 +253,37 @@ class Standbys:
     def _respawn(self, spare: Spare) -> None:
         lost, spare.host_lost = spare.host_lost, False
         spare.follows.clear()
+        spare.healing = None  # (it ends in a failure: the procs it ran on died)
         spare.procs.respawn(on=self._spawner.spare_hosts.take() if lost else None)
         spare.up = spare.actors.configure.call(-1, *self._configure_args)
         self._set(spare, "starting")
 
     def _heal(self, spare: Spare, donors: Sequence[ActorMesh[Replica]]) -> None:
-        try:
-            healed = spare.actors.heal_from.call(list(donors)).get(timeout=self._timeout_s)
-        except (SupervisionError, ActorError, TimeoutError) as exc:
-            self._set(spare, "failed" if isinstance(exc, SupervisionError) else "behind", exc)
+        """Start healing `spare` from `donors`, beside the steps (they serve the committed
+        state while they step; a commit that overtakes the heal is replayed on it): at 1 GB a
+        heal waited for between two steps stalled every replica for 0.5 s and more."""
+        spare.healing = spare.actors.heal_from.call(list(donors))
+        self._set(spare, "healing")
+
+    def _healed(self, spare: Spare) -> None:
+        """The heal of `spare` ended: it is ready at the step it reached, if it holds the
+        group's bits there (a heal that applied committed updates shows the step's digest)."""
+        healing, spare.healing = spare.healing, None
+        assert healing is not None
+        error = healing.exception()
+        if error is not None:
+            self._set(spare, "failed" if isinstance(error, SupervisionError) else "behind", error)
             return
-        spare.verified = spare.reached = spare.checked = next(iter(healed.values())).step
+        reports = list(healing.get().values())
+        step = min(report.step for report in reports)
+        expected = self._digests.get(step, "unknown")
+        if any(r.step != step or (r.updates and r.digest != expected) for r in reports):
+            why = f"its heal reached {sorted((r.step, r.digest) for r in reports)}"
+            self._set(spare, "behind", RuntimeError(f"{why}, not step {step} with {expected}"))
+            return
+        spare.verified = spare.reached = spare.checked = step
         self._set(spare, "ready")
-        self._log.info("spare_ready", spare=spare.number, step=spare.verified)
+        self._log.info("spare_ready", spare=spare.number, step=step)
 
     def _following(self, spare: Spare) -> bool:
         """Whether a follow call of the spare is still under way, once its finished ones

@@ -189,11 +189,13 @@ class GatedReplacement(Trainer):
 
 class HeldHeals(Trainer):
     """As a donor, sends no chunk of a heal while the file `hold` exists (at most 30 s), so a
-    test decides how long a replacement's heal lasts; `hold` + ".asked" says one was asked."""
+    test decides how long a replacement's heal lasts; `hold` + ".asked" says one was asked,
+    `hold` + ".expired" that a hold ran out of time."""
 
     def __init__(self, hold: str) -> None:
         self.hold = Path(hold)
         super().__init__()
+        self.built_uninitialised = self._uninitialised  # (a heal clears it)
 
     def on_phase(self, phase: str, step: int) -> None:
         if phase == "heal" and self.hold.exists():
@@ -201,6 +203,13 @@ class HeldHeals(Trainer):
         deadline = time.monotonic() + 30.0
         while phase == "heal" and self.hold.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
+        if phase == "heal" and self.hold.exists():
+            self.hold.with_suffix(".expired").touch()
+
+    @endpoint
+    def skipped_init(self) -> bool:
+        """Whether this actor built its model with random initialisations skipped."""
+        return self.built_uninitialised
 
     @endpoint
     def healed_to(self) -> int | None:

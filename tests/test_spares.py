@@ -88,6 +88,50 @@ def test_spares_take_the_place_of_dead_replicas_and_dead_spares_are_replaced(
     assert_spares_follow(group)
 
 
+def test_a_new_spare_heals_while_the_group_steps_and_takes_over_at_its_bits(
+    groups: list[ReplicaGroup], tmp_path: Path
+) -> None:
+    """After a take-over, the new spare's heal is held (the donors send no chunk): the group
+    goes on committing steps meanwhile, with no spare ready. Released, the heal (overtaken by
+    those commits) makes the spare ready at the group's bits, and its take-over of the next
+    dead replica ends at the replay's bits. Spares build without random initialisation (they
+    heal every tensor); the replicas the group starts with do not."""
+    hold = tmp_path / "hold-heals"
+    group = ReplicaGroup(
+        this_host(), ra.HeldHeals, str(hold), replicas=3, spares=1, heartbeat_timeout_s=HB
+    )
+    groups.append(group)
+    try:
+        group.wait_for_all()
+        skipped = [m.skipped_init.call_one().get(timeout=30) for m in group.replicas]
+        assert skipped == [False] * 3
+        assert group.spare_replicas[0].skipped_init.call_one().get(timeout=30)
+        train(group, 3)
+        hold.touch()
+        os.kill(pid_of(group, 1), signal.SIGKILL)
+        _wait_for(lambda: len(group.recoveries) == 1, "the kill is noticed")
+        train_until_recovered(group)
+        assert group.recoveries[0].by_spare, group.recoveries
+        _wait_for(
+            lambda: (group.step(), hold.with_suffix(".asked").exists())[1],
+            "the new spare never asked for its state",
+        )
+        held_at = group.committed_steps
+        train(group, held_at + 3)  # while its heal is held
+        assert group.ready_spares() == 0
+        assert not hold.with_suffix(".expired").exists(), "a step waited for the spare's heal"
+    finally:
+        hold.unlink(missing_ok=True)
+    group.wait_for_all()
+    assert_spares_follow(group)
+    assert group.spare_replicas[0].skipped_init.call_one().get(timeout=30)
+    os.kill(pid_of(group, 0), signal.SIGKILL)
+    _wait_for(lambda: len(group.recoveries) == 2, "the second kill is noticed")
+    train_until_recovered(group)
+    assert [r.by_spare for r in group.recoveries] == [True, True], group.recoveries
+    assert_invariants(group)
+
+
 def test_a_spare_killed_while_following_is_replaced_and_no_step_waits(
     groups: list[ReplicaGroup], tmp_path: Path
 ) -> None:
