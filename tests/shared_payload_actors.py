@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mesh import Actor, endpoint
+from mesh import Actor, endpoint, testing
 
 _SEGMENT = "memfd:meshvisor-payload"
 
@@ -41,6 +41,11 @@ class Receiver(Actor):
     @endpoint
     def pid(self) -> int:
         return os.getpid()
+
+    @endpoint
+    def lone_calls(self) -> int:
+        """How many calls this proc's receiver ran on the short path (`lone_calls.py`)."""
+        return testing.receiver_lone_calls()
 
     @endpoint
     def hold(self, tensor: Any, until: str) -> int:

@@ -84,8 +84,8 @@ class ActorHost:
         shared, replier = on_shared_call, self._replier
         return {
             CallActor: self._on_call,
-            SharedCall: functools.partial(shared, mapped_payload, self._on_call, replier),
-            ArenaCall: functools.partial(shared, self._arenas.payload, self._on_call, replier),
+            SharedCall: functools.partial(shared, mapped_payload, self._on_shared, replier),
+            ArenaCall: functools.partial(shared, self._arenas.payload, self._on_shared, replier),
             SpawnActor: self._on_spawn,
             StopActor: self._on_stop,
         }
@@ -99,6 +99,13 @@ class ActorHost:
             if not actor.busy:  # the next such call may come as a lone call
                 self.lone_calls.learn(actor, header)
             self._lanes.post(actor, new_work(("call", header, envelope.payload, None, None)))
+
+    def _on_shared(self, envelope: Envelope) -> None:
+        """A call with a shared payload: on the short path if its actor is idle (see
+        `LoneCalls.take_shared`), else as any call."""
+        payload = envelope.payload
+        if payload is None or not self.lone_calls.take_shared(envelope.header, payload):
+            self._on_call(envelope)
 
     def _on_spawn(self, envelope: Envelope) -> None:
         self._spawned(Work("construct", envelope.header, envelope.payload))
