@@ -102,6 +102,9 @@ def test_a_shared_call_to_an_idle_actor_runs_on_the_short_path(make_procs: Any, 
         expected = hashlib.sha256(value).hexdigest()
         assert list(receivers.digest.call(value).get(timeout=T).values()) == [(expected, False)] * 2
     assert _arena(agent)[2] == placed + 10, "shared through the arena"
+    for ranks in (receivers, receivers.slice(gpus=slice(1, 2))):  # the rank ends the header
+        answers = ranks.rank_of.call(value).get(timeout=T)
+        assert [answer for _, answer in answers] == [(r, len(value)) for r in range(len(ranks))]
     after = receivers.lone_calls.call().get(timeout=T)
     # (a call may take the general path while a proc's event loop handles a message)
     assert all(after.item(gpus=g) - before.item(gpus=g) >= 5 for g in range(2))
