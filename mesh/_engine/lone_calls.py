@@ -193,3 +193,11 @@ class LoneCalls:
             exit_context(token)
         if actor.end_call(header):
             self._replier.value_prepared(actor, header, route.head, result)
+
+
+def take_shared(lone: LoneCalls, on_call: Callable[[Envelope], None], envelope: Envelope) -> None:
+    """A call with a shared payload: on the short path if its actor is idle (see
+    `LoneCalls.take_shared`), else as any call (`on_call`)."""
+    payload = envelope.payload
+    if payload is None or not lone.take_shared(envelope.header, payload):
+        on_call(envelope)
