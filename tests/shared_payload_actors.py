@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mesh import Actor, endpoint
+from mesh import Actor, current_rank, endpoint, testing
 
 _SEGMENT = "memfd:meshvisor-payload"
 
@@ -41,6 +41,16 @@ class Receiver(Actor):
     @endpoint
     def pid(self) -> int:
         return os.getpid()
+
+    @endpoint
+    def rank_of(self, value: Any) -> tuple[int, int]:
+        """(this actor's rank in the call, the argument's length)."""
+        return current_rank().rank, len(value)
+
+    @endpoint
+    def lone_calls(self) -> int:
+        """How many calls this proc's receiver ran on the short path (`lone_calls.py`)."""
+        return testing.receiver_lone_calls()
 
     @endpoint
     def hold(self, tensor: Any, until: str) -> int:

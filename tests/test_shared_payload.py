@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from polling import wait_until
 
 import mesh.testing
-from mesh.testing import arena_wire, fan_out_from, fanned_out, wire
+from mesh.testing import arena_wire, fail_next_call, fan_out_from, fanned_out, wire
 from mesh.testing import shared_payload_wire as sp
-from supervision import SupervisionError
+from supervision import ActorError, SupervisionError
 from transport import Payload
 
 T = 30  # seconds: the bound on every wait in this module (never reached when things work)
@@ -85,6 +85,34 @@ def test_a_shared_payload_reaches_every_rank_and_outlives_no_receiver(
     reaches_every_rank()
     _a_receiver_dies_holding_it(receivers, pids, agent, tmp_path / "release", root_events)
     assert set(os.listdir("/dev/shm")) <= shm_before
+
+
+@pytest.mark.timeout(150)
+def test_a_shared_call_to_an_idle_actor_runs_on_the_short_path(make_procs: Any, stack: Any) -> None:
+    """Calls through the arena to idle actors run as lone calls (no mailbox, no general
+    dispatch), each with its own arguments; an injected failure still applies to them."""
+    stack.enter_context(fan_out_from(2))
+    receivers = make_procs({"gpus": 2}).spawn("receivers", spa.Receiver)
+    agent = mesh.testing.local_agent().process.pid
+    value = bytearray(sp.SHARED_PAYLOAD_MIN_BYTES)
+    receivers.digest.call(value).get(timeout=T)  # each proc learns the call's route
+    before, placed = receivers.lone_calls.call().get(timeout=T), _arena(agent)[2]
+    for i in range(10):
+        value[0] = i
+        expected = hashlib.sha256(value).hexdigest()
+        assert list(receivers.digest.call(value).get(timeout=T).values()) == [(expected, False)] * 2
+    assert _arena(agent)[2] == placed + 10, "shared through the arena"
+    for ranks in (receivers, receivers.slice(gpus=slice(1, 2))):  # the rank ends the header
+        answers = ranks.rank_of.call(value).get(timeout=T)
+        assert [answer for _, answer in answers] == [(r, len(value)) for r in range(len(ranks))]
+    after = receivers.lone_calls.call().get(timeout=T)
+    # (a call may take the general path while a proc's event loop handles a message)
+    assert all(after.item(gpus=g) - before.item(gpus=g) >= 5 for g in range(2))
+    fail_next_call(receivers.slice(gpus=0), ValueError("injected"), "digest").get(timeout=T)
+    with pytest.raises(ActorError, match="injected"):
+        receivers.digest.call(value).get(timeout=T)
+    assert len(receivers.digest.call(value).get(timeout=T)) == 2  # both serve the next one
+    wait_until(lambda: _arena(agent)[:2] == (0, 0), timeout=T, what="the slots freed")
 
 
 def _a_receiver_dies_holding_it(

@@ -159,13 +159,15 @@ def _state(pid: int) -> str:
         return stat.read().rsplit(")", 1)[1].split()[0]
 
 
-def _starving(child: subprocess.Popen[str]) -> tuple[Watchdog, ProcRecord, list[float]]:
+def _starving(
+    child: subprocess.Popen[str], heartbeat_s: float = HEARTBEAT_S
+) -> tuple[Watchdog, ProcRecord, list[float]]:
     """A watchdog whose agent's waiting for a core is the list's value (the test sets it),
     over a proc that is `child` and just sent a heartbeat."""
     waited = [0.0]
     table = ProcTable()
     spec = wire.ProcSpec("p0", "m", ("gpus",), (1,), 0)
-    proc = ProcRecord(spec, "ipc://owner", "ipc://p0", HEARTBEAT_S, 10.0, pid=child.pid)
+    proc = ProcRecord(spec, "ipc://owner", "ipc://p0", heartbeat_s, 10.0, pid=child.pid)
     table.add(proc)
     own = OwnWaits(read=lambda: waited[0], every_s=0.0)
     dog = Watchdog(table, owner_timeout_s=10.0, log=get_logger("test.watchdog"), own=own)
@@ -188,6 +190,21 @@ def test_a_silent_idle_proc_gets_as_long_as_its_agent_waited_for_a_core(
     if starved_s >= 0.05:
         assert why is None and proc.heartbeat_due == pytest.approx(now + starved_s)
         why = dog.judge_silence(proc, idle_child.pid, proc.heartbeat_due)
+    assert why is not None and "used no CPU time" in why, why
+
+
+def test_a_starved_agent_looks_at_a_silent_proc_at_most_every_eighth_timeout(
+    idle_child: subprocess.Popen[str],
+) -> None:
+    """Each look reads /proc: waiting a little over the noise gives an eighth of a heartbeat
+    timeout, not 50 ms, so a loaded agent does not look at its late procs at every pass; with
+    no more waiting, the proc is still hung at the next look."""
+    dog, proc, waited = _starving(idle_child, heartbeat_s=2.0)
+    waited[0] = 0.06
+    now = proc.heartbeat_due + 0.01
+    assert dog.judge_silence(proc, idle_child.pid, now) is None
+    assert proc.heartbeat_due == pytest.approx(now + 2.0 / 8)
+    why = dog.judge_silence(proc, idle_child.pid, proc.heartbeat_due)
     assert why is not None and "used no CPU time" in why, why
 
 

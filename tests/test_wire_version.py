@@ -4,6 +4,9 @@ error naming both versions, never decoded as if it were of this one.
 Version 3 had no binary headers: its peers refused codec bytes `C` and `R` as an "unknown
 header encoding". Version 4 brought them, so a version-3 peer must not be read as one.
 Version 5 added fields to two agent messages (`StopProcs.why`, `ProcExited.why_stopped`).
+Version 6 moved the rank of `ArenaCall` and `SharedCall` to the end of their headers (the
+agent packs it after a header encoded once per call): a version-5 proc would read another
+field as the rank.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_agent_hardening import T, ping, raw_peer
 
-from mesh.testing import wire
+from mesh.testing import arena_wire, wire
 from transport import MAGIC, WIRE_VERSION, MalformedMessage, WireVersionMismatch, decode, encode
 
 
@@ -28,13 +31,21 @@ def of_version(frame: bytes, version: int) -> bytes:
 
 def test_the_version_is_the_byte_after_the_magic_letters() -> None:
     assert b"MV" + bytes([WIRE_VERSION]) == MAGIC
-    assert WIRE_VERSION == 5
+    assert WIRE_VERSION == 6
 
 
 def test_a_message_of_the_old_version_names_both_versions() -> None:
     frame = bytes(encode(wire.Reply(1, 2))[0])
-    with pytest.raises(WireVersionMismatch, match=r"wire version 4.*speaks version 5"):
-        decode([of_version(frame, 4)])
+    with pytest.raises(WireVersionMismatch, match=r"wire version 5.*speaks version 6"):
+        decode([of_version(frame, 5)])
+
+
+def test_an_arena_call_of_version_5_is_refused_not_read_with_another_field_as_its_rank() -> None:
+    call = arena_wire.ArenaCall(9, None, "a", "e", ("gpus",), (4,), 77, 5, 6, 4096, 10, (), 3)
+    frame = bytes(encode(call)[0])
+    assert decode([frame]).header.rank == 3
+    with pytest.raises(WireVersionMismatch, match=r"wire version 5.*speaks version 6"):
+        decode([of_version(frame, 5)])
 
 
 @given(st.integers(min_value=0, max_value=255).filter(lambda v: v != WIRE_VERSION))

@@ -46,8 +46,8 @@ from ._message_methods import fill_in_methods
 from ._settings import TransportSettings, transport_settings
 
 #: The version of this framing, the byte after b"MV": bumped whenever what a peer of the old
-#: version cannot read changes (5: two agent messages gained a field; tests/test_wire_version.py).
-WIRE_VERSION = 5
+#: version cannot read changes (6: shared calls' rank moved last; tests/test_wire_version.py).
+WIRE_VERSION = 6
 MAGIC = b"MV" + bytes([WIRE_VERSION])
 _LENGTH = struct.Struct("<I")
 _PREFIX = len(MAGIC) + _LENGTH.size + 1

@@ -70,8 +70,8 @@ class PayloadArena:
         sizes = tuple(b.nbytes for b in buffers)
         call_id, reply_to, actor_id, endpoint, labels, mesh_sizes, rank = call_fields(message)
         return ArenaCall(
-            call_id, reply_to, actor_id, endpoint, labels, mesh_sizes, rank,
-            os.getpid(), self._fd, self._id, offset, body.nbytes, sizes,
+            call_id, reply_to, actor_id, endpoint, labels, mesh_sizes,
+            os.getpid(), self._fd, self._id, offset, body.nbytes, sizes, rank,
         )  # fmt: skip
 
     def free(self, offset: int) -> None:

@@ -356,14 +356,23 @@ def _frames_for(
         fields = _PLACED_FIELDS[kind](shared)
         at = _RANK_AT[kind]
         head, tail = fields[:at], fields[at + 1 :]
+        if not tail:  # the rank is the last field of `ArenaCall` and `SharedCall`
+            return _rank_last(kind, head, None, ranks)
         return lambda rank: encode_fields(kind, (*head, rank, *tail), None)
     if type(message) is CallActor:
-        head = call_fields(message)[:6]
-        prepared = prepare_header_but_last(CallActor, head)  # the rank is its last field
-        if prepared is not None and max(ranks, default=0) <= _MAX_I64:
-            return lambda rank: encode_prepared_last(prepared, rank, payload)
-        return lambda rank: encode_fields(CallActor, (*head, rank), payload)
+        return _rank_last(CallActor, call_fields(message)[:6], payload, ranks)
     return lambda rank: encode(_with_rank(message, rank), payload)
+
+
+def _rank_last(
+    kind: type, head: tuple[Any, ...], payload: Payload | None, ranks: tuple[int, ...]
+) -> Callable[[int], list[Any]]:
+    """``frames(rank)`` for a `kind` message whose fields are `head` and then the rank: its
+    header encoded once, each proc's packing only its rank."""
+    prepared = prepare_header_but_last(kind, head)
+    if prepared is not None and max(ranks, default=0) <= _MAX_I64:
+        return lambda rank: encode_prepared_last(prepared, rank, payload)
+    return lambda rank: encode_fields(kind, (*head, rank), payload)
 
 
 def _with_rank(message: Any, rank: int) -> Any:

@@ -21,6 +21,10 @@ _MIN_SLACK_S = 0.05
 #: The most time a silent proc is given for the agent's waiting, in heartbeat timeouts: a
 #: hung proc on a starved host is still found within (1 + this) timeouts.
 _MOST_SLACK = 2.0
+#: The least time a silent proc is given for the agent's waiting, in heartbeat timeouts: each
+#: look reads /proc (the proc's threads, the agent's), so a starved agent, whose procs are
+#: often late, looks at each at most this often, not at every pass of its loop.
+_LEAST_SLACK = 0.125
 
 
 class Watchdog:
@@ -114,7 +118,8 @@ class Watchdog:
 
     def _starved_s(self, proc: ProcRecord, now: float) -> float:
         """How long this agent waited for a core while `proc` was silent, not excused yet:
-        more time for it, within `_MOST_SLACK` heartbeat timeouts and its busy limit."""
+        more time for it (at least `_LEAST_SLACK` heartbeat timeouts when that is over
+        `_MIN_SLACK_S`), within `_MOST_SLACK` heartbeat timeouts and its busy limit."""
         waited, since = self._own.now(now), self._own.at(proc.silent_since)
         most_s = min(proc.busy_timeout_s, (1 + _MOST_SLACK) * proc.heartbeat_timeout_s)
         left_s = proc.silent_since + most_s - now
@@ -125,7 +130,10 @@ class Watchdog:
             self._excused = {k: v for k, v in self._excused.items() if k in live}
         excused = max(since, self._excused.get(proc.proc_id, since))
         self._excused[proc.proc_id] = waited
-        return min(waited - excused, left_s)
+        slack_s = waited - excused
+        if slack_s >= _MIN_SLACK_S:
+            slack_s = max(slack_s, _LEAST_SLACK * proc.heartbeat_timeout_s)
+        return min(slack_s, left_s)
 
     def waiting(self, timeout_s: float) -> float:
         """The serve loop is about to wait up to `timeout_s` (returned); a stretch of work

@@ -27,7 +27,7 @@ from mesh._engine.cleanup import Cleanups, Then
 from mesh._engine.host_services import HostServices
 from mesh._engine.hosted_actor import ALIVE, HostedActor
 from mesh._engine.lanes import Lanes, SyncRunner
-from mesh._engine.lone_calls import LoneCalls
+from mesh._engine.lone_calls import LoneCalls, take_shared
 from mesh._engine.messages import ActorFailed, CallActor, SpawnActor, StopActor
 from mesh._engine.payload_arena import ArenaCall, ArenaMaps
 from mesh._engine.proc_faults import die_if_out_of_memory
@@ -79,10 +79,11 @@ class ActorHost:
     def message_handlers(self) -> dict[type, Callable[[Envelope], None]]:
         """The runtime's table entries for the messages actors take (called on the loop thread)."""
         shared, replier = on_shared_call, self._replier
+        on_shared = functools.partial(take_shared, self.lone_calls, self._on_call)
         return {
             CallActor: self._on_call,
-            SharedCall: functools.partial(shared, mapped_payload, self._on_call, replier),
-            ArenaCall: functools.partial(shared, self._arenas.payload, self._on_call, replier),
+            SharedCall: functools.partial(shared, mapped_payload, on_shared, replier),
+            ArenaCall: functools.partial(shared, self._arenas.payload, on_shared, replier),
             SpawnActor: self._on_spawn,
             StopActor: self._on_stop,
         }

@@ -76,6 +76,14 @@ class Lanes:
             actor.busy = True
             return True
 
+    def start_alone(self, actor: HostedActor, runner: Callable[..., None], *args: Any) -> bool:
+        """Whether `actor` was idle; then `runner(*args)` runs on a worker thread (this one,
+        on the proc's receiver) as `run_alone` runs it."""
+        if not self.claim_idle(actor):
+            return False
+        self._workers.submit(self.run_alone, actor, runner, *args)
+        return True
+
     def run_alone(self, actor: HostedActor, runner: Callable[..., None], *args: Any) -> None:
         """Worker thread: `runner(*args)`, the sync work `claim_idle` took for `actor`, then
         what was queued meanwhile, in order (as `_drain_sync`, with that work first)."""

@@ -32,6 +32,7 @@ from mesh._engine.work import Work, new_work
 from transport import (
     Envelope,
     Keyed,
+    Payload,
     PreparedHeader,
     envelope_of,
     keyed_shape,
@@ -142,19 +143,40 @@ class LoneCalls:
         self._lanes.post(actor, new_work(("lone", header, payload_of(body), None, route)))
         return None
 
+    def take_shared(self, header: CallActor, payload: Payload) -> bool:
+        """Whether a call whose payload came shared (an arena's, a memory file's) was started
+        on the short path: its route is known and its actor here and idle (else it takes the
+        general path, as a lone call would)."""
+        key = self._key(_REST(header))
+        route = self.routes.get(key) if key is not None else None
+        if route is None or self._actors.get(route.actor_id) is not route.actor:
+            return False
+        if not self._lanes.start_alone(route.actor, self._call, route, header, None, payload):
+            return False
+        self.taken += 1
+        return True
+
     def run_queued(self, actor: HostedActor, work: Work[CallActor]) -> None:
         """Worker thread: a "lone" call that waited in the mailbox (`Lanes`' runner)."""
         assert work.payload is not None
         self._call(work.route, work.header, work.payload.body)  # type: ignore[arg-type]
 
-    def _call(self, route: Route, header: CallActor, body: memoryview | bytes) -> None:
-        """Run the call as `ActorHost._call_sync` does, with what its route holds."""
+    def _call(
+        self,
+        route: Route,
+        header: CallActor,
+        body: memoryview | bytes | None,
+        shared: Payload | None = None,
+    ) -> None:
+        """Run the call as `ActorHost._call_sync` does, with what its route holds; its
+        arguments are `body`, or the `shared` payload's (None: `body` is)."""
         actor = route.actor
         if actor.state != "running" or self._injected.pending:
-            self._run_sync(actor, new_work(("call", header, payload_of(body), None, None)))
+            payload = shared if body is None else payload_of(body)
+            self._run_sync(actor, new_work(("call", header, payload, None, None)))
             return
         try:
-            args, kwargs = loads(body)
+            args, kwargs = loads(body) if body is not None else shared.load()  # type: ignore[union-attr]
             method = route.function.__get__(actor.instance)
         except Exception as exc:
             self._raised(actor, header, exc, False)
@@ -171,3 +193,11 @@ class LoneCalls:
             exit_context(token)
         if actor.end_call(header):
             self._replier.value_prepared(actor, header, route.head, result)
+
+
+def take_shared(lone: LoneCalls, on_call: Callable[[Envelope], None], envelope: Envelope) -> None:
+    """A call with a shared payload: on the short path if its actor is idle (see
+    `LoneCalls.take_shared`), else as any call (`on_call`)."""
+    payload = envelope.payload
+    if payload is None or not lone.take_shared(envelope.header, payload):
+        on_call(envelope)

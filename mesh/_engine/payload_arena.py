@@ -63,10 +63,12 @@ _MAPS_KEPT = 4  # arenas of agents this proc heard from (one, but for a re-attac
 @message_type
 @dataclass(frozen=True, slots=True, repr=False, eq=False)
 class ArenaCall:
-    """Host agent → proc: the `CallActor` of the first seven fields, whose payload lies at
-    `offset` of the payload arena that is file descriptor `fd` of process `owner_pid` (inode
-    `arena_id`): its token (`call_id`), then the pickle body (`body_bytes`), then each
-    out-of-band buffer (`buffer_bytes`), with no gaps."""
+    """Host agent → proc: the `CallActor` of the first six fields and `rank`, whose payload
+    lies at `offset` of the payload arena that is file descriptor `fd` of process
+    `owner_pid` (inode `arena_id`): its token (`call_id`), then the pickle body
+    (`body_bytes`), then each out-of-band buffer (`buffer_bytes`), with no gaps. The rank
+    comes last: the agent encodes a call's header once and packs each proc's rank after it
+    (`transport.prepare_header_but_last`)."""
 
     call_id: int
     reply_to: str | None
@@ -74,13 +76,13 @@ class ArenaCall:
     endpoint: str
     labels: tuple[str, ...]
     sizes: tuple[int, ...]
-    rank: int
     owner_pid: int
     fd: int
     arena_id: int
     offset: int
     body_bytes: int
     buffer_bytes: tuple[int, ...]
+    rank: int
 
     @property
     def message(self) -> CallActor:

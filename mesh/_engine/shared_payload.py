@@ -67,10 +67,10 @@ class SharedCall:
     descriptor `fd` of process `owner_pid` (a memory file, inode `file_id`): its token
     (`call_id`), then the pickle body (`body_bytes`), then each out-of-band buffer
     (`buffer_bytes`), with no gaps. The ints that change from call to call lead: the rest of
-    the header is encoded and decoded once per endpoint (see `transport._binary`)."""
+    the header is encoded and decoded once per endpoint (see `transport._binary`); the rank
+    comes last, packed by the agent after a header encoded once per call."""
 
     call_id: int
-    rank: int
     owner_pid: int
     fd: int
     file_id: int
@@ -81,6 +81,7 @@ class SharedCall:
     sizes: tuple[int, ...]
     body_bytes: int
     buffer_bytes: tuple[int, ...]
+    rank: int
 
     @property
     def message(self) -> CallActor:
@@ -120,8 +121,8 @@ def share_payload(message: CallActor, payload: Payload) -> tuple[int, SharedCall
     sizes = tuple(b.nbytes for b in buffers)
     call_id, reply_to, actor_id, endpoint, labels, mesh_sizes, rank = call_fields(message)
     return fd, SharedCall(
-        call_id, rank, os.getpid(), fd, file_id,
-        reply_to, actor_id, endpoint, labels, mesh_sizes, body.nbytes, sizes,
+        call_id, os.getpid(), fd, file_id,
+        reply_to, actor_id, endpoint, labels, mesh_sizes, body.nbytes, sizes, rank,
     )  # fmt: skip
 
 
