@@ -544,3 +544,21 @@ class Allocator(Actor):
     @endpoint
     def faults_of_allocations(self, mib: int, rounds: int) -> int:
         return faults_of_allocations(mib, rounds)
+
+    @endpoint
+    def huge_pages_of_a_tensor(self, mib: int) -> int:
+        """KiB of transparent huge pages that a fresh torch tensor of `mib` MiB adds here."""
+        import torch
+
+        before = anon_huge_pages_kib()
+        tensor = torch.ones(mib << 18)
+        added = anon_huge_pages_kib() - before
+        del tensor
+        return added
+
+
+def anon_huge_pages_kib() -> int:
+    """This process's anonymous memory on transparent huge pages (AnonHugePages), in KiB."""
+    with open("/proc/self/smaps_rollup") as rollup:
+        line = next(line for line in rollup if line.startswith("AnonHugePages:"))
+    return int(line.split()[1])

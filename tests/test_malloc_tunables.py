@@ -4,6 +4,7 @@ its procs although they are forked from a fork server that started without it.""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import actors
@@ -42,6 +43,24 @@ def test_a_proc_with_tunables_it_cannot_apply_still_starts(
     env = {"GLIBC_TUNABLES": f"glibc.malloc.tcache_count=0:glibc.malloc.top_pad=x:{KEEP_THE_HEAP}"}
     kept = make_procs({"gpus": 1}, env=env).spawn("kept", actors.Allocator)
     assert kept.faults_of_allocations.call_one(64, 4).get(timeout=30) < 4 * PAGES_OF_64_MIB // 20
+
+
+THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+
+
+@pytest.mark.skipif("[never]" in THP_MODE, reason="this kernel's transparent huge pages are off")
+def test_torchs_huge_page_switch_in_a_spawns_env_reaches_its_forked_procs(
+    make_procs: Callable[..., Any],
+) -> None:
+    """torch reads ``THP_MEM_ALLOC_ENABLE`` at a process's first tensor, not when it is
+    imported: a fork server that preloaded torch leaves the choice to each proc's env."""
+    on = {"MESHVISOR_PRELOAD": "torch", "THP_MEM_ALLOC_ENABLE": "1"}
+    off = {"MESHVISOR_PRELOAD": "torch", "THP_MEM_ALLOC_ENABLE": "0"}
+    huge = make_procs({"gpus": 1}, env=on).spawn("huge", actors.Allocator)
+    plain = make_procs({"gpus": 1}, env=off).spawn("plain", actors.Allocator)
+    assert huge.huge_pages_of_a_tensor.call_one(64).get(timeout=30) >= 2048
+    if "[madvise]" in THP_MODE:  # in "always" mode the kernel uses them for any memory
+        assert plain.huge_pages_of_a_tensor.call_one(64).get(timeout=30) == 0
 
 
 def test_the_entries_that_cannot_apply_are_named_with_why() -> None:
