@@ -957,7 +957,10 @@ WATCHING_OWNER = textwrap.dedent("""
     events = []
     procs = attach([{agent!r}]).spawn_procs(per_host={{"gpus": 1}})
     procs.on_failure(lambda event: events.append(event) or True)
+    ends = time.monotonic() + 30
     while {agent!r} not in known_agents():  # it answered a greeting
+        if time.monotonic() > ends:
+            sys.exit("the agent never answered a greeting")
         time.sleep(0.01)
     print("READY", flush=True)
     sys.stdin.readline()  # told to go on (it may have been stopped meanwhile)
@@ -984,7 +987,11 @@ def _start_watching_owner(
         text=True,
         env={**os.environ, "XDG_RUNTIME_DIR": str(home)},
     )
-    ready = owner.stdout.readline().split()  # type: ignore[union-attr]
+    try:  # the script ends its own wait for the agent: its line (or its end) comes
+        ready = owner.stdout.readline().split()  # type: ignore[union-attr]
+    except BaseException:  # a pytest timeout: the owner is not left behind
+        owner.kill()
+        raise
     if ready != ["READY"]:
         owner.kill()
         owner.communicate()
