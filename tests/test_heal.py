@@ -168,6 +168,26 @@ def _committed_reads(group: ReplicaGroup) -> dict[tuple[int, int], tuple[tuple[i
     return reads
 
 
+def _overtaken_heal(
+    groups: list[ReplicaGroup], tmp_path: Path, actor: type, commits: int
+) -> tuple[ReplicaGroup, HealReport]:
+    """A group of 3 `actor` replicas trained 2 steps, whose replica 1 is killed and its
+    replacement's heal held (at the point `actor` holds it) while `commits` steps commit;
+    then the heal goes on, with no step meanwhile: (the group, the heal's report)."""
+    hold = tmp_path / "hold"
+    group = ReplicaGroup(this_host(), actor, str(hold), replicas=3, heartbeat_timeout_s=HB)
+    groups.append(group)
+    train(group, 2)
+    hold.touch()
+    os.kill(pid_of(group, 1), signal.SIGKILL)
+    _wait_for(hold.with_suffix(".asked").exists, "the replacement never asked for its state")
+    committed = 0
+    while committed < commits:  # commits overtake the heal under way
+        committed += group.step().committed
+    hold.unlink()
+    return group, _healed(group, 1)
+
+
 @pytest.mark.parametrize("drifts", [False, True], ids=["plain", "scheduled"])
 def test_a_heal_that_a_commit_overtakes_keeps_what_it_fetched_and_replays_the_update(
     groups: list[ReplicaGroup], tmp_path: Path, drifts: bool
@@ -178,18 +198,8 @@ def test_a_heal_that_a_commit_overtakes_keeps_what_it_fetched_and_replays_the_up
     the same call. The replacement holds step 3 with the donors' bits, without a step of the
     group, also when a schedule sets the learning rate at each apply (the replay uses step
     3's), and the run equals a replay."""
-    hold = tmp_path / "hold"
     actor = ha.HeldAfterFirstChunkScheduled if drifts else ha.HeldAfterFirstParameter
-    group = ReplicaGroup(this_host(), actor, str(hold), replicas=3, heartbeat_timeout_s=HB)
-    groups.append(group)
-    train(group, 2)
-    hold.touch()
-    os.kill(pid_of(group, 1), signal.SIGKILL)
-    _wait_for(hold.with_suffix(".asked").exists, "the replacement never asked for its state")
-    while not group.step().committed:  # a commit overtakes the heal under way
-        pass
-    hold.unlink()  # the heal goes on, with no step meanwhile
-    report = _healed(group, 1)
+    group, report = _overtaken_heal(groups, tmp_path, actor, commits=1)
     assert (report.step, report.starts, report.updates) == (3, 2, 1), report
     held = group.replicas[1].status.call_one().get(timeout=30)
     theirs = group.replicas[0].status.call_one().get(timeout=30)
@@ -222,20 +232,7 @@ def test_a_heal_two_steps_behind_fetches_again_what_it_held(
     heal fetches it again at step 4 with the rest instead of replaying two updates on it,
     in the same call; the replacement joins without a step of catch-up, and the run equals
     a replay."""
-    hold = tmp_path / "hold"
-    group = ReplicaGroup(
-        this_host(), ha.HeldAfterFirstParameter, str(hold), replicas=3, heartbeat_timeout_s=HB
-    )
-    groups.append(group)
-    train(group, 2)
-    hold.touch()
-    os.kill(pid_of(group, 1), signal.SIGKILL)
-    _wait_for(hold.with_suffix(".asked").exists, "the replacement never asked for its state")
-    committed = 0
-    while committed < 2:  # two commits overtake the heal under way
-        committed += group.step().committed
-    hold.unlink()  # the heal goes on, with no step meanwhile
-    report = _healed(group, 1)
+    group, report = _overtaken_heal(groups, tmp_path, ha.HeldAfterFirstParameter, commits=2)
     assert (report.step, report.starts, report.updates) == (4, 2, 0), report
     assert group.committed_steps == 4
     held = group.replicas[1].status.call_one().get(timeout=30)
@@ -254,20 +251,7 @@ def test_a_heal_overtaken_before_its_first_chunk_goes_on_at_the_newest_step(
     `Stale`, and the heal goes on at the newest committed step in the same call, into the
     memory it made, instead of failing (which cost a step boundary and a heal from scratch:
     the first heal "refused" at 100 MB)."""
-    hold = tmp_path / "hold"
-    group = ReplicaGroup(
-        this_host(), ha.HeldAtFirstChunk, str(hold), replicas=3, heartbeat_timeout_s=HB
-    )
-    groups.append(group)
-    train(group, 2)
-    hold.touch()
-    os.kill(pid_of(group, 1), signal.SIGKILL)
-    _wait_for(hold.with_suffix(".asked").exists, "the replacement never asked for its state")
-    committed = 0
-    while committed < commits:  # commits overtake the heal before any chunk was served
-        committed += group.step().committed
-    hold.unlink()
-    report = _healed(group, 1)
+    group, report = _overtaken_heal(groups, tmp_path, ha.HeldAtFirstChunk, commits)
     assert (report.starts, report.step, report.updates) == (2, 2 + commits, 0), report
     held = group.replicas[1].status.call_one().get(timeout=30)
     assert held == group.replicas[0].status.call_one().get(timeout=30)
